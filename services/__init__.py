@@ -1,0 +1,1 @@
+"""dpr-ingest domain layer: settings, documents, chunking, vector store, ingest / query / re-embed services."""

@@ -1,0 +1,43 @@
+"""Error hierarchy: transient errors are retried, permanent ones fail one document (or one request) with a reason."""
+
+from __future__ import annotations
+
+
+class DprError(Exception):
+    """Base of every error this service raises on purpose. The message names the thing and the fix."""
+
+
+class TransientError(DprError):
+    """Worth retrying with backoff: a store or broker that is unavailable for now, a lock held too long."""
+
+
+class StoreUnavailable(TransientError):
+    """The vector store cannot be reached or locked right now."""
+
+
+class PermanentError(DprError):
+    """Retrying cannot help: bad input, a configuration mistake."""
+
+
+class DocumentError(PermanentError):
+    """One document cannot be ingested (unreadable, binary, empty, invalid encoding, oversized).
+
+    ``reason`` is a short machine-readable code; the message says what to do.
+    """
+
+    def __init__(self, source: str, reason: str, message: str) -> None:
+        super().__init__(f"{source}: {message}")
+        self.source = source
+        self.reason = reason
+
+
+class ConfigError(PermanentError):
+    """Settings or a command's arguments do not make sense together."""
+
+
+class ModelMismatch(PermanentError):
+    """The towers at hand are not the ones the collection was embedded with."""
+
+
+class CollectionNotFound(PermanentError):
+    """No collection (or generation) of that name exists yet."""

@@ -1,0 +1,186 @@
+"""Pure converters and records shared by every store adapter: point ids, payloads, hits."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# A fixed namespace so that the same (doc id, chunk index) maps to the same point id on every machine.
+POINT_NAMESPACE = uuid.UUID("6f1c3f2e-7a55-5b0e-9d2a-0d5c1f6a9e41")
+
+DENSE = "dense"  # name of the dense vector in every collection
+SPARSE = "bm25"  # name of the sparse BM25 vector (IDF modifier)
+
+Distance = Literal["cosine", "dot", "euclid"]
+SearchMode = Literal["dense", "sparse", "hybrid"]
+Fusion = Literal["rrf", "linear"]
+
+# Payload keys with a payload index (keyword).
+INDEXED_KEYWORDS = ("doc_id", "source", "doc_hash", "model")
+
+
+def point_id(doc_id: str, chunk_index: int) -> str:
+    """uuid5 of (document id, chunk index): a retried or redelivered write overwrites, never duplicates."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{doc_id}\x1f{chunk_index}"))
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    indices: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """What a collection generation was built for. Stored with the generation (edge: meta file; server: metadata)."""
+
+    dim: int
+    distance: Distance
+    model: str  # fingerprint of the tower pair that embedded the passages
+    sparse: bool = True  # whether passages also carry a BM25 sparse vector
+    settings: dict[str, Any] = field(default_factory=dict)  # e.g. the tuned hybrid fusion choice
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "distance": self.distance,
+            "model": self.model,
+            "sparse": self.sparse,
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CollectionSpec:
+        return cls(
+            dim=int(data["dim"]),
+            distance=data["distance"],
+            model=str(data["model"]),
+            sparse=bool(data.get("sparse", False)),
+            settings=dict(data.get("settings") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One chunk of one document, as stored in a point's payload."""
+
+    doc_id: str
+    chunk_index: int
+    text: str
+    title: str = ""
+    doc_hash: str = ""  # hash of the whole source document; unchanged hash + same model = no work
+    source: str = ""
+    ingested_at: str = ""
+    model: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return point_id(self.doc_id, self.chunk_index)
+
+    @property
+    def text_hash(self) -> str:
+        return text_hash(self.text)
+
+    def to_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = dict(self.metadata)
+        payload.update(
+            doc_id=self.doc_id,
+            chunk_index=self.chunk_index,
+            title=self.title,
+            text=self.text,
+            text_hash=self.text_hash,
+            doc_hash=self.doc_hash,
+            source=self.source,
+            ingested_at=self.ingested_at,
+            model=self.model,
+        )
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Passage:
+        known = {"doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model"}
+        return cls(
+            doc_id=str(payload["doc_id"]),
+            chunk_index=int(payload["chunk_index"]),
+            text=str(payload.get("text", "")),
+            title=str(payload.get("title", "")),
+            doc_hash=str(payload.get("doc_hash", "")),
+            source=str(payload.get("source", "")),
+            ingested_at=str(payload.get("ingested_at", "")),
+            model=str(payload.get("model", "")),
+            metadata={k: v for k, v in payload.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class PassagePoint:
+    """A passage with its vectors, ready to upsert."""
+
+    passage: Passage
+    dense: list[float]
+    sparse: SparseVector | None = None
+
+
+@dataclass(frozen=True)
+class DocState:
+    """What the store holds for one document: enough to skip an unchanged document."""
+
+    doc_id: str
+    doc_hash: str
+    model: str
+    chunks: int
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    k: int = 10
+    mode: SearchMode = "dense"
+    dense: list[float] | None = None
+    sparse: SparseVector | None = None
+    filters: dict[str, Any] = field(default_factory=dict)  # payload key -> value or list of values (any of)
+    fusion: Fusion = "rrf"
+    rrf_k: int = 60
+    linear_weight: float = 0.5  # weight of the dense score in linear fusion: w * dense + (1 - w) * sparse
+    candidates: int = 100  # per-branch prefetch depth in hybrid mode
+
+
+@dataclass(frozen=True)
+class Hit:
+    passage: Passage
+    score: float
+    id: str
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.passage
+        return {
+            "doc_id": p.doc_id,
+            "chunk_index": p.chunk_index,
+            "score": self.score,
+            "title": p.title,
+            "text": p.text,
+            "model": p.model,
+            "source": p.source,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    name: str
+    spec: CollectionSpec
+    count: int
+    active: bool
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    alias: str
+    backend: str
+    active: GenerationInfo | None
+    generations: list[GenerationInfo]
