@@ -1,0 +1,1 @@
+"""The `dpr` command line: one typer app per command group, thin commands over service functions."""

@@ -1,0 +1,288 @@
+"""Core commands: ingest, query, status, delete."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
+from services.documents import iter_documents
+from services.errors import ConfigError
+from services.ingest import IngestReport, ingest_documents
+from services.query import QueryOptions, search
+from services.runtime import Runtime
+from services.settings import Settings
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ingest")(ingest)
+    app.command("query")(query)
+    app.command("status")(status)
+    app.command("delete")(delete)
+
+
+def _with_collection(ctx: typer.Context, collection: str | None) -> Settings:
+    settings = get_settings(ctx)
+    if collection is None:
+        return settings
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", collection):
+        fail(f"--collection {collection!r} is not a valid name; use 1-64 letters, digits, '_' or '-'", code=2)
+    return settings.model_copy(update={"collection": collection})
+
+
+def ingest(
+    ctx: typer.Context,
+    paths: Annotated[list[Path], typer.Argument(help="Files, folders, JSONL files or BEIR corpus folders.")],
+    fmt: Annotated[str, typer.Option("--format", help="auto | files | jsonl | beir")] = "auto",
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="With a broker: follow the job until it ends.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Ingest documents: chunk with the passage tower's tokenizer, embed, upsert into Qdrant."""
+    if fmt not in ("auto", "files", "jsonl", "beir"):
+        fail(f"--format {fmt!r} is not known; use auto, files, jsonl or beir", code=2)
+    settings = _with_collection(ctx, collection)
+    with cli_errors():
+        for p in paths:
+            if not p.exists():
+                raise ConfigError(f"{p}: no such file or directory; check the path")
+        items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+        if settings.broker_url:
+            from workers.dispatch import submit_ingest, wait_for_job
+
+            submitted = submit_ingest(settings, items)
+            if wait:
+                result = wait_for_job(settings, submitted.job, show_progress=not as_json)
+            else:
+                result = submitted.to_json()
+            _print_ingest(result, as_json)
+            if result.get("failed") and wait:
+                raise typer.Exit(1 if not result.get("documents") and not result.get("unchanged") else 0)
+            return
+        runtime = Runtime(settings)
+        try:
+            report = _ingest_in_process(runtime, items, show_progress=not as_json)
+        finally:
+            runtime.close()
+        _print_ingest(report.to_json(), as_json)
+
+
+def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> IngestReport:
+    s = runtime.settings
+    if not show_progress:
+        return ingest_documents(
+            items,
+            store=runtime.store,
+            towers=runtime.towers,
+            chunking=s.chunk,
+            sparse=runtime.sparse,
+            batch_size=s.encoder.batch_size,
+            batch_documents=s.celery.batch_documents,
+            batch_bytes=s.celery.batch_bytes,
+        )
+    columns = (
+        TextColumn("[bold]ingest[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("docs  {task.fields[chunks]} passages  {task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
+    materialised: list[Any] = list(items)
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        task = progress.add_task("ingest", total=len(materialised), chunks=0, failed=0)
+        totals = {"chunks": 0, "failed": 0, "done": 0}
+
+        def on_batch(part: IngestReport) -> None:
+            totals["chunks"] += part.chunks
+            totals["failed"] += len(part.failed)
+            totals["done"] += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
+            progress.update(task, completed=totals["done"], chunks=totals["chunks"], failed=totals["failed"])
+
+        report = ingest_documents(
+            materialised,
+            store=runtime.store,
+            towers=runtime.towers,
+            chunking=s.chunk,
+            sparse=runtime.sparse,
+            batch_size=s.encoder.batch_size,
+            batch_documents=s.celery.batch_documents,
+            batch_bytes=s.celery.batch_bytes,
+            progress=on_batch,
+        )
+        progress.update(task, completed=len(materialised))
+    return report
+
+
+def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(result)
+        return
+    state = result.get("state")
+    head = f"job {result.get('job')}" + (f" ({state})" if state else "")
+    console.print(
+        f"{head}: {result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
+        f"{result.get('chunks', 0)} passages, {len(result.get('skipped', []))} skipped, "
+        f"{len(result.get('failed', []))} failed",
+        highlight=False,
+    )
+    if result.get("title_truncated"):
+        console.print(f"{result['title_truncated']} titles were shortened to fit the passage budget")
+    if result.get("failed"):
+        table = Table("source", "reason", "error", title="failed documents", show_lines=False)
+        for f in result["failed"][:50]:
+            table.add_row(f.get("source", ""), f.get("reason", ""), f.get("error", ""))
+        err_console.print(table)
+        if len(result["failed"]) > 50:
+            err_console.print(f"... and {len(result['failed']) - 50} more (use --json for all)")
+    if result.get("skipped"):
+        console.print(f"skipped (not a supported type): {len(result['skipped'])} files, e.g. "
+                      f"{result['skipped'][0].get('source')}", highlight=False)
+
+
+def _parse_filters(filters: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--filter {f!r} is not KEY=VALUE; e.g. --filter doc_id=intro.md")
+        parsed: Any = value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        if key in out:
+            prev = out[key] if isinstance(out[key], list) else [out[key]]
+            parsed = prev + (parsed if isinstance(parsed, list) else [parsed])
+        out[key] = parsed
+    return out
+
+
+def query(
+    ctx: typer.Context,
+    text: Annotated[str, typer.Argument(help="The question.")],
+    k: Annotated[int, typer.Option("-k", "--k", help="How many passages.")] = 10,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    mode: Annotated[str | None, typer.Option(help="dense | sparse | hybrid (default: the collection's)")] = None,
+    fusion: Annotated[str | None, typer.Option(help="Hybrid fusion: rrf | linear")] = None,
+    weight: Annotated[float | None, typer.Option(help="Linear fusion: weight of the dense score, 0..1")] = None,
+    rrf_k: Annotated[int | None, typer.Option(help="RRF constant k")] = None,
+    filters: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE payload filter (repeat)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Answer a question: question tower -> ANN search over the passages."""
+    if mode is not None and mode not in ("dense", "sparse", "hybrid"):
+        fail(f"--mode {mode!r} is not known; use dense, sparse or hybrid", code=2)
+    if fusion is not None and fusion not in ("rrf", "linear"):
+        fail(f"--fusion {fusion!r} is not known; use rrf or linear", code=2)
+    settings = _with_collection(ctx, collection)
+    with cli_errors():
+        options = QueryOptions(
+            k=k,
+            mode=mode,  # type: ignore[arg-type]
+            filters=_parse_filters(filters or []),
+            fusion=fusion,  # type: ignore[arg-type]
+            rrf_k=rrf_k,
+            linear_weight=weight,
+        )
+        runtime = Runtime(settings)
+        try:
+            hits = search(text, store=runtime.store, towers=runtime.towers, options=options, sparse=runtime.sparse)
+        finally:
+            runtime.close()
+    if as_json:
+        emit_json([h.to_json() for h in hits])
+        return
+    if not hits:
+        console.print("no passages matched")
+        return
+    table = Table("#", "score", "document", "passage", show_lines=True)
+    for i, h in enumerate(hits, start=1):
+        p = h.passage
+        snippet = " ".join(p.text.split())
+        table.add_row(
+            str(i), f"{h.score:.4f}", f"{p.doc_id}\n[dim]chunk {p.chunk_index}[/]\n{p.title}",
+            snippet[:400] + ("..." if len(snippet) > 400 else ""),
+        )
+    console.print(table)
+
+
+def status(
+    ctx: typer.Context,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Collection, generation, point count, model fingerprint, queue depth when a broker is configured."""
+    settings = _with_collection(ctx, collection)
+    with cli_errors():
+        runtime = Runtime(settings)
+        try:
+            info = runtime.store.info()
+        finally:
+            runtime.close()
+        from encoders.towers import model_fingerprint, resolve_model_path
+
+        model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
+        data: dict[str, Any] = {
+            "collection": info.alias,
+            "backend": info.backend,
+            "exists": info.active is not None,
+            "generation": info.active.name if info.active else None,
+            "points": info.active.count if info.active else 0,
+            "model": info.active.spec.model if info.active else None,
+            "dim": info.active.spec.dim if info.active else None,
+            "sparse": info.active.spec.sparse if info.active else None,
+            "search_settings": info.active.spec.settings if info.active else {},
+            "generations": [
+                {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active}
+                for g in info.generations
+            ],
+            "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
+            "broker": settings.broker_url is not None,
+        }
+        data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
+        if settings.broker_url:
+            from workers.dispatch import queue_depth
+
+            data["queue_depth"] = queue_depth(settings)
+    if as_json:
+        emit_json(data)
+        return
+    table = Table(show_header=False, title=f"collection {data['collection']} ({data['backend']})")
+    table.add_row("generation", str(data["generation"] or "(none: ingest something first)"))
+    table.add_row("points", f"{data['points']:,}")
+    table.add_row("model", f"{data['model']}")
+    table.add_row("configured model", f"{model_name} ({data['configured_model']['fingerprint']})"
+                  + ("" if data["model_matches"] else "  [red]differs: run `dpr reembed`[/]"))
+    table.add_row("vectors", "-" if data["dim"] is None else
+                  f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))
+    others = [g for g in data["generations"] if not g["active"]]
+    table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
+    if "queue_depth" in data:
+        table.add_row("queue depth", str(data["queue_depth"]))
+    console.print(table)
+
+
+def delete(
+    ctx: typer.Context,
+    doc_ids: Annotated[list[str], typer.Argument(help="Document ids to remove with all their passages.")],
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Delete documents (every passage of each)."""
+    settings = _with_collection(ctx, collection)
+    with cli_errors():
+        runtime = Runtime(settings)
+        try:
+            removed = runtime.store.delete_documents(doc_ids)
+        finally:
+            runtime.close()
+    if as_json:
+        emit_json({"documents": doc_ids, "points_deleted": removed})
+    else:
+        console.print(f"deleted {removed} passages of {len(doc_ids)} documents")
