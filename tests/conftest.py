@@ -1,0 +1,57 @@
+"""Session-wide fixtures and guards.
+
+- ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect.
+- ``shared_data``: the ``../shared/data`` folder beside the repo (present on developer machines and CI, not on a
+  user's machine); tests that need it skip with a reason when it is missing.
+- ``base_towers``: the real all-MiniLM-L6-v2 towers from the wheel, loaded once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+class NetworkBlocked(RuntimeError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _block_network_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("unit") is None:
+        return
+    real_connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: object) -> None:
+        if self.family == socket.AF_UNIX:
+            return real_connect(self, address)  # type: ignore[arg-type]
+        raise NetworkBlocked(f"unit tests may not open network connections (tried {address!r})")
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"needs ../shared/data beside the repo ({SHARED_DATA} is missing)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def base_towers() -> Iterator[object]:
+    from encoders.towers import SentenceTransformerTowers, base_model_path
+
+    towers = SentenceTransformerTowers(base_model_path(), name="base")
+    _ = towers.model  # load once, here
+    yield towers
