@@ -1,0 +1,53 @@
+# Targets the README names. Everything installs itself into .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_QUESTION ?= How do I read a file line by line?
+# The demo corpus: part of the Python 3.11 documentation (Debian's python3.11-doc). DOCS=all ingests all of it.
+DOCS ?= tutorial howto faq reference glossary.rst.txt
+
+.PHONY: install demo test test-unit test-integration test-slow lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: 2.13.0 is the CPU build this machine keeps on disk (a plain resolve would pull a CUDA build)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@src=$$(scripts/fetch_python_docs.sh .dpr/corpus) && \
+	if [ "$(DOCS)" = all ]; then paths="$$src"; else paths=$$(for d in $(DOCS); do printf '%s/%s ' "$$src" "$$d"; done); fi && \
+	echo "ingesting $$paths" && \
+	$(BIN)/dpr ingest $$paths && \
+	$(BIN)/dpr status && \
+	$(BIN)/dpr query "$(DEMO_QUESTION)" -k 5
+
+test: $(STAMP)
+	$(BIN)/ruff check services workers encoders tests benchmarks
+	$(BIN)/pytest -m "unit or integration" -q
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -m unit -q
+
+test-integration: $(STAMP)
+	$(BIN)/pytest -m integration -q
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check services workers encoders tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_ingest.py
+
+clean:
+	rm -rf $(VENV) .dpr .pytest_cache .ruff_cache .mypy_cache
