@@ -76,6 +76,20 @@ class CelerySettings(BaseModel):
     unacked_restore_interval: float | None = None
 
 
+class ApiSettings(BaseModel):
+    """HTTP API (`dpr serve`): where it listens, how big a request may be, optional API key."""
+
+    host: str = Field(default="127.0.0.1", description="Bind address; 0.0.0.0 inside a container.")
+    port: int = Field(default=8000, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes (each loads the model).")
+    api_key: SecretStr | None = Field(
+        default=None, description="When set, every /v1 request needs header 'X-API-Key' (or 'Authorization: Bearer')."
+    )
+    max_request_bytes: int = Field(default=10_000_000, ge=1024, description="Larger request bodies get 413.")
+    max_documents: int = Field(default=1000, ge=1, description="Documents per POST /v1/documents request.")
+    ready_timeout: float = Field(default=2.0, gt=0, description="Seconds /readyz waits for the broker and store.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DPR_",
@@ -97,6 +111,7 @@ class Settings(BaseSettings):
     qdrant: QdrantSettings = QdrantSettings()
     edge: EdgeSettings = EdgeSettings()
     celery: CelerySettings = CelerySettings()
+    api: ApiSettings = ApiSettings()
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
