@@ -73,7 +73,12 @@ class CelerySettings(BaseModel):
     batch_documents: int = Field(default=64, ge=1, description="Documents per ingest task.")
     batch_bytes: int = Field(default=1_000_000, ge=1024, description="Max text bytes per ingest task.")
     max_retries: int = Field(default=8, ge=0)
-    unacked_restore_interval: float | None = None
+    unacked_restore_interval: float | None = Field(
+        default=None, gt=0, description="Seconds between sweeps that redeliver unacked tasks (kombu default 10)."
+    )
+    unacked_restore_throttle: int | None = Field(
+        default=None, ge=1, description="Scan on every Nth sweep (kombu default 10); 1 in tests."
+    )
 
 
 class ApiSettings(BaseModel):
