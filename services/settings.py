@@ -95,6 +95,20 @@ class ApiSettings(BaseModel):
     ready_timeout: float = Field(default=2.0, gt=0, description="Seconds /readyz waits for the broker and store.")
 
 
+class ReembedSettings(BaseModel):
+    """Model lifecycle: re-embedding into a new generation, the beat check, generations kept."""
+
+    schedule_seconds: float | None = Field(
+        default=None, gt=0, description="Beat: seconds between checks for a model change; unset: no schedule."
+    )
+    batch_size: int = Field(default=256, ge=1, le=10_000, description="Passages per re-embed batch (task).")
+    keep_generations: int = Field(default=2, ge=0, description="Inactive generations `dpr gc` keeps by default.")
+    lock_ttl: float = Field(default=600.0, ge=10, description="Seconds a re-embed or beat lock lives unrefreshed.")
+    fence_timeout: float = Field(
+        default=300.0, gt=0, description="Seconds writers wait for a swap, and a swap waits for in-flight writes."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DPR_",
@@ -117,6 +131,7 @@ class Settings(BaseSettings):
     edge: EdgeSettings = EdgeSettings()
     celery: CelerySettings = CelerySettings()
     api: ApiSettings = ApiSettings()
+    reembed: ReembedSettings = ReembedSettings()
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
