@@ -1,0 +1,155 @@
+"""The embedded store's lease across real processes: one process at a time owns a shard, everyone gets a turn.
+
+Each test spawns fresh interpreters (multiprocessing "spawn") that open the same ``EdgeStore`` directory with
+the real qdrant-edge engine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+
+from services.errors import StoreUnavailable
+from services.store.edge import EdgeStore
+from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
+
+pytestmark = pytest.mark.integration
+
+DIM = 4
+SPEC = CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=False)
+ALIAS = "locking"
+CTX = mp.get_context("spawn")
+
+
+def _points(writer: int, batch: int, size: int) -> list[PassagePoint]:
+    return [
+        PassagePoint(
+            passage=Passage(doc_id=f"w{writer}-b{batch}", chunk_index=i, text=f"writer {writer} batch {batch} #{i}"),
+            dense=[1.0, float(writer), float(batch), float(i)],
+        )
+        for i in range(size)
+    ]
+
+
+def _writer(
+    store_dir: str, writer: int, batches: int, size: int, results: mp.Queue, pause: float = 0.0, go: Event | None = None
+) -> None:
+    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
+    try:
+        if go is not None:
+            go.wait(30)
+        for b in range(batches):
+            store.upsert(_points(writer, b, size))  # back to back: the fair-share yield lets the others in
+            time.sleep(pause)  # (or "encoding" between writes)
+        results.put(("ok", writer, os.getpid()))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", writer, repr(e)))
+    finally:
+        store.close()
+
+
+def _reader(store_dir: str, seconds: float, results: mp.Queue, started: Event) -> None:
+    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
+    counts = []
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            hits = store.search(SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5))
+            counts.append((store.count(), len(hits)))
+            started.set()
+            time.sleep(0.02)
+        results.put(("ok", counts))
+    except Exception as e:
+        results.put(("error", repr(e)))
+    finally:
+        store.close()
+
+
+def _holder(store_dir: str, ready: Event, stop: Event) -> None:
+    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=3600)  # keeps the lease while idle
+    store.count()
+    ready.set()
+    stop.wait(60)
+    store.close()
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> str:
+    store = EdgeStore(tmp_path, ALIAS, idle_release=0)
+    store.ensure_collection(SPEC)
+    store.close()
+    return str(tmp_path)
+
+
+def _collect(queue: mp.Queue, n: int, timeout: float = 60) -> list[tuple]:
+    return [queue.get(timeout=timeout) for _ in range(n)]
+
+
+def test_concurrent_writers_all_succeed_with_exact_count(store_dir: str) -> None:
+    writers, batches, size = 3, 25, 4
+    results: mp.Queue = CTX.Queue()
+    procs = [CTX.Process(target=_writer, args=(store_dir, w, batches, size, results)) for w in range(writers)]
+    for p in procs:
+        p.start()
+    outcomes = _collect(results, writers)
+    for p in procs:
+        p.join(30)
+    assert all(o[0] == "ok" for o in outcomes), outcomes
+    assert all(p.exitcode == 0 for p in procs)
+
+    store = EdgeStore(store_dir, ALIAS, lock_timeout=10, idle_release=0)
+    assert store.count() == writers * batches * size
+    states = store.doc_states([f"w{w}-b{b}" for w in range(writers) for b in range(batches)])
+    assert len(states) == writers * batches and {s.chunks for s in states.values()} == {size}
+    store.close()
+
+
+def test_reader_queries_while_another_process_writes(store_dir: str) -> None:
+    reader_q: mp.Queue = CTX.Queue()
+    writer_q: mp.Queue = CTX.Queue()
+    started = CTX.Event()
+    reader = CTX.Process(target=_reader, args=(store_dir, 2.5, reader_q, started))
+    writer = CTX.Process(target=_writer, args=(store_dir, 7, 40, 5, writer_q, 0.04, started))
+    reader.start()
+    writer.start()
+    [written] = _collect(writer_q, 1)
+    [(status, counts)] = _collect(reader_q, 1)
+    reader.join(30)
+    writer.join(30)
+    assert written[0] == "ok", written
+    assert status == "ok", counts
+    assert len(counts) >= 5  # the reader got many turns
+    seen = [c for c, _ in counts]
+    assert seen == sorted(seen)  # it saw the writer's progress, never a regression
+    assert len(set(seen)) >= 3, seen  # ... while the writer was still writing
+    assert any(hits > 0 for _, hits in counts)
+    store = EdgeStore(store_dir, ALIAS, idle_release=0)
+    assert store.count() == 40 * 5
+    store.close()
+
+
+def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: str) -> None:
+    ready, stop = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop))
+    holder.start()
+    try:
+        assert ready.wait(30), "the holder process never opened the store"
+        waiter = EdgeStore(store_dir, ALIAS, lock_timeout=0.3, idle_release=0)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as err:
+            waiter.count()
+        assert 0.3 <= time.monotonic() - started < 5
+        message = str(err.value)
+        assert ".lock" in message and f"pid {holder.pid}" in message and "DPR_EDGE__LOCK_TIMEOUT" in message
+    finally:
+        stop.set()
+        holder.join(30)
+    assert holder.exitcode == 0
+    waiter = EdgeStore(store_dir, ALIAS, lock_timeout=5, idle_release=0)
+    assert waiter.count() == 0  # the lease is free again once the holder lets go
+    waiter.close()
