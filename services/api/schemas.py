@@ -1,0 +1,134 @@
+"""Request and response bodies of the HTTP API (they are the OpenAPI schema).
+
+Structure is checked here (types, sizes, ranges): a malformed request is a 422 before any service runs.
+What a document *means* (empty text, an id too long, oversized) is judged by the same parser ``dpr ingest`` uses
+(``services.documents.parse_json_row``) and reported per document in the job, like the CLI does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+
+def _encodable(value: str) -> str:
+    """JSON may carry lone surrogates (``"\\ud800"``); no tokenizer or store can take them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"is not valid Unicode text (character {e.start}); send UTF-8 text") from e
+    return value
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FilterKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")]
+FilterScalar = (
+    Annotated[Text, StringConstraints(max_length=1024)]
+    | Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+    | bool
+)
+MetadataValue = Annotated[Text, StringConstraints(max_length=10_000)] | Annotated[
+    int, Field(ge=INT64_MIN, le=INT64_MAX)
+] | float | bool
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(description="Machine-readable kind: validation, not_found, model_mismatch, unavailable, ...")
+    message: str = Field(description="What went wrong and what to do.")
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class DocumentIn(BaseModel):
+    """One document. Extra scalar fields become payload metadata, as with JSONL rows for ``dpr ingest``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Annotated[Text, StringConstraints(min_length=1, max_length=512)] | Annotated[
+        int, Field(ge=0, le=INT64_MAX)
+    ]
+    text: Text = Field(description="The document text; it is split into passages by the passage tower's tokenizer.")
+    title: Annotated[Text, StringConstraints(max_length=2000)] = ""
+    metadata: dict[FilterKey, MetadataValue] = Field(
+        default_factory=dict, max_length=64, description="Scalar payload fields, filterable in search."
+    )
+
+
+class DocumentsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[DocumentIn] = Field(min_length=1, description="The batch (at most DPR_API__MAX_DOCUMENTS).")
+
+
+class JobAccepted(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    job: str
+    state: str
+    documents_received: int = Field(description="Documents parsed from the request (before per-document checks).")
+    status_url: str
+
+
+class JobStatus(BaseModel):
+    """``IngestReport`` counters plus the job's state; ``failed`` lists each failed document with its reason."""
+
+    model_config = ConfigDict(extra="allow")
+
+    job: str
+    state: str
+    documents: int = 0
+    unchanged: int = 0
+    chunks: int = 0
+    skipped: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+
+
+class SearchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: Annotated[Text, StringConstraints(min_length=1, max_length=4000)]
+    k: int = Field(default=10, ge=1, le=1000)
+    mode: Literal["dense", "sparse", "hybrid"] | None = Field(
+        default=None, description="Default: the collection's tuned mode, else dense."
+    )
+    filters: dict[FilterKey, FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=100)]] = (
+        Field(default_factory=dict, max_length=16, description="Payload key -> value, or a list (any of).")
+    )
+    fusion: Literal["rrf", "linear"] | None = None
+    rrf_k: int | None = Field(default=None, ge=1, le=10_000)
+    linear_weight: float | None = Field(default=None, ge=0.0, le=1.0)
+    candidates: int | None = Field(default=None, ge=1, le=10_000)
+
+
+class HitOut(BaseModel):
+    doc_id: str
+    chunk_index: int
+    score: float
+    title: str
+    text: str
+    model: str
+    source: str
+
+
+class SearchOut(BaseModel):
+    hits: list[HitOut]
+    took_ms: float
+
+
+class DeleteOut(BaseModel):
+    doc_id: str
+    points_deleted: int
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready"]
+    checks: dict[str, dict[str, Any]]
