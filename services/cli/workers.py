@@ -1,0 +1,101 @@
+"""Worker commands: `dpr worker` (a Celery worker in the foreground) and `dpr jobs` (one ingest job's state).
+
+Celery is imported only inside the commands (``workers`` package), so the rest of the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from services.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+
+BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)
+    app.command("jobs")(jobs)
+
+
+def worker(
+    ctx: typer.Context,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Pool processes (default: the CPU count).")
+    ] = None,
+    queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")] = "ingest",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug | info | warning | error")] = "info",
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Node name (default: dpr-<pid>@<host>).")] = None,
+) -> None:
+    """Run a Celery worker (prefork pool) in the foreground; each pool process loads the model on its first task."""
+    settings = get_settings(ctx)
+    if not settings.broker_url:
+        fail(f"DPR_BROKER_URL is not set; {BROKER_HINT}", code=EXIT_USAGE)
+    processes = concurrency or os.cpu_count() or 1
+    with cli_errors():
+        from workers.app import create_app, worker_settings
+
+        app = create_app(worker_settings(settings, processes))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app.worker_main(
+        [
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={processes}",
+            f"--queues={queues}",
+            f"--loglevel={loglevel}",
+            f"--hostname={name or f'dpr-{os.getpid()}@%h'}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
+
+
+def jobs(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="The job id printed by `dpr ingest`.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it ends.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Show an ingest job: state, batches done, documents, passages, failures with reasons."""
+    settings = get_settings(ctx)
+    if not settings.broker_url:
+        fail(f"DPR_BROKER_URL is not set; {BROKER_HINT}", code=EXIT_USAGE)
+    with cli_errors():
+        from workers.dispatch import job_status, wait_for_job
+
+        if wait:
+            status = wait_for_job(settings, job_id, show_progress=not as_json, timeout=timeout)
+        else:
+            status = job_status(settings, job_id)
+    if as_json:
+        emit_json(status)
+    else:
+        _print_job(status)
+    if status["state"] == "failed":
+        raise typer.Exit(1)
+
+
+def _print_job(status: dict[str, Any]) -> None:
+    total = status["batches_total"]
+    console.print(
+        f"job {status['job']} ({status['state']}): {status['batches_done']}/{'?' if total is None else total} "
+        f"batches, {status['documents']} documents written, {status['unchanged']} unchanged, "
+        f"{status['chunks']} passages, {len(status['skipped'])} skipped, {len(status['failed'])} failed, "
+        f"{status['seconds']:.1f} s",
+        highlight=False,
+    )
+    for err in status.get("errors", []):
+        err_console.print(f"[red]batch {err['batch']}:[/] {err['error']}", highlight=False)
+    if status["failed"]:
+        table = Table("source", "reason", "error", title="failed documents")
+        for f in status["failed"][:50]:
+            table.add_row(f.get("source", ""), f.get("reason", ""), f.get("error", ""))
+        err_console.print(table)
+        if len(status["failed"]) > 50:
+            err_console.print(f"... and {len(status['failed']) - 50} more (use --json for all)")

@@ -1,0 +1,71 @@
+"""A dict-backed stand-in for the few redis-py calls ``services.jobs`` makes (unit tests only: no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.exceptions
+
+
+class FakeRedis:
+    def __init__(self, down: bool = False) -> None:
+        self.hashes: dict[str, dict[bytes, bytes]] = {}
+        self.ttls: dict[str, int] = {}
+        self.down = down
+
+    def _check(self) -> None:
+        if self.down:
+            raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
+
+    @staticmethod
+    def _b(value: Any) -> bytes:
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    def ping(self) -> bool:
+        self._check()
+        return True
+
+    def hset(self, key: str, field: Any = None, value: Any = None, mapping: dict[str, Any] | None = None) -> int:
+        self._check()
+        h = self.hashes.setdefault(key, {})
+        items = dict(mapping or {})
+        if field is not None:
+            items[field] = value
+        new = sum(1 for k in items if self._b(k) not in h)
+        h.update({self._b(k): self._b(v) for k, v in items.items()})
+        return new
+
+    def hincrby(self, key: str, field: Any, amount: int = 1) -> int:
+        self._check()
+        h = self.hashes.setdefault(key, {})
+        value = int(h.get(self._b(field), b"0")) + amount
+        h[self._b(field)] = self._b(value)
+        return value
+
+    def hgetall(self, key: str) -> dict[bytes, bytes]:
+        self._check()
+        return dict(self.hashes.get(key, {}))
+
+    def expire(self, key: str, seconds: int) -> bool:
+        self._check()
+        self.ttls[key] = seconds
+        return key in self.hashes
+
+    def pipeline(self) -> FakePipeline:
+        return FakePipeline(self)
+
+
+class FakePipeline:
+    def __init__(self, client: FakeRedis) -> None:
+        self.client = client
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> FakePipeline:
+            self.calls.append((name, args, kwargs))
+            return self
+
+        return queue
+
+    def execute(self) -> list[Any]:
+        return [getattr(self.client, name)(*args, **kwargs) for name, args, kwargs in self.calls]

@@ -1,0 +1,111 @@
+"""Job tracking in Redis (services/jobs.py) over a dict-backed fake client: no sockets."""
+
+from __future__ import annotations
+
+import pytest
+from fake_redis import FakeRedis
+
+from services.errors import TransientError
+from services.jobs import JobNotFound, JobStore, JobStoreUnavailable, redact_url, summarize
+
+pytestmark = pytest.mark.unit
+
+
+def batch_result(documents: int = 0, unchanged: int = 0, chunks: int = 0, failed: list | None = None) -> dict:
+    return {"job": "j1", "documents": documents, "unchanged": unchanged, "chunks": chunks, "title_truncated": 0,
+            "skipped": [], "failed": failed or [], "seconds": 0.1}
+
+
+@pytest.fixture
+def jobs() -> JobStore:
+    return JobStore(FakeRedis(), url="redis://127.0.0.1:6399/0", ttl=3600)
+
+
+def test_job_goes_submitting_queued_running_done(jobs: JobStore) -> None:
+    jobs.create("j1", collection="docs", created=100.0)
+    assert jobs.status("j1")["state"] == "submitting"
+    jobs.seal("j1", batches=2, documents=5, skipped=[{"source": "a.png", "reason": "type"}],
+              failed=[{"source": "b.txt", "reason": "empty", "error": "b.txt: has no text"}])
+    status = jobs.status("j1")
+    assert (status["state"], status["batches_done"], status["batches_total"]) == ("queued", 0, 2)
+    jobs.mark_started("j1", 0, worker="w1")
+    assert jobs.status("j1")["state"] == "running"
+    jobs.record_batch("j1", 0, {**batch_result(documents=3, chunks=7), "finished": 110.0})
+    jobs.record_batch("j1", 1, {**batch_result(documents=1, unchanged=1, chunks=2), "finished": 112.5})
+    status = jobs.status("j1")
+    assert status["state"] == "done"
+    assert (status["documents"], status["unchanged"], status["chunks"]) == (4, 1, 9)
+    assert status["documents_total"] == 5
+    assert [f["source"] for f in status["failed"]] == ["b.txt"]
+    assert [s["source"] for s in status["skipped"]] == ["a.png"]
+    assert status["seconds"] == pytest.approx(12.5)
+    assert status["collection"] == "docs"
+
+
+def test_redelivered_batch_overwrites_instead_of_double_counting(jobs: JobStore) -> None:
+    jobs.create("j1")
+    jobs.seal("j1", batches=1, documents=3, skipped=[], failed=[])
+    assert jobs.mark_started("j1", 0, worker="w1") == 1
+    jobs.record_batch("j1", 0, batch_result(documents=3, chunks=6))
+    # the worker died before acking: the same batch runs again and finds everything stored
+    assert jobs.mark_started("j1", 0, worker="w2", attempt=0) == 2
+    jobs.record_batch("j1", 0, batch_result(unchanged=3))
+    status = jobs.status("j1")
+    assert (status["batches_done"], status["documents"], status["unchanged"], status["chunks"]) == (1, 0, 3, 0)
+    assert jobs.started("j1")[0]["worker"] == "w2"
+
+
+def test_batch_level_error_fails_the_job_but_keeps_other_batches(jobs: JobStore) -> None:
+    jobs.create("j1")
+    jobs.seal("j1", batches=2, documents=4, skipped=[], failed=[])
+    jobs.record_batch("j1", 0, batch_result(documents=2, chunks=4))
+    failed = [{"source": "c.txt", "reason": "unavailable", "error": "store down"}]
+    jobs.record_batch("j1", 1, {**batch_result(failed=failed), "error": "unavailable: store down"})
+    status = jobs.status("j1")
+    assert status["state"] == "failed"
+    assert status["documents"] == 2
+    assert status["errors"] == [{"batch": 1, "error": "unavailable: store down"}]
+    assert status["failed"] == failed
+
+
+def test_job_without_documents_is_done_once_sealed(jobs: JobStore) -> None:
+    jobs.create("j1")
+    jobs.seal("j1", batches=0, documents=0, skipped=[], failed=[{"source": "x", "reason": "empty", "error": "x"}])
+    assert jobs.status("j1")["state"] == "done"
+
+
+def test_every_key_gets_the_ttl(jobs: JobStore) -> None:
+    jobs.create("j1")
+    jobs.mark_started("j1", 0)
+    jobs.record_batch("j1", 0, batch_result())
+    jobs.seal("j1", batches=1, documents=1, skipped=[], failed=[])
+    client = jobs.client
+    assert isinstance(client, FakeRedis)
+    assert set(client.hashes) <= set(client.ttls)
+    assert set(client.ttls.values()) == {3600}
+
+
+def test_unknown_job_is_a_clear_error(jobs: JobStore) -> None:
+    with pytest.raises(JobNotFound, match="no job 'nope'.*expire"):
+        jobs.status("nope")
+
+
+def test_unreachable_redis_is_transient_and_names_the_url_and_fix() -> None:
+    jobs = JobStore(FakeRedis(down=True), url="redis://user:secret@10.0.0.9:6399/0")
+    with pytest.raises(JobStoreUnavailable) as info:
+        jobs.create("j1")
+    assert isinstance(info.value, TransientError)
+    message = str(info.value)
+    assert "10.0.0.9:6399" in message and "DPR_BROKER_URL" in message
+    assert "secret" not in message
+
+
+def test_redact_url_hides_only_the_password() -> None:
+    assert redact_url("redis://:pw@host:6379/1") == "redis://:***@host:6379/1"
+    assert redact_url("redis://localhost:6379/0") == "redis://localhost:6379/0"
+
+
+def test_summarize_counts_running_with_unfinished_batches() -> None:
+    meta = {"job": "j", "sealed": "1", "batches": "3", "created": "10"}
+    status = summarize(meta, {0: batch_result(documents=1, chunks=2)}, {}, now=20.0)
+    assert (status["state"], status["batches_done"], status["seconds"]) == ("running", 1, 10.0)

@@ -1,0 +1,120 @@
+"""The Celery app, built from the one Settings object at the composition root (``dpr worker``, the submitter).
+
+``create_app(settings)`` is the only constructor. ``celery -A workers.app worker`` also works: the module's ``app``
+attribute is built on first access from the environment (``Settings()``), never at import.
+
+Delivery guarantees (see docs/FACTS.md, "Redis and Celery"): JSON only, ``acks_late`` + ``reject_on_worker_lost``
++ prefetch 1, so a task whose worker dies is delivered again (after ``visibility_timeout`` when the whole worker
+died). Every task must therefore be idempotent, and the visibility timeout must exceed the longest task, or a
+slow task would be delivered a second time while still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery
+
+from services.errors import ConfigError
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+INGEST_QUEUE = "ingest"
+# Task name -> queue. Re-embedding and a single index writer get their own queues when they arrive.
+TASK_ROUTES: dict[str, dict[str, str]] = {
+    "dpr.ingest_batch": {"queue": INGEST_QUEUE},
+    "dpr.reembed.*": {"queue": "reembed"},
+    "dpr.index.*": {"queue": "index"},
+}
+# Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
+SOFT_LIMIT_MARGIN = 5
+
+
+class DprCelery(Celery):
+    """A Celery app that carries the Settings it was built from (tasks read them from ``self.app``)."""
+
+    settings: Settings
+
+
+def check_limits(settings: Settings) -> None:
+    c = settings.celery
+    if c.task_time_limit >= c.visibility_timeout:
+        raise ConfigError(
+            f"celery.task_time_limit ({c.task_time_limit} s) must be below celery.visibility_timeout "
+            f"({c.visibility_timeout} s), otherwise a task still running is delivered again; raise "
+            "DPR_CELERY__VISIBILITY_TIMEOUT or lower DPR_CELERY__TASK_TIME_LIMIT"
+        )
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration for these settings (pure; unit-tested)."""
+    check_limits(settings)
+    c = settings.celery
+    transport: dict[str, Any] = {"visibility_timeout": c.visibility_timeout}
+    if c.unacked_restore_interval is not None:
+        transport["unacked_restore_interval"] = c.unacked_restore_interval
+    if c.unacked_restore_throttle is not None:
+        transport["unacked_restore_throttle"] = c.unacked_restore_throttle
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_backend": None,  # job state lives in Redis through services.jobs
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": c.task_time_limit,
+        "task_soft_time_limit": max(1, c.task_time_limit - SOFT_LIMIT_MARGIN),
+        "task_default_queue": INGEST_QUEUE,
+        "task_routes": TASK_ROUTES,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "enable_utc": True,
+    }
+
+
+def torch_threads(settings: Settings, concurrency: int, cores: int | None = None) -> int:
+    """Intra-op threads per pool process: ``settings.encoder.threads`` if set, else cores // concurrency."""
+    if settings.encoder.threads is not None:
+        return settings.encoder.threads
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, concurrency))
+
+
+def worker_settings(settings: Settings, concurrency: int) -> Settings:
+    """The settings a worker runs with: torch threads split between its pool processes."""
+    encoder = settings.encoder.model_copy(update={"threads": torch_threads(settings, concurrency)})
+    return settings.model_copy(update={"encoder": encoder})
+
+
+def create_app(settings: Settings) -> DprCelery:
+    """The Celery app for ``settings``; registers the tasks of ``workers.tasks``."""
+    if not settings.broker_url:
+        raise ConfigError("no broker configured; set DPR_BROKER_URL=redis://host:6379/0")
+    app = DprCelery("dpr", set_as_current=True)
+    app.settings = settings
+    app.conf.update(celery_config(settings))
+    import workers.tasks  # noqa: F401  (registers the shared tasks on this app)
+
+    return app
+
+
+_default: DprCelery | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``workers.app.app`` for ``celery -A workers.app``: built from the environment on first access."""
+    global _default
+    if name in ("app", "celery"):
+        if _default is None:
+            _default = create_app(Settings())
+        return _default
+    raise AttributeError(name)
