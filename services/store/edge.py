@@ -125,14 +125,15 @@ class _Lease:
         self._depth = 0
         self._acquired_at = 0.0  # monotonic
         self._acquired_wall = 0.0  # wall clock, comparable with the wait file's mtime
-        self._timer: threading.Timer | None = None
+        self._timer: threading.Timer | None = None  # one idle timer at a time, re-armed lazily
+        self._last_used = 0.0
+        self._idle_release = 0.0
         self._yield_until = 0.0
 
     # -- public -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def held(self, lock_timeout: float, idle_release: float) -> Iterator[_Lease]:
         with self._mutex:
-            self._cancel_timer()
             if self._fd is None:
                 self._acquire(lock_timeout)
             self._depth += 1
@@ -238,23 +239,35 @@ class _Lease:
             return False
 
     def _after_use(self, idle_release: float) -> None:
-        held_for = time.monotonic() - self._acquired_at
+        self._last_used = time.monotonic()
+        self._idle_release = idle_release
         if idle_release <= 0:
             self._release_locked()
-        elif held_for > max(idle_release, _MIN_FAIR_SHARE) and self._someone_waiting():
+        elif self._last_used - self._acquired_at > max(idle_release, _MIN_FAIR_SHARE) and self._someone_waiting():
             log.debug("yielding the edge lock to a waiting process", extra={"lock": str(self.lock_path)})
             self._release_locked()
             self._yield_until = time.monotonic() + 2 * _POLL_MAX
-        else:
-            timer = threading.Timer(idle_release, self._idle_expired)
-            timer.daemon = True
-            self._timer = timer
-            timer.start()
+        elif self._timer is None:
+            self._start_timer(idle_release)
+
+    def _start_timer(self, delay: float) -> None:
+        timer = threading.Timer(delay, self._idle_expired)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
 
     def _idle_expired(self) -> None:
+        """Release once the lease has been idle for ``idle_release``; a busy lease re-arms the timer."""
         with self._mutex:
-            if self._depth == 0 and self._timer is threading.current_thread():
-                self._timer = None
+            if self._timer is not threading.current_thread():
+                return
+            self._timer = None
+            if self._fd is None or self._depth > 0:
+                return  # released already, or in use: the end of that use re-arms the timer
+            remaining = self._last_used + self._idle_release - time.monotonic()
+            if remaining > 0:
+                self._start_timer(remaining)
+            else:
                 self._release_locked()
 
     def _cancel_timer(self) -> None:
@@ -271,6 +284,7 @@ class _Lease:
             shard.close()
 
     def _release_locked(self) -> None:
+        self._cancel_timer()
         shards, self._shards = self._shards, {}
         try:
             for generation, shard in shards.items():

@@ -9,16 +9,19 @@ Vectors are fixed random numpy vectors (no model); sparse vectors come from the 
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 from qdrant_client import QdrantClient
 
-from services.errors import CollectionNotFound, ConfigError, ModelMismatch
+from services.errors import CollectionNotFound, ConfigError, ModelMismatch, StoreUnavailable
 from services.settings import Settings
 from services.sparse import default_embedder
 from services.store import VectorStore, open_store
@@ -489,3 +492,80 @@ def test_linear_fusion_is_min_max_weighted() -> None:
     assert fused == pytest.approx({"a": 0.7, "b": 0.35, "c": 0.3, "d": 0.0})
     assert min_max([3.0, 1.0, 2.0], higher_is_better=False) == [0.0, 1.0, 0.5]  # euclid distances
     assert min_max([4.0]) == [1.0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# edge lease details (one process; the multi-process behaviour is in tests/integration/test_edge_locking.py)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _lock_is_free(lock_file: Path) -> bool:
+    import fcntl
+
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the descriptor drops our probe lock too
+    return True
+
+
+@pytest.mark.unit
+def test_edge_keeps_the_shard_while_busy_and_releases_when_idle(tmp_path: Path, vectors: np.ndarray) -> None:
+    store = EdgeStore(tmp_path, "c", lock_timeout=5, idle_release=0.2)
+    store.ensure_collection(SPEC)
+    lock_file = tmp_path / "c" / ".lock"
+    store.upsert(corpus(vectors))
+    assert not _lock_is_free(lock_file)  # held for idle_release after the last call
+    assert f"pid {os.getpid()}" in lock_file.read_text()
+    deadline = time.monotonic() + 5
+    while not _lock_is_free(lock_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _lock_is_free(lock_file)
+    assert store.count() == len(TEXTS)  # reopens transparently; writes were flushed before the release
+    store.close()
+    assert _lock_is_free(lock_file)  # close() releases at once
+
+
+@pytest.mark.unit
+def test_edge_threads_and_sibling_stores_share_one_lease(tmp_path: Path, vectors: np.ndarray) -> None:
+    first = EdgeStore(tmp_path, "c", lock_timeout=2, idle_release=5)
+    second = EdgeStore(tmp_path, "c", lock_timeout=2, idle_release=5)  # same directory, same process
+    first.ensure_collection(SPEC)
+
+    def write(worker: int) -> None:
+        store = first if worker % 2 else second
+        for b in range(5):
+            store.upsert([point(passage(f"t{worker}-{b}", 0, f"thread {worker} batch {b}"), vectors[b])])
+            store.search(SearchRequest(dense=q(vectors, b), k=2))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(write, range(4)))
+    assert first.count() == second.count() == 20
+    first.close()
+    second.close()
+
+
+@pytest.mark.unit
+def test_edge_pointer_and_spec_files(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path, "c", idle_release=0)
+    gen = store.ensure_collection(SPEC)
+    root = tmp_path / "c"
+    assert (root / "CURRENT").read_text().strip() == gen
+    assert CollectionSpec.from_json(json.loads((root / "generations" / gen / "spec.json").read_text())) == SPEC
+    assert (root / "generations" / gen / "shard").is_dir()
+    assert not list(root.glob(".*.tmp"))  # atomic writes leave no temp files behind
+    assert store.optimize() in (True, False)
+
+
+@pytest.mark.integration
+def test_unreachable_server_is_a_transient_error() -> None:
+    store = ServerStore(
+        QdrantClient(url="http://127.0.0.1:1", timeout=2, check_compatibility=False), "c", location="http://127.0.0.1:1"
+    )
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        store.count()
+    with pytest.raises(StoreUnavailable):
+        store.ensure_collection(SPEC)
