@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
@@ -134,7 +134,10 @@ class ApiServices:
             self.model_ready.set()
 
     def close(self) -> None:
-        self.runtime.close()
+        try:
+            self.runtime.close()
+        except Exception:  # shutting down: say so and go on
+            log.exception("closing the runtime failed")
 
 
 # --- request helpers ------------------------------------------------------------------------------------------
@@ -407,9 +410,10 @@ def _auth_dependencies(settings: Settings) -> list[Any]:
     header = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key (DPR_API__API_KEY).")
     bearer = HTTPBearer(auto_error=False, description="The API key as a bearer token.")
 
+    # Defaults, not Annotated: with postponed annotations FastAPI could not see these local schemes.
     def require_key(
-        key: Annotated[str | None, Security(header)],
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+        key: str | None = Security(header),  # noqa: B008
+        credentials: HTTPAuthorizationCredentials | None = Security(bearer),  # noqa: B008
     ) -> None:
         given = key or (credentials.credentials if credentials is not None else None)
         if given is None or not hmac.compare_digest(given.encode(), expected):
