@@ -20,6 +20,7 @@ from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
 from services.documents import Document, DocumentFailure, Item, Skipped
 from services.errors import DocumentError
+from services.locks import NoFence, WriteFence
 from services.settings import ChunkSettings
 from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
 from services.store.protocol import VectorStore
@@ -127,6 +128,8 @@ def ingest_batch(
     batch_size: int = 32,
     job: str = "",
     generation: str | None = None,
+    fence: WriteFence | None = None,
+    towers_for: Callable[[str], DualEncoder] | None = None,
 ) -> IngestReport:
     """Ingest one batch of documents. Transient store errors propagate (the caller retries the whole batch,
     which is safe: writes are idempotent). Document errors are reported per document."""
@@ -142,8 +145,34 @@ def ingest_batch(
     if not docs:
         return report
 
-    if generation is None:
-        store.ensure_collection(collection_spec(towers, sparse is not None))
+    # Writers hold the write fence shared from resolving the generation to their last write, so a re-embed swap
+    # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
+    with (fence or NoFence()).shared():
+        if generation is None:
+            active = store.info().active if towers_for is not None else None
+            if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
+                towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
+            generation = store.ensure_collection(collection_spec(towers, sparse is not None))
+        _write_documents(docs, report, store=store, towers=towers, chunking=chunking, sparse=sparse,
+                         batch_size=batch_size, generation=generation)
+    log.info(
+        "ingested batch",
+        extra={"job": job, "documents": report.documents, "chunks": report.chunks, "unchanged": report.unchanged},
+    )
+    return report
+
+
+def _write_documents(
+    docs: dict[str, Document],
+    report: IngestReport,
+    *,
+    store: VectorStore,
+    towers: DualEncoder,
+    chunking: ChunkSettings,
+    sparse: SparseEncoder | None,
+    batch_size: int,
+    generation: str,
+) -> None:
     states = store.doc_states(list(docs), generation=generation)
 
     planned: list[tuple[Document, list[Chunk]]] = []
@@ -200,11 +229,6 @@ def ingest_batch(
             store.delete_stale(doc.doc_id, doc.doc_hash, len(chunks), generation=generation)
         report.documents += len(planned)
         report.chunks += len(points)
-    log.info(
-        "ingested batch",
-        extra={"job": job, "documents": report.documents, "chunks": report.chunks, "unchanged": report.unchanged},
-    )
-    return report
 
 
 ProgressFn = Callable[[IngestReport], None]
@@ -222,13 +246,16 @@ def ingest_documents(
     batch_bytes: int = 1_000_000,
     job: str | None = None,
     progress: ProgressFn | None = None,
+    fence: WriteFence | None = None,
+    towers_for: Callable[[str], DualEncoder] | None = None,
 ) -> IngestReport:
     """The in-process pipeline: every batch through ``ingest_batch``; ``progress`` gets each batch's report."""
     total = IngestReport(job=job or new_job_id())
     t0 = time.perf_counter()
     for batch in batched_items(items, batch_documents, batch_bytes):
         part = ingest_batch(
-            batch, store=store, towers=towers, chunking=chunking, sparse=sparse, batch_size=batch_size, job=total.job
+            batch, store=store, towers=towers, chunking=chunking, sparse=sparse, batch_size=batch_size, job=total.job,
+            fence=fence, towers_for=towers_for,
         )
         total.add(part)
         if progress is not None:
@@ -237,5 +264,6 @@ def ingest_documents(
     return total
 
 
-def delete_documents(doc_ids: Iterable[str], *, store: VectorStore) -> int:
-    return store.delete_documents(list(doc_ids))
+def delete_documents(doc_ids: Iterable[str], *, store: VectorStore, fence: WriteFence | None = None) -> int:
+    with (fence or NoFence()).shared():
+        return store.delete_documents(list(doc_ids))
