@@ -6,7 +6,7 @@ fingerprint, dimension and distance are checked first, and a mismatch is refused
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +87,21 @@ def search_many(
     options: QueryOptions | None = None,
     sparse: SparseEncoder | None = None,
     batch_size: int = 32,
+    towers_for: Callable[[str], DualEncoder] | None = None,
 ) -> list[list[Hit]]:
     """Answer several questions: one question-tower batch, then one store search each."""
     options = options or QueryOptions()
     for q in questions:
         if not q.strip():
             raise ConfigError("the question is empty; ask something")
-    spec = active_spec(store)
+    info = store.info()
+    if info.active is None:
+        active_spec(store)  # raises CollectionNotFound with the fix
+    generation, spec = info.active.name, info.active.spec  # type: ignore[union-attr]
     base = resolve_request(spec, options, store.alias)
     if base.mode != "sparse":
+        if towers_for is not None and spec.model != towers.fingerprint:
+            towers = towers_for(spec.model)  # the question tower follows the collection across re-embeds
         check_towers(spec, towers, store.alias)
         dense = towers.encode_queries(list(questions), batch_size=batch_size)  # (n, dim)
     if base.mode != "dense" and sparse is None:
@@ -113,7 +119,7 @@ def search_many(
             linear_weight=base.linear_weight,
             candidates=base.candidates,
         )
-        results.append(store.search(request))
+        results.append(store.search(request, generation=generation))  # pinned: one generation per answer
     return results
 
 
@@ -124,5 +130,6 @@ def search(
     towers: DualEncoder,
     options: QueryOptions | None = None,
     sparse: SparseEncoder | None = None,
+    towers_for: Callable[[str], DualEncoder] | None = None,
 ) -> list[Hit]:
-    return search_many([question], store=store, towers=towers, options=options, sparse=sparse)[0]
+    return search_many([question], store=store, towers=towers, options=options, sparse=sparse, towers_for=towers_for)[0]
