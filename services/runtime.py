@@ -9,6 +9,7 @@ from functools import cached_property
 
 from encoders.towers import SentenceTransformerTowers, configure_threads, load_towers
 from services.ingest import SparseEncoder
+from services.locks import WriteFence
 from services.settings import Settings
 from services.store.protocol import VectorStore
 
@@ -43,6 +44,24 @@ class Runtime:
         from services.store import open_store
 
         return open_store(self.settings)
+
+    def towers_for(self, fingerprint: str) -> SentenceTransformerTowers:
+        """The towers whose fingerprint is ``fingerprint`` (base or under models_dir): queries and ingest follow
+        the collection's active generation across re-embeds and rollbacks."""
+        if self.towers.fingerprint == fingerprint:
+            return self.towers
+        from services.reembed import model_for_fingerprint
+
+        path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
+        return load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
+
+    @cached_property
+    def fence(self) -> WriteFence:
+        """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
+        from services.reembed import write_fence
+
+        s = self.settings
+        return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)
 
     def close(self) -> None:
         if "store" in self.__dict__:
