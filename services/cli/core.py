@@ -14,7 +14,7 @@ from rich.table import Table
 from services.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
 from services.documents import iter_documents
 from services.errors import ConfigError
-from services.ingest import IngestReport, ingest_documents
+from services.ingest import IngestReport, delete_documents, ingest_documents
 from services.query import QueryOptions, search
 from services.runtime import Runtime
 from services.settings import Settings
@@ -85,6 +85,8 @@ def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> Ing
             batch_size=s.encoder.batch_size,
             batch_documents=s.celery.batch_documents,
             batch_bytes=s.celery.batch_bytes,
+            fence=runtime.fence,
+            towers_for=runtime.towers_for,
         )
     columns = (
         TextColumn("[bold]ingest[/]"),
@@ -113,6 +115,8 @@ def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> Ing
             batch_size=s.encoder.batch_size,
             batch_documents=s.celery.batch_documents,
             batch_bytes=s.celery.batch_bytes,
+            fence=runtime.fence,
+            towers_for=runtime.towers_for,
             progress=on_batch,
         )
         progress.update(task, completed=len(materialised))
@@ -192,7 +196,10 @@ def query(
         )
         runtime = Runtime(settings)
         try:
-            hits = search(text, store=runtime.store, towers=runtime.towers, options=options, sparse=runtime.sparse)
+            hits = search(
+                text, store=runtime.store, towers=runtime.towers, options=options, sparse=runtime.sparse,
+                towers_for=runtime.towers_for,
+            )
         finally:
             runtime.close()
     if as_json:
@@ -279,7 +286,7 @@ def delete(
     with cli_errors():
         runtime = Runtime(settings)
         try:
-            removed = runtime.store.delete_documents(doc_ids)
+            removed = delete_documents(doc_ids, store=runtime.store, fence=runtime.fence)
         finally:
             runtime.close()
     if as_json:
