@@ -1,0 +1,244 @@
+"""Re-embed logic over the real embedded store (qdrant-edge in tmp_path) with a tiny deterministic fake tower."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.documents import Document
+from services.ingest import delete_documents, ingest_batch
+from services.locks import FileFence, FileLease
+from services.query import search
+from services.reembed import (
+    GateDecision,
+    ReembedError,
+    current_state,
+    finalize,
+    gc,
+    pending_batches,
+    plan,
+    rollback,
+    run_gate,
+    run_in_process,
+    verify,
+)
+from services.settings import ChunkSettings
+from services.store.edge import EdgeStore
+
+pytestmark = pytest.mark.unit
+
+DIM = 16
+
+
+class FakeTowers:
+    """Bag-of-words hashed into DIM buckets, salted by version: two versions are two different models."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    fingerprint = property(lambda self: f"fake-v{self.version}")
+    dim = DIM
+    similarity = "cosine"
+    max_passage_tokens = 40
+
+    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+
+    def _vec(self, text: str) -> np.ndarray:
+        v = np.zeros(DIM, dtype=np.float32)
+        for w in text.lower().split():
+            h = hashlib.sha256(f"{self.version}:{w}".encode()).digest()
+            v[h[0] % DIM] += 1.0 + h[1] / 255
+        return v / (np.linalg.norm(v) or 1.0)
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        return np.stack([self._vec(q) for q in questions]) if questions else np.zeros((0, DIM), np.float32)
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
+        return self.encode_queries(passages, batch_size)
+
+
+V1, V2 = FakeTowers(1), FakeTowers(2)
+TOWERS = {V1.fingerprint: V1, V2.fingerprint: V2}
+CHUNK = ChunkSettings(max_tokens=24, overlap=4, max_title_tokens=4)
+
+
+def doc(i: int, extra: str = "") -> Document:
+    words = " ".join(f"word{(i * 7 + j) % 97}" for j in range(30))
+    return Document(doc_id=f"doc-{i}", text=f"{words} {extra}".strip(), title=f"title {i}", source=f"doc-{i}.txt")
+
+
+def ingest(store: EdgeStore, towers: FakeTowers, docs: list[Document], **kw: object) -> None:
+    report = ingest_batch(docs, store=store, towers=towers, chunking=CHUNK, **kw)  # type: ignore[arg-type]
+    assert not report.failed, report.failed
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> EdgeStore:
+    s = EdgeStore(tmp_path / "store", "c", lock_timeout=10, idle_release=0.05)
+    ingest(s, V1, [doc(i) for i in range(12)])
+    yield s
+    s.close()
+
+
+def test_reembed_swaps_to_a_verified_generation_with_one_fingerprint(store: EdgeStore) -> None:
+    source = store.info().active
+    state = plan(store, V2, model_name="v2")
+    assert state is not None and state.source == source.name
+    assert store.info().active.name == source.name  # nothing visible until verified
+    result = run_in_process(store, state, V2, None, batch_size=7)
+    assert result.outcome == "activated" and result.verification.ok
+    info = store.info()
+    assert info.active.name == state.target and info.active.spec.model == V2.fingerprint
+    assert store.ids(generation=state.target) == store.ids(generation=source.name)
+    assert {p.model for b in store.scroll(generation=state.target) for p in b} == {V2.fingerprint}
+    assert info.active.spec.settings["previous"] == source.name
+    assert current_state(store).status == "active"
+    assert plan(store, V2, model_name="v2") is None  # already embedded by this model
+
+
+def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: EdgeStore) -> None:
+    state = plan(store, V2, model_name="v2")
+    total = store.count()
+    batches = pending_batches(store, state, batch_size=5)
+    first = next(batches)
+    from services.reembed import copy_batch
+
+    copy_batch(store, state, first, V2, None)
+    batches.close()  # "Ctrl-C"
+    resumed = plan(store, V2, model_name="v2")
+    assert resumed.target == state.target  # the same target generation, not a new one
+    todo = sum(len(b) for b in pending_batches(store, resumed, batch_size=5))
+    assert todo == total - len(first)
+    result = run_in_process(store, resumed, V2, None, batch_size=5)
+    assert result.copied == todo  # nothing copied twice
+    assert store.count() == total and result.verification.ok
+
+
+def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_deleted(store: EdgeStore) -> None:
+    state = plan(store, V2, model_name="v2")
+    for batch in pending_batches(store, state, batch_size=100):
+        from services.reembed import copy_batch
+
+        copy_batch(store, state, batch, V2, None)
+    # meanwhile, on the still-active source: a new document, a changed one, a deleted one
+    ingest(store, V1, [doc(100), doc(3, extra="changed words here")])
+    delete_documents(["doc-5"], store=store)
+    result = finalize(store, state, V2, None)
+    assert result.outcome == "activated"
+    passages = {p.id: p for b in store.scroll() for p in b}
+    docs = {p.doc_id for p in passages.values()}
+    assert "doc-100" in docs and "doc-5" not in docs
+    assert any("changed words here" in p.text for p in passages.values() if p.doc_id == "doc-3")
+    assert {p.model for p in passages.values()} == {V2.fingerprint}
+    assert store.ids() == store.ids(generation=state.source)
+
+
+def test_ingest_and_query_follow_the_collection_after_the_swap(store: EdgeStore) -> None:
+    state = plan(store, V2, model_name="v2")
+    run_in_process(store, state, V2, None)
+    # a process still configured with the old towers writes and reads with the collection's towers
+    ingest(store, V1, [doc(200)], towers_for=TOWERS.__getitem__)
+    assert {p.model for b in store.scroll() for p in b if p.doc_id == "doc-200"} == {V2.fingerprint}
+    hits = search("word3 word10", store=store, towers=V1, towers_for=TOWERS.__getitem__)  # type: ignore[arg-type]
+    assert hits and {h.passage.model for h in hits} == {V2.fingerprint}
+
+
+def test_rollback_restores_the_previous_generation_and_toggles(store: EdgeStore) -> None:
+    first = store.info().active.name
+    state = plan(store, V2, model_name="v2")
+    run_in_process(store, state, V2, None)
+    back = rollback(store)
+    assert (back.from_generation, back.to_generation, back.model) == (state.target, first, V1.fingerprint)
+    assert store.info().active.spec.model == V1.fingerprint
+    forward = rollback(store)
+    assert forward.to_generation == state.target
+
+
+def test_gc_keeps_the_newest_inactive_generations_and_never_the_active(store: EdgeStore) -> None:
+    g1 = store.info().active.name
+    s2 = plan(store, V2, model_name="v2")
+    run_in_process(store, s2, V2, None)
+    s3 = plan(store, V1, model_name="v1")
+    run_in_process(store, s3, V1, None)
+    assert [g.name for g in store.info().generations] == [g1, s2.target, s3.target]
+    assert gc(store, keep=1) == [g1]
+    assert gc(store, keep=0) == [s2.target]
+    assert [g.name for g in store.info().generations] == [s3.target]
+
+
+def test_gate_rejects_a_worse_model_and_records_both_scores(store: EdgeStore) -> None:
+    active = store.info().active.name
+    state = plan(store, V2, model_name="v2")
+    scores = {V1.fingerprint: 0.6, V2.fingerprint: 0.5}
+
+    def scorer(s: EdgeStore, generation: str, towers: FakeTowers) -> float:
+        assert s.info().generations  # scored through the real store
+        return scores[towers.fingerprint]
+
+    def gate() -> GateDecision:
+        return run_gate(store, state, V2, V1, scorer, data="dev.jsonl")  # type: ignore[arg-type]
+
+    result = run_in_process(store, state, V2, None, gate=gate)
+    assert result.outcome == "rejected"
+    assert store.info().active.name == active
+    recorded = current_state(store)
+    assert recorded.status == "rejected" and recorded.gate["candidate"] == 0.5 and recorded.gate["active"] == 0.6
+    scores[V2.fingerprint] = 0.6  # ties promote
+    again = plan(store, V2, model_name="v2")
+    assert again.target != state.target
+    assert run_in_process(store, again, V2, None, gate=gate).outcome == "activated"
+
+
+def test_finalize_refuses_when_verification_fails(store: EdgeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = plan(store, V2, model_name="v2")
+    import services.reembed as reembed
+
+    monkeypatch.setattr(reembed, "catch_up", lambda *a, **k: reembed.Diff())  # a broken copy
+    with pytest.raises(ReembedError, match="failed verification"):
+        finalize(store, state, V2, None)
+    assert store.info().active.name == state.source
+    assert not verify(store, state).ok
+
+
+def test_fence_holds_writers_while_the_swap_runs(tmp_path: Path) -> None:
+    fence = FileFence(tmp_path / "fence", timeout=5)
+    events: list[str] = []
+    with fence.shared():
+        t = threading.Thread(target=lambda: _exclusive(fence, events))
+        t.start()
+        time.sleep(0.2)
+        assert events == []  # the swap waits for the in-flight writer
+        events.append("writer done")
+    time.sleep(0.1)
+    writer = threading.Thread(target=lambda: _shared(fence, events))
+    writer.start()
+    t.join(5)
+    writer.join(5)
+    assert events == ["writer done", "swap start", "swap end", "second writer"]
+
+
+def _exclusive(fence: FileFence, events: list[str]) -> None:
+    with fence.exclusive():
+        events.append("swap start")
+        time.sleep(0.3)
+        events.append("swap end")
+
+
+def _shared(fence: FileFence, events: list[str]) -> None:
+    with fence.shared():
+        events.append("second writer")
+
+
+def test_file_lease_is_exclusive(tmp_path: Path) -> None:
+    a, b = FileLease(tmp_path / "l"), FileLease(tmp_path / "l")
+    assert a.acquire() and not b.acquire(wait=0.1)
+    a.release()
+    assert b.acquire()
+    b.release()
