@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from services.errors import CollectionNotFound, ConfigError, ModelMismatch
 from services.store.points import CollectionSpec, DocState, SearchRequest
@@ -102,11 +102,17 @@ def validate_request(alias: str, generation: str, spec: CollectionSpec, request:
 
 @dataclass(frozen=True)
 class FilterClause:
-    """One ``request.filters`` entry: ``key`` equals ``value`` (``any_of`` False) or is one of ``values``."""
+    """One ``request.filters`` entry: ``key`` equals ``values[0]`` (``any_of`` False) or is one of ``values``.
+
+    With ``any_of`` the values are all ``str`` or all ``int`` (what Qdrant's match-any accepts).
+    """
 
     key: str
     values: tuple[str | int | bool, ...]
     any_of: bool
+
+    def any_values(self) -> list[str] | list[int]:
+        return cast("list[str] | list[int]", list(self.values))
 
 
 def filter_clauses(filters: Mapping[str, Any]) -> list[FilterClause]:
@@ -117,11 +123,12 @@ def filter_clauses(filters: Mapping[str, Any]) -> list[FilterClause]:
             values = tuple(value)
             if not values:
                 raise ConfigError(f"filter {key!r} has an empty list of values; drop it or give at least one")
-            for v in values:
-                _check_filter_value(key, v)
             kinds = {type(v) for v in values}
-            if len(kinds) > 1:
-                raise ConfigError(f"filter {key!r} mixes value types {sorted(k.__name__ for k in kinds)}")
+            if len(kinds) > 1 or not kinds <= {str, int}:
+                raise ConfigError(
+                    f"filter {key!r}: a list matches strings or integers, all of one type, got "
+                    f"{sorted(k.__name__ for k in kinds)}"
+                )
             clauses.append(FilterClause(key, values, any_of=True))
         else:
             _check_filter_value(key, value)

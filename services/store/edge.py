@@ -368,7 +368,7 @@ def _edge_filter(filters: dict[str, Any]) -> Filter | None:
         return None
     conditions: list[Any] = []
     for clause in filter_clauses(filters):
-        match = MatchAny(list(clause.values)) if clause.any_of else MatchValue(clause.values[0])
+        match = MatchAny(clause.any_values()) if clause.any_of else MatchValue(clause.values[0])
         conditions.append(FieldCondition(key=clause.key, match=match))
     return Filter(must=conditions)
 
@@ -686,7 +686,10 @@ class EdgeStore:
             return _scored(
                 shard.query(
                     QueryRequest(
-                        limit=request.k, prefetches=prefetches, query=Fusion.Rrf(k=request.rrf_k), with_payload=True
+                        limit=request.k,
+                        prefetches=prefetches,
+                        query=Fusion.Rrf(k=request.rrf_k),  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
+                        with_payload=True,
                     )
                 )
             )

@@ -467,7 +467,7 @@ def _server_filter(filters: dict[str, Any]) -> models.Filter | None:
     conditions: list[Any] = []
     for clause in filter_clauses(filters):
         match: Any = (
-            models.MatchAny(any=list(clause.values)) if clause.any_of else models.MatchValue(value=clause.values[0])
+            models.MatchAny(any=clause.any_values()) if clause.any_of else models.MatchValue(value=clause.values[0])
         )
         conditions.append(models.FieldCondition(key=clause.key, match=match))
     return models.Filter(must=conditions)
