@@ -29,6 +29,8 @@ TASK_ROUTES: dict[str, dict[str, str]] = {
     "dpr.reembed.*": {"queue": "reembed"},
     "dpr.index.*": {"queue": "index"},
 }
+# Modules whose shared tasks every app registers; optional ones are skipped while they do not exist.
+TASK_MODULES = ("workers.tasks", "workers.reembed_tasks")
 # Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
 SOFT_LIMIT_MARGIN = 5
 
@@ -102,9 +104,20 @@ def create_app(settings: Settings) -> DprCelery:
     app = DprCelery("dpr", set_as_current=True)
     app.settings = settings
     app.conf.update(celery_config(settings))
-    import workers.tasks  # noqa: F401  (registers the shared tasks on this app)
-
+    register_task_modules()
     return app
+
+
+def register_task_modules() -> None:
+    """Import the task modules: their ``shared_task``s attach to every app, this one included."""
+    import importlib
+
+    for module in TASK_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module or module == TASK_MODULES[0]:
+                raise
 
 
 _default: DprCelery | None = None
