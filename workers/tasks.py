@@ -149,6 +149,8 @@ def ingest_batch_task(
                 sparse=runtime.sparse,
                 batch_size=settings.encoder.batch_size,
                 job=job_id,
+                fence=getattr(runtime, "fence", None),  # test doubles may lack the lifecycle hooks
+                towers_for=getattr(runtime, "towers_for", None),
             )
             result = report.to_json()
         jobs.record_batch(job_id, batch, {**result, "attempt": retries})
