@@ -671,3 +671,34 @@ def gc(store: VectorStore, keep: int) -> list[str]:
         store.drop_generation(g.name)
         dropped.append(g.name)
     return dropped
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the promotion gate through `dpr eval` (services.evaluation)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def eval_scorer(
+    settings: Any, data: Path, *, split: str = "test", metric: str = "ndcg@10", max_queries: int | None = None
+) -> Scorer:
+    """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
+    (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
+    compares models on the same dev data, as ``dpr eval`` does."""
+    from encoders import data as d
+    from encoders.evaluate import evaluate_systems
+    from services.evaluation import store_retriever
+
+    if not data.exists():
+        raise ConfigError(f"gate data {data} does not exist; give a BEIR folder or a SQuAD JSON file")
+    dataset = d.load_beir(data, split) if data.is_dir() else d.load_squad(data, split)  # type: ignore[arg-type]
+    if max_queries is not None:
+        dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
+
+    def score(store: VectorStore, generation: str, towers: DualEncoder) -> float:
+        report = evaluate_systems(dataset, {"candidate": store_retriever(towers, settings=settings)}, k=100)
+        value = report.results[0].metrics.get(metric)
+        if value is None:
+            raise ConfigError(f"the evaluation has no metric {metric!r}; known: {sorted(report.results[0].metrics)}")
+        return float(value)
+
+    return score
