@@ -22,7 +22,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from services.errors import CollectionNotFound, ConfigError, ModelMismatch, StoreUnavailable
-from services.settings import Settings
+from services.settings import QdrantSettings, Settings
 from services.sparse import default_embedder
 from services.store import VectorStore, open_store
 from services.store.common import linear_fusion, min_max
@@ -569,3 +569,41 @@ def test_unreachable_server_is_a_transient_error() -> None:
         store.count()
     with pytest.raises(StoreUnavailable):
         store.ensure_collection(SPEC)
+
+
+@pytest.mark.parametrize("distance", ["dot", "euclid"])
+def test_other_distances_rank_nearest_first(store: VectorStore, vectors: np.ndarray, distance: str) -> None:
+    store.ensure_collection(CollectionSpec(dim=DIM, distance=distance, model=MODEL))  # type: ignore[arg-type]
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)  # (64, dim): dot ranks like cosine
+    store.upsert([point(p.passage, unit[i]) for i, p in enumerate(corpus(vectors))])
+    sparse = default_embedder().embed_query("photosynthesis")  # points at d5
+    for i in (0, 3):
+        query = [float(x) for x in unit[i]]
+        assert store.search(SearchRequest(dense=query, k=2))[0].passage.doc_id == f"d{i}"
+        linear = SearchRequest(mode="hybrid", fusion="linear", dense=query, sparse=sparse, linear_weight=1.0, k=2)
+        assert store.search(linear)[0].passage.doc_id == f"d{i}"  # euclid: smaller distance normalises to 1
+
+
+@pytest.mark.unit
+def test_server_applies_cluster_options_on_creation() -> None:
+    options = QdrantSettings(
+        shard_number=3,
+        replication_factor=2,
+        write_consistency_factor=2,
+        on_disk_vectors=True,
+        hnsw_m=32,
+        hnsw_ef_construct=200,
+        quantization="int8",
+    )
+    params = ServerStore(QdrantClient(":memory:"), "c", options)._collection_params(SPEC)
+    assert (params["shard_number"], params["replication_factor"], params["write_consistency_factor"]) == (3, 2, 2)
+    dense = params["vectors_config"]["dense"]
+    assert (dense.size, dense.distance.value, dense.on_disk) == (DIM, "Cosine", True)
+    assert (params["hnsw_config"].m, params["hnsw_config"].ef_construct) == (32, 200)
+    assert params["quantization_config"].scalar.type.value == "int8"
+    assert params["sparse_vectors_config"]["bm25"].modifier.value == "idf"
+    assert params["metadata"]["dpr_spec"] == SPEC.to_json()
+    plain = ServerStore(QdrantClient(":memory:"), "c")._collection_params(
+        CollectionSpec(dim=4, distance="dot", model="m")
+    )
+    assert "shard_number" not in plain and "quantization_config" not in plain and "hnsw_config" not in plain
