@@ -26,6 +26,7 @@ from services.documents import Document, DocumentFailure, Item
 from services.errors import TransientError
 from services.ingest import IngestReport, ingest_batch
 from services.jobs import JobStore
+from services.locks import WriteFence
 from services.runtime import Runtime
 from services.settings import Settings
 from services.store.protocol import VectorStore
@@ -47,12 +48,14 @@ def backoff_seconds(retries: int, base: float = BACKOFF_BASE, cap: float = BACKO
 
 @dataclass
 class ProcessState:
-    """What one pool process keeps between tasks."""
+    """What one pool process keeps between tasks: one Runtime (towers and BM25 loaded once, the default
+    collection's store and write fence) plus, for tasks naming another collection, that collection's store and
+    fence (its own Runtime, whose towers are never touched: models are shared through ``get_runtime()``)."""
 
     settings: Settings
     pid: int = field(default_factory=os.getpid)
     runtime: Runtime | None = None
-    stores: dict[str, VectorStore] = field(default_factory=dict)
+    collections: dict[str, Runtime] = field(default_factory=dict)
     jobs: JobStore | None = None
 
     def get_runtime(self) -> Runtime:
@@ -60,15 +63,18 @@ class ProcessState:
             self.runtime = Runtime(self.settings)
         return self.runtime
 
-    def get_store(self, collection: str | None) -> VectorStore:
-        runtime = self.get_runtime()
+    def _for(self, collection: str | None) -> Runtime:
         if not collection or collection == self.settings.collection:
-            return runtime.store
-        if collection not in self.stores:
-            from services.store import open_store
+            return self.get_runtime()
+        if collection not in self.collections:
+            self.collections[collection] = Runtime(self.settings.model_copy(update={"collection": collection}))
+        return self.collections[collection]
 
-            self.stores[collection] = open_store(self.settings.model_copy(update={"collection": collection}))
-        return self.stores[collection]
+    def get_store(self, collection: str | None) -> VectorStore:
+        return self._for(collection).store
+
+    def get_fence(self, collection: str | None) -> WriteFence:
+        return self._for(collection).fence
 
     def get_jobs(self) -> JobStore:
         if self.jobs is None:
@@ -149,8 +155,8 @@ def ingest_batch_task(
                 sparse=runtime.sparse,
                 batch_size=settings.encoder.batch_size,
                 job=job_id,
-                fence=getattr(runtime, "fence", None),  # test doubles may lack the lifecycle hooks
-                towers_for=getattr(runtime, "towers_for", None),
+                fence=state.get_fence(collection),  # the target collection's, not the default one's
+                towers_for=runtime.towers_for,
             )
             result = report.to_json()
         jobs.record_batch(job_id, batch, {**result, "attempt": retries})

@@ -87,7 +87,9 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     app = create_app(s)
     jobs = JobStore(FakeRedis(), url=s.broker_url or "")
     state = tasks.ProcessState(s, jobs=jobs)
-    state.runtime = SimpleNamespace(towers=None, sparse=None, store="store")  # type: ignore[assignment]
+    state.runtime = SimpleNamespace(  # type: ignore[assignment]
+        towers=None, sparse=None, store="store", fence="fence", towers_for=None
+    )
     monkeypatch.setattr(tasks, "process_state", lambda _settings: state)
     monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0.0)
     jobs.create("j1")
@@ -101,7 +103,7 @@ def run(h: SimpleNamespace) -> None:
 
 def test_batch_result_is_recorded(harness: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_ingest(items: list[Any], **kwargs: Any) -> IngestReport:
-        assert kwargs["store"] == "store" and kwargs["job"] == "j1"
+        assert (kwargs["store"], kwargs["fence"], kwargs["job"]) == ("store", "fence", "j1")
         return IngestReport(job="j1", documents=len(items), chunks=2 * len(items))
 
     monkeypatch.setattr(tasks, "ingest_batch", fake_ingest)
