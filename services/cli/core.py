@@ -129,12 +129,20 @@ def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
         return
     state = result.get("state")
     head = f"job {result.get('job')}" + (f" ({state})" if state else "")
-    console.print(
-        f"{head}: {result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
-        f"{result.get('chunks', 0)} passages, {len(result.get('skipped', []))} skipped, "
-        f"{len(result.get('failed', []))} failed",
-        highlight=False,
-    )
+    if state == "queued":  # submitted to the workers, nothing written yet
+        console.print(
+            f"{head}: {result.get('documents', 0)} documents in {result.get('batches', 0)} batches, "
+            f"{len(result.get('skipped', []))} skipped, {len(result.get('failed', []))} failed; "
+            f"follow it with `dpr jobs {result.get('job')} --wait`",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"{head}: {result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
+            f"{result.get('chunks', 0)} passages, {len(result.get('skipped', []))} skipped, "
+            f"{len(result.get('failed', []))} failed",
+            highlight=False,
+        )
     if result.get("title_truncated"):
         console.print(f"{result['title_truncated']} titles were shortened to fit the passage budget")
     if result.get("failed"):
