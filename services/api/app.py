@@ -43,6 +43,7 @@ from services.api.middleware import BodyLimit, HttpMetrics
 from services.documents import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.errors import DocumentError
 from services.ingest import delete_documents
+from services.locks import NoFence
 from services.query import QueryOptions, search
 from services.settings import Settings
 
@@ -101,6 +102,7 @@ class ApiServices:
         self.metrics = metrics
         self._load_lock = threading.Lock()
         self._store: SerializedStore | None = None
+        self._by_fingerprint: dict[str, Any] = {}
         self.model_error: str | None = None
         self.model_ready = threading.Event()
 
@@ -120,6 +122,23 @@ class ApiServices:
             if self._store is None:
                 self._store = SerializedStore(self.runtime.store, self.metrics)
             return self._store
+
+    @property
+    def fence(self) -> Any:
+        """The collection's write fence (held shared by writes; a re-embed swap takes it exclusive)."""
+        with self._load_lock:
+            fence = getattr(self.runtime, "fence", None)
+        return fence if fence is not None else NoFence()
+
+    def towers_for(self, fingerprint: str) -> Any:
+        """The towers that built the active generation (after a re-embed or rollback), loaded once per model."""
+        with self._load_lock:
+            towers = self._by_fingerprint.get(fingerprint)
+            if towers is None:
+                load = getattr(self.runtime, "towers_for", None)
+                towers = load(fingerprint) if load is not None else self.runtime.towers
+                self._by_fingerprint = {fingerprint: towers}  # keep one extra model at most
+            return towers
 
     def warm(self) -> None:
         """Load the towers (and touch the model) once, so the first search does not pay for it."""
@@ -312,7 +331,8 @@ def create_app(
         t0 = time.perf_counter()
         with metrics.time_query(body.mode or "default"):
             hits = search(
-                body.question, store=services.store, towers=services.towers, options=options, sparse=services.sparse
+                body.question, store=services.store, towers=services.towers, options=options, sparse=services.sparse,
+                towers_for=services.towers_for,
             )
         return {"hits": _hits_json(hits), "took_ms": round((time.perf_counter() - t0) * 1000, 3)}
 
@@ -322,7 +342,7 @@ def create_app(
     def delete_document(doc_id: str) -> dict[str, Any]:
         if not doc_id or len(doc_id) > 512:
             raise ApiError(404, "not_found", "no such document; ids are 1-512 characters")
-        removed = delete_documents([doc_id], store=services.store)
+        removed = delete_documents([doc_id], store=services.store, fence=services.fence)
         if removed == 0:
             raise ApiError(404, "not_found", f"document {doc_id!r} has no passages in collection "
                            f"{settings.collection!r}; check the id (GET a search hit's doc_id)")

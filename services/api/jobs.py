@@ -154,6 +154,8 @@ class LocalJobs:
                 batch_bytes=s.celery.batch_bytes,
                 job=job,
                 progress=progress,
+                fence=rt.fence,
+                towers_for=rt.towers_for,
             )
         except DprError as e:
             log.warning("ingest job failed", extra={"job": job, "error": str(e)})
