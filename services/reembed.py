@@ -172,6 +172,16 @@ def point_active_model(models_dir: Path, name: str) -> None:
     activate(models_dir, name)
 
 
+def promote_model(settings: Any, state: ReembedState) -> None:
+    """After the swap the new model becomes ACTIVE (the desired model), so the beat check does not undo it."""
+    models_dir = settings.models_dir
+    if state.model_name == "base" or (models_dir / state.model_name).is_dir():
+        point_active_model(models_dir, state.model_name)
+    else:
+        log.warning("re-embedded with a model outside the models directory; ACTIVE unchanged",
+                    extra={"model": state.model_name})
+
+
 # --------------------------------------------------------------------------------------------------------------
 # locks
 # --------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from services.reembed import (
     copy_batch,
     eval_scorer,
     finalize,
-    point_active_model,
+    promote_model,
     redis_client,
     reembed_lease,
     run_gate,
@@ -124,15 +124,6 @@ def reembed_finalize_task(
     lease.release()
     log.info("re-embed finalized", extra=out)
     return out
-
-
-def promote_model(settings: Settings, state: ReembedState) -> None:
-    """After the swap, the new model becomes ACTIVE (the desired model), so the beat does not undo it."""
-    if state.model_name == "base" or (settings.models_dir / state.model_name).is_dir():
-        point_active_model(settings.models_dir, state.model_name)
-    else:
-        log.warning("re-embedded with a model outside the models directory; ACTIVE unchanged",
-                    extra={"model": state.model_name})
 
 
 def check_needed(settings: Settings) -> dict[str, Any]:

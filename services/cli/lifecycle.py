@@ -1,0 +1,237 @@
+"""Model lifecycle commands: reembed, rollback, gc, beat."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from services import reembed as rb
+from services.cli.common import EXIT_ERROR, cli_errors, console, emit_json, err_console, fail, get_settings
+from services.errors import ConfigError
+from services.runtime import Runtime
+from services.settings import Settings
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reembed")(reembed)
+    app.command("rollback")(rollback)
+    app.command("gc")(gc)
+    app.command("beat")(beat)
+
+
+def _settings(ctx: typer.Context, collection: str | None) -> Settings:
+    settings = get_settings(ctx)
+    return settings if collection is None else settings.model_copy(update={"collection": collection})
+
+
+def _lease(settings: Settings) -> Any:
+    return rb.reembed_lease(settings.collection, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl)
+
+
+def _progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]re-embed[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("passages"),
+        TimeElapsedColumn(), console=err_console,
+    )
+
+
+def reembed(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="Model name under DATA_DIR/models, 'base', or a path; "
+                                                   "default: the configured (ACTIVE) model.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="With a broker: follow the re-embed until it ends.")] = False,
+    gate: Annotated[Path | None, typer.Option(help="Dev data (BEIR folder or SQuAD JSON): promote only if "
+                                                  "`dpr eval` scores the new model at least as high.")] = None,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="With --wait: give up waiting after this many seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Re-embed every stored passage with the new passage tower into a new generation, verify, swap the alias.
+
+    Resumable: run it again after an interruption and it continues. Without a broker it runs in this process."""
+    settings = _settings(ctx, collection)
+    if gate is not None and not gate.exists():
+        fail(f"--gate {gate}: no such file or directory", code=2)
+    with cli_errors():
+        if settings.broker_url:
+            result = _reembed_on_workers(settings, model, gate, wait, timeout, quiet=as_json)
+        else:
+            result = _reembed_in_process(settings, model, gate, quiet=as_json)
+    if as_json:
+        emit_json(result)
+    else:
+        _print_result(result)
+    if result.get("outcome") in ("failed", "rejected"):
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _reembed_in_process(settings: Settings, model: str | None, gate: Path | None, quiet: bool) -> dict[str, Any]:
+    from encoders.towers import load_towers
+
+    lease = _lease(settings)
+    if not lease.acquire():
+        raise rb.ReembedBusy(f"another re-embed of {settings.collection!r} is running ({lease.holder()})")
+    runtime = Runtime(settings)
+    try:
+        towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+        store = runtime.store
+        state = rb.plan(store, towers, model_name=towers.name)
+        if state is None:
+            return {"outcome": "nothing_to_do", "model": towers.fingerprint, "model_name": towers.name}
+        sparse = runtime.sparse if store.info().active.spec.sparse else None  # type: ignore[union-attr]
+        gate_fn = None
+        if gate is not None:
+            scorer = rb.eval_scorer(settings, gate)
+            old = runtime.towers_for(store.info().active.spec.model)  # type: ignore[union-attr]
+
+            def gate_fn() -> rb.GateDecision:
+                return rb.run_gate(store, state, towers, old, scorer, data=str(gate))
+
+        def run(progress: Any = None) -> rb.ReembedResult:
+            return rb.run_in_process(
+                store, state, towers, sparse, batch_size=settings.reembed.batch_size,
+                encode_batch_size=settings.encoder.batch_size, fence=runtime.fence, gate=gate_fn,
+                on_activated=lambda s: rb.promote_model(settings, s), progress=progress,
+            )
+
+        if quiet:
+            return run().to_json()
+        with _progress_bar() as bar:
+            task = bar.add_task("re-embed", total=None)
+            return run(lambda done, total: bar.update(task, completed=done, total=total)).to_json()
+    finally:
+        runtime.close()
+        lease.release()
+
+
+def _reembed_on_workers(
+    settings: Settings, model: str | None, gate: Path | None, wait: bool, timeout: float | None, quiet: bool
+) -> dict[str, Any]:
+    from workers.reembed_dispatch import reembed_status, submit_reembed
+
+    submitted = submit_reembed(settings, model=model, gate=str(gate) if gate else None)
+    out = submitted.to_json()
+    if not wait or submitted.outcome != "submitted":
+        return out
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def poll() -> dict[str, Any]:
+        return reembed_status(settings, submitted.target)
+
+    def finished(status: dict[str, Any]) -> bool:
+        return status.get("result") is not None or (status.get("state") or {}).get("status") not in (None, "building")
+
+    status = poll()
+    if quiet:
+        while not finished(status):
+            _check_deadline(deadline)
+            time.sleep(1)
+            status = poll()
+    else:
+        with _progress_bar() as bar:
+            task = bar.add_task("re-embed", total=None)
+            while not finished(status):
+                bar.update(task, completed=status.get("target_points", 0), total=status.get("source_points"))
+                _check_deadline(deadline)
+                time.sleep(1)
+                status = poll()
+    result = status.get("result") or {"outcome": (status.get("state") or {}).get("status")}
+    return {**out, **result, "status": status}
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise ConfigError("gave up waiting (--timeout); the re-embed goes on: check `dpr status`, or run "
+                          "`dpr reembed --wait` again")
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    outcome = result.get("outcome")
+    if outcome == "nothing_to_do":
+        console.print(f"nothing to do: the collection is already embedded by {result.get('model_name')} "
+                      f"({result.get('model')})", highlight=False)
+        return
+    if outcome == "submitted":
+        console.print(f"re-embed {'resumed' if result.get('resumed') else 'submitted'}: {result.get('source')} -> "
+                      f"{result.get('target')} with {result.get('model_name')} ({result.get('model')}), "
+                      f"{result.get('passages')} passages in {result.get('batches')} batches; follow with "
+                      "`dpr reembed --wait` or `dpr status`", highlight=False)
+        return
+    line = f"re-embed {outcome}: {result.get('source')} -> {result.get('target')} ({result.get('model_name')})"
+    if result.get("copied") is not None:
+        line += f", {result.get('copied')} passages encoded in {result.get('seconds', 0):.1f} s"
+    console.print(line, highlight=False)
+    if result.get("verification"):
+        console.print(f"verification: {result['verification']}", highlight=False)
+    if result.get("gate"):
+        g = result["gate"]
+        console.print(f"gate ({g.get('metric')} on {g.get('data')}): candidate {g.get('candidate'):.4f} vs active "
+                      f"{g.get('active'):.4f} -> {'promoted' if g.get('promote') else 'rejected'}", highlight=False)
+    if result.get("error"):
+        err_console.print(f"[red]{result['error']}[/]")
+
+
+def rollback(
+    ctx: typer.Context,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Swap the alias back to the previous generation (kept until `dpr gc`); its model becomes ACTIVE again."""
+    settings = _settings(ctx, collection)
+    with cli_errors():
+        lease = _lease(settings)
+        if not lease.acquire(wait=5):
+            raise rb.ReembedBusy(f"a re-embed of {settings.collection!r} is running ({lease.holder()}); roll back "
+                                 "after it ends")
+        runtime = Runtime(settings)
+        try:
+            done = rb.rollback(runtime.store, fence=runtime.fence)
+            _, name = rb.model_for_fingerprint(done.model, settings.models_dir)
+            rb.point_active_model(settings.models_dir, name)
+        finally:
+            runtime.close()
+            lease.release()
+    data = {**done.to_json(), "model_name": name}
+    if as_json:
+        emit_json(data)
+    else:
+        console.print(f"rolled back: {done.from_generation} -> {done.to_generation} (model {name}, {done.model})",
+                      highlight=False)
+
+
+def gc(
+    ctx: typer.Context,
+    keep: Annotated[int | None, typer.Option("--keep", min=0, help="Inactive generations to keep "
+                                                                  "(default: reembed.keep_generations).")] = None,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Drop all but the newest N inactive generations (never the active one, never a re-embed in progress)."""
+    settings = _settings(ctx, collection)
+    n = settings.reembed.keep_generations if keep is None else keep
+    with cli_errors():
+        runtime = Runtime(settings)
+        try:
+            dropped = rb.gc(runtime.store, n)
+        finally:
+            runtime.close()
+    if as_json:
+        emit_json({"dropped": dropped, "keep": n})
+    else:
+        console.print(f"dropped {len(dropped)} generations" + (f": {', '.join(dropped)}" if dropped else ""))
+
+
+def beat(
+    ctx: typer.Context,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
+) -> None:
+    """Run the one Celery beat (re-embed check every reembed.schedule_seconds). A second beat refuses to start."""
+    settings = get_settings(ctx)
+    with cli_errors():
+        from workers.beat import run_beat
+
+        run_beat(settings, loglevel=loglevel)
