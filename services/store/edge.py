@@ -178,14 +178,30 @@ class _Lease:
             self._cancel_timer()
             self._release_locked()
 
+    def release_before_fork(self) -> None:
+        """In the parent, just before ``os.fork()``: hand everything back so the child inherits nothing.
+
+        Skipped when a call is in flight (the child then closes what it inherited, see ``reset_after_fork``).
+        """
+        if not self._mutex.acquire(timeout=5):
+            return
+        try:
+            if self._depth == 0:
+                self._release_locked()
+        finally:
+            self._mutex.release()
+
     def reset_after_fork(self) -> None:
-        """In a forked child: the parent's lock and shards are not ours; never touch them."""
+        """In a forked child: the parent's lock and shards are not ours.
+
+        The shard objects are never used or dropped here; their inherited descriptors (the WAL lock among
+        them) and ours are closed, otherwise the child would keep the parent's locks alive and neither could
+        reopen the shard. Closing a duplicate does not release the parent's own locks.
+        """
         self._mutex = threading.RLock()
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)  # the parent's flock survives: it still holds its own descriptor
-        _ORPHANED.extend(self._shards.values())  # never dropped in the child
+        _ORPHANED.extend(self._shards.values())
         self._fd, self._shards, self._dirty, self._depth, self._timer = None, {}, set(), 0, None
+        _close_inherited_descriptors(self.root)
 
     # -- internals ----------------------------------------------------------------------------------------
     def _acquire(self, lock_timeout: float) -> None:
@@ -325,6 +341,28 @@ def _release_all() -> None:
             log.exception("releasing the edge lock at exit failed", extra={"lock": str(lease.lock_path)})
 
 
+def _close_inherited_descriptors(root: Path) -> None:
+    """Close every descriptor of this process that points inside ``root`` (Linux: /proc/self/fd)."""
+    prefix = str(root.resolve()) + os.sep
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.close(int(name))
+
+
+def _before_fork() -> None:
+    for lease in list(_LIVE):
+        lease.release_before_fork()
+
+
 def _after_fork_in_child() -> None:
     global _LEASES_GUARD
     _LEASES_GUARD = threading.Lock()
@@ -333,7 +371,7 @@ def _after_fork_in_child() -> None:
 
 
 atexit.register(_release_all)
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -153,3 +153,21 @@ def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: 
     waiter = EdgeStore(store_dir, ALIAS, lock_timeout=5, idle_release=0)
     assert waiter.count() == 0  # the lease is free again once the holder lets go
     waiter.close()
+
+
+def test_a_forked_child_can_use_the_store_its_parent_opened(store_dir: str) -> None:
+    """Celery's prefork pool forks after the parent may have touched the store: no inherited lock may leak."""
+    parent = EdgeStore(store_dir, ALIAS, lock_timeout=10, idle_release=30)  # would hold the lease for 30 s
+    parent.upsert(_points(0, 0, 2))
+    pid = os.fork()
+    if pid == 0:  # child: write, count, report through the exit code
+        code = 1
+        try:
+            parent.upsert(_points(1, 0, 3))
+            code = 0 if parent.count() == 5 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent.count() == 5  # and the parent reopens after its child wrote
+    parent.close()
