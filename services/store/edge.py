@@ -468,6 +468,8 @@ class EdgeStore:
             return None
 
     def _read_spec(self, generation: str) -> CollectionSpec:
+        if generation_number(self.alias, generation) is None:  # also keeps paths inside the store
+            raise missing_generation(self.alias, generation)
         try:
             data = json.loads(self._spec_path(generation).read_text(encoding="utf-8"))
         except FileNotFoundError:

@@ -156,6 +156,8 @@ class ServerStore:
         return [name for _, name in numbered]
 
     def _spec(self, name: str) -> CollectionSpec:
+        if generation_number(self.alias, name) is None:  # only this alias's generations
+            raise missing_generation(self.alias, name)
         with self._engine("read the collection", name):
             info = self.client.get_collection(name)
         data = (info.config.metadata or {}).get(SPEC_METADATA_KEY)

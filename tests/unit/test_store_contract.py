@@ -607,3 +607,12 @@ def test_server_applies_cluster_options_on_creation() -> None:
         CollectionSpec(dim=4, distance="dot", model="m")
     )
     assert "shard_number" not in plain and "quantization_config" not in plain and "hnsw_config" not in plain
+
+
+def test_unknown_generation_names_are_not_found(store: VectorStore) -> None:
+    store.ensure_collection(SPEC)
+    for name in ("../../etc", "other__g0001", f"{store.alias}__g0042"):
+        with pytest.raises(CollectionNotFound):
+            store.count(generation=name)
+        with pytest.raises(CollectionNotFound):
+            store.activate(name)
