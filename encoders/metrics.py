@@ -1,0 +1,87 @@
+"""Retrieval metrics: nDCG, MRR and recall through ranx (a maintained IR metrics library), plus DPR's top-k answer
+accuracy (a retrieved passage contains a gold answer, both normalised as the SQuAD evaluation script does).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping, Sequence
+
+# run: query id -> {doc id: score}; qrels: query id -> {doc id: relevance}
+Run = Mapping[str, Mapping[str, float]]
+Qrels = Mapping[str, Mapping[str, int]]
+
+DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@5", "recall@20", "recall@100")
+DEFAULT_ANSWER_KS = (1, 5, 20, 100)
+
+
+def ir_metrics(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRICS) -> dict[str, float]:
+    """Mean of each metric over the queries in ``qrels`` (a query missing from ``run`` scores 0).
+
+    Names follow ranx (and trec_eval): ``ndcg@k`` uses linear gains, ``mrr@k`` is the reciprocal rank of the first
+    relevant document within the top k, ``recall@k`` the fraction of relevant documents within the top k.
+    """
+    from ranx import Qrels as RanxQrels
+    from ranx import Run as RanxRun
+    from ranx import evaluate
+
+    judged = {q: {d: int(r) for d, r in rels.items() if r > 0} for q, rels in qrels.items()}
+    judged = {q: rels for q, rels in judged.items() if rels}
+    if not judged:
+        raise ValueError("no query has a relevant document; nothing to evaluate")
+    # ranx needs every judged query in the run; a query with no result gets an empty ranking.
+    full_run: dict[str, dict[str, float]] = {}
+    for q in judged:
+        ranking = {str(d): float(s) for d, s in (run.get(q) or {}).items()}
+        full_run[q] = ranking or {"\x00no-result": -1e9}
+    scores = evaluate(RanxQrels(judged), RanxRun(full_run), list(metrics), make_comparable=True)
+    if isinstance(scores, float):  # one metric
+        return {metrics[0]: float(scores)}
+    return {m: float(scores[m]) for m in metrics}
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1's normalisation: lower case, drop punctuation and the articles a/an/the, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+_PUNCT = set(string.punctuation)
+
+
+def has_answer(passage: str, answers: Sequence[str]) -> bool:
+    """True when a normalised gold answer occurs in the normalised passage as a whole-token sequence."""
+    norm = f" {normalize_answer(passage)} "
+    for answer in answers:
+        a = normalize_answer(answer)
+        if a and f" {a} " in norm:
+            return True
+    return False
+
+
+def answer_accuracy(
+    retrieved: Mapping[str, Sequence[str]],
+    answers: Mapping[str, Sequence[str]],
+    ks: Sequence[int] = DEFAULT_ANSWER_KS,
+) -> dict[str, float]:
+    """DPR top-k accuracy: the fraction of questions with a gold answer in at least one of the top-k passages.
+
+    ``retrieved``: query id -> passage texts, best first. Questions without answers are skipped.
+    """
+    qids = [q for q, a in answers.items() if any(x.strip() for x in a)]
+    if not qids:
+        raise ValueError("no question has a gold answer; answer accuracy needs SQuAD-style data")
+    never = 1 << 30
+    first_hit: dict[str, int] = {}
+    for q in qids:
+        first_hit[q] = next(
+            (rank for rank, text in enumerate(retrieved.get(q, ())) if has_answer(text, answers[q])), never
+        )
+    out = {}
+    for k in ks:
+        hits = sum(1 for q in qids if first_hit[q] < k)
+        out[f"answer@{k}"] = hits / len(qids)
+    return out

@@ -1,0 +1,193 @@
+"""Self-supervised (question, passage) pairs from an unlabelled corpus.
+
+- Inverse Cloze Task (ICT, Lee et al. 2019): one sentence of a passage plays the question; the passage without that
+  sentence is the positive. With probability ``keep_sentence_prob`` the sentence stays in (as in ORQA), so the
+  towers still learn that lexical overlap matters.
+- Title / heading -> body: a document's title (or a Markdown / reStructuredText section heading) is the question,
+  the text under it the positive.
+
+Every builder is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from encoders.data import CorpusDoc, TrainPair, passage_text
+
+SelfSupervisedMode = Literal["ict", "title", "both"]
+
+# A sentence ends at . ! or ? followed by whitespace and an upper-case letter, digit, quote or bracket.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
+_MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+:.])\1{2,}\s*$")
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    min_sentence_words: int = 5
+    max_sentence_words: int = 64
+    min_context_words: int = 20
+    max_context_words: int = 200  # ICT context: a window of words around the sentence
+    keep_sentence_prob: float = 0.1
+    ict_per_doc: int = 1
+    min_title_words: int = 2
+    min_body_words: int = 20
+    max_body_words: int = 200
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence split (good enough for abstracts and docs prose; no model, no download)."""
+    text = " ".join(text.split())
+    if not text:
+        return []
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def ict_pairs(docs: Iterable[CorpusDoc], config: PairConfig | None = None, seed: int = 0) -> list[TrainPair]:
+    """ICT pairs: for each document, ``ict_per_doc`` sentences become questions over the rest of a passage window.
+
+    The positive keeps the document title (the passage tower sees titles in production too).
+    """
+    config = config or PairConfig()
+    rng = random.Random(seed)
+    pairs: list[TrainPair] = []
+    for doc in docs:
+        sentences = split_sentences(doc.text)
+        candidates = [
+            i
+            for i, s in enumerate(sentences)
+            if config.min_sentence_words <= len(s.split()) <= config.max_sentence_words
+        ]
+        if len(sentences) < 2 or not candidates:
+            continue
+        for i in rng.sample(candidates, min(config.ict_per_doc, len(candidates))):
+            keep = rng.random() < config.keep_sentence_prob
+            context = _window(sentences, i, keep, config.max_context_words)
+            if len(context.split()) < config.min_context_words:
+                continue
+            pairs.append(
+                TrainPair(
+                    question=sentences[i],
+                    positive=passage_text(doc.title, context),
+                    positive_id=doc.doc_id,
+                    relevant_ids=frozenset([doc.doc_id]),
+                )
+            )
+    return pairs
+
+
+def _window(sentences: Sequence[str], i: int, keep: bool, max_words: int) -> str:
+    """Sentences around ``i`` (alternately after and before) up to ``max_words``; sentence ``i`` only if ``keep``."""
+    chosen = {i} if keep else set()
+    words = len(sentences[i].split()) if keep else 0
+    lo, hi = i - 1, i + 1
+    while lo >= 0 or hi < len(sentences):
+        for j in (hi, lo):
+            if 0 <= j < len(sentences) and j not in chosen:
+                n = len(sentences[j].split())
+                if words + n > max_words and chosen:
+                    return " ".join(sentences[k] for k in sorted(chosen))
+                chosen.add(j)
+                words += n
+        lo, hi = lo - 1, hi + 1
+    return " ".join(sentences[k] for k in sorted(chosen))
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """(heading, body) for Markdown ``#`` headings and reStructuredText underlined (or over+underlined) headings."""
+    lines = text.splitlines()
+    found: list[tuple[str, list[str]]] = []
+    current: tuple[str, list[str]] | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        heading = None
+        md = _MD_HEADING.match(line)
+        if md:
+            heading = md.group(2)
+        elif (
+            i + 1 < len(lines)
+            and line.strip()
+            and not _RST_UNDERLINE.match(line)
+            and _RST_UNDERLINE.match(lines[i + 1])
+            and len(lines[i + 1].strip()) >= len(line.strip())
+        ):
+            heading = line.strip()
+            i += 1  # skip the underline
+        elif _RST_UNDERLINE.match(line):
+            i += 1  # an overline or a stray rule
+            continue
+        if heading is not None:
+            current = (heading.strip(), [])
+            found.append(current)
+        elif current is not None:
+            current[1].append(line)
+        i += 1
+    return [(h, " ".join(" ".join(body).split())) for h, body in found]
+
+
+def title_pairs(docs: Iterable[CorpusDoc], config: PairConfig | None = None) -> list[TrainPair]:
+    """(title -> opening of the body) for every titled document, and (heading -> section body) for its sections."""
+    config = config or PairConfig()
+    pairs: list[TrainPair] = []
+    for doc in docs:
+        heads = sections(doc.text)
+        if doc.title and len(doc.title.split()) >= config.min_title_words:
+            body = _clip(doc.text, config.max_body_words)
+            if len(body.split()) >= config.min_body_words:
+                pairs.append(
+                    TrainPair(
+                        question=doc.title, positive=body, positive_id=doc.doc_id, relevant_ids=frozenset([doc.doc_id])
+                    )
+                )
+        seen = {doc.title.strip().lower()}
+        for heading, body in heads:
+            question = f"{doc.title}: {heading}" if doc.title else heading
+            if heading.lower() in seen or len(question.split()) < config.min_title_words:
+                continue
+            seen.add(heading.lower())
+            body = _clip(body, config.max_body_words)
+            if len(body.split()) >= config.min_body_words:
+                pairs.append(
+                    TrainPair(
+                        question=question, positive=body, positive_id=doc.doc_id, relevant_ids=frozenset([doc.doc_id])
+                    )
+                )
+    return pairs
+
+
+def _clip(text: str, max_words: int) -> str:
+    words = text.split()
+    return " ".join(words[:max_words])
+
+
+def self_supervised_pairs(
+    docs: Sequence[CorpusDoc],
+    mode: SelfSupervisedMode = "both",
+    config: PairConfig | None = None,
+    seed: int = 0,
+    max_pairs: int | None = None,
+) -> list[TrainPair]:
+    """ICT and/or title pairs over ``docs``, shuffled with ``seed`` and capped at ``max_pairs``."""
+    if mode not in ("ict", "title", "both"):
+        raise ValueError(f"self-supervised mode must be ict, title or both, got {mode!r}")
+    pairs: list[TrainPair] = []
+    if mode in ("ict", "both"):
+        pairs += ict_pairs(docs, config, seed)
+    if mode in ("title", "both"):
+        pairs += title_pairs(docs, config)
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if max_pairs is not None:
+        pairs = pairs[:max_pairs]
+    if not pairs:
+        raise ValueError(
+            f"no {mode} pairs could be built from {len(docs)} documents; ICT needs passages of several sentences, "
+            "title pairs need titles or section headings"
+        )
+    return pairs

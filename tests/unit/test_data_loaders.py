@@ -1,0 +1,193 @@
+"""Loaders: well-formed inputs load; malformed ones fail with the file, the line and the fix."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from encoders.data import (
+    CorpusDoc,
+    DataError,
+    labelled_pairs,
+    load_beir,
+    load_corpus_any,
+    load_pairs_jsonl,
+    load_squad,
+    split_dev_queries,
+    squad_article_split,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def _beir(tmp_path: Path, qrels: str = "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t1\nq2\td2\t0\n") -> Path:
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    with gzip.open(folder / "corpus.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"_id": "d1", "title": "T1", "text": "text one"}) + "\n")
+        f.write(json.dumps({"_id": "d2", "text": ""}) + "\n")  # empty text is allowed (Cranfield has some)
+    (folder / "queries.jsonl").write_text(
+        json.dumps({"_id": "q1", "text": "question one"}) + "\n" + json.dumps({"_id": "q2", "text": "two"}) + "\n"
+    )
+    (folder / "qrels" / "test.tsv").write_text(qrels)
+    return folder
+
+
+def test_beir_loads_and_drops_unjudged_queries(tmp_path: Path) -> None:
+    ds = load_beir(_beir(tmp_path), "test")
+    assert ds.queries == {"q1": "question one"}  # q2's only judgment is 0: not relevant
+    assert ds.qrels == {"q1": {"d1": 1, "d2": 1}}
+    assert ds.corpus["d1"].passage == "T1\ntext one"
+    pairs = labelled_pairs(ds)
+    assert [p.positive_id for p in pairs] == ["d1", "d2"]
+    assert pairs[0].relevant_ids == frozenset({"d1", "d2"})
+
+
+def test_beir_unknown_split_lists_the_available_ones(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"train.*available splits: test.*--split"):
+        load_beir(_beir(tmp_path), "train")
+
+
+def test_beir_bad_qrels_row_names_file_and_line(tmp_path: Path) -> None:
+    folder = _beir(tmp_path, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1 d2 1\n")
+    with pytest.raises(DataError, match=r"test\.tsv:3: expected 3 tab-separated columns"):
+        load_beir(folder, "test")
+    folder2 = _beir(tmp_path / "b", "query-id\tcorpus-id\tscore\nq1\td1\thigh\n")
+    with pytest.raises(DataError, match=r"test\.tsv:2: score 'high' is not a number"):
+        load_beir(folder2, "test")
+
+
+def test_beir_corpus_line_errors(tmp_path: Path) -> None:
+    folder = _beir(tmp_path)
+    with gzip.open(folder / "corpus.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"_id": "d1", "text": "ok"}) + "\n")
+        f.write('{"_id": "d2", "text": "broken\n')
+    with pytest.raises(DataError, match=r"corpus\.jsonl\.gz:2: not valid JSON.*one JSON object"):
+        load_beir(folder, "test")
+    with gzip.open(folder / "corpus.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"_id": "d1", "body": "no text field"}) + "\n")
+    with pytest.raises(DataError, match=r"corpus\.jsonl\.gz:1: missing field 'text'"):
+        load_beir(folder, "test")
+
+
+def test_beir_missing_pieces(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a directory"):
+        load_beir(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no corpus.jsonl"):
+        load_beir(tmp_path / "empty")
+
+
+def _squad(tmp_path: Path, n_articles: int = 6) -> Path:
+    data = {
+        "data": [
+            {
+                "title": f"Article_{i}",
+                "paragraphs": [
+                    {
+                        "context": f"Paragraph {j} of article {i} mentions Paris.",
+                        "qas": [{"id": f"a{i}p{j}", "question": f"Where in {i}/{j}?", "answers": [{"text": "Paris"}]}],
+                    }
+                    for j in range(2)
+                ],
+            }
+            for i in range(n_articles)
+        ]
+    }
+    path = tmp_path / "dev.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
+    return path
+
+
+def test_squad_article_split_is_deterministic_and_disjoint(tmp_path: Path) -> None:
+    path = _squad(tmp_path)
+    train = load_squad(path, "train")
+    test = load_squad(path, "test")
+    assert load_squad(path, "test").queries == test.queries
+    assert not set(train.corpus) & set(test.corpus)  # never a shared paragraph
+    assert len(train.corpus) + len(test.corpus) == 12
+    train_articles = {d.split("#")[0] for d in train.corpus}
+    test_articles = {d.split("#")[0] for d in test.corpus}
+    assert not train_articles & test_articles
+    qid = next(iter(test.queries))
+    assert test.answers[qid] == ["Paris"]
+    assert set(test.qrels[qid]) <= set(test.corpus)
+    split = squad_article_split([f"Article_{i}" for i in range(6)])
+    assert sorted(split.values()).count("test") == 3
+
+
+def test_squad_malformed(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"data": [{"title": "x"}]}')
+    with pytest.raises(DataError, match=r"data\[0\] needs a string 'title' and a 'paragraphs' list"):
+        load_squad(bad)
+    bad.write_text("{not json")
+    with pytest.raises(DataError, match=r"bad\.json:1: not valid JSON"):
+        load_squad(bad)
+
+
+def test_pairs_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(
+        json.dumps({"question": "q?", "passage": "p", "negatives": ["n1"]})
+        + "\n\n"
+        + json.dumps({"question": "q2?", "positive_id": "d1", "negatives": ["d2", "free text"]})
+        + "\n"
+    )
+    corpus = {
+        "d1": CorpusDoc("d1", "T1", "text one"),
+        "d2": CorpusDoc("d2", "", "text two"),
+    }
+    pairs = load_pairs_jsonl(path, corpus)
+    assert pairs[0].positive == "p" and pairs[0].negatives == ("n1",)
+    assert pairs[1].positive == "T1\ntext one"
+    assert pairs[1].negatives == ("text two", "free text")  # a corpus id resolves to its passage
+    assert pairs[1].relevant_ids == frozenset({"d1"})
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"passage": "p"}', r"pairs\.jsonl:2: missing field 'question'"),
+        ('{"question": "q"}', r"pairs\.jsonl:2: needs 'passage' or 'positive_id'"),
+        ('{"question": "q", "passage": ""}', r"pairs\.jsonl:2: field 'passage' is empty"),
+        ('{"question": "q", "passage": "p", "negatives": "n"}', r"pairs\.jsonl:2: 'negatives' must be a list"),
+        ('["q", "p"]', r"pairs\.jsonl:2: expected a JSON object, got list"),
+        ('{"question": "q", "positive_id": "d1"}', r"pairs\.jsonl:2: 'positive_id' needs a corpus.*--corpus"),
+    ],
+)
+def test_pairs_jsonl_errors(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"question": "ok", "passage": "fine"}\n' + line + "\n")
+    with pytest.raises(DataError, match=message):
+        load_pairs_jsonl(path)
+
+
+def test_corpus_jsonl_accepts_id_variants(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": 7, "title": "T", "text": "x"}) + "\n" + json.dumps({"text": "y"}) + "\n")
+    corpus = load_corpus_any(path)
+    assert sorted(corpus) == ["7", "line-2"]
+    path.write_text(json.dumps({"_id": "a", "text": 3}) + "\n")
+    with pytest.raises(DataError, match=r"c\.jsonl:1: 'text'"):
+        load_corpus_any(path)
+
+
+def test_pairs_jsonl_missing_file_and_non_utf8(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="file not found"):
+        load_pairs_jsonl(tmp_path / "none.jsonl")
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes('{"question": "caf\xe9", "passage": "p"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match="not UTF-8"):
+        load_pairs_jsonl(bad)
+
+
+def test_dev_split_is_deterministic_and_disjoint() -> None:
+    ids = [str(i) for i in range(50)]
+    train, dev = split_dev_queries(ids, 10)
+    assert (train, dev) == split_dev_queries(list(reversed(ids)), 10)
+    assert len(dev) == 10 and not set(train) & set(dev) and set(train) | set(dev) == set(ids)
