@@ -1,0 +1,355 @@
+"""Train DPR towers with sentence-transformers, in its order: model, data, loss, evaluator, arguments, trainer,
+evaluate, save.
+
+- Model: two towers (question, passage), both initialised from the base model, behind a ``Router`` so that one saved
+  model serves ``encode_query`` and ``encode_document``; ``shared=True`` keeps one tower for both.
+- Data: (question, positive, negative_1..n) rows; negatives are BM25 hard negatives (``encoders.mining``).
+- Loss: MultipleNegativesRankingLoss (in-batch negatives plus the hard negatives), or its GradCache variant
+  (CachedMultipleNegativesRankingLoss) when ``mini_batch_size`` is below ``batch_size``: large effective batches in
+  the memory of a mini-batch. Batches come from the no-duplicates sampler (a passage twice in a batch would be its
+  own false negative).
+- Output: ``models_dir/<name>-YYYYmmdd-HHMMSS`` with the model, ``model_card.json`` and ``metrics.json``; written to a
+  temporary directory and renamed into place, so a half-written model is never listed.
+
+torch, datasets and sentence_transformers are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
+from encoders.towers import base_model_path, model_fingerprint
+
+log = logging.getLogger(__name__)
+
+# step, total steps, latest training loss (None before the first log)
+ProgressFn = Callable[[int, int, float | None], None]
+
+MODEL_CARD = "model_card.json"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters. Defaults are the recipe chosen on a SciFact dev split (100 held-out train queries)."""
+
+    name: str = "dpr"
+    shared: bool = False  # one tower for questions and passages instead of two
+    epochs: float = 3.0
+    batch_size: int = 64  # effective batch: in-batch negatives per question = batch_size - 1 (+ hard negatives)
+    mini_batch_size: int = 16  # < batch_size: GradCache (cached MNRL); >= batch_size: plain MNRL
+    learning_rate: float = 3e-5
+    warmup_ratio: float = 0.1
+    scheduler: str = "linear"
+    weight_decay: float = 0.01
+    scale: float = 20.0  # MNRL temperature: logits = scale * cosine
+    max_query_tokens: int = 64
+    max_passage_tokens: int = 256  # what the saved passage tower reads (inference)
+    train_passage_tokens: int | None = 128  # passages are cut to this while training (cost ~ length); None: max
+    seed: int = 42
+    max_steps: int = -1  # > 0 overrides epochs (tests)
+    threads: int | None = None
+
+    @property
+    def cached(self) -> bool:
+        return 0 < self.mini_batch_size < self.batch_size
+
+    def validate(self) -> None:
+        if self.batch_size < 2:
+            raise ValueError("batch_size must be at least 2: in-batch negatives need other questions in the batch")
+        if self.epochs <= 0 and self.max_steps <= 0:
+            raise ValueError("set epochs > 0 or max_steps > 0")
+        if self.learning_rate <= 0:
+            raise ValueError("learning_rate must be positive")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError("warmup_ratio must lie in [0, 1)")
+
+
+@dataclass
+class TrainResult:
+    model_dir: Path
+    name: str
+    fingerprint: str
+    card: dict[str, Any]
+    losses: list[float] = field(default_factory=list)
+    model: Any = None  # the trained SentenceTransformer, still in memory
+
+
+# --- model ----------------------------------------------------------------------------------------------------
+
+
+def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int, device: str = "cpu") -> Any:
+    """The towers to train, both initialised from ``base``.
+
+    Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``.
+    Shared: the base model as is (its ``encode_query`` and ``encode_document`` are the same tower).
+    """
+    _offline()
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Router
+
+    if shared:
+        model = SentenceTransformer(str(base), device=device, local_files_only=True)
+        model.max_seq_length = max_passage_tokens
+        return model
+    query = SentenceTransformer(str(base), device=device, local_files_only=True)
+    document = SentenceTransformer(str(base), device=device, local_files_only=True)
+    query_modules: list[Any] = [m for m in query if not isinstance(m, Normalize)]  # [Transformer, Pooling]
+    document_modules: list[Any] = [m for m in document if not isinstance(m, Normalize)]
+    query_modules[0].max_seq_length = max_query_tokens
+    document_modules[0].max_seq_length = max_passage_tokens
+    router = Router.for_query_document(query_modules=query_modules, document_modules=document_modules)
+    model = SentenceTransformer(modules=[router, Normalize()], device=device, similarity_fn_name="cosine")
+    return model
+
+
+def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
+    """Set the passage tower's max length (the shared tower's, when there is one)."""
+    if shared:
+        model.max_seq_length = tokens
+        return
+    router = model[0]
+    router.sub_modules["document"][0].max_seq_length = tokens
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+# --- data -----------------------------------------------------------------------------------------------------
+
+
+def pairs_to_columns(
+    pairs: Sequence[TrainPair], corpus: dict[str, CorpusDoc] | None, seed: int
+) -> dict[str, list[str]]:
+    """(question, positive, negative_1..n) columns. n is the most negatives any pair has; a pair with fewer gets
+    random corpus passages (plain random negatives) so that every row has the same columns."""
+    if not pairs:
+        raise ValueError("no training pairs")
+    n_neg = max(len(p.negatives) for p in pairs)
+    rng = random.Random(seed)
+    pool = [d.passage for d in corpus.values()] if corpus else sorted({p.positive for p in pairs})
+    columns: dict[str, list[str]] = {"question": [], "positive": []}
+    for i in range(n_neg):
+        columns[f"negative_{i + 1}"] = []
+    filled = 0
+    for p in pairs:
+        columns["question"].append(p.question)
+        columns["positive"].append(p.positive)
+        negatives = list(p.negatives)
+        while len(negatives) < n_neg:
+            candidate = rng.choice(pool)
+            if candidate != p.positive and candidate not in negatives:
+                negatives.append(candidate)
+                filled += 1
+        for i, text in enumerate(negatives[:n_neg]):
+            columns[f"negative_{i + 1}"].append(text)
+    if filled:
+        log.info("padded short negative lists with random passages", extra={"random_negatives": filled})
+    return columns
+
+
+def pairs_fingerprint(pairs: Sequence[TrainPair]) -> str:
+    h = hashlib.sha256()
+    for p in pairs:
+        h.update(p.question.encode())
+        h.update(b"\x1f")
+        h.update(hashlib.sha256(p.positive.encode()).digest())
+        for n in p.negatives:
+            h.update(hashlib.sha256(n.encode()).digest())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+# --- training -------------------------------------------------------------------------------------------------
+
+
+def train(
+    pairs: Sequence[TrainPair],
+    models_dir: Path,
+    config: TrainConfig | None = None,
+    *,
+    base: Path | None = None,
+    corpus: dict[str, CorpusDoc] | None = None,
+    dev: RetrievalDataset | None = None,
+    data_info: dict[str, Any] | None = None,
+    progress: ProgressFn | None = None,
+    evaluate_base_on_dev: bool = False,
+) -> TrainResult:
+    """Train towers on ``pairs`` and save them under ``models_dir``; returns the new model directory.
+
+    ``dev``: held-out queries (carved from the training data) evaluated in memory after training (and before, with
+    ``evaluate_base_on_dev``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
+    """
+    config = config or TrainConfig()
+    config.validate()
+    base = base or base_model_path()
+    _offline()
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+    from transformers import TrainerCallback, set_seed
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    set_seed(config.seed)
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+
+    # 1. model
+    model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
+    train_tokens = min(config.train_passage_tokens or config.max_passage_tokens, config.max_passage_tokens)
+    set_passage_tokens(model, train_tokens, config.shared)
+
+    # 2. data
+    columns = pairs_to_columns(pairs, corpus, config.seed)
+    train_dataset = Dataset.from_dict(columns)
+    n_neg = len(columns) - 2
+
+    # 3. loss: in-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches
+    loss: Any
+    if config.cached:
+        loss = CachedMultipleNegativesRankingLoss(model, scale=config.scale, mini_batch_size=config.mini_batch_size)
+    else:
+        loss = MultipleNegativesRankingLoss(model, scale=config.scale)
+
+    # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
+    dev_before: dict[str, float] | None = None
+    if dev is not None and dev.queries and evaluate_base_on_dev:
+        from encoders.evaluate import evaluate_model_in_memory
+
+        set_passage_tokens(model, config.max_passage_tokens, config.shared)
+        dev_before = evaluate_model_in_memory(model, dev)
+        set_passage_tokens(model, train_tokens, config.shared)
+        log.info("dev before training", extra={"metrics": dev_before})
+
+    # 5. arguments
+    out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
+    router_mapping = {} if config.shared else {c: ("query" if c == "question" else "document") for c in columns}
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out_tmp),
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        warmup_ratio=config.warmup_ratio,
+        lr_scheduler_type=config.scheduler,
+        weight_decay=config.weight_decay,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        router_mapping=router_mapping,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+
+    # 6. trainer
+    losses: list[float] = []
+
+    class _Progress(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                log.info("step", extra={"step": state.global_step, "loss": logs["loss"]})
+            if progress is not None:
+                progress(state.global_step, state.max_steps, losses[-1] if losses else None)
+
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[_Progress()]
+    )
+    trainer.train()
+    train_seconds = time.perf_counter() - t0
+    set_passage_tokens(model, config.max_passage_tokens, config.shared)
+
+    # 7. evaluate
+    dev_after: dict[str, float] | None = None
+    if dev is not None and dev.queries:
+        from encoders.evaluate import evaluate_model_in_memory
+
+        dev_after = evaluate_model_in_memory(model, dev)
+        log.info("dev after training", extra={"metrics": dev_after})
+
+    # 8. save (to a temporary sibling, then rename into place)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    name = versioned_name(config.name, started)
+    staging = models_dir / f".staging-{name}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    model.save(str(staging), create_model_card=False)
+    fingerprint = model_fingerprint(staging)
+    card: dict[str, Any] = {
+        "name": name,
+        "format": "sentence-transformers",
+        "sentence_transformers_version": _version("sentence_transformers"),
+        "towers": "shared" if config.shared else "separate (Router: query, document)",
+        "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
+        "fingerprint": fingerprint,
+        "similarity": "cosine",
+        "training_data": {
+            **(data_info or {}),
+            "pairs": len(pairs),
+            "hard_negatives_per_pair": n_neg,
+            "fingerprint": pairs_fingerprint(pairs),
+        },
+        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates"},
+        "seed": config.seed,
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "train_seconds": round(train_seconds, 1),
+        "steps": int(trainer.state.global_step),
+        "final_loss": losses[-1] if losses else None,
+        "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
+        "environment": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    (staging / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=False) + "\n")
+    (staging / METRICS_FILE).write_text(json.dumps({"losses": losses, "dev": card["dev_metrics"]}, indent=2) + "\n")
+    final = models_dir / name
+    os.replace(staging, final)
+    shutil.rmtree(out_tmp, ignore_errors=True)
+    log.info("saved model", extra={"model": name, "path": str(final), "fingerprint": fingerprint})
+    return TrainResult(
+        model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model
+    )
+
+
+def versioned_name(name: str, when: datetime | None = None) -> str:
+    when = when or datetime.now(UTC)
+    return f"{name}-{when.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(module.replace("_", "-"))
+    except Exception:  # pragma: no cover
+        return "unknown"

