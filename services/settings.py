@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -93,6 +93,12 @@ class ApiSettings(BaseModel):
     max_request_bytes: int = Field(default=10_000_000, ge=1024, description="Larger request bodies get 413.")
     max_documents: int = Field(default=1000, ge=1, description="Documents per POST /v1/documents request.")
     ready_timeout: float = Field(default=2.0, gt=0, description="Seconds /readyz waits for the broker and store.")
+
+    @field_validator("api_key", mode="after")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """An empty DPR_API__API_KEY (a blank Secret or compose default) means no key, never the empty key."""
+        return None if value is not None and not value.get_secret_value() else value
 
 
 class ReembedSettings(BaseModel):
