@@ -560,7 +560,10 @@ def finalize(
         save_state(store, state)
         return ReembedResult(state=state, outcome="rejected", gate=decision, copied=copied)
     with fence.exclusive():
-        if store.info().active.name != state.source:  # type: ignore[union-attr]
+        active_now = store.info().active.name  # type: ignore[union-attr]
+        if active_now == state.target:  # a concurrent finalize of the same re-embed won
+            return ReembedResult(state=replace(state, status="active"), outcome="activated", copied=copied)
+        if active_now != state.source:
             raise ReembedError(f"the source generation {state.source} stopped being active during the re-embed")
         copied += len(catch_up(store, state, towers, sparse).stale)
         verification = verify(store, state)
