@@ -142,9 +142,8 @@ def wait_for_job(
             _check_deadline(deadline, job_id, status)
             time.sleep(poll)
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from services.cli.common import err_console
 
     columns = (
         TextColumn("[bold]job {task.fields[job]}[/] {task.fields[state]}"),
@@ -153,7 +152,7 @@ def wait_for_job(
         TextColumn("batches  {task.fields[chunks]} passages  {task.fields[failed]} failed"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=err_console, transient=False) as progress:
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
         task = progress.add_task("job", total=None, job=job_id, state="", chunks=0, failed=0)
         while True:
             status = jobs.status(job_id)
