@@ -1,0 +1,64 @@
+"""The submitter without a broker: batches, what goes to the tasks, what goes to the job header."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_redis import FakeRedis
+
+from services.documents import Document, DocumentFailure, Skipped
+from services.jobs import JobStore
+from services.settings import CelerySettings, Settings
+from workers import dispatch
+
+pytestmark = pytest.mark.unit
+
+
+class RecordingApp:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def producer_or_acquire(self) -> Iterator[object]:
+        yield object()
+
+    def send_task(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str, producer: object) -> None:
+        self.sent.append({"name": name, "args": args, "kwargs": kwargs, "queue": queue})
+
+    def close(self) -> None:
+        pass
+
+
+def test_submit_sends_documents_in_batches_and_keeps_refusals_in_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(broker_url="redis://127.0.0.1:6399/0", data_dir=tmp_path, collection="notes",
+                        celery=CelerySettings(batch_documents=2))
+    jobs = JobStore(FakeRedis(), url=settings.broker_url or "")
+    app = RecordingApp()
+    monkeypatch.setattr(dispatch, "job_store", lambda _s: jobs)
+    monkeypatch.setattr(dispatch, "create_app", lambda _s: app)
+    items = [
+        Document("a", "alpha"), DocumentFailure("b.txt", "empty", "b.txt: has no text"), Document("c", "gamma"),
+        Skipped("d.png", "unsupported"), Document("e", "epsilon"),
+    ]
+
+    submitted = dispatch.submit_ingest(settings, iter(items))
+
+    assert submitted.to_json() | {"job": "-"} == {
+        "job": "-", "state": "queued", "collection": "notes", "documents": 3, "batches": 2,
+        "skipped": [{"source": "d.png", "reason": "unsupported"}],
+        "failed": [{"source": "b.txt", "reason": "empty", "error": "b.txt: has no text"}],
+    }
+    assert [m["queue"] for m in app.sent] == ["ingest", "ingest"]
+    assert {m["name"] for m in app.sent} == {"dpr.ingest_batch"}
+    assert [m["args"][1] for m in app.sent] == [0, 1]
+    assert [[d["doc_id"] for d in m["args"][2]] for m in app.sent] == [["a", "c"], ["e"]]
+    assert all(m["kwargs"] == {"collection": "notes"} for m in app.sent)
+    status = jobs.status(submitted.job)
+    assert (status["state"], status["batches_total"], status["documents_total"]) == ("queued", 2, 3)
+    assert [f["source"] for f in status["failed"]] == ["b.txt"]
