@@ -127,9 +127,13 @@ class RedisLease:
             time.sleep(_POLL)
 
     def refresh(self) -> None:
-        if self._held and not self.client.eval(self._REFRESH, 1, self.key, self.token, self.ttl_ms):
-            self._held = False
-            raise LockBusy(f"lost the lock {self.key!r} (expired and taken by {self.holder()})")
+        """Extend our TTL; if the key expired meanwhile and nobody took it, take it again."""
+        if not self._held or self.client.eval(self._REFRESH, 1, self.key, self.token, self.ttl_ms):
+            return
+        if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            return
+        self._held = False
+        raise LockBusy(f"lost the lock {self.key!r} (expired and taken by {self.holder()})")
 
     def release(self) -> None:
         if self._held:
