@@ -211,7 +211,7 @@ def train(
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
-    from transformers import TrainerCallback, set_seed
+    from transformers import PrinterCallback, TrainerCallback, set_seed
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -255,7 +255,7 @@ def train(
         max_steps=config.max_steps,
         per_device_train_batch_size=config.batch_size,
         learning_rate=config.learning_rate,
-        warmup_ratio=config.warmup_ratio,
+        warmup_steps=config.warmup_ratio,  # transformers 5: a float below 1 is a fraction of the steps
         lr_scheduler_type=config.scheduler,
         weight_decay=config.weight_decay,
         batch_sampler=BatchSamplers.NO_DUPLICATES,
@@ -286,6 +286,7 @@ def train(
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[_Progress()]
     )
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
     trainer.train()
     train_seconds = time.perf_counter() - t0
     set_passage_tokens(model, config.max_passage_tokens, config.shared)

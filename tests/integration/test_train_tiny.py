@@ -133,3 +133,38 @@ def test_shared_tower_is_one_tower(tiny_base: Path, tmp_path: Path) -> None:
     d = result.model.encode_document(texts, convert_to_numpy=True)
     np.testing.assert_allclose(q, d, atol=1e-6)
     assert result.card["towers"] == "shared"
+
+
+def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from services.cli.main import app
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"question": p.question, "passage": p.positive}) for p in _pairs()) + "\n")
+    runner = CliRunner()
+    data_dir = ["--data-dir", str(tmp_path / "data")]
+    args = ["train", str(pairs), "--base", str(tiny_base), "--max-steps", "3", "--batch-size", "8"]
+    result = runner.invoke(app, [*data_dir, *args, "--hard-negatives", "0", "--name", "cli", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    name = out["model"]
+    assert name.startswith("cli-") and out["card"]["steps"] == 3
+
+    listed = json.loads(runner.invoke(app, [*data_dir, "models", "list", "--json"]).stdout)
+    assert listed["active"] == "base" and [m["name"] for m in listed["models"]] == [name]
+    activated = runner.invoke(app, [*data_dir, "models", "activate", name, "--json"])
+    assert json.loads(activated.stdout)["active"] == name
+    shown = json.loads(runner.invoke(app, [*data_dir, "models", "show", name, "--json"]).stdout)
+    assert shown["active"] and shown["card"]["fingerprint"] == out["card"]["fingerprint"]
+
+    missing = runner.invoke(app, [*data_dir, "models", "activate", "nope"])
+    assert missing.exit_code != 0 and "no model 'nope'" in missing.stderr
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q"}\n')
+    failed = runner.invoke(app, [*data_dir, "train", str(bad), "--base", str(tiny_base)])
+    assert failed.exit_code != 0
+    assert "bad.jsonl:1: needs 'passage' or 'positive_id'" in failed.stderr

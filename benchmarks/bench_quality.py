@@ -1,0 +1,226 @@
+"""Retrieval quality benchmark: BM25, the base model and trained DPR towers, each section in one run.
+
+Needs ../shared/data beside the repo (exits with a message without it). Sections (``--sections``, default all):
+
+- ``scifact``: train on BEIR SciFact train (100 train queries held out as dev, hyper-parameters chosen there),
+  evaluate BM25 / base / trained on the 300 test queries. Floor: trained nDCG@10 >= 0.70 and above BM25 and base.
+- ``squad``: SQuAD v1.1 dev, deterministic article split; train on (a capped sample of) the train articles'
+  questions with answer-free BM25 negatives, report top-k answer accuracy on the test articles.
+- ``selfsup``: no labels: ICT + title pairs from the SciFact corpus; SciFact test nDCG@10 vs the base model.
+  Floor: at least the base model's.
+- ``zeroshot``: Cranfield and CISI: BM25, base, and the SciFact-trained towers, zero-shot.
+
+Dense systems are evaluated through the real store (temporary embedded collection, product ingest and query).
+``--<section>-model NAME`` reuses an already trained model (under ``--data-dir``/models) instead of training.
+Results accumulate in ``benchmarks/results/quality.json`` (one key per section), and
+``benchmarks/results/quality.md`` is regenerated from it after every section, so sections can run separately.
+
+Usage: ``.venv/bin/python benchmarks/bench_quality.py --data-dir /tmp/dpr-bench [--sections scifact,zeroshot]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from encoders import data as d  # noqa: E402
+from encoders.evaluate import EvalReport, write_report  # noqa: E402
+from encoders.mining import BM25Index, MiningConfig, mine_hard_negatives  # noqa: E402
+from encoders.pairs import self_supervised_pairs  # noqa: E402
+from encoders.train import TrainConfig, train  # noqa: E402
+from services.evaluation import compare_systems  # noqa: E402
+from services.settings import Settings  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
+RESULTS = REPO / "benchmarks" / "results"
+SECTIONS = ("scifact", "squad", "selfsup", "zeroshot")
+
+# The recipe (defaults of `dpr train`); see the SciFact section's notes for how it was chosen.
+RECIPE = dict(
+    shared=False, epochs=4.0, batch_size=32, mini_batch_size=0, learning_rate=3e-5, warmup_ratio=0.1,
+    train_passage_tokens=128, seed=42,
+)  # fmt: skip
+MINING = MiningConfig(num_negatives=1, rank_start=0, rank_end=30)
+
+log = logging.getLogger("bench_quality")
+
+
+def _progress(step: int, total: int, loss: float | None) -> None:
+    if step % 5 == 0 or step == total:
+        print(f"  step {step}/{total} loss {loss if loss is None else round(loss, 4)}", flush=True)
+
+
+def _train_labelled(
+    full: d.RetrievalDataset, settings: Settings, name: str, max_pairs: int | None, epochs: float
+) -> tuple[str, dict[str, Any]]:
+    train_ids, dev_ids = d.split_dev_queries(sorted(full.queries), 100, seed=13)
+    train_ds = full.subset(train_ids)
+    pairs = d.labelled_pairs(train_ds)
+    if max_pairs is not None and len(pairs) > max_pairs:
+        import random
+
+        pairs = random.Random(0).sample(pairs, max_pairs)
+    pairs = mine_hard_negatives(pairs, BM25Index(list(full.corpus.values())), full.corpus, MINING)
+    config = TrainConfig(name=name, **{**RECIPE, "epochs": epochs})  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    result = train(
+        pairs, settings.models_dir, config, corpus=full.corpus, dev=full.subset(dev_ids), progress=_progress,
+        data_info={"dataset": full.name, "train_queries": len(train_ids), "dev_queries": len(dev_ids),
+                   "mining": MINING.__dict__},
+    )  # fmt: skip
+    info = {"model": result.name, "pairs": len(pairs), "train_wall_s": round(time.perf_counter() - t0),
+            "dev": result.card["dev_metrics"], "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
+    return result.name, info
+
+
+def _report(report: EvalReport, section: str, sub: str = "") -> dict[str, Any]:
+    print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")
+    print(report.to_markdown_table(), flush=True)
+    write_report(report, RESULTS / "quality" / (section + (f"-{sub}" if sub else "")))
+    return report.to_json()
+
+
+def section_scifact(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model = args.scifact_model
+    if model is None:
+        full = d.load_beir(DATA / "beir-scifact", "train")
+        model, out["training"] = _train_labelled(full, settings, "scifact", None, RECIPE["epochs"])  # type: ignore[arg-type]
+    test = d.load_beir(DATA / "beir-scifact", "test")
+    report = compare_systems(test, settings=settings, models=["base", model])
+    out["test"] = _report(report, "scifact")
+    m = {r.system: r.metrics["ndcg@10"] for r in report.results}
+    trained = m[f"trained:{model}"]
+    out["floor"] = {
+        "trained_ndcg@10": trained, "bm25": m["bm25"], "base": m["base"],
+        "pass": trained >= 0.70 and trained > m["bm25"] and trained > m["base"],
+    }  # fmt: skip
+    print(f"floor: trained nDCG@10 {trained:.3f} >= 0.70 and > BM25 {m['bm25']:.3f} and > base {m['base']:.3f}: "
+          f"{'PASS' if out['floor']['pass'] else 'FAIL'}")  # fmt: skip
+    return out
+
+
+def section_squad(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    path = DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz"
+    model = args.squad_model
+    if model is None:
+        full = d.load_squad(path, "train")
+        model, out["training"] = _train_labelled(full, settings, "squad", args.squad_pairs, 1.0)
+    test = d.load_squad(path, "test")
+    report = compare_systems(test, settings=settings, models=["base", model])
+    out["test"] = _report(report, "squad")
+    return out
+
+
+def section_selfsup(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model = args.selfsup_model
+    if model is None:
+        corpus = d.load_corpus_any(DATA / "beir-scifact")
+        pairs = self_supervised_pairs(list(corpus.values()), "both", seed=0, max_pairs=args.selfsup_pairs)
+        pairs = mine_hard_negatives(pairs, BM25Index(list(corpus.values())), corpus, MINING)
+        config = TrainConfig(name="scifact-selfsup", **{**RECIPE, "epochs": 1.0, "learning_rate": 1e-5})  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        result = train(pairs, settings.models_dir, config, corpus=corpus, progress=_progress,
+                       data_info={"dataset": "beir-scifact corpus (no labels)", "self_supervised": "both"})  # fmt: skip
+        model = result.name
+        out["training"] = {"model": model, "pairs": len(pairs), "train_wall_s": round(time.perf_counter() - t0),
+                           "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
+    test = d.load_beir(DATA / "beir-scifact", "test")
+    report = compare_systems(test, settings=settings, models=["base", model], bm25=True)
+    out["test"] = _report(report, "selfsup")
+    m = {r.system: r.metrics["ndcg@10"] for r in report.results}
+    out["floor"] = {"selfsup": m[f"trained:{model}"], "base": m["base"], "pass": m[f"trained:{model}"] >= m["base"]}
+    print(f"floor: self-supervised nDCG@10 {m[f'trained:{model}']:.3f} >= base {m['base']:.3f}: "
+          f"{'PASS' if out['floor']['pass'] else 'FAIL'}")  # fmt: skip
+    return out
+
+
+def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    if args.scifact_model is None:
+        raise SystemExit("zeroshot needs --scifact-model NAME (the SciFact-trained towers)")
+    out: dict[str, Any] = {}
+    for name in ("cranfield", "cisi"):
+        ds = d.load_beir(DATA / name, "test")
+        report = compare_systems(ds, settings=settings, models=["base", args.scifact_model])
+        out[name] = _report(report, "zeroshot", name)
+    return out
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    lines = ["# Retrieval quality (benchmarks/bench_quality.py)", ""]
+    lines.append("Dense systems are evaluated through the real store: the corpus is ingested into a temporary embedded")
+    lines.append("collection (chunked by the passage tower) and queried with the product's query path; chunk hits")
+    lines.append("are aggregated to documents by max score. BM25: bm25s, English stopwords, Snowball stemming.")
+    lines.append("Metrics: ranx (nDCG@10 with linear gains, as trec_eval), SQuAD-normalised answer accuracy.")
+    lines.append("")
+    for section in SECTIONS:
+        if section not in results:
+            continue
+        res = results[section]
+        lines += [f"## {section}", "", f"run at {res.get('ran_at', '?')}, {res.get('wall_s', '?')} s", ""]
+        tables = [res["test"]] if "test" in res else [res[k] for k in ("cranfield", "cisi") if k in res]
+        for t in tables:
+            lines.append(f"**{t['dataset']}**: {t['queries']} queries, {t['documents']} documents")
+            lines.append("")
+            names: list[str] = []
+            for sys_res in t["systems"].values():
+                names += [m for m in sys_res["metrics"] if m not in names]
+            lines.append("| system | " + " | ".join(names) + " | seconds |")
+            lines.append("|---|" + "---|" * (len(names) + 1))
+            for system, sys_res in t["systems"].items():
+                vals = " | ".join(f"{sys_res['metrics'][n]:.3f}" for n in names)
+                lines.append(f"| {system} | {vals} | {sys_res['seconds']} |")
+            lines.append("")
+        if "floor" in res:
+            lines += [f"Floor: `{json.dumps(res['floor'])}`", ""]
+        if "training" in res:
+            lines += [f"Training: `{json.dumps(res['training'], default=str)}`", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpr-bench"))
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--scifact-model")
+    parser.add_argument("--squad-model")
+    parser.add_argument("--selfsup-model")
+    parser.add_argument("--squad-pairs", type=int, default=1000, help="Cap on SQuAD training questions.")
+    parser.add_argument("--selfsup-pairs", type=int, default=1500, help="Cap on self-supervised pairs.")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        raise SystemExit(f"needs ../shared/data beside the repo ({DATA} is missing)")
+    logging.basicConfig(level=logging.WARNING)
+    settings = Settings(data_dir=args.data_dir)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    store = RESULTS / "quality.json"
+    for section in args.sections.split(","):
+        if section not in SECTIONS:
+            raise SystemExit(f"unknown section {section!r}; choose from {', '.join(SECTIONS)}")
+        print(f"\n=== {section} ===", flush=True)
+        t0 = time.perf_counter()
+        res = globals()[f"section_{section}"](settings, args)
+        res["ran_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        res["wall_s"] = round(time.perf_counter() - t0)
+        results = json.loads(store.read_text()) if store.is_file() else {}  # another run may have added sections
+        results[section] = res
+        if section == "scifact" and args.scifact_model is None:
+            args.scifact_model = res["training"]["model"]
+        store.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        (RESULTS / "quality.md").write_text(render_markdown(results))
+    print(f"\nwrote {RESULTS / 'quality.md'}")
+
+
+if __name__ == "__main__":
+    main()
