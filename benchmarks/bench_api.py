@@ -278,6 +278,9 @@ def main() -> int:
         f"{built['points'] - built['real']:,.0f} synthetic copies (normalise(v + noise), cosine ~0.89 to the "
         "source; same text and BM25 vector). Only the vectors' distribution is synthetic; the scan cost is real.",
         "",
+        f"Command: `.venv/bin/python benchmarks/bench_api.py --docs {args.docs} --points {args.points} "
+        f"--queries {args.queries} --clients {args.clients}`",
+        "",
         "| path | requests | requests/s | p50 ms | p95 ms |",
         "|---|---|---|---|---|",
         row("in-process `services.query.search`, dense (before the HTTP runs)", in_dense),
