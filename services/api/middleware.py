@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -105,7 +104,7 @@ class HttpMetrics:
             self.metrics.observe_http(_route_of(scope), scope.get("method", ""), status, time.perf_counter() - t0)
 
 
-def _route_of(scope: dict[str, Any]) -> str:
+def _route_of(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
