@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from encoders.data import RetrievalDataset
 from encoders.evaluate import (
@@ -30,6 +31,8 @@ from services.ingest import IngestReport, ingest_documents
 from services.query import QueryOptions, search_many
 from services.settings import Settings
 from services.store import open_store
+from services.store.points import Hit
+from services.store.protocol import VectorStore
 
 log = logging.getLogger(__name__)
 
@@ -102,23 +105,153 @@ def store_retriever(
                 store.close()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        out = Retrieval(run={}, texts={})
-        for qid, q_hits in zip(qids, hits, strict=True):
-            per_doc: dict[str, float] = {}
-            texts: list[str] = []
-            for hit in q_hits:  # best first
-                doc_id = hit.passage.doc_id
-                if doc_id not in per_doc:
-                    per_doc[doc_id] = float(hit.score)
-                    if len(per_doc) > k:
-                        del per_doc[doc_id]
-                        break
-                texts.append(hit.passage.text)
-            out.run[qid] = per_doc
-            out.texts[qid] = texts[:k]
-        return out
+        return hits_to_retrieval(qids, hits, k)
 
     return run
+
+
+def hits_to_retrieval(qids: Sequence[str], hits: Sequence[Sequence[Hit]], k: int) -> Retrieval:
+    """Chunk hits (best first) -> documents by max score, top ``k``; passage texts best first for answer@k."""
+    out = Retrieval(run={}, texts={})
+    for qid, q_hits in zip(qids, hits, strict=True):
+        per_doc: dict[str, float] = {}
+        texts: list[str] = []
+        for hit in q_hits:  # best first
+            doc_id = hit.passage.doc_id
+            if doc_id not in per_doc:
+                per_doc[doc_id] = float(hit.score)
+                if len(per_doc) > k:
+                    del per_doc[doc_id]
+                    break
+            texts.append(hit.passage.text)
+        out.run[qid] = per_doc
+        out.texts[qid] = texts[:k]
+    return out
+
+
+class _QueryCache:
+    """A ``DualEncoder`` that remembers question-tower batches: one dev set asked in many modes is encoded once."""
+
+    def __init__(self, towers: DualEncoder) -> None:
+        self.towers = towers
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.towers, name)
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> Any:
+        key = tuple(questions)
+        if key not in self._cache:
+            self._cache = {key: self.towers.encode_queries(questions, batch_size=batch_size)}  # (n, dim)
+        return self._cache[key]
+
+
+class StoreCorpus:
+    """A dataset's corpus ingested ONCE through the product (dense + BM25 sparse vectors), queried in many modes.
+
+    ``search(dataset, k, options)`` asks the dataset's questions with ``search_many`` (any mode, any fusion) and
+    returns document-level results. By default the collection is temporary (deleted by ``close()``); ``existing``
+    wraps a collection that already holds the corpus (nothing is ingested, nothing deleted).
+    """
+
+    def __init__(
+        self,
+        towers: DualEncoder,
+        *,
+        settings: Settings | None = None,
+        collection: str = "eval",
+        workdir: Path | None = None,
+        sparse: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+        store: VectorStore | None = None,
+    ) -> None:
+        self.towers = _QueryCache(towers)
+        self.settings = settings or Settings()
+        self.collection = collection
+        self.workdir = workdir
+        self.sparse = sparse
+        self.progress = progress
+        self.ingest_report: IngestReport | None = None
+        self._store = store
+        self._owned = store is None
+        self._tmp: Path | None = None
+        self._corpus_key: tuple[int, int] | None = None
+
+    @classmethod
+    def existing(cls, store: VectorStore, towers: DualEncoder, settings: Settings | None = None) -> StoreCorpus:
+        return cls(towers, settings=settings, store=store, sparse=store.info().active.spec.sparse)  # type: ignore[union-attr]
+
+    @property
+    def store(self) -> VectorStore:
+        if self._store is None:
+            raise RuntimeError("StoreCorpus.store is used before prepare(dataset) ingested a corpus")
+        return self._store
+
+    def prepare(self, dataset: RetrievalDataset) -> VectorStore:
+        """Ingest ``dataset``'s corpus unless this corpus is already in (``subset`` keeps the same corpus)."""
+        key = (id(dataset.corpus), len(dataset.corpus))
+        if not self._owned or key == self._corpus_key:
+            return self.store
+        self.close()
+        self._tmp = Path(tempfile.mkdtemp(prefix="dpr-eval-", dir=self.workdir))
+        cfg = eval_settings(self.settings, self._tmp, self.collection)
+        self._store = open_store(cfg)
+        docs = dataset_documents(dataset)
+        done = 0
+
+        def on_batch(part: IngestReport) -> None:
+            nonlocal done
+            done += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
+            if self.progress is not None:
+                self.progress(done, len(docs))
+
+        from services.sparse import default_embedder
+
+        self.ingest_report = ingest_documents(
+            docs,
+            store=self._store,
+            towers=self.towers,
+            chunking=cfg.chunk,
+            sparse=default_embedder() if self.sparse else None,
+            batch_size=cfg.encoder.batch_size,
+            batch_documents=cfg.celery.batch_documents,
+            batch_bytes=cfg.celery.batch_bytes,
+            progress=on_batch,
+        )
+        if self.ingest_report.failed:
+            log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
+        self._corpus_key = key
+        return self._store
+
+    def search(self, dataset: RetrievalDataset, k: int, options: QueryOptions) -> Retrieval:
+        """Every question of ``dataset`` through ``search_many`` with ``options`` (its ``k`` is set here)."""
+        from dataclasses import replace
+
+        from services.sparse import default_embedder
+
+        store = self.prepare(dataset)
+        qids = sorted(dataset.queries)
+        hits = search_many(
+            [dataset.queries[q] for q in qids],
+            store=store,
+            towers=self.towers,
+            options=replace(options, k=min(k * CHUNK_OVERFETCH, 1000)),
+            sparse=default_embedder() if options.mode != "dense" else None,
+            batch_size=self.settings.encoder.batch_size,
+        )
+        return hits_to_retrieval(qids, hits, k)
+
+    def retriever(self, options: QueryOptions) -> Retriever:
+        return lambda dataset, k: self.search(dataset, k, options)
+
+    def close(self) -> None:
+        if self._owned and self._store is not None:
+            self._store.close()
+            self._store = None
+            self._corpus_key = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
 
 BM25_NOTE = "bm25: bm25s, English stopwords, Snowball stemming, k1 1.5, b 0.75, over title + text"
@@ -137,26 +270,76 @@ def compare_systems(
     bm25: bool = True,
     in_memory: bool = False,
     k: int = 100,
+    modes: Sequence[str] = ("dense",),
+    hybrid: QueryOptions | None = None,
+    hybrid_note: str = "",
 ) -> EvalReport:
     """BM25 and each model (``base``, a name under the models dir, or a path) on one dataset, in one run.
 
     Dense systems go through the real store unless ``in_memory``. Labels: ``bm25``, ``base``, ``trained:<name>``.
+    ``modes`` beyond ``dense`` (``sparse``, ``hybrid``): each model's corpus is ingested once with BM25 sparse
+    vectors and asked in every mode: ``<label>`` (dense), ``<label>+hybrid`` (fusion from ``hybrid``, else the
+    defaults: rrf k=60), and once ``bm25-store`` (the BM25 sparse vectors through Qdrant).
     """
     systems: dict[str, Retriever] = {}
     notes = []
+    corpora: list[StoreCorpus] = []
     if bm25:
         systems["bm25"] = bm25_retriever()
         notes.append(BM25_NOTE)
+    store_modes = [m for m in ("dense", "sparse", "hybrid") if m in modes]
+    if store_modes != ["dense"] and in_memory:
+        raise ValueError("sparse and hybrid modes run through the store; drop --in-memory")
     for spec in models:
         path, name = resolve_model_path(spec, settings.models_dir)
         label = "base" if name == "base" else f"trained:{name}"
         if in_memory:
             systems[label] = towers_in_memory_retriever(path)
-        else:
+        elif store_modes == ["dense"]:
             towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
             systems[label] = store_retriever(towers, settings=settings, collection="eval")
+        else:
+            towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
+            corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True)
+            corpora.append(corpus)
+            if "dense" in store_modes:
+                systems[label] = corpus.retriever(QueryOptions(mode="dense"))
+            if "sparse" in store_modes and "bm25-store" not in systems:
+                systems["bm25-store"] = corpus.retriever(QueryOptions(mode="sparse"))
+            if "hybrid" in store_modes:
+                systems[f"{label}+hybrid"] = corpus.retriever(_hybrid_options(hybrid))
     if models:
         notes.append(MEMORY_NOTE if in_memory else STORE_NOTE)
-    report = evaluate_systems(dataset, systems, k=k)
+    if corpora:
+        notes.append(SPARSE_NOTE)
+        if "hybrid" in store_modes:
+            notes.append("hybrid: " + (hybrid_note or describe_fusion(_hybrid_options(hybrid))))
+    try:
+        report = evaluate_systems(dataset, systems, k=k)
+    finally:
+        for corpus in corpora:
+            corpus.close()
     report.notes.extend(notes)
     return report
+
+
+SPARSE_NOTE = (
+    "store modes: each model's corpus ingested once with dense + BM25 sparse vectors (qdrant-edge Bm25: word "
+    "tokens, lower case, English stopwords, Snowball stemming; IDF from the collection); bm25-store = the sparse "
+    "vectors alone through Qdrant; the first store system's seconds include the ingest"
+)
+
+
+def _hybrid_options(hybrid: QueryOptions | None) -> QueryOptions:
+    from dataclasses import replace
+
+    return replace(hybrid or QueryOptions(fusion="rrf", rrf_k=60), mode="hybrid")
+
+
+def describe_fusion(options: QueryOptions) -> str:
+    """``rrf k=60, 100 candidates per branch`` / ``linear, dense weight 0.7, ...`` (defaults filled in)."""
+    fusion = options.fusion or "rrf"
+    weight = options.linear_weight if options.linear_weight is not None else 0.5
+    head = f"rrf k={options.rrf_k or 60}" if fusion == "rrf" else f"linear min-max, dense weight {weight:g}"
+    cand = f"{options.candidates} candidates per branch" if options.candidates else "candidates = max(100, chunk depth)"
+    return f"{head}, {cand}"
