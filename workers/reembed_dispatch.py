@@ -45,6 +45,10 @@ class Progress:
         self.client = client
         self.key = f"dpr:reembed:{alias}:{target}"
 
+    def reset(self) -> None:
+        """Forget an earlier run's progress (a generation name can come back after `dpr gc`)."""
+        self.client.delete(*(f"{self.key}:{part}" for part in ("sent", "done", "last", "result")))
+
     def sent(self, batch_ids: list[str]) -> None:
         if batch_ids:
             self.client.sadd(f"{self.key}:sent", *batch_ids)
@@ -119,6 +123,8 @@ def submit_reembed(settings: Settings, *, model: str | None = None, gate: str | 
             lease.release()
             return Submitted(outcome="nothing_to_do", model=towers.fingerprint, model_name=towers.name)
         resumed = building is not None and building.target == state.target
+        if not resumed:
+            Progress(redis_client(url), settings.collection, state.target).reset()
         sent = _send(settings, state, gate)
         sent.resumed = resumed
         return sent

@@ -48,6 +48,8 @@ def reembed(
                                                   "`dpr eval` scores the new model at least as high.")] = None,
     collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up waiting after this many seconds.")] = None,
+    show: Annotated[bool, typer.Option("--status", help="Show the latest re-embed and its progress; start nothing.")]
+    = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Re-embed every stored passage with the new passage tower into a new generation, verify, swap the alias.
@@ -56,6 +58,26 @@ def reembed(
     settings = _settings(ctx, collection)
     if gate is not None and not gate.exists():
         fail(f"--gate {gate}: no such file or directory", code=2)
+    if show:
+        with cli_errors():
+            from workers.reembed_dispatch import reembed_status
+
+            status = reembed_status(settings)
+        if as_json:
+            emit_json(status)
+        elif status.get("state") is None:
+            console.print("no re-embed recorded for this collection")
+        else:
+            st = status["state"]
+            console.print(
+                f"re-embed {st['source']} -> {st['target']} with {st['model_name']} ({st['model']}): {st['status']}, "
+                f"{status['target_points']}/{status['source_points']} passages, started {st['started']}"
+                + (f", finished {st['finished']}" if st.get("finished") else "")
+                + (f", gate {st['gate']}" if st.get("gate") else "")
+                + (f", error: {st['error']}" if st.get("error") else ""),
+                highlight=False,
+            )
+        return
     with cli_errors():
         if settings.broker_url:
             result = _reembed_on_workers(settings, model, gate, wait, timeout, quiet=as_json)

@@ -79,9 +79,16 @@ def ingest(store: EdgeStore, towers: FakeTowers, docs: list[Document], **kw: obj
     assert not report.failed, report.failed
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> EdgeStore:
-    s = EdgeStore(tmp_path / "store", "c", lock_timeout=10, idle_release=0.05)
+@pytest.fixture(params=["edge", "server-memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> EdgeStore:
+    if request.param == "edge":
+        s = EdgeStore(tmp_path / "store", "c", lock_timeout=10, idle_release=0.05)
+    else:
+        from qdrant_client import QdrantClient
+
+        from services.store.server import ServerStore
+
+        s = ServerStore(QdrantClient(":memory:"), "c")
     ingest(s, V1, [doc(i) for i in range(12)])
     yield s
     s.close()
