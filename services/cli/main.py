@@ -39,7 +39,13 @@ def _register_optional() -> None:
     """Command groups that live in their own modules."""
     import importlib
 
-    for module in ("services.cli.train", "services.cli.workers", "services.cli.lifecycle", "services.cli.serve"):
+    for module in (
+        "services.cli.train",
+        "services.cli.workers",
+        "services.cli.lifecycle",
+        "services.cli.serve",
+        "services.cli.hybrid",
+    ):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -1,0 +1,122 @@
+"""`dpr tune-hybrid`: choose the hybrid fusion on a dev split and store it in a collection's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail
+from services.cli.core import _with_collection
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune-hybrid")(tune_hybrid_command)
+
+
+def tune_hybrid_command(
+    ctx: typer.Context,
+    data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON with training questions.")],
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad")] = "auto",
+    split: Annotated[
+        str, typer.Option(help="Split the dev questions are carved from (BEIR qrels split; SQuAD: train). Never test.")
+    ] = "train",
+    dev_queries: Annotated[int, typer.Option(min=1, help="Held-out questions to tune on (seeded subset).")] = 100,
+    model: Annotated[
+        str | None, typer.Option(help="Towers to tune with (default: the model that built the collection).")
+    ] = None,
+    collection: Annotated[str | None, typer.Option(help="Collection that receives the tuned choice.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Pick RRF or linear fusion and its parameters on a DEV split; store the choice in the collection's settings.
+
+    The dev corpus is ingested once (dense + BM25) into a temporary collection, or the collection itself is used
+    when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
+    """
+    from encoders.data import DataError
+    from encoders.towers import load_towers
+    from services.cli.train import _detect_format
+    from services.errors import ModelMismatch
+    from services.hybrid import check_target, dev_split, tune_hybrid, tuning_metrics
+    from services.runtime import Runtime
+
+    settings = _with_collection(ctx, collection)
+    kind = _detect_format(data, fmt)
+    if kind not in ("beir", "squad"):
+        fail(f"--format {kind!r} cannot be tuned on; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)
+    with cli_errors():
+        try:
+            dev = dev_split(data, kind, split, dev_queries)  # type: ignore[arg-type]
+        except DataError as e:
+            fail(str(e))
+        runtime = Runtime(settings)
+        try:
+            store = runtime.store
+            check_target(store)
+            spec = store.info().active.spec  # type: ignore[union-attr]  # check_target: it exists
+            if model is None:
+                towers = runtime.towers_for(spec.model)
+            else:
+                towers = load_towers(model, settings.models_dir, device=settings.encoder.device)
+                if towers.fingerprint != spec.model:
+                    raise ModelMismatch(
+                        f"--model {model} is model {towers.fingerprint}, but collection {store.alias!r} was embedded "
+                        f"by {spec.model}: fusion weights tuned for other towers do not transfer; omit --model"
+                    )
+            metric, _ = tuning_metrics(dev)
+            with Progress(
+                TextColumn("[bold]ingesting the dev corpus"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                disable=as_json,
+                transient=True,
+            ) as bar:
+                task = bar.add_task("ingest", total=len(dev.corpus))
+
+                def on_ingest(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                def on_point(label: str, metrics: dict[str, float]) -> None:
+                    if not as_json:
+                        bar.update(task, visible=False)
+                        err_console.print(f"  {label}: {metric} {metrics[metric]:.3f}", highlight=False)
+
+                result = tune_hybrid(
+                    dev, towers=towers, settings=settings, target=store, progress=on_ingest, on_point=on_point
+                )
+        finally:
+            runtime.close()
+    out = result.to_json()
+    out["collection"] = settings.collection
+    if as_json:
+        emit_json(out)
+        return
+    _print_result(out, settings.collection)
+
+
+def _print_result(out: dict[str, Any], collection: str) -> None:
+    hybrid = out["hybrid"]
+    tuned = hybrid["tuned_on"]
+    metric = hybrid["metric"]
+    table = Table(title=f"{tuned['dataset']}: {tuned['queries']} dev questions, {tuned['documents']} documents")
+    table.add_column("system")
+    table.add_column(metric, justify="right")
+    table.add_row("dense", f"{hybrid['dense_score']:.3f}")
+    table.add_row("bm25 (sparse)", f"{hybrid['sparse_score']:.3f}")
+    for row in out["grid"]:
+        head = f"rrf k={row['rrf_k']}" if row["fusion"] == "rrf" else f"linear w={row['linear_weight']:g}"
+        chosen = all(row[k] == hybrid[k] for k in ("fusion", "rrf_k", "linear_weight", "candidates"))
+        table.add_row(("* " if chosen else "") + head, f"{row[metric]:.3f}")
+    console.print(table)
+    what = (
+        f"rrf k={hybrid['rrf_k']}" if hybrid["fusion"] == "rrf" else f"linear, dense weight {hybrid['linear_weight']:g}"
+    )
+    console.print(
+        f"chosen: {what}, {hybrid['candidates']} candidates per branch ({metric} {hybrid['dev_score']:.3f} on dev); "
+        f"stored in collection {collection!r}: `dpr query` now defaults to --mode hybrid there"
+    )
