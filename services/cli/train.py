@@ -305,6 +305,15 @@ def evaluate(
     k: Annotated[int, typer.Option(min=1, max=1000, help="Depth of each ranking.")] = 100,
     report: Annotated[Path | None, typer.Option(help="Write report.md, results.json and PNG plots here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    mode: Annotated[
+        str, typer.Option(help="Store modes: dense | sparse | hybrid | all (sparse/hybrid ingest BM25 vectors too).")
+    ] = "dense",
+    tuned_from: Annotated[
+        str | None, typer.Option("--tuned-from", help="Hybrid fusion from this collection's settings (tune-hybrid).")
+    ] = None,
+    fusion: Annotated[str | None, typer.Option(help="Hybrid fusion: rrf | linear (overrides --tuned-from).")] = None,
+    weight: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Linear fusion: dense weight.")] = None,
+    rrf_k: Annotated[int | None, typer.Option(min=1, help="RRF constant k.")] = None,
 ) -> None:
     """Compare BM25, the base model and the trained model on one dataset (nDCG@10, MRR@10, recall@k, answer@k)."""
     from encoders.data import DataError
@@ -313,9 +322,18 @@ def evaluate(
     kind = _detect_format(data, fmt)
     if kind not in ("beir", "squad"):
         fail(f"--format {kind!r} cannot be evaluated; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)
+    if mode not in ("dense", "sparse", "hybrid", "all"):
+        fail(f"--mode {mode!r} is not known; use dense, sparse, hybrid or all", code=EXIT_USAGE)
+    if fusion is not None and fusion not in ("rrf", "linear"):
+        fail(f"--fusion {fusion!r} is not known; use rrf or linear", code=EXIT_USAGE)
     with cli_errors():
+        hybrid = _hybrid_options(settings, tuned_from, fusion, weight, rrf_k)
+        modes = ("dense", "sparse", "hybrid") if mode == "all" else (mode,)
         try:
-            result = run_evaluation(settings, data, kind, split, model, bm25_only, no_base, in_memory, max_queries, k)
+            result = run_evaluation(
+                settings, data, kind, split, model, bm25_only, no_base, in_memory, max_queries, k,
+                modes=modes, hybrid=hybrid,
+            )  # fmt: skip
         except (DataError, ValueError) as e:
             fail(str(e))
         md = None
@@ -355,6 +373,8 @@ def run_evaluation(
     in_memory: bool,
     max_queries: int | None,
     k: int,
+    modes: tuple[str, ...] = ("dense",),
+    hybrid: tuple[Any, str] | None = None,
 ) -> Any:
     """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store."""
     from encoders import data as d
@@ -371,7 +391,48 @@ def run_evaluation(
         _, trained_name = resolve_model_path(model or "active", settings.models_dir)
         if trained_name != "base":
             models.append(model or trained_name)
-    return compare_systems(dataset, settings=settings, models=models, in_memory=in_memory, k=k)
+    options, note = hybrid if hybrid is not None else (None, "")
+    return compare_systems(
+        dataset, settings=settings, models=models, in_memory=in_memory, k=k, modes=modes, hybrid=options,
+        hybrid_note=note,
+    )  # fmt: skip
+
+
+def _hybrid_options(
+    settings: Settings, tuned_from: str | None, fusion: str | None, weight: float | None, rrf_k: int | None
+) -> tuple[Any, str]:
+    """Hybrid fusion for `dpr eval`: explicit flags over ``--tuned-from`` settings over the defaults; and a note."""
+    from services.evaluation import describe_fusion
+    from services.query import QueryOptions
+
+    tuned: dict[str, Any] = {}
+    source = "defaults"
+    if tuned_from is not None:
+        from services.query import active_spec
+        from services.store import open_store
+
+        store = open_store(settings.model_copy(update={"collection": tuned_from}))
+        try:
+            tuned = dict(active_spec(store).settings.get("hybrid") or {})
+        finally:
+            store.close()
+        if not tuned:
+            fail(f"collection {tuned_from!r} has no tuned hybrid settings; run `dpr tune-hybrid DATA --collection "
+                 f"{tuned_from}` first, or pass --fusion/--weight/--rrf-k")  # fmt: skip
+        on = tuned.get("tuned_on") or {}
+        source = (
+            f"tuned in collection {tuned_from!r} on {on.get('dataset', '?')} ({on.get('queries', '?')} dev queries)"
+        )
+    options = QueryOptions(
+        mode="hybrid",
+        fusion=fusion or tuned.get("fusion", "rrf"),  # type: ignore[arg-type]
+        rrf_k=rrf_k or tuned.get("rrf_k", 60),
+        linear_weight=weight if weight is not None else tuned.get("linear_weight", 0.5),
+        candidates=tuned.get("candidates"),
+    )
+    if fusion is not None or weight is not None or rrf_k is not None:
+        source = "given on the command line" + (f" (rest {source})" if tuned else "")
+    return options, f"{describe_fusion(options)} ({source})"
 
 
 # --- dpr models ---------------------------------------------------------------------------------------------------
