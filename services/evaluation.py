@@ -9,6 +9,8 @@ is deleted afterwards.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -61,10 +63,31 @@ def store_retriever(
     collection: str = "eval",
     workdir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    cache_dir: Path | None = None,
 ) -> Retriever:
-    """A retriever that ingests the dataset's corpus with ``towers`` and queries it, both through the product."""
+    """A retriever that ingests the dataset's corpus with ``towers`` and queries it, both through the product.
+
+    ``cache_dir``: reuse the retrieval of an earlier run with the same dataset, tower fingerprint, chunk settings
+    and k (benchmarks that compare a new model against a base model already measured).
+    """
 
     def run(dataset: RetrievalDataset, k: int) -> Retrieval:
+        cache = None
+        if cache_dir is not None:
+            chunking = (settings or Settings()).chunk.model_dump_json()
+            key = f"{dataset.fingerprint()}|{towers.fingerprint}|{chunking}|{k}|{CHUNK_OVERFETCH}"
+            cache = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+            if cache.is_file():
+                saved = json.loads(cache.read_text())
+                log.info("reused a cached retrieval", extra={"cache": str(cache)})
+                return Retrieval(run=saved["run"], texts=saved["texts"])
+        retrieval = _run(dataset, k)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"run": retrieval.run, "texts": retrieval.texts}))
+        return retrieval
+
+    def _run(dataset: RetrievalDataset, k: int) -> Retrieval:
         tmp = Path(tempfile.mkdtemp(prefix="dpr-eval-", dir=workdir))
         try:
             cfg = eval_settings(settings, tmp, collection)
@@ -273,6 +296,7 @@ def compare_systems(
     modes: Sequence[str] = ("dense",),
     hybrid: QueryOptions | None = None,
     hybrid_note: str = "",
+    cache_dir: Path | None = None,
 ) -> EvalReport:
     """BM25 and each model (``base``, a name under the models dir, or a path) on one dataset, in one run.
 
@@ -280,6 +304,7 @@ def compare_systems(
     ``modes`` beyond ``dense`` (``sparse``, ``hybrid``): each model's corpus is ingested once with BM25 sparse
     vectors and asked in every mode: ``<label>`` (dense), ``<label>+hybrid`` (fusion from ``hybrid``, else the
     defaults: rrf k=60), and once ``bm25-store`` (the BM25 sparse vectors through Qdrant).
+    ``cache_dir`` (dense mode): reuse retrievals of the same dataset, towers and chunk settings from earlier runs.
     """
     systems: dict[str, Retriever] = {}
     notes = []
@@ -297,7 +322,7 @@ def compare_systems(
             systems[label] = towers_in_memory_retriever(path)
         elif store_modes == ["dense"]:
             towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
-            systems[label] = store_retriever(towers, settings=settings, collection="eval")
+            systems[label] = store_retriever(towers, settings=settings, collection="eval", cache_dir=cache_dir)
         else:
             towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
             corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True)
