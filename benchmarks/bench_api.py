@@ -46,6 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from services.api.app import serving_settings  # noqa: E402
 from services.documents import Document  # noqa: E402
 from services.ingest import chunk_document, collection_spec  # noqa: E402
 from services.query import QueryOptions, search  # noqa: E402
@@ -228,7 +229,8 @@ def main() -> int:
     questions = load_questions(args.queries)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
-        settings = Settings(data_dir=Path(tmp) / "dpr")
+        # The store stays open between searches, here as in `dpr serve` (services.api.app.serving_settings)
+        settings = serving_settings(Settings(data_dir=Path(tmp) / "dpr"))
         runtime = Runtime(settings)
         built = build_store(runtime, load_docs(args.docs), args.points)
         options = QueryOptions(k=10)

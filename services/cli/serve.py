@@ -33,7 +33,9 @@ def serve(
         fail(f"--port {api.port} is out of range; use 1..65535", code=2)
     if api.workers < 1:
         fail(f"--workers {api.workers} must be at least 1", code=2)
-    settings = settings.model_copy(update={"api": api})
+    from services.api.app import serving_settings
+
+    settings = serving_settings(settings.model_copy(update={"api": api}))
     if api.workers > 1 and settings.store_backend == "edge" and not settings.broker_url:
         console.print(
             "[yellow]note:[/] several API workers share the embedded store by taking turns on its lock; "

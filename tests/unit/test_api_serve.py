@@ -1,0 +1,37 @@
+"""`dpr serve` wiring: settings for a long-running process, option checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from services.api.app import SERVE_IDLE_RELEASE, serving_settings
+from services.cli.main import app
+from services.settings import EdgeSettings, Settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_serving_keeps_the_embedded_shard_open_between_requests(tmp_path: Path) -> None:
+    default = Settings(data_dir=tmp_path)
+    assert serving_settings(default).edge.idle_release == SERVE_IDLE_RELEASE
+    assert default.edge.idle_release == 0.5  # the CLI's own settings object is not changed
+
+
+def test_serving_respects_an_explicit_idle_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert serving_settings(Settings(data_dir=tmp_path, edge=EdgeSettings(idle_release=0.2))).edge.idle_release == 0.2
+    monkeypatch.setenv("DPR_EDGE__IDLE_RELEASE", "1.5")
+    assert serving_settings(Settings(data_dir=tmp_path)).edge.idle_release == 1.5
+
+
+def test_serving_leaves_the_server_store_alone(tmp_path: Path) -> None:
+    server = Settings(data_dir=tmp_path, qdrant_url="http://qdrant:6333")
+    assert serving_settings(server) is server
+
+
+def test_serve_rejects_a_bad_port() -> None:
+    result = CliRunner().invoke(app, ["serve", "--port", "70000"])
+    assert result.exit_code == 2
+    assert "out of range" in result.output
