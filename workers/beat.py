@@ -34,6 +34,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
         "dpr-reembed-check": {
             "task": CHECK_TASK,
             "schedule": float(seconds),
+            "kwargs": {"collection": settings.collection},
             "options": {"queue": REEMBED_QUEUE, "expires": float(seconds)},
         }
     }

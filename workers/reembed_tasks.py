@@ -150,8 +150,10 @@ def check_needed(settings: Settings) -> dict[str, Any]:
 
 
 @shared_task(name=CHECK_TASK, bind=True, acks_late=True, ignore_result=True)
-def reembed_check_task(self: Task) -> dict[str, Any]:
+def reembed_check_task(self: Task, collection: str | None = None) -> dict[str, Any]:
     settings: Settings = self.app.settings  # type: ignore[attr-defined]
+    if collection and collection != settings.collection:
+        settings = settings.model_copy(update={"collection": collection})
     decision = check_needed(settings)
     if not decision["needed"]:
         log.info("re-embed check: nothing to do", extra=decision)

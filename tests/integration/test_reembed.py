@@ -231,3 +231,37 @@ def test_queries_across_the_swap_never_fail_and_rollback_restores_the_fingerprin
     status = cluster.dpr_json("status", "--collection", "q")
     assert status["model"] == old_model and status["model_matches"] is True
     assert (cluster.data_dir / "models" / "ACTIVE").read_text().strip() == "base"
+
+
+def test_the_beat_starts_a_reembed_when_the_active_model_changes_and_only_one_beat_runs(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    folder = tmp_path / "corpus"
+    write_corpus(folder, 6)
+    start_worker(cluster)
+    assert cluster.dpr_json("ingest", str(folder), "--collection", "b", "--wait")["failed"] == []
+    cluster.dpr("models", "activate", "v2")
+    assert (cluster.data_dir / "models" / "ACTIVE").read_text().strip() == "v2"
+    env = {**cluster.env, "DPR_REEMBED__SCHEDULE_SECONDS": "1", "DPR_COLLECTION": "b"}
+    log = cluster.root / "beat.log"
+    with open(log, "wb") as out:
+        beat = subprocess.Popen([DPR, "beat"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cluster.root)
+    try:
+        wait_until(lambda: "beat: Starting" in log.read_text(errors="replace") or beat.poll() is not None, 60,
+                   "the beat to start")
+        assert beat.poll() is None, log.read_text()
+        second = subprocess.run([DPR, "beat"], env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "another beat" in second.stderr
+
+        def swapped() -> bool:
+            status = cluster.dpr_json("status", "--collection", "b")
+            return bool(status["generation"] != "b__g0001" and status["model_matches"])
+
+        wait_until(swapped, 240, "the scheduled re-embed to swap the collection", interval=2)
+    finally:
+        os.killpg(beat.pid, 15)
+        beat.wait(30)
+    after = snapshot(cluster, "b")
+    new = after["generations"][after["active"]]
+    assert new["ids"] == after["generations"]["b__g0001"]["ids"] and len(new["models"]) == 1

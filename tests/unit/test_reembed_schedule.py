@@ -22,7 +22,7 @@ def test_the_schedule_is_off_by_default_and_configurable() -> None:
     assert beat_schedule(Settings()) == {}
     entry = beat_schedule(Settings(reembed=ReembedSettings(schedule_seconds=60)))["dpr-reembed-check"]
     assert entry["task"] == "dpr.reembed.check" and entry["schedule"] == 60.0
-    assert entry["options"]["queue"] == "reembed"
+    assert entry["options"]["queue"] == "reembed" and entry["kwargs"] == {"collection": "passages"}
 
 
 def test_the_beat_refuses_to_run_without_a_broker_or_a_schedule(tmp_path: Path) -> None:
