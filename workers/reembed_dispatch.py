@@ -96,8 +96,14 @@ class Submitted:
         return dict(self.__dict__)
 
 
-def submit_reembed(settings: Settings, *, model: str | None = None, gate: str | None = None) -> Submitted:
-    """Lock, plan, send the pending batches and the finalize task. Raises ``ReembedBusy`` if another runs."""
+def submit_reembed(
+    settings: Settings, *, model: str | None = None, gate: str | None = None, adopt: bool = True
+) -> Submitted:
+    """Lock, plan, send the pending batches and the finalize task. Raises ``ReembedBusy`` if another runs.
+
+    ``adopt``: when the lock is held by the very re-embed in progress (its token is in the record), take it over
+    and re-send what is still pending (what `dpr reembed` run again does after Ctrl-C or a dead worker). The beat
+    passes False: a live run is left alone, and only a run whose lock expired is resumed."""
     from encoders.towers import load_towers
     from services.store import open_store
 
@@ -110,7 +116,7 @@ def submit_reembed(settings: Settings, *, model: str | None = None, gate: str | 
         if not lease.acquire():
             holder = lease.client.get(lease.key)  # type: ignore[attr-defined]
             holder = holder.decode() if isinstance(holder, bytes) else holder
-            if building is None or not building.lock_token or holder != building.lock_token:
+            if not adopt or building is None or not building.lock_token or holder != building.lock_token:
                 raise ReembedBusy(
                     f"another re-embed of {settings.collection!r} holds the lock ({lease.holder()}); wait for it "
                     "(`dpr status`) or let its lock expire"

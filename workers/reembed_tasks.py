@@ -159,7 +159,7 @@ def reembed_check_task(self: Task, collection: str | None = None) -> dict[str, A
         log.info("re-embed check: nothing to do", extra=decision)
         return decision
     try:
-        submitted = submit_reembed(settings)
+        submitted = submit_reembed(settings, adopt=False)
     except ReembedBusy as e:
         return {**decision, "submitted": False, "reason": str(e)}
     log.info("re-embed check: submitted", extra=submitted.to_json())
