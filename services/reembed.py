@@ -456,6 +456,13 @@ def verify(store: VectorStore, state: ReembedState) -> Verification:
     return Verification(ok, len(src), counted, missing, extra, stale, models)
 
 
+def _verified_by(d: Diff, state: ReembedState) -> Verification:
+    return Verification(
+        ok=d.clean, source_count=d.source_count, target_count=d.target_count, missing=0, extra=0, stale=0,
+        models=[state.model] if d.target_count else [],
+    )
+
+
 # --------------------------------------------------------------------------------------------------------------
 # finalize: gate, swap, record
 # --------------------------------------------------------------------------------------------------------------
@@ -565,8 +572,10 @@ def finalize(
             return ReembedResult(state=replace(state, status="active"), outcome="activated", copied=copied)
         if active_now != state.source:
             raise ReembedError(f"the source generation {state.source} stopped being active during the re-embed")
-        copied += len(catch_up(store, state, towers, sparse).stale)
-        verification = verify(store, state)
+        last = catch_up(store, state, towers, sparse)
+        copied += len(last.stale)
+        # a clean diff *is* the verification (same ids, hashes, one model); only re-scan after writing
+        verification = _verified_by(last, state) if last.clean else verify(store, state)
         if not verification.ok:
             save_state(store, replace(state, error=f"verification failed: {verification.to_json()}"))
             raise ReembedError(

@@ -207,7 +207,7 @@ def test_finalize_refuses_when_verification_fails(store: EdgeStore, monkeypatch:
     state = plan(store, V2, model_name="v2")
     import services.reembed as reembed
 
-    monkeypatch.setattr(reembed, "catch_up", lambda *a, **k: reembed.Diff())  # a broken copy
+    monkeypatch.setattr(reembed, "copy_batch", lambda *a, **k: 0)  # a copy that silently writes nothing
     with pytest.raises(ReembedError, match="failed verification"):
         finalize(store, state, V2, None)
     assert store.info().active.name == state.source
