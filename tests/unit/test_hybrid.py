@@ -1,0 +1,222 @@
+"""Hybrid tuning without a real model: grid, selection, dev-split refusals, the full tune over a real embedded store
+with hashing towers, and the stored choice picked up by ``services.query.resolve_request``."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from encoders import data as d
+from services.errors import CollectionNotFound, ConfigError
+from services.evaluation import dataset_documents
+from services.hybrid import FusionChoice, dev_split, fusion_grid, select_best, tune_hybrid, tuning_metrics
+from services.ingest import collection_spec, ingest_documents
+from services.query import QueryOptions, resolve_request
+from services.settings import Settings
+from services.sparse import default_embedder
+from services.store import open_store
+
+pytestmark = pytest.mark.unit
+
+
+class HashingTowers:
+    """A deterministic stand-in for the DPR towers: bag of hashed words, L2-normalised (shared words = similar)."""
+
+    fingerprint = "hash0000test0001"
+    dim = 64
+    similarity = "cosine"
+    max_passage_tokens = 200
+
+    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in re.finditer(r"\S+", text)]
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)  # (n, dim)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", t.lower()):
+                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
+            out[i] /= max(float(np.linalg.norm(out[i])), 1e-9)
+        return out
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        return self._encode(questions)
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
+        return self._encode(passages)
+
+
+TOPICS = ["volcano lava eruption", "honey bees pollen", "glacier ice melt", "tidal ocean waves", "desert sand dunes",
+          "rainforest canopy birds", "copper wire current", "bread yeast dough", "chess opening gambit",
+          "violin string bow", "comet tail orbit", "coral reef fish"]  # fmt: skip
+
+
+def write_beir(root: Path) -> Path:
+    folder = root / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    with gzip.open(folder / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i, topic in enumerate(TOPICS):
+            f.write(json.dumps({"_id": f"d{i}", "title": topic.split()[0], "text": f"A note about {topic}."}) + "\n")
+    queries, train, test = [], [], []
+    for i, topic in enumerate(TOPICS):
+        for j, word in enumerate(topic.split()):
+            qid = f"q{i}-{j}"
+            queries.append({"_id": qid, "text": f"what about {word}?"})
+            (test if j == 2 else train).append(f"{qid}\td{i}\t1")
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for name, rows in (("train", train), ("test", test)):
+        (folder / "qrels" / f"{name}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    return folder
+
+
+def write_squad(root: Path) -> Path:
+    articles = []
+    for i, topic in enumerate(TOPICS):
+        qas = [{"id": f"s{i}", "question": f"Which {topic.split()[1]}?", "answers": [{"text": topic.split()[0]}]}]
+        articles.append({"title": f"Article_{i}", "paragraphs": [{"context": f"The {topic} story.", "qas": qas}]})
+    path = root / "squad.json"
+    path.write_text(json.dumps({"data": articles}))
+    return path
+
+
+# --- grid and selection --------------------------------------------------------------------------------------------
+
+
+def test_grid_is_rrf_then_linear_weights() -> None:
+    grid = fusion_grid()
+    assert [c.rrf_k for c in grid if c.fusion == "rrf"] == [10, 30, 60, 100]
+    assert [c.linear_weight for c in grid if c.fusion == "linear"] == [i / 10 for i in range(11)]
+    assert all(c.candidates == 100 for c in grid) and len(grid) == 15
+    assert len(fusion_grid(rrf_ks=[60], weights=[0.5], candidates=[50, 200])) == 4
+    with pytest.raises(ConfigError):
+        fusion_grid(rrf_ks=[], weights=[])
+
+
+def test_select_best_metric_then_tie_breaker_then_grid_order() -> None:
+    a, b, c = FusionChoice("rrf", rrf_k=60), FusionChoice("linear", linear_weight=0.3), FusionChoice("linear")
+    assert (
+        select_best([(a, {"m": 0.5, "t": 0.1}), (b, {"m": 0.7, "t": 0.0}), (c, {"m": 0.6, "t": 0.9})], "m", "t")[0] == b
+    )
+    assert select_best([(a, {"m": 0.7, "t": 0.1}), (b, {"m": 0.7, "t": 0.2})], "m", "t")[0] == b
+    assert select_best([(a, {"m": 0.7, "t": 0.2}), (b, {"m": 0.7, "t": 0.2})], "m", "t")[0] == a
+    with pytest.raises(ConfigError):
+        select_best([], "m", "t")
+
+
+def test_tuning_metric_is_answer_accuracy_for_squad(tmp_path: Path) -> None:
+    assert tuning_metrics(d.load_squad(write_squad(tmp_path), "train")) == ("answer@20", "ndcg@10")
+    assert tuning_metrics(d.load_beir(write_beir(tmp_path), "train")) == ("ndcg@10", "recall@100")
+
+
+# --- dev split -----------------------------------------------------------------------------------------------------
+
+
+def test_dev_split_refuses_test(tmp_path: Path) -> None:
+    beir, squad = write_beir(tmp_path), write_squad(tmp_path)
+    with pytest.raises(ConfigError, match="refusing to tune on the test split"):
+        dev_split(beir, "beir", "test")
+    with pytest.raises(ConfigError, match="refusing to tune on the test split"):
+        dev_split(squad, "squad", "test")
+    with pytest.raises(ConfigError, match="train side of the article split"):
+        dev_split(squad, "squad", "all")
+
+
+def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> None:
+    beir = write_beir(tmp_path)
+    dev = dev_split(beir, "beir", "train", dev_queries=5)
+    train = d.load_beir(beir, "train")
+    test = d.load_beir(beir, "test")
+    assert len(dev.queries) == 5 and set(dev.queries) <= set(train.queries)
+    assert not set(dev.queries) & set(test.queries)
+    assert dev.queries == dev_split(beir, "beir", "train", dev_queries=5).queries  # deterministic
+    # the same held-out questions `dpr train` keeps out of training (seed 13)
+    assert sorted(dev.queries) == d.split_dev_queries(sorted(train.queries), 5, seed=13)[1]
+
+    squad = write_squad(tmp_path)
+    sdev = dev_split(squad, "squad", "train", dev_queries=3)
+    assert set(sdev.corpus) == set(d.load_squad(squad, "train").corpus)  # train-side paragraphs only
+    assert not set(sdev.corpus) & set(d.load_squad(squad, "test").corpus)
+
+
+# --- the whole tune over a real embedded store ----------------------------------------------------------------------
+
+
+def _settings(tmp_path: Path, collection: str = "mine") -> Settings:
+    return Settings(data_dir=tmp_path / "data", collection=collection)
+
+
+def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
+    beir, towers = write_beir(tmp_path), HashingTowers()
+    settings = _settings(tmp_path)
+    dev = dev_split(beir, "beir", "train", dev_queries=8)
+    target = open_store(settings)
+    try:
+        with pytest.raises(CollectionNotFound, match="ingest your documents first"):
+            tune_hybrid(dev, towers=towers, settings=settings, target=target)
+        # the user's collection holds other documents: tuning ingests the dev corpus into a temporary collection
+        target.ensure_collection(collection_spec(towers, sparse=True))
+        points: list[str] = []
+        result = tune_hybrid(
+            dev,
+            towers=towers,
+            settings=settings,
+            target=target,
+            workdir=tmp_path,
+            on_point=lambda n, m: points.append(n),
+        )
+        assert not result.reused_collection and result.tuned_on["corpus"] == "temporary collection"
+        assert points[:2] == ["dense", "bm25 (sparse)"] and len(points) == 17
+        assert result.dev_score == max(m["ndcg@10"] for _, m in result.grid)
+        assert list(tmp_path.glob("dpr-eval-*")) == []  # the temporary collection is gone
+
+        spec = target.info().active.spec  # type: ignore[union-attr]
+        assert spec.settings["mode"] == "hybrid"
+        tuned = spec.settings["hybrid"]
+        assert tuned["tuned_on"]["dataset"] == dev.name and tuned["tuned_on"]["queries"] == 8
+        assert {"dev_score", "dense_score", "sparse_score", "metric"} <= set(tuned)
+
+        request = resolve_request(spec, QueryOptions(k=5), target.alias)
+        choice = result.choice
+        assert (request.mode, request.fusion, request.candidates) == ("hybrid", choice.fusion, choice.candidates)
+        assert (request.rrf_k, request.linear_weight) == (choice.rrf_k, choice.linear_weight)
+        # explicit options still win over the tuned ones
+        forced = resolve_request(spec, QueryOptions(k=5, mode="dense", fusion="linear", linear_weight=0.2), "x")
+        assert (forced.mode, forced.fusion, forced.linear_weight) == ("dense", "linear", 0.2)
+    finally:
+        target.close()
+
+
+def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
+    beir, towers = write_beir(tmp_path), HashingTowers()
+    settings = _settings(tmp_path)
+    dev = dev_split(beir, "beir", "train", dev_queries=6)
+    target = open_store(settings)
+    try:
+        ingest_documents(dataset_documents(dev), store=target, towers=towers, chunking=settings.chunk,
+                         sparse=default_embedder())  # fmt: skip
+        result = tune_hybrid(dev, towers=towers, settings=settings, target=target, workdir=tmp_path)
+        assert result.reused_collection and result.tuned_on["corpus"] == "collection mine"
+        assert target.count() == len(TOPICS)  # nothing added, nothing deleted
+        assert target.info().active.spec.settings["hybrid"]["fusion"] == result.choice.fusion  # type: ignore[union-attr]
+    finally:
+        target.close()
+
+
+def test_tune_refuses_a_dense_only_collection(tmp_path: Path) -> None:
+    beir, towers = write_beir(tmp_path), HashingTowers()
+    settings = _settings(tmp_path)
+    target = open_store(settings)
+    try:
+        target.ensure_collection(collection_spec(towers, sparse=False))
+        with pytest.raises(ConfigError, match="dense-only"):
+            tune_hybrid(dev_split(beir, "beir"), towers=towers, settings=settings, target=target)
+        spec = target.info().active.spec  # type: ignore[union-attr]
+        with pytest.raises(ConfigError, match="dense-only"):
+            resolve_request(spec, QueryOptions(mode="hybrid"), target.alias)
+    finally:
+        target.close()
