@@ -320,7 +320,10 @@ def section_latency(args: argparse.Namespace, settings: Settings) -> dict[str, A
 
 def write_results(args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    sec = STATE["sections"]
+    sec = dict(STATE["sections"])
+    if args.merge and (RESULTS / "hybrid.json").is_file():  # sections another invocation ran (and only those)
+        others = json.loads((RESULTS / "hybrid.json").read_text())
+        sec = {**{k: v for k, v in others.items() if k not in sec}, **sec}
     lines = [
         "# Hybrid retrieval (dense + BM25 in one Qdrant collection): quality floors and latency",
         "",
@@ -333,6 +336,12 @@ def write_results(args: argparse.Namespace) -> Path:
         "are folded to documents by max score; depth 100 documents (300 chunk hits).",
         "",
     ]
+    runs = sorted({(v.get("started", ""), v.get("command", "")) for v in sec.values() if v.get("command")})
+    if len(runs) > 1:
+        lines += ["Sections came from these invocations of this script (same commit, run concurrently to fit the "
+                  "time budget on a shared 2-core machine):", ""]  # fmt: skip
+        lines += [f"- started {started}: `{command}`" for started, command in runs]
+        lines.append("")
     floors = [f for s in sec.values() for f in s.get("floors", [])]
     if floors:
         lines += ["## Floors", "", "| floor | value | bar | met |", "|---|---|---|---|"]
@@ -403,6 +412,7 @@ def main() -> int:
     ap.add_argument("--latency-docs", type=int, default=300)
     ap.add_argument("--points", type=int, default=50_000)
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--merge", action="store_true", help="keep the other sections already in results/hybrid.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if not DATA.is_dir():
@@ -420,6 +430,8 @@ def main() -> int:
         t0 = time.perf_counter()
         STATE["sections"][name] = globals()[f"section_{name}"](args, settings)
         STATE["sections"][name]["section_seconds"] = round(time.perf_counter() - t0)
+        STATE["sections"][name]["command"] = " ".join(["benchmarks/bench_hybrid.py", *sys.argv[1:]])
+        STATE["sections"][name]["started"] = STATE["started"]
         md = write_results(args)
         say(f"section {name} done in {time.perf_counter() - t0:.0f} s; wrote {md}")
     print()
