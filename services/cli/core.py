@@ -276,11 +276,35 @@ def status(
                   + ("" if data["model_matches"] else "  [red]differs: run `dpr reembed`[/]"))
     table.add_row("vectors", "-" if data["dim"] is None else
                   f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))
+    table.add_row("search", _describe_search(data["search_settings"], data["sparse"]))
     others = [g for g in data["generations"] if not g["active"]]
     table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
     console.print(table)
+
+
+def _describe_search(search: dict[str, Any], sparse: bool | None) -> str:
+    """The default query mode of the collection and, if `dpr tune-hybrid` ran, what it chose and on what."""
+    if sparse is None:
+        return "-"
+    if not sparse:
+        return "dense only: no BM25 vectors, so --mode sparse|hybrid are refused"
+    hybrid = search.get("hybrid") or {}
+    mode = search.get("mode") or "dense"
+    if not hybrid:
+        return f"default mode {mode}; hybrid untuned (rrf k=60); tune with `dpr tune-hybrid DATA`"
+    if hybrid.get("fusion") == "rrf":
+        fusion = f"rrf k={hybrid.get('rrf_k')}"
+    else:
+        fusion = f"linear, dense weight {hybrid.get('linear_weight')}"
+    on = hybrid.get("tuned_on") or {}
+    metric = hybrid.get("metric", "score")
+    return (
+        f"default mode {mode}; {fusion}, {hybrid.get('candidates')} candidates per branch; tuned on "
+        f"{on.get('dataset', '?')} ({on.get('queries', '?')} dev questions): {metric} {hybrid.get('dev_score')} "
+        f"(dense {hybrid.get('dense_score')}, bm25 {hybrid.get('sparse_score')})"
+    )
 
 
 def delete(
