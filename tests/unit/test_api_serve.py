@@ -7,17 +7,24 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.api.app import SERVE_IDLE_RELEASE, serving_settings
+from services.api.app import SERVE_IDLE_RELEASE, SERVE_TORCH_THREADS, serving_settings
 from services.cli.main import app
 from services.settings import EdgeSettings, Settings
 
 pytestmark = pytest.mark.unit
 
 
-def test_serving_keeps_the_embedded_shard_open_between_requests(tmp_path: Path) -> None:
+def test_serving_defaults(tmp_path: Path) -> None:
     default = Settings(data_dir=tmp_path)
-    assert serving_settings(default).edge.idle_release == SERVE_IDLE_RELEASE
-    assert default.edge.idle_release == 0.5  # the CLI's own settings object is not changed
+    served = serving_settings(default)
+    assert served.edge.idle_release == SERVE_IDLE_RELEASE  # the shard stays open between requests
+    assert served.encoder.threads == SERVE_TORCH_THREADS  # parallel requests, not intra-op threads
+    assert (default.edge.idle_release, default.encoder.threads) == (0.5, None)  # the CLI's object is unchanged
+
+
+def test_serving_respects_explicit_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPR_ENCODER__THREADS", "2")
+    assert serving_settings(Settings(data_dir=tmp_path)).encoder.threads == 2
 
 
 def test_serving_respects_an_explicit_idle_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,7 +35,7 @@ def test_serving_respects_an_explicit_idle_release(tmp_path: Path, monkeypatch: 
 
 def test_serving_leaves_the_server_store_alone(tmp_path: Path) -> None:
     server = Settings(data_dir=tmp_path, qdrant_url="http://qdrant:6333")
-    assert serving_settings(server) is server
+    assert serving_settings(server).edge == server.edge
 
 
 def test_serve_rejects_a_bad_port() -> None:
