@@ -313,7 +313,7 @@ def main() -> int:
         "ratios, not promises.",
         "On a machine this oversubscribed, a separate server process gets its own share of the CPU, so the HTTP "
         "rows can come out *faster* than the in-process ones: read the HTTP cost as 'not measurable above the "
-        "noise here' (the unloaded in-process question encode is ~10-25 ms, the 50k exact scan a few ms), not as "
+        "noise here' (the unloaded in-process question encode is ~10-25 ms, the 50k exact scan ~10 ms), not as "
         "a speed-up.",
     ]
     text = "\n".join(lines) + "\n"
