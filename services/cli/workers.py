@@ -26,7 +26,9 @@ def worker(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", min=1, help="Pool processes (default: the CPU count).")
     ] = None,
-    queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")] = "ingest,reembed",
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")
+    ] = "ingest,reembed",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug | info | warning | error")] = "info",
     name: Annotated[str | None, typer.Option("--name", "-n", help="Node name (default: dpr-<pid>@<host>).")] = None,
 ) -> None:
