@@ -5,12 +5,17 @@ Everything is lazy and cached per process, so a worker loads its model once and 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cached_property
+from typing import Protocol
 
-from encoders.towers import SentenceTransformerTowers, configure_threads, load_towers
-from services.ingest import SparseEncoder
+from encoders.towers import DualEncoder, SentenceTransformerTowers, configure_threads, load_towers
+from services.documents import Item
+from services.ingest import IngestReport, ProgressFn, SparseEncoder, delete_documents, ingest_documents
 from services.locks import WriteFence
+from services.query import QueryOptions, search
 from services.settings import Settings
+from services.store.points import Hit
 from services.store.protocol import VectorStore
 
 
@@ -66,3 +71,59 @@ class Runtime:
     def close(self) -> None:
         if "store" in self.__dict__:
             self.store.close()
+
+
+class Parts(Protocol):
+    """What the shared entry points below need: a ``Runtime``, or a wrapper around one (the API's)."""
+
+    @property
+    def towers(self) -> DualEncoder: ...
+
+    @property
+    def sparse(self) -> SparseEncoder: ...
+
+    @property
+    def store(self) -> VectorStore: ...
+
+    @property
+    def fence(self) -> WriteFence: ...
+
+    def towers_for(self, fingerprint: str) -> DualEncoder: ...
+
+
+# The one wiring of ingest / query / delete that the CLI, the HTTP API and the workers share.
+
+
+def run_ingest(
+    parts: Parts,
+    settings: Settings,
+    items: Iterable[Item],
+    *,
+    job: str | None = None,
+    progress: ProgressFn | None = None,
+) -> IngestReport:
+    return ingest_documents(
+        items,
+        store=parts.store,
+        towers=parts.towers,
+        chunking=settings.chunk,
+        sparse=parts.sparse,
+        batch_size=settings.encoder.batch_size,
+        batch_documents=settings.celery.batch_documents,
+        batch_bytes=settings.celery.batch_bytes,
+        job=job,
+        progress=progress,
+        fence=parts.fence,
+        towers_for=parts.towers_for,
+    )
+
+
+def run_search(parts: Parts, question: str, options: QueryOptions) -> list[Hit]:
+    return search(
+        question, store=parts.store, towers=parts.towers, options=options, sparse=parts.sparse,
+        towers_for=parts.towers_for,
+    )
+
+
+def run_delete(parts: Parts, doc_ids: Iterable[str]) -> int:
+    return delete_documents(doc_ids, store=parts.store, fence=parts.fence)

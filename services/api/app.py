@@ -5,7 +5,7 @@ Same settings object, same code paths as the CLI:
   for uploads, exactly as ``dpr ingest`` reads JSONL and files) and hands the items to the job backend:
   ``workers.dispatch.submit_ingest`` with a broker, else ``services.ingest.ingest_documents`` on a background
   thread (``services.api.jobs``). Either way: 202 and a job id.
-- POST /v1/search calls ``services.query.search``; DELETE calls ``services.ingest.delete_documents``.
+- POST /v1/search and DELETE go through ``services.runtime.run_search`` / ``run_delete``, as the CLI does.
 One ``Runtime`` per process: the towers load once (in the background at start-up; /readyz waits for them).
 Store calls are serialised in this process (a client that is not thread-safe, and the embedded engine's lease
 that other processes take turns on, see ``services/store/edge.py``).
@@ -42,9 +42,9 @@ from services.api.metrics import CONTENT_TYPE_LATEST, ApiMetrics
 from services.api.middleware import BodyLimit, HttpMetrics
 from services.documents import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.errors import DocumentError
-from services.ingest import delete_documents
 from services.locks import NoFence
-from services.query import QueryOptions, search
+from services.query import QueryOptions
+from services.runtime import run_delete, run_search
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -330,10 +330,7 @@ def create_app(
         )
         t0 = time.perf_counter()
         with metrics.time_query(body.mode or "default"):
-            hits = search(
-                body.question, store=services.store, towers=services.towers, options=options, sparse=services.sparse,
-                towers_for=services.towers_for,
-            )
+            hits = run_search(services, body.question, options)
         return {"hits": _hits_json(hits), "took_ms": round((time.perf_counter() - t0) * 1000, 3)}
 
     @router.delete(
@@ -342,7 +339,7 @@ def create_app(
     def delete_document(doc_id: str) -> dict[str, Any]:
         if not doc_id or len(doc_id) > 512:
             raise ApiError(404, "not_found", "no such document; ids are 1-512 characters")
-        removed = delete_documents([doc_id], store=services.store, fence=services.fence)
+        removed = run_delete(services, [doc_id])
         if removed == 0:
             raise ApiError(404, "not_found", f"document {doc_id!r} has no passages in collection "
                            f"{settings.collection!r}; check the id (GET a search hit's doc_id)")

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from services.documents import Document, Item
 from services.errors import DprError
-from services.ingest import IngestReport, batched_items, ingest_documents, new_job_id
+from services.ingest import IngestReport, batched_items, new_job_id
+from services.runtime import run_ingest
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -140,23 +141,8 @@ class LocalJobs:
             if self.on_batch is not None:
                 self.on_batch(part)
 
-        s = self.settings
-        rt = self.runtime
         try:
-            report = ingest_documents(
-                items,
-                store=rt.store,
-                towers=rt.towers,
-                chunking=s.chunk,
-                sparse=rt.sparse,
-                batch_size=s.encoder.batch_size,
-                batch_documents=s.celery.batch_documents,
-                batch_bytes=s.celery.batch_bytes,
-                job=job,
-                progress=progress,
-                fence=rt.fence,
-                towers_for=rt.towers_for,
-            )
+            report = run_ingest(self.runtime, self.settings, items, job=job, progress=progress)
         except DprError as e:
             log.warning("ingest job failed", extra={"job": job, "error": str(e)})
             self._fail(job, type(e).__name__, str(e))

@@ -14,9 +14,9 @@ from rich.table import Table
 from services.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
 from services.documents import iter_documents
 from services.errors import ConfigError
-from services.ingest import IngestReport, delete_documents, ingest_documents
-from services.query import QueryOptions, search
-from services.runtime import Runtime
+from services.ingest import IngestReport
+from services.query import QueryOptions
+from services.runtime import Runtime, run_delete, run_ingest, run_search
 from services.settings import Settings
 
 
@@ -76,18 +76,7 @@ def ingest(
 def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> IngestReport:
     s = runtime.settings
     if not show_progress:
-        return ingest_documents(
-            items,
-            store=runtime.store,
-            towers=runtime.towers,
-            chunking=s.chunk,
-            sparse=runtime.sparse,
-            batch_size=s.encoder.batch_size,
-            batch_documents=s.celery.batch_documents,
-            batch_bytes=s.celery.batch_bytes,
-            fence=runtime.fence,
-            towers_for=runtime.towers_for,
-        )
+        return run_ingest(runtime, s, items)
     columns = (
         TextColumn("[bold]ingest[/]"),
         BarColumn(),
@@ -106,19 +95,7 @@ def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> Ing
             totals["done"] += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
             progress.update(task, completed=totals["done"], chunks=totals["chunks"], failed=totals["failed"])
 
-        report = ingest_documents(
-            materialised,
-            store=runtime.store,
-            towers=runtime.towers,
-            chunking=s.chunk,
-            sparse=runtime.sparse,
-            batch_size=s.encoder.batch_size,
-            batch_documents=s.celery.batch_documents,
-            batch_bytes=s.celery.batch_bytes,
-            fence=runtime.fence,
-            towers_for=runtime.towers_for,
-            progress=on_batch,
-        )
+        report = run_ingest(runtime, s, materialised, progress=on_batch)
         progress.update(task, completed=len(materialised))
     return report
 
@@ -204,10 +181,7 @@ def query(
         )
         runtime = Runtime(settings)
         try:
-            hits = search(
-                text, store=runtime.store, towers=runtime.towers, options=options, sparse=runtime.sparse,
-                towers_for=runtime.towers_for,
-            )
+            hits = run_search(runtime, text, options)
         finally:
             runtime.close()
     if as_json:
@@ -318,7 +292,7 @@ def delete(
     with cli_errors():
         runtime = Runtime(settings)
         try:
-            removed = delete_documents(doc_ids, store=runtime.store, fence=runtime.fence)
+            removed = run_delete(runtime, doc_ids)
         finally:
             runtime.close()
     if as_json:
