@@ -83,7 +83,21 @@ def _train_labelled(
     return result.name, info
 
 
+def _card_summary(settings: Settings, model: str) -> dict[str, Any]:
+    """What an already trained model's card says about its training (for models passed with --*-model)."""
+    from encoders.towers import read_model_card, resolve_model_path
+
+    path, name = resolve_model_path(model, settings.models_dir)
+    card = read_model_card(path)
+    keys = ("name", "towers", "training_data", "hyperparameters", "train_seconds", "steps", "dev_metrics")
+    return {"model": name, **{k: card.get(k) for k in keys}}
+
+
 def _report(report: EvalReport, section: str, sub: str = "") -> dict[str, Any]:
+    # The trained model runs first (the base model's retrieval may come from the cache a --warm-base run is
+    # filling); tables read bm25, base, trained.
+    order = {"bm25": 0, "base": 1}
+    report.results.sort(key=lambda r: order.get(r.system, 2))
     print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")
     print(report.to_markdown_table(), flush=True)
     write_report(report, RESULTS / "quality" / (section + (f"-{sub}" if sub else "")))
@@ -96,8 +110,10 @@ def section_scifact(settings: Settings, args: argparse.Namespace) -> dict[str, A
     if model is None:
         full = d.load_beir(DATA / "beir-scifact", "train")
         model, out["training"] = _train_labelled(full, settings, "scifact", None, RECIPE["epochs"])  # type: ignore[arg-type]
+    else:
+        out["training"] = _card_summary(settings, model)
     test = d.load_beir(DATA / "beir-scifact", "test")
-    report = compare_systems(test, settings=settings, models=["base", model], cache_dir=CACHE)
+    report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "scifact")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
     trained = m[f"trained:{model}"]
@@ -118,7 +134,7 @@ def section_squad(settings: Settings, args: argparse.Namespace) -> dict[str, Any
         full = d.load_squad(path, "train")
         model, out["training"] = _train_labelled(full, settings, "squad", args.squad_pairs, 1.0)
     test = d.load_squad(path, "test")
-    report = compare_systems(test, settings=settings, models=["base", model], cache_dir=CACHE)
+    report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "squad")
     return out
 
@@ -129,16 +145,19 @@ def section_selfsup(settings: Settings, args: argparse.Namespace) -> dict[str, A
     if model is None:
         corpus = d.load_corpus_any(DATA / "beir-scifact")
         pairs = self_supervised_pairs(list(corpus.values()), "both", seed=0, max_pairs=args.selfsup_pairs)
-        pairs = mine_hard_negatives(pairs, BM25Index(list(corpus.values())), corpus, MINING)
+        if args.selfsup_negatives:
+            mining = MiningConfig(num_negatives=args.selfsup_negatives, rank_start=0, rank_end=30)
+            pairs = mine_hard_negatives(pairs, BM25Index(list(corpus.values())), corpus, mining)
         config = TrainConfig(name="scifact-selfsup", **{**RECIPE, "epochs": 1.0, "learning_rate": 1e-5})  # type: ignore[arg-type]
         t0 = time.perf_counter()
         result = train(pairs, settings.models_dir, config, corpus=corpus, progress=_progress,
                        data_info={"dataset": "beir-scifact corpus (no labels)", "self_supervised": "both"})  # fmt: skip
         model = result.name
-        out["training"] = {"model": model, "pairs": len(pairs), "train_wall_s": round(time.perf_counter() - t0),
+        out["training"] = {"model": model, "pairs": len(pairs), "hard_negatives": args.selfsup_negatives,
+                           "train_wall_s": round(time.perf_counter() - t0),
                            "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
     test = d.load_beir(DATA / "beir-scifact", "test")
-    report = compare_systems(test, settings=settings, models=["base", model], bm25=True, cache_dir=CACHE)
+    report = compare_systems(test, settings=settings, models=[model, "base"], bm25=True, cache_dir=CACHE)
     out["test"] = _report(report, "selfsup")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
     out["floor"] = {"selfsup": m[f"trained:{model}"], "base": m["base"], "pass": m[f"trained:{model}"] >= m["base"]}
@@ -153,7 +172,7 @@ def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, 
     out: dict[str, Any] = {}
     for name in ("cranfield", "cisi"):
         ds = d.load_beir(DATA / name, "test")
-        report = compare_systems(ds, settings=settings, models=["base", args.scifact_model], cache_dir=CACHE)
+        report = compare_systems(ds, settings=settings, models=[args.scifact_model, "base"], cache_dir=CACHE)
         out[name] = _report(report, "zeroshot", name)
     return out
 
@@ -214,7 +233,8 @@ def main() -> None:
     parser.add_argument(
         "--warm-base", action="store_true", help="Only evaluate the base model (fills the cache) on every test set."
     )
-    parser.add_argument("--selfsup-pairs", type=int, default=1500, help="Cap on self-supervised pairs.")
+    parser.add_argument("--selfsup-pairs", type=int, default=1000, help="Cap on self-supervised pairs.")
+    parser.add_argument("--selfsup-negatives", type=int, default=0, help="BM25 negatives per self-supervised pair.")
     args = parser.parse_args()
     if not DATA.is_dir():
         raise SystemExit(f"needs ../shared/data beside the repo ({DATA} is missing)")
