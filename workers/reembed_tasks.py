@@ -80,7 +80,11 @@ def reembed_batch_task(
     return {"batch": batch_id, "state": "done", "passages": n}
 
 
-@shared_task(name=FINALIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+# max_retries=None on the task itself: Celery's retry(max_retries=None) means "the task's default" (3), and the
+# finalize task polls (retries) until the batches are done, however long that takes under load.
+@shared_task(
+    name=FINALIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=None
+)
 def reembed_finalize_task(
     self: Task, target: str, collection: str | None = None, gate: str | None = None
 ) -> dict[str, Any]:

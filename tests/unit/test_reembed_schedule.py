@@ -61,3 +61,13 @@ def test_the_check_starts_a_reembed_only_when_the_active_model_differs(tmp_path:
         assert check_needed(settings)["needed"] is False
     finally:
         store.close()
+
+
+def test_the_finalize_task_may_poll_for_as_long_as_the_batches_take() -> None:
+    # Celery's retry(max_retries=None) falls back to the task's max_retries (default 3): the finalize task polls
+    # by retrying, so under load it gave up after 3 polls and the re-embed never finished.
+    from workers.app import create_app
+    from workers.reembed_tasks import FINALIZE_TASK
+
+    app = create_app(Settings(broker_url="redis://127.0.0.1:1/0"))
+    assert app.tasks[FINALIZE_TASK].max_retries is None
