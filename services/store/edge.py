@@ -104,6 +104,7 @@ _UPSERT_BATCH = 512
 _SCAN_BATCH = 1024
 _POLL_MIN, _POLL_MAX = 0.005, 0.05  # seconds between flock attempts while waiting
 _MIN_FAIR_SHARE = 0.25  # seconds a busy holder keeps the lease before yielding to a waiter
+_HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to take the lock
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -205,9 +206,13 @@ class _Lease:
 
     # -- internals ----------------------------------------------------------------------------------------
     def _acquire(self, lock_timeout: float) -> None:
-        now = time.monotonic()
-        if now < self._yield_until:  # we just yielded to a waiter: let it take its turn first
-            time.sleep(self._yield_until - now)
+        # We just yielded to a waiter: let it take its turn first. It records its pid in the lock file when it
+        # gets the lock; until then (or until the hand-off window closes, if it gave up) we stay out of its way.
+        # A fixed pause was not enough on a loaded machine: the waiter was not scheduled in time and the busy
+        # holder took the lock straight back, again and again.
+        mine = f"pid {os.getpid()} "
+        while time.monotonic() < self._yield_until and self._holder().startswith(mine):
+            time.sleep(_POLL_MIN)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + lock_timeout
         delay = _POLL_MIN
@@ -262,7 +267,7 @@ class _Lease:
         elif self._last_used - self._acquired_at > max(idle_release, _MIN_FAIR_SHARE) and self._someone_waiting():
             log.debug("yielding the edge lock to a waiting process", extra={"lock": str(self.lock_path)})
             self._release_locked()
-            self._yield_until = time.monotonic() + 2 * _POLL_MAX
+            self._yield_until = time.monotonic() + _HANDOFF_WINDOW
         elif self._timer is None:
             self._start_timer(idle_release)
 
