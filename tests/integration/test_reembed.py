@@ -138,19 +138,22 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
     cluster: Cluster, tmp_path: Path
 ) -> None:
     folder = tmp_path / "corpus"
-    write_corpus(folder, 24)
+    write_corpus(folder, 48)
+    # Many small batches, so that the kill below lands while most of them are still to do (with a handful of
+    # batches a fast run finished, swapped included, before the kill).
+    cluster.env["DPR_REEMBED__BATCH_SIZE"] = "3"
     victim = start_worker(cluster)
     assert cluster.dpr_json("ingest", str(folder), "--collection", "k", "--wait")["failed"] == []
     before = snapshot(cluster, "k")
     source = before["active"]
     source_ids = before["generations"][source]["ids"]
-    assert len(source_ids) >= 24
+    assert len(source_ids) >= 48
 
     first = cluster.dpr_json("reembed", "--model", "v2", "--collection", "k")
     assert first["outcome"] == "submitted" and first["source"] == source and first["batches"] >= 4
     target = first["target"]
     progress = Progress(__import__("redis").Redis.from_url(cluster.broker_url), "k", target)
-    wait_until(lambda: progress.counts()[0] >= 2, 180, "two re-embed batches to finish")
+    wait_until(lambda: progress.counts()[0] >= 2, 180, "two re-embed batches to finish", interval=0.02)
     victim.kill()  # SIGKILL mid re-embed: a batch in flight, more queued
     during = snapshot(cluster, "k")
     assert during["active"] == source, "the alias moved before the new generation was complete"
