@@ -218,6 +218,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 vals = " | ".join(f"{sys_res['metrics'][n]:.3f}" for n in names)
                 lines.append(f"| {system} | {vals} | {sys_res['seconds']} |")
             lines.append("")
+        for note in res.get("notes", []):
+            lines += [f"- {note}", ""]
         if "floor" in res:
             lines += [f"Floor: `{json.dumps(res['floor'])}`", ""]
         if "training" in res:
