@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_cluster import DPR, Cluster, Worker
+from worker_cluster import DPR, Cluster, Worker, wait_until
 
 from services.runtime import Runtime
 from services.settings import Settings
@@ -63,26 +63,8 @@ def install_model(cluster: Cluster, model: Path) -> None:
     (models / "v2").symlink_to(model, target_is_directory=True)
 
 
-def start_worker(cluster: Cluster, queues: str = "ingest,reembed", ready_timeout: float = 120) -> Worker:
-    """Like ``Cluster.start_worker`` but also consuming the ``reembed`` queue."""
-    n = len(cluster.workers)
-    name = f"rw{n}-{os.getpid()}@localhost"
-    log = cluster.root / f"worker-{n}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [DPR, "worker", "--concurrency", "1", "--name", name, "--loglevel", "info", "--queues", queues],
-            env=cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cluster.root,
-        )
-    worker = Worker(name=name, process=process, log=log)
-    cluster.workers.append(worker)
-    deadline = time.monotonic() + ready_timeout
-    while " ready." not in worker.log_text():
-        if not worker.alive():
-            raise RuntimeError(f"worker {name} exited:\n{worker.log_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"worker {name} not ready:\n{worker.log_text()[-4000:]}")
-        time.sleep(0.1)
-    return worker
+def start_worker(cluster: Cluster, queues: str = "ingest,reembed") -> Worker:
+    return cluster.start_worker(queues=queues)
 
 
 def settings_of(cluster: Cluster, collection: str) -> Settings:
@@ -106,16 +88,6 @@ def snapshot(cluster: Cluster, collection: str) -> dict[str, Any]:
         return {"active": info.active.name if info.active else None, "generations": gens}
     finally:
         store.close()
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_for_reembed(settings: Settings, target: str, timeout: float = 300) -> dict[str, Any]:

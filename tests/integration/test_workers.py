@@ -7,13 +7,12 @@ encodes ~25 passages/s on this machine.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_cluster import Cluster
+from worker_cluster import Cluster, wait_until
 
 from services.documents import Document, iter_documents
 from services.ingest import chunk_document
@@ -159,16 +158,6 @@ def test_a_changed_document_loses_its_stale_chunks(shared_cluster: Cluster, tmp_
     assert len(texts) == 1 and "A single short sentence replaces the whole note." in texts[0]
 
 
-def _wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_worker_killed_mid_batch_redelivers_and_every_passage_is_stored_once(
     make_cluster: Callable[[], Cluster], tmp_path: Path, base_towers: Any
 ) -> None:
@@ -189,7 +178,7 @@ def test_worker_killed_mid_batch_redelivers_and_every_passage_is_stored_once(
         running = sorted(set(started) - set(batches))
         return running[0] if running else None
 
-    in_flight = _wait_for(batch_in_flight, 120, "a batch to be started after the first one finished")
+    in_flight = wait_until(batch_in_flight, 120, "a batch to be started after the first one finished", interval=0.02)
     victim.kill()
     _, batches, _ = jobs.raw(job)
     assert in_flight not in batches, "the batch finished before the SIGKILL landed"

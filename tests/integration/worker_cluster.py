@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,16 @@ class Cluster:
     env: dict[str, str]
     workers: list[Worker] = field(default_factory=list)
 
-    def start_worker(self, concurrency: int = 1, ready_timeout: float = 120.0) -> Worker:
+    def start_worker(
+        self, concurrency: int = 1, ready_timeout: float = 120.0, queues: str = "ingest,reembed"
+    ) -> Worker:
         n = len(self.workers)
         name = f"w{n}-{os.getpid()}@localhost"
         log = self.root / f"worker-{n}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [DPR, "worker", "--concurrency", str(concurrency), "--name", name, "--loglevel", "info"],
+                [DPR, "worker", "--concurrency", str(concurrency), "--name", name, "--loglevel", "info",
+                 "--queues", queues],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
             )
         worker = Worker(name=name, process=process, log=log)
@@ -201,3 +204,14 @@ def cluster_env(broker_url: str, data_dir: Path) -> dict[str, str]:
     return env
 
 
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll ``condition`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
