@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/dpr query "$(DEMO_QUESTION)" -k 5
 
 test: $(STAMP)
-	$(BIN)/ruff check services workers encoders tests benchmarks
+	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
 	$(BIN)/pytest -m "unit or integration" -q
 
 test-unit: $(STAMP)
@@ -41,7 +41,7 @@ test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check services workers encoders tests benchmarks
+	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

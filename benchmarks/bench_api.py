@@ -46,7 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from services.api.app import serving_settings  # noqa: E402
+from entrypoints.api.app import serving_settings  # noqa: E402
 from services.documents import Document  # noqa: E402
 from services.ingest import chunk_document, collection_spec  # noqa: E402
 from services.query import QueryOptions, search  # noqa: E402
@@ -229,7 +229,7 @@ def main() -> int:
     questions = load_questions(args.queries)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
-        # The store stays open between searches, here as in `dpr serve` (services.api.app.serving_settings)
+        # The store stays open between searches, here as in `dpr serve` (entrypoints.api.app.serving_settings)
         settings = serving_settings(Settings(data_dir=Path(tmp) / "dpr"))
         runtime = Runtime(settings)
         built = build_store(runtime, load_docs(args.docs), args.points)
@@ -303,7 +303,7 @@ def main() -> int:
         f"{built['per_core_pps']:.1f} passages/s on 1 thread (per core); store upsert {built['upsert_pps']:,.0f} "
         f"points/s. `dpr serve` ready (model loaded) {ready_s:.1f} s after start.",
         "",
-        "Every row but the first runs as `dpr serve` does (`services.api.app.serving_settings`): 1 torch thread "
+        "Every row but the first runs as `dpr serve` does (`entrypoints.api.app.serving_settings`): 1 torch thread "
         "per question (parallelism comes from concurrent requests) and the embedded shard kept open between "
         "requests.",
         "HTTP clients run in the benchmarking process on the same 2 cores as the server; the difference between "

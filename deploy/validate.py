@@ -83,7 +83,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def dpr_commands() -> set[str]:
-    from services.cli.main import app
+    from entrypoints.cli.main import app
 
     return {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
 
@@ -148,7 +148,7 @@ def check_compose(path: Path, commands: set[str]) -> list[str]:
         problems.append(f"{where}: services.beat must run exactly one replica")
     api_health = " ".join(map(str, ((services.get("api") or {}).get("healthcheck") or {}).get("test") or []))
     if "/readyz" not in api_health:
-        problems.append(f"{where}: services.api.healthcheck must probe /readyz")
+        problems.append(f"{where}: entrypoints.api.healthcheck must probe /readyz")
     return problems
 
 

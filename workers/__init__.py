@@ -1,4 +1,4 @@
 """Celery side of dpr-ingest: the app (built from Settings at start), thin tasks, and the submitter.
 
-Nothing in ``services/`` imports this package; ``services.cli`` imports it lazily when a broker is configured.
+Nothing in ``services/`` imports this package; ``entrypoints.cli`` imports it lazily when a broker is configured.
 """

@@ -17,7 +17,7 @@ from api_server import LiveServer, wait_job, wait_ready
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 
-from services.api.app import create_app
+from entrypoints.api.app import create_app
 from services.runtime import Runtime
 from services.settings import ApiSettings, ChunkSettings, Settings
 

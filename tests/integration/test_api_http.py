@@ -11,7 +11,7 @@ import pytest
 from api_server import LiveServer, ServeProcess, wait_job, wait_ready
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.api.app import create_app
+from entrypoints.api.app import create_app
 from services.runtime import Runtime
 from services.settings import Settings
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from services.cli.main import app
+from entrypoints.cli.main import app
 from services.documents import Document
 from services.errors import ConfigError
 from services.ingest import ingest_documents

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from services.cli.main import app
+from entrypoints.cli.main import app
 from services.documents import Document, iter_documents
 from services.errors import ModelMismatch
 from services.ingest import chunk_document, ingest_documents

@@ -140,7 +140,7 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from services.cli.main import app
+    from entrypoints.cli.main import app
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("\n".join(json.dumps({"question": p.question, "passage": p.positive}) for p in _pairs()) + "\n")

@@ -10,7 +10,7 @@ from api_fakes import FakeRuntime
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.api.app import create_app
+from entrypoints.api.app import create_app
 from services.settings import Settings
 
 pytestmark = pytest.mark.unit

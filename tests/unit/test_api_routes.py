@@ -15,7 +15,7 @@ import pytest
 from api_fakes import FakeRuntime, HashTowers
 from fastapi.testclient import TestClient
 
-from services.api.app import create_app
+from entrypoints.api.app import create_app
 from services.errors import StoreUnavailable
 from services.settings import ApiSettings, Settings
 

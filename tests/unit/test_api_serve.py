@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.api.app import SERVE_IDLE_RELEASE, SERVE_TORCH_THREADS, serving_settings
-from services.cli.main import app
+from entrypoints.api.app import SERVE_IDLE_RELEASE, SERVE_TORCH_THREADS, serving_settings
+from entrypoints.cli.main import app
 from services.settings import EdgeSettings, Settings
 
 pytestmark = pytest.mark.unit

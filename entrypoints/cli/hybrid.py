@@ -9,8 +9,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail
-from services.cli.core import _with_collection
+from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail
+from entrypoints.cli.core import _with_collection
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def tune_hybrid_command(
     """
     from encoders.data import DataError
     from encoders.towers import load_towers
-    from services.cli.train import _detect_format
+    from entrypoints.cli.train import _detect_format
     from services.errors import ModelMismatch
     from services.hybrid import check_target, dev_split, tune_hybrid, tuning_metrics
     from services.runtime import Runtime

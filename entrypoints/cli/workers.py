@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from services.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
 
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 

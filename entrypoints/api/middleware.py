@@ -7,7 +7,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.metrics import ApiMetrics
+from entrypoints.api.metrics import ApiMetrics
 
 
 class _BodyTooLarge(Exception):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli.common import cli_errors, console, fail, get_settings
+from entrypoints.cli.common import cli_errors, console, fail, get_settings
 from services.settings import Settings
 
 
@@ -33,7 +33,7 @@ def serve(
         fail(f"--port {api.port} is out of range; use 1..65535", code=2)
     if api.workers < 1:
         fail(f"--workers {api.workers} must be at least 1", code=2)
-    from services.api.app import serving_settings
+    from entrypoints.api.app import serving_settings
 
     settings = serving_settings(settings.model_copy(update={"api": api}))
     if api.workers > 1 and settings.store_backend == "edge" and not settings.broker_url:
@@ -45,14 +45,14 @@ def serve(
 
     with cli_errors():
         if api.workers == 1:
-            from services.api.app import create_app
+            from entrypoints.api.app import create_app
 
             uvicorn.run(create_app(settings), host=api.host, port=api.port, log_level=log_level)
             return
         # Several processes: uvicorn imports the app factory in each one; settings travel as DPR_* variables.
         os.environ.update(_settings_env(settings))
         uvicorn.run(
-            "services.api.app:app_from_env", factory=True, host=api.host, port=api.port, workers=api.workers,
+            "entrypoints.api.app:app_from_env", factory=True, host=api.host, port=api.port, workers=api.workers,
             log_level=log_level,
         )
 

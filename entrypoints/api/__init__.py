@@ -13,6 +13,6 @@ __all__ = ["create_app"]
 
 
 def create_app(settings: Settings, **kwargs: Any) -> FastAPI:
-    from services.api.app import create_app as _create_app
+    from entrypoints.api.app import create_app as _create_app
 
     return _create_app(settings, **kwargs)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from services.cli import core
-from services.cli.common import load_settings
+from entrypoints.cli import core
+from entrypoints.cli.common import load_settings
 
 app = typer.Typer(
     name="dpr",
@@ -40,11 +40,11 @@ def _register_optional() -> None:
     import importlib
 
     for module in (
-        "services.cli.train",
-        "services.cli.workers",
-        "services.cli.lifecycle",
-        "services.cli.serve",
-        "services.cli.hybrid",
+        "entrypoints.cli.train",
+        "entrypoints.cli.workers",
+        "entrypoints.cli.lifecycle",
+        "entrypoints.cli.serve",
+        "entrypoints.cli.hybrid",
     ):
         try:
             mod = importlib.import_module(module)

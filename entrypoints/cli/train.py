@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from services.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
 from services.documents import iter_documents
 from services.errors import ConfigError
 from services.ingest import IngestReport

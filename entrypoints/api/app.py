@@ -4,7 +4,7 @@ Same settings object, same code paths as the CLI:
 - POST /v1/documents parses with ``services.documents`` (``parse_json_row`` for JSON batches, ``iter_documents``
   for uploads, exactly as ``dpr ingest`` reads JSONL and files) and hands the items to the job backend:
   ``workers.dispatch.submit_ingest`` with a broker, else ``services.ingest.ingest_documents`` on a background
-  thread (``services.api.jobs``). Either way: 202 and a job id.
+  thread (``entrypoints.api.jobs``). Either way: 202 and a job id.
 - POST /v1/search and DELETE go through ``services.runtime.run_search`` / ``run_delete``, as the CLI does.
 One ``Runtime`` per process: the towers load once (in the background at start-up; /readyz waits for them).
 Store calls are serialised in this process (a client that is not thread-safe, and the embedded engine's lease
@@ -35,11 +35,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
-from services.api import schemas
-from services.api.errors import ApiError, install_error_handlers
-from services.api.jobs import BrokerJobs, JobBackend, LocalJobs
-from services.api.metrics import CONTENT_TYPE_LATEST, ApiMetrics
-from services.api.middleware import BodyLimit, HttpMetrics
+from entrypoints.api import schemas
+from entrypoints.api.errors import ApiError, install_error_handlers
+from entrypoints.api.jobs import BrokerJobs, JobBackend, LocalJobs
+from entrypoints.api.metrics import CONTENT_TYPE_LATEST, ApiMetrics
+from entrypoints.api.middleware import BodyLimit, HttpMetrics
 from services.documents import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.errors import DocumentError
 from services.locks import NoFence
@@ -530,6 +530,6 @@ def serving_settings(settings: Settings) -> Settings:
 
 
 def app_from_env() -> FastAPI:
-    """``uvicorn --factory services.api.app:app_from_env``: settings from the environment (DPR_*), as the CLI."""
+    """``uvicorn --factory entrypoints.api.app:app_from_env``: settings from the environment (DPR_*), as the CLI."""
     return create_app(serving_settings(Settings()))
 
