@@ -65,7 +65,7 @@ def main() -> None:
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import reembed as rb
     from services.documents import Document
-    from services.ingest import ingest_documents
+    from services.ingest import IngestPipeline
     from services.settings import Settings
     from services.sparse import default_embedder
     from services.store.edge import EdgeStore
@@ -85,8 +85,8 @@ def main() -> None:
         def ingest(towers: SentenceTransformerTowers, alias: str, label: str) -> EdgeStore:
             store = EdgeStore(work / "store", alias)
             t0 = time.perf_counter()
-            report = ingest_documents(docs, store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
-                                      batch_size=settings.encoder.batch_size)
+            report = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
+                                    batch_size=settings.encoder.batch_size).ingest(docs)
             seconds = time.perf_counter() - t0
             rows.append((label, report.chunks, seconds, f"{len(docs)} documents"))
             return store

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from qdrant_client import QdrantClient
 
+from services.runtime import Runtime
+from services.settings import Settings
 from services.sparse import default_embedder
 from services.store.server import ServerStore
 
@@ -45,15 +49,25 @@ class HashTowers:
         return np.stack([self._vec(p) for p in passages])  # (n, dim)
 
 
-class FakeRuntime:
-    """What ``services.runtime.Runtime`` offers (towers, sparse, store, close), over in-process parts."""
+class FakeRuntime(Runtime):
+    """A real ``services.runtime.Runtime`` over hashing towers, the real BM25 embedder and an in-process store
+    (``ServerStore`` on ``QdrantClient(":memory:")``); jobs go to a temporary job folder."""
 
     def __init__(self, towers: Any | None = None, store: Any | None = None, alias: str = "passages") -> None:
-        self.towers = towers or HashTowers()
-        self.sparse = default_embedder()
-        self.store = store or ServerStore(QdrantClient(location=":memory:"), alias, owns_client=True)
+        self._tmp = tempfile.TemporaryDirectory(prefix="dpr-fake-runtime-")
+        super().__init__(
+            Settings(_env_file=None, data_dir=Path(self._tmp.name), collection=alias),  # type: ignore[call-arg]
+            serialize_store=True,
+            towers=towers or HashTowers(),
+            sparse=default_embedder(),
+            store=store or ServerStore(QdrantClient(location=":memory:"), alias, owns_client=True),
+        )
         self.closed = False
+
+    def use_towers(self, towers: Any) -> None:
+        """Swap the model (e.g. a question tower that is not the passage tower's partner)."""
+        self._models.towers = towers
 
     def close(self) -> None:
         self.closed = True
-        self.store.close()
+        super().close()
