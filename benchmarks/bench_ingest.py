@@ -301,7 +301,7 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
     from services.ingest import collection_spec
     from services.sparse import default_embedder
-    from services.store.edge import EdgeStore
+    from services.store.engines.edge import EdgeStore
     from services.store.points import Passage, PassagePoint
 
     sparse = default_embedder()

@@ -68,7 +68,7 @@ def main() -> None:
     from services.ingest import ingest_documents
     from services.settings import Settings
     from services.sparse import default_embedder
-    from services.store.edge import EdgeStore
+    from services.store.engines.edge import EdgeStore
 
     corpus = load_beir(DATA, "test").corpus
     docs = [Document(doc_id=d.doc_id, text=d.text, title=d.title, source="scifact")

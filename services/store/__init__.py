@@ -1,4 +1,5 @@
-"""Vector stores: one ``VectorStore`` protocol, two adapters (embedded qdrant-edge, Qdrant server).
+"""Vector stores: one ``VectorStore`` protocol, two adapters (``engines/edge.py``: embedded qdrant-edge;
+``engines/server.py``: Qdrant server).
 
 ``open_store(settings)`` is the one place that picks and builds an adapter; the adapters are imported lazily
 so that importing this package (e.g. for the CLI) stays cheap.
@@ -27,11 +28,11 @@ def open_store(settings: Settings) -> VectorStore:
     client: ``close()`` closes it.
     """
     if settings.qdrant_url:
-        from services.store.server import ServerStore
+        from services.store.engines.server import ServerStore
 
         log.debug("opening the server store", extra={"url": settings.qdrant_url, "alias": settings.collection})
         return ServerStore.from_settings(settings)
-    from services.store.edge import EdgeStore
+    from services.store.engines.edge import EdgeStore
 
     log.debug("opening the embedded store", extra={"dir": str(settings.store_dir), "alias": settings.collection})
     return EdgeStore.from_settings(settings)

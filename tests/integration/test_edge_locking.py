@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.errors import StoreUnavailable
-from services.store.edge import EdgeStore
+from services.store.engines.edge import EdgeStore
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = pytest.mark.integration

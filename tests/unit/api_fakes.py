@@ -11,7 +11,7 @@ import numpy as np
 from qdrant_client import QdrantClient
 
 from services.sparse import default_embedder
-from services.store.server import ServerStore
+from services.store.engines.server import ServerStore
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 

@@ -29,7 +29,7 @@ from services.reembed import (
     verify,
 )
 from services.settings import ChunkSettings
-from services.store.edge import EdgeStore
+from services.store.engines.edge import EdgeStore
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> EdgeStore:
     else:
         from qdrant_client import QdrantClient
 
-        from services.store.server import ServerStore
+        from services.store.engines.server import ServerStore
 
         s = ServerStore(QdrantClient(":memory:"), "c")
     ingest(s, V1, [doc(i) for i in range(12)])

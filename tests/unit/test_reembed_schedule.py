@@ -10,7 +10,7 @@ import pytest
 from services.errors import ConfigError
 from services.reembed import ReembedState, save_state
 from services.settings import ReembedSettings, Settings
-from services.store.edge import EdgeStore
+from services.store.engines.edge import EdgeStore
 from services.store.points import CollectionSpec
 from workers.beat import beat_schedule, run_beat
 from workers.reembed_tasks import check_needed

@@ -15,8 +15,8 @@ import pytest
 from qdrant_client import QdrantClient
 
 from services.settings import QdrantSettings
+from services.store.engines.server import ServerStore
 from services.store.points import CollectionSpec
-from services.store.server import ServerStore
 
 SPEC = CollectionSpec(dim=8, distance="cosine", model="m@1")
 CLUSTER = QdrantSettings(

@@ -26,9 +26,9 @@ from services.settings import QdrantSettings, Settings
 from services.sparse import default_embedder
 from services.store import VectorStore, open_store
 from services.store.common import linear_fusion, min_max
-from services.store.edge import EdgeStore
+from services.store.engines.edge import EdgeStore
+from services.store.engines.server import ServerStore
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
-from services.store.server import ServerStore
 
 DIM = 8
 MODEL = "towers-a@1111"
