@@ -8,7 +8,7 @@ Same settings object, same code paths as the CLI:
 - POST /v1/search and DELETE go through ``services.runtime.run_search`` / ``run_delete``, as the CLI does.
 One ``Runtime`` per process: the towers load once (in the background at start-up; /readyz waits for them).
 Store calls are serialised in this process (a client that is not thread-safe, and the embedded engine's lease
-that other processes take turns on, see ``services/store/engines/edge.py``).
+that other processes take turns on, see ``services/store/lease.py``).
 """
 
 from __future__ import annotations
