@@ -1,5 +1,5 @@
 """Test doubles for the API unit tests: deterministic hashing towers (no model) and a runtime over a real
-in-process store (``ServerStore`` on ``QdrantClient(":memory:")``) with the real BM25 sparse embedder."""
+in-process store (``Store(ServerEngine(QdrantClient(":memory:")))``) with the real BM25 sparse embedder."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 from qdrant_client import QdrantClient
 
 from services.sparse import default_embedder
-from services.store.engines.server import ServerStore
+from services.store import Store
+from services.store.engines.server import ServerEngine
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 
@@ -51,7 +52,7 @@ class FakeRuntime:
     def __init__(self, towers: Any | None = None, store: Any | None = None, alias: str = "passages") -> None:
         self.towers = towers or HashTowers()
         self.sparse = default_embedder()
-        self.store = store or ServerStore(QdrantClient(location=":memory:"), alias, owns_client=True)
+        self.store = store or Store(ServerEngine(QdrantClient(location=":memory:"), alias, owns_client=True))
         self.closed = False
 
     def close(self) -> None:
