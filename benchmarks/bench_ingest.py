@@ -297,12 +297,13 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
     from services.ingest import collection_spec
     from services.sparse import default_embedder
-    from services.store.edge import EdgeStore
+    from services.store import Store
+    from services.store.engines.edge import EdgeEngine
     from services.store.points import Passage, PassagePoint
 
     sparse = default_embedder()
     sparse_of = [sparse.embed_document(t) for t in texts]
-    store = EdgeStore(path, "bench", lock_timeout=60, idle_release=30)
+    store = Store(EdgeEngine(path, "bench", lock_timeout=60, idle_release=30))
     store.ensure_collection(collection_spec(towers, sparse=True))
     batch: list[PassagePoint] = []
     for doc_id, src, v in synthetic_points(vectors, total):

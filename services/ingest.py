@@ -144,7 +144,7 @@ def ingest_batch(
     # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
     with (fence or NoFence()).shared():
         if generation is None:
-            active = store.info().active if towers_for is not None else None
+            active = store.active() if towers_for is not None else None
             if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
                 towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
             generation = store.ensure_collection(collection_spec(towers, sparse is not None))

@@ -4,7 +4,8 @@ Same settings object, same code paths as the CLI: one ``services.runtime.Runtime
 serialised; the towers load once, in the background at start-up, and /readyz waits for them) and the executor
 ``entrypoints.compose.executor_for`` picks (in-process on a background thread, or Celery workers), so
 POST /v1/documents, GET /v1/jobs, POST /v1/search and DELETE run what ``dpr ingest``, ``dpr jobs``, ``dpr query``
-and ``dpr delete`` run. Routes live in ``entrypoints.api.routes``, one module per resource.
+and ``dpr delete`` run. Routes live in ``entrypoints.api.routes``, one module per resource. The embedded
+engine's lease that other processes take turns on is ``services/store/lease.py``.
 """
 
 from __future__ import annotations

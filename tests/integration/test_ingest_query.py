@@ -90,7 +90,7 @@ def test_ingest_reingest_change_and_query(tmp_path: Path, base_towers: Any) -> N
     try:
         assert store.count() == 3
         expected = {point_id(f"corpus/{name}", 0) for name in DOCS}
-        assert store.ids() == expected
+        assert {p.id for batch in store.scroll() for p in batch} == expected
         hits = search("How can I read a file one line at a time?", store=store, towers=base_towers,
                       sparse=default_embedder())
         assert hits[0].passage.doc_id == "corpus/python.md"

@@ -69,7 +69,7 @@ def stored(cluster: Cluster, collection: str) -> tuple[set[str], int, list[Passa
     store = open_store(Settings(data_dir=cluster.data_dir, collection=collection))
     try:
         passages = [p for batch in store.scroll() for p in batch]
-        return store.ids(), store.count(), passages
+        return {p.id for p in passages}, store.count(), passages
     finally:
         store.close()
 

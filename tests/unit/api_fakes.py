@@ -1,5 +1,5 @@
 """Test doubles for the API unit tests: deterministic hashing towers (no model) and a runtime over a real
-in-process store (``ServerStore`` on ``QdrantClient(":memory:")``) with the real BM25 sparse embedder."""
+in-process store (``Store(ServerEngine(QdrantClient(":memory:")))``) with the real BM25 sparse embedder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from qdrant_client import QdrantClient
 from services.runtime import Runtime
 from services.settings import Settings
 from services.sparse import default_embedder
-from services.store.server import ServerStore
+from services.store import Store
+from services.store.engines.server import ServerEngine
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 
@@ -51,7 +52,7 @@ class HashTowers:
 
 class FakeRuntime(Runtime):
     """A real ``services.runtime.Runtime`` over hashing towers, the real BM25 embedder and an in-process store
-    (``ServerStore`` on ``QdrantClient(":memory:")``); jobs go to a temporary job folder."""
+    (the server engine on ``QdrantClient(":memory:")``); jobs go to a temporary job folder."""
 
     def __init__(self, towers: Any | None = None, store: Any | None = None, alias: str = "passages") -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="dpr-fake-runtime-")
@@ -60,7 +61,7 @@ class FakeRuntime(Runtime):
             serialize_store=True,
             towers=towers or HashTowers(),
             sparse=default_embedder(),
-            store=store or ServerStore(QdrantClient(location=":memory:"), alias, owns_client=True),
+            store=store or Store(ServerEngine(QdrantClient(location=":memory:"), alias, owns_client=True)),
         )
         self.closed = False
 
