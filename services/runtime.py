@@ -55,7 +55,7 @@ class Runtime:
         the collection's active generation across re-embeds and rollbacks."""
         if self.towers.fingerprint == fingerprint:
             return self.towers
-        from services.reembed import model_for_fingerprint
+        from services.lifecycle.swap import model_for_fingerprint
 
         path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
         return load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
@@ -63,7 +63,7 @@ class Runtime:
     @cached_property
     def fence(self) -> WriteFence:
         """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
-        from services.reembed import write_fence
+        from services.lifecycle.swap import write_fence
 
         s = self.settings
         return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.reembed import (
+from services.lifecycle.swap import (
     ReembedBusy,
     ReembedState,
     current_state,

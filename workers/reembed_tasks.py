@@ -20,7 +20,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from services.errors import TransientError
-from services.reembed import (
+from services.lifecycle.swap import (
     ReembedBusy,
     ReembedError,
     ReembedState,

@@ -10,8 +10,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from entrypoints.cli.common import EXIT_ERROR, cli_errors, console, emit_json, err_console, fail, get_settings
-from services import reembed as rb
 from services.errors import ConfigError
+from services.lifecycle import swap as rb
 from services.runtime import Runtime
 from services.settings import Settings
 

@@ -13,9 +13,7 @@ import pytest
 
 from services.documents import Document
 from services.ingest import delete_documents, ingest_batch
-from services.locks import FileFence, FileLease
-from services.query import search
-from services.reembed import (
+from services.lifecycle.swap import (
     GateDecision,
     ReembedError,
     current_state,
@@ -28,6 +26,8 @@ from services.reembed import (
     run_in_process,
     verify,
 )
+from services.locks import FileFence, FileLease
+from services.query import search
 from services.settings import ChunkSettings
 from services.store.edge import EdgeStore
 
@@ -115,7 +115,7 @@ def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: EdgeStor
     total = store.count()
     batches = pending_batches(store, state, batch_size=5)
     first = next(batches)
-    from services.reembed import copy_batch
+    from services.lifecycle.swap import copy_batch
 
     copy_batch(store, state, first, V2, None)
     batches.close()  # "Ctrl-C"
@@ -131,7 +131,7 @@ def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: EdgeStor
 def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_deleted(store: EdgeStore) -> None:
     state = plan(store, V2, model_name="v2")
     for batch in pending_batches(store, state, batch_size=100):
-        from services.reembed import copy_batch
+        from services.lifecycle.swap import copy_batch
 
         copy_batch(store, state, batch, V2, None)
     # meanwhile, on the still-active source: a new document, a changed one, a deleted one
@@ -205,7 +205,7 @@ def test_gate_rejects_a_worse_model_and_records_both_scores(store: EdgeStore) ->
 
 def test_finalize_refuses_when_verification_fails(store: EdgeStore, monkeypatch: pytest.MonkeyPatch) -> None:
     state = plan(store, V2, model_name="v2")
-    import services.reembed as reembed
+    import services.lifecycle.swap as reembed
 
     monkeypatch.setattr(reembed, "copy_batch", lambda *a, **k: 0)  # a copy that silently writes nothing
     with pytest.raises(ReembedError, match="failed verification"):

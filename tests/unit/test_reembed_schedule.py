@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.errors import ConfigError
-from services.reembed import ReembedState, save_state
+from services.lifecycle.swap import ReembedState, save_state
 from services.settings import ReembedSettings, Settings
 from services.store.edge import EdgeStore
 from services.store.points import CollectionSpec
