@@ -52,18 +52,17 @@ class Runtime:
 
     def towers_for(self, fingerprint: str) -> SentenceTransformerTowers:
         """The towers whose fingerprint is ``fingerprint`` (base or under models_dir): queries and ingest follow
-        the collection's active generation across re-embeds and rollbacks."""
+        the collection's active generation across re-embeds and rollbacks. From the registry's tower cache."""
         if self.towers.fingerprint == fingerprint:
             return self.towers
-        from services.lifecycle.swap import model_for_fingerprint
+        from services.lifecycle.models import towers_by_fingerprint
 
-        path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
-        return load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
+        return towers_by_fingerprint(self.settings, fingerprint)
 
     @cached_property
     def fence(self) -> WriteFence:
         """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
-        from services.lifecycle.swap import write_fence
+        from services.lifecycle.locks import write_fence
 
         s = self.settings
         return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from services.errors import ConfigError
-from services.lifecycle.swap import ReembedState, save_state
+from services.lifecycle import ReembedState, check_needed, save_state
 from services.settings import ReembedSettings, Settings
 from services.store.edge import EdgeStore
 from services.store.points import CollectionSpec
 from workers.beat import beat_schedule, run_beat
-from workers.reembed_tasks import check_needed
 
 pytestmark = pytest.mark.unit
 
