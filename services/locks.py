@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,32 @@ _POLL = 0.05
 
 class LockBusy(TransientError):
     """Someone else holds the lock; the message names the holder."""
+
+
+def flock_until(
+    fd: int,
+    mode: int,
+    deadline: float,
+    *,
+    on_wait: Callable[[], None] | None = None,
+    poll: float = _POLL,
+    max_poll: float = _POLL,
+) -> bool:
+    """Take ``flock(fd, mode)`` (LOCK_EX or LOCK_SH), polling until ``deadline`` (``time.monotonic()``); the poll
+    interval doubles from ``poll`` up to ``max_poll``; ``on_wait`` runs before each sleep. False on time-out."""
+    delay = poll
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if on_wait is not None:
+                on_wait()
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, max_poll)
 
 
 def holder_tag() -> str:
@@ -69,16 +95,9 @@ class FileLease:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return False
-                time.sleep(_POLL)
+        if not flock_until(fd, fcntl.LOCK_EX, time.monotonic() + wait):
+            os.close(fd)
+            return False
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder_tag().encode(), 0)
         self._fd = fd
@@ -250,19 +269,11 @@ class FileFence:
     def exclusive(self) -> Iterator[None]:
         fd = self._open()
         self.pending.write_text(holder_tag())
-        deadline = time.monotonic() + self.timeout
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise StoreUnavailable(
-                            f"in-flight writes did not finish within {self.timeout:g} s ({self.path}); retry the swap"
-                        ) from None
-                    self.pending.touch()
-                    time.sleep(_POLL)
+            if not flock_until(fd, fcntl.LOCK_EX, time.monotonic() + self.timeout, on_wait=self.pending.touch):
+                raise StoreUnavailable(
+                    f"in-flight writes did not finish within {self.timeout:g} s ({self.path}); retry the swap"
+                )
             yield
         finally:
             with contextlib.suppress(OSError):

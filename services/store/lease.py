@@ -28,6 +28,7 @@ from pathlib import Path
 from qdrant_edge import EdgeShard
 
 from services.errors import StoreUnavailable
+from services.locks import flock_until
 
 log = logging.getLogger(__name__)
 
@@ -139,23 +140,14 @@ class ShardLease:
             time.sleep(_POLL_MIN)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + lock_timeout
-        delay = _POLL_MIN
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise StoreUnavailable(
-                            f"the embedded store {self.root} is busy: another process ({self._holder()}) has held "
-                            f"{self.lock_path} for more than {lock_timeout:g} s; retry later, raise "
-                            "DPR_EDGE__LOCK_TIMEOUT, or run a Qdrant server (DPR_QDRANT_URL) for concurrent access"
-                        ) from None
-                    self._signal_waiting()
-                    time.sleep(min(delay, remaining))
-                    delay = min(delay * 2, _POLL_MAX)
+            if not flock_until(fd, fcntl.LOCK_EX, deadline, on_wait=self._signal_waiting, poll=_POLL_MIN,
+                               max_poll=_POLL_MAX):
+                raise StoreUnavailable(
+                    f"the embedded store {self.root} is busy: another process ({self._holder()}) has held "
+                    f"{self.lock_path} for more than {lock_timeout:g} s; retry later, raise "
+                    "DPR_EDGE__LOCK_TIMEOUT, or run a Qdrant server (DPR_QDRANT_URL) for concurrent access"
+                )
         except BaseException:
             os.close(fd)
             raise

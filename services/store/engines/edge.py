@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +51,7 @@ from qdrant_edge import (
 from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services.errors import ConfigError
+from services.fsutil import write_atomic
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
 from services.store.lease import ShardLease, lease_for
 from services.store.points import DENSE, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
@@ -131,7 +131,7 @@ class EdgeEngine:
             return None
 
     def write_pointer(self, generation: str, previous: str | None) -> None:
-        _write_atomic(self.root / "CURRENT", generation + "\n")
+        write_atomic(self.root / "CURRENT", generation + "\n")
 
     def generations(self) -> list[str]:
         if not self._generations_dir.is_dir():
@@ -146,7 +146,7 @@ class EdgeEngine:
         return CollectionSpec.from_json(data)
 
     def write_spec(self, generation: str, spec: CollectionSpec) -> None:
-        _write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
+        write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
         try:
@@ -226,21 +226,6 @@ class EdgeEngine:
 # --------------------------------------------------------------------------------------------------------------
 # converters: neutral records -> qdrant-edge
 # --------------------------------------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a temp file, fsync it, ``os.replace`` it over ``path``, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _edge_config(spec: CollectionSpec) -> EdgeConfig:
