@@ -64,8 +64,8 @@ def main() -> None:
     from encoders.data import load_beir
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import reembed as rb
-    from services.documents import Document
     from services.ingest import ingest_documents
+    from services.readers import Document
     from services.settings import Settings
     from services.sparse import default_embedder
     from services.store.edge import EdgeStore

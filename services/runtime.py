@@ -10,10 +10,10 @@ from functools import cached_property
 from typing import Protocol
 
 from encoders.towers import DualEncoder, SentenceTransformerTowers, configure_threads, load_towers
-from services.documents import Item
 from services.ingest import IngestReport, ProgressFn, SparseEncoder, delete_documents, ingest_documents
 from services.locks import WriteFence
 from services.query import QueryOptions, search
+from services.readers import Item
 from services.settings import Settings
 from services.store.points import Hit
 from services.store.protocol import VectorStore

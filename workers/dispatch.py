@@ -16,10 +16,10 @@ import kombu.exceptions
 import redis
 import redis.exceptions
 
-from services.documents import Document, DocumentFailure, Item
 from services.errors import ConfigError, TransientError
 from services.ingest import batched_items, new_job_id
 from services.jobs import JobStore, redact_url, unavailable
+from services.readers import Document, DocumentFailure, Item
 from services.settings import Settings
 from workers.app import INGEST_QUEUE, create_app
 

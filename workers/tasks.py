@@ -22,11 +22,11 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from services.documents import Document, DocumentFailure, Item
 from services.errors import TransientError
 from services.ingest import IngestReport, ingest_batch
 from services.jobs import JobStore
 from services.locks import WriteFence
+from services.readers import Document, DocumentFailure, Item
 from services.runtime import Runtime
 from services.settings import Settings
 from services.store.protocol import VectorStore

@@ -1,7 +1,7 @@
 """The HTTP API: ``create_app(settings)`` -> a FastAPI app served by uvicorn (``dpr serve``).
 
 Same settings object, same code paths as the CLI:
-- POST /v1/documents parses with ``services.documents`` (``parse_json_row`` for JSON batches, ``iter_documents``
+- POST /v1/documents parses with ``services.readers`` (``parse_json_row`` for JSON batches, ``iter_documents``
   for uploads, exactly as ``dpr ingest`` reads JSONL and files) and hands the items to the job backend:
   ``workers.dispatch.submit_ingest`` with a broker, else ``services.ingest.ingest_documents`` on a background
   thread (``entrypoints.api.jobs``). Either way: 202 and a job id.
@@ -40,10 +40,10 @@ from entrypoints.api.errors import ApiError, install_error_handlers
 from entrypoints.api.jobs import BrokerJobs, JobBackend, LocalJobs
 from entrypoints.api.metrics import CONTENT_TYPE_LATEST, ApiMetrics
 from entrypoints.api.middleware import BodyLimit, HttpMetrics
-from services.documents import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.errors import DocumentError
 from services.locks import NoFence
 from services.query import QueryOptions
+from services.readers import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.runtime import run_delete, run_search
 from services.settings import Settings
 

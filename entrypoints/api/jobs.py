@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from services.documents import Document, Item
 from services.errors import DprError
 from services.ingest import IngestReport, batched_items, new_job_id
+from services.readers import Document, Item
 from services.runtime import run_ingest
 from services.settings import Settings
 

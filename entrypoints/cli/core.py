@@ -12,10 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
-from services.documents import iter_documents
 from services.errors import ConfigError
 from services.ingest import IngestReport
 from services.query import QueryOptions
+from services.readers import iter_documents
 from services.runtime import Runtime, run_delete, run_ingest, run_search
 from services.settings import Settings
 

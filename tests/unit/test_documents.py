@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.documents import (
+from services.errors import ConfigError
+from services.readers import (
     Document,
     DocumentFailure,
     Skipped,
@@ -15,7 +16,6 @@ from services.documents import (
     html_to_text,
     iter_documents,
 )
-from services.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

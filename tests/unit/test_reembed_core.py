@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.documents import Document
 from services.ingest import delete_documents, ingest_batch
 from services.locks import FileFence, FileLease
 from services.query import search
+from services.readers import Document
 from services.reembed import (
     GateDecision,
     ReembedError,
