@@ -37,6 +37,7 @@ from encoders.evaluate import EvalReport, write_report  # noqa: E402
 from encoders.mining import BM25Index, MiningConfig, mine_hard_negatives  # noqa: E402
 from encoders.pairs import self_supervised_pairs  # noqa: E402
 from encoders.train import TrainConfig, train  # noqa: E402
+from services import readers  # noqa: E402
 from services.evaluation import compare_systems  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
@@ -108,11 +109,11 @@ def section_scifact(settings: Settings, args: argparse.Namespace) -> dict[str, A
     out: dict[str, Any] = {}
     model = args.scifact_model
     if model is None:
-        full = d.load_beir(DATA / "beir-scifact", "train")
+        full = readers.load_beir(DATA / "beir-scifact", "train")
         model, out["training"] = _train_labelled(full, settings, "scifact", None, RECIPE["epochs"])  # type: ignore[arg-type]
     else:
         out["training"] = _card_summary(settings, model)
-    test = d.load_beir(DATA / "beir-scifact", "test")
+    test = readers.load_beir(DATA / "beir-scifact", "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "scifact")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
@@ -131,9 +132,9 @@ def section_squad(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     path = DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz"
     model = args.squad_model
     if model is None:
-        full = d.load_squad(path, "train")
+        full = readers.load_squad(path, "train")
         model, out["training"] = _train_labelled(full, settings, "squad", args.squad_pairs, 1.0)
-    test = d.load_squad(path, "test")
+    test = readers.load_squad(path, "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "squad")
     return out
@@ -143,7 +144,7 @@ def section_selfsup(settings: Settings, args: argparse.Namespace) -> dict[str, A
     out: dict[str, Any] = {}
     model = args.selfsup_model
     if model is None:
-        corpus = d.load_corpus_any(DATA / "beir-scifact")
+        corpus = readers.load_corpus(DATA / "beir-scifact")
         pairs = self_supervised_pairs(list(corpus.values()), "both", seed=0, max_pairs=args.selfsup_pairs)
         if args.selfsup_negatives:
             mining = MiningConfig(num_negatives=args.selfsup_negatives, rank_start=0, rank_end=30)
@@ -156,7 +157,7 @@ def section_selfsup(settings: Settings, args: argparse.Namespace) -> dict[str, A
         out["training"] = {"model": model, "pairs": len(pairs), "hard_negatives": args.selfsup_negatives,
                            "train_wall_s": round(time.perf_counter() - t0),
                            "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
-    test = d.load_beir(DATA / "beir-scifact", "test")
+    test = readers.load_beir(DATA / "beir-scifact", "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], bm25=True, cache_dir=CACHE)
     out["test"] = _report(report, "selfsup")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
@@ -171,7 +172,7 @@ def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, 
         raise SystemExit("zeroshot needs --scifact-model NAME (the SciFact-trained towers)")
     out: dict[str, Any] = {}
     for name in ("cranfield", "cisi"):
-        ds = d.load_beir(DATA / name, "test")
+        ds = readers.load_beir(DATA / name, "test")
         report = compare_systems(ds, settings=settings, models=[args.scifact_model, "base"], cache_dir=CACHE)
         out[name] = _report(report, "zeroshot", name)
     return out
@@ -180,10 +181,10 @@ def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, 
 def warm_base(settings: Settings) -> None:
     """The base model on every test set, through the store, into the cache (no section is written)."""
     sets = [
-        d.load_beir(DATA / "beir-scifact", "test"),
-        d.load_beir(DATA / "cranfield", "test"),
-        d.load_beir(DATA / "cisi", "test"),
-        d.load_squad(DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz", "test"),
+        readers.load_beir(DATA / "beir-scifact", "test"),
+        readers.load_beir(DATA / "cranfield", "test"),
+        readers.load_beir(DATA / "cisi", "test"),
+        readers.load_squad(DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz", "test"),
     ]
     for ds in sets:
         report = compare_systems(ds, settings=settings, models=["base"], cache_dir=CACHE)

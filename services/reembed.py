@@ -706,8 +706,8 @@ def eval_scorer(
     """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
     (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
     compares models on the same dev data, as ``dpr eval`` does."""
-    from encoders import data as d
     from encoders.evaluate import evaluate_systems
+    from services import readers as d
     from services.evaluation import store_retriever
 
     if not data.exists():

@@ -116,7 +116,7 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Train DPR towers (MNRL with in-batch and BM25 hard negatives) into a versioned model directory."""
-    from encoders.data import DataError
+    from services.readers import DataError
 
     settings = get_settings(ctx)
     window = _parse_window(negative_window)
@@ -205,6 +205,7 @@ def _run_training(settings: Settings, req: TrainRequest, hyper: dict[str, Any]) 
     from encoders.towers import resolve_model_path
     from encoders.train import TrainConfig
     from encoders.train import train as run_train
+    from services import readers
 
     base_path, _ = resolve_model_path(req.base, settings.models_dir)
 
@@ -215,7 +216,7 @@ def _run_training(settings: Settings, req: TrainRequest, hyper: dict[str, Any]) 
             corpus = _collection_corpus(settings, req.from_collection)
             info["dataset"] = f"collection:{req.from_collection}"
         elif req.data is not None:
-            corpus = d.load_corpus_any(req.data)
+            corpus = readers.load_corpus(req.data)
             info["dataset"] = str(req.data)
         else:
             raise ValueError("self-supervised training needs DATA (a corpus) or --from-collection")
@@ -233,12 +234,12 @@ def _run_training(settings: Settings, req: TrainRequest, hyper: dict[str, Any]) 
         kind = _detect_format(data, req.fmt)
         info["format"] = kind
         if kind == "jsonl":
-            corpus = d.load_corpus_any(req.corpus) if req.corpus else {}
-            pairs = d.load_pairs_jsonl(data, corpus or None)
+            corpus = readers.load_corpus(req.corpus) if req.corpus else {}
+            pairs = readers.load_pairs_jsonl(data, corpus or None)
             info["dataset"] = str(data)
         else:
             split = req.split
-            full = d.load_beir(data, split) if kind == "beir" else d.load_squad(data, split)  # type: ignore[arg-type]
+            full = readers.load_beir(data, split) if kind == "beir" else readers.load_squad(data, split)  # type: ignore[arg-type]
             train_ids, dev_ids = d.split_dev_queries(sorted(full.queries), req.dev_queries, seed=13)
             if dev_ids:
                 dev = full.subset(dev_ids, name=f"{full.name}-dev{len(dev_ids)}")
@@ -316,7 +317,7 @@ def evaluate(
     rrf_k: Annotated[int | None, typer.Option(min=1, help="RRF constant k.")] = None,
 ) -> None:
     """Compare BM25, the base model and the trained model on one dataset (nDCG@10, MRR@10, recall@k, answer@k)."""
-    from encoders.data import DataError
+    from services.readers import DataError
 
     settings = get_settings(ctx)
     kind = _detect_format(data, fmt)
@@ -377,11 +378,11 @@ def run_evaluation(
     hybrid: tuple[Any, str] | None = None,
 ) -> Any:
     """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store."""
-    from encoders import data as d
     from encoders.towers import resolve_model_path
+    from services import readers
     from services.evaluation import compare_systems
 
-    dataset = d.load_beir(data, split) if kind == "beir" else d.load_squad(data, split)  # type: ignore[arg-type]
+    dataset = readers.load_beir(data, split) if kind == "beir" else readers.load_squad(data, split)  # type: ignore[arg-type]
     if max_queries is not None:
         dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
     models: list[str] = []
