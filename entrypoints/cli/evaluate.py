@@ -16,6 +16,8 @@ from services.settings import Settings
 
 log = logging.getLogger(__name__)
 
+DatasetFormatOption = Annotated[str, typer.Option("--format", help="auto | beir | squad")]
+
 
 def register(app: typer.Typer) -> None:
     app.command("eval")(evaluate)
@@ -24,7 +26,7 @@ def register(app: typer.Typer) -> None:
 def evaluate(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON.")],
-    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad")] = "auto",
+    fmt: DatasetFormatOption = "auto",
     split: Annotated[str, typer.Option(help="BEIR qrels split, or SQuAD article split (test | train | all).")] = "test",
     model: Annotated[
         str | None, typer.Option(help="Trained model to compare (name, path or 'active'); default: active.")
