@@ -52,6 +52,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from encoders import data as d  # noqa: E402
 from encoders.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
+from services import readers  # noqa: E402
 from services.evaluation import StoreCorpus  # noqa: E402
 from services.hybrid import FusionChoice, TuneResult, dev_split, select_best, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
@@ -145,7 +146,7 @@ def tune_summary(label: str, tuned: TuneResult) -> dict[str, Any]:
 def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     folder = DATA / "beir-scifact"
     dev = dev_split(folder, "beir", "train", args.dev_queries)
-    test = d.load_beir(folder, "test")
+    test = readers.load_beir(folder, "test")
     if set(test.corpus) != set(dev.corpus):
         raise RuntimeError("SciFact train and test corpora differ; expected one corpus")
     test = replace(test, corpus=dev.corpus)  # the same corpus object: ingested once, asked with dev then test
@@ -186,7 +187,7 @@ def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, A
 def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     path = DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz"
     dev = dev_split(path, "squad", "train", args.squad_dev)
-    test = d.load_squad(path, "test")
+    test = readers.load_squad(path, "test")
     say(f"squad: dev {dev.name} ({len(dev.queries)} q, {len(dev.corpus)} paragraphs), test {test.name} "
         f"({len(test.queries)} q, {len(test.corpus)} paragraphs)")  # fmt: skip
     results = [timed(test, "bm25 (bm25s)", bm25_retriever())]
@@ -227,7 +228,7 @@ def section_zeroshot(args: argparse.Namespace, settings: Settings) -> dict[str, 
     out: dict[str, Any] = {"tables": {}}
     choices: dict[str, TuneResult] = STATE.get("scifact_choice", {})
     for name in ("cranfield", "cisi"):
-        test = d.load_beir(DATA / name, "test")
+        test = readers.load_beir(DATA / name, "test")
         say(f"{name}: {len(test.queries)} judged q, {len(test.corpus)} docs")
         results = [timed(test, "bm25 (bm25s)", bm25_retriever())]
         for label, towers in model_list(args, settings):

@@ -54,7 +54,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 from entrypoints.compose import executor_for  # noqa: E402
-from services.documents import Document, iter_documents  # noqa: E402
+from services.readers import Document, iter_documents  # noqa: E402
 from services.settings import ChunkSettings, Settings  # noqa: E402
 
 log = logging.getLogger("bench_ingest")

@@ -32,13 +32,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from encoders import data as d  # noqa: E402
 from encoders.evaluate import EvalReport, write_report  # noqa: E402
-from encoders.mining import BM25Index, MiningConfig, mine_hard_negatives  # noqa: E402
-from encoders.pairs import self_supervised_pairs  # noqa: E402
-from encoders.train import TrainConfig, train  # noqa: E402
+from encoders.mining import MiningConfig  # noqa: E402
+from encoders.train import TrainConfig  # noqa: E402
 from services.evaluation import compare_systems  # noqa: E402
+from services.readers import load_beir, load_squad  # noqa: E402
 from services.settings import Settings  # noqa: E402
+from services.training import TrainingData, train_model  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "benchmarks" / "results"
@@ -60,26 +60,16 @@ def _progress(step: int, total: int, loss: float | None) -> None:
         print(f"  step {step}/{total} loss {loss if loss is None else round(loss, 4)}", flush=True)
 
 
-def _train_labelled(
-    full: d.RetrievalDataset, settings: Settings, name: str, max_pairs: int | None, epochs: float
+def _train(
+    settings: Settings, data: TrainingData, name: str, **hyper: Any
 ) -> tuple[str, dict[str, Any]]:
-    train_ids, dev_ids = d.split_dev_queries(sorted(full.queries), 100, seed=13)
-    train_ds = full.subset(train_ids)
-    pairs = d.labelled_pairs(train_ds)
-    if max_pairs is not None and len(pairs) > max_pairs:
-        import random
-
-        pairs = random.Random(0).sample(pairs, max_pairs)
-    pairs = mine_hard_negatives(pairs, BM25Index(list(full.corpus.values())), full.corpus, MINING)
-    config = TrainConfig(name=name, **{**RECIPE, "epochs": epochs})  # type: ignore[arg-type]
+    """`dpr train`'s recipe (``services.training``) with ``RECIPE`` and ``hyper`` as hyper-parameters."""
+    config = TrainConfig(name=name, **{**RECIPE, **hyper})  # type: ignore[arg-type]
     t0 = time.perf_counter()
-    result = train(
-        pairs, settings.models_dir, config, corpus=full.corpus, dev=full.subset(dev_ids), progress=_progress,
-        data_info={"dataset": full.name, "train_queries": len(train_ids), "dev_queries": len(dev_ids),
-                   "mining": MINING.__dict__},
-    )  # fmt: skip
-    info = {"model": result.name, "pairs": len(pairs), "train_wall_s": round(time.perf_counter() - t0),
-            "dev": result.card["dev_metrics"], "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
+    result = train_model(settings, data, config, progress=_progress)
+    info = {"model": result.name, "pairs": result.card["training_data"].get("pairs"),
+            "train_wall_s": round(time.perf_counter() - t0), "dev": result.card.get("dev_metrics"),
+            "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
     return result.name, info
 
 
@@ -108,11 +98,11 @@ def section_scifact(settings: Settings, args: argparse.Namespace) -> dict[str, A
     out: dict[str, Any] = {}
     model = args.scifact_model
     if model is None:
-        full = d.load_beir(DATA / "beir-scifact", "train")
-        model, out["training"] = _train_labelled(full, settings, "scifact", None, RECIPE["epochs"])  # type: ignore[arg-type]
+        data = TrainingData(DATA / "beir-scifact", split="train", seed=0, mining=MINING)
+        model, out["training"] = _train(settings, data, "scifact")
     else:
         out["training"] = _card_summary(settings, model)
-    test = d.load_beir(DATA / "beir-scifact", "test")
+    test = load_beir(DATA / "beir-scifact", "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "scifact")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
@@ -131,9 +121,9 @@ def section_squad(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     path = DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz"
     model = args.squad_model
     if model is None:
-        full = d.load_squad(path, "train")
-        model, out["training"] = _train_labelled(full, settings, "squad", args.squad_pairs, 1.0)
-    test = d.load_squad(path, "test")
+        data = TrainingData(path, split="train", max_pairs=args.squad_pairs, seed=0, mining=MINING)
+        model, out["training"] = _train(settings, data, "squad", epochs=1.0)
+    test = load_squad(path, "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], cache_dir=CACHE)
     out["test"] = _report(report, "squad")
     return out
@@ -143,20 +133,13 @@ def section_selfsup(settings: Settings, args: argparse.Namespace) -> dict[str, A
     out: dict[str, Any] = {}
     model = args.selfsup_model
     if model is None:
-        corpus = d.load_corpus_any(DATA / "beir-scifact")
-        pairs = self_supervised_pairs(list(corpus.values()), "both", seed=0, max_pairs=args.selfsup_pairs)
-        if args.selfsup_negatives:
-            mining = MiningConfig(num_negatives=args.selfsup_negatives, rank_start=0, rank_end=30)
-            pairs = mine_hard_negatives(pairs, BM25Index(list(corpus.values())), corpus, mining)
-        config = TrainConfig(name="scifact-selfsup", **{**RECIPE, "epochs": 1.0, "learning_rate": 1e-5})  # type: ignore[arg-type]
-        t0 = time.perf_counter()
-        result = train(pairs, settings.models_dir, config, corpus=corpus, progress=_progress,
-                       data_info={"dataset": "beir-scifact corpus (no labels)", "self_supervised": "both"})  # fmt: skip
-        model = result.name
-        out["training"] = {"model": model, "pairs": len(pairs), "hard_negatives": args.selfsup_negatives,
-                           "train_wall_s": round(time.perf_counter() - t0),
-                           "hyperparameters": result.card["hyperparameters"]}  # fmt: skip
-    test = d.load_beir(DATA / "beir-scifact", "test")
+        mining = MiningConfig(num_negatives=args.selfsup_negatives, rank_start=0, rank_end=30)
+        data = TrainingData(
+            DATA / "beir-scifact", self_supervised="both", max_pairs=args.selfsup_pairs, seed=0, mining=mining
+        )
+        model, out["training"] = _train(settings, data, "scifact-selfsup", epochs=1.0, learning_rate=1e-5)
+        out["training"]["hard_negatives"] = args.selfsup_negatives
+    test = load_beir(DATA / "beir-scifact", "test")
     report = compare_systems(test, settings=settings, models=[model, "base"], bm25=True, cache_dir=CACHE)
     out["test"] = _report(report, "selfsup")
     m = {r.system: r.metrics["ndcg@10"] for r in report.results}
@@ -171,7 +154,7 @@ def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, 
         raise SystemExit("zeroshot needs --scifact-model NAME (the SciFact-trained towers)")
     out: dict[str, Any] = {}
     for name in ("cranfield", "cisi"):
-        ds = d.load_beir(DATA / name, "test")
+        ds = load_beir(DATA / name, "test")
         report = compare_systems(ds, settings=settings, models=[args.scifact_model, "base"], cache_dir=CACHE)
         out[name] = _report(report, "zeroshot", name)
     return out
@@ -180,10 +163,10 @@ def section_zeroshot(settings: Settings, args: argparse.Namespace) -> dict[str, 
 def warm_base(settings: Settings) -> None:
     """The base model on every test set, through the store, into the cache (no section is written)."""
     sets = [
-        d.load_beir(DATA / "beir-scifact", "test"),
-        d.load_beir(DATA / "cranfield", "test"),
-        d.load_beir(DATA / "cisi", "test"),
-        d.load_squad(DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz", "test"),
+        load_beir(DATA / "beir-scifact", "test"),
+        load_beir(DATA / "cranfield", "test"),
+        load_beir(DATA / "cisi", "test"),
+        load_squad(DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz", "test"),
     ]
     for ds in sets:
         report = compare_systems(ds, settings=settings, models=["base"], cache_dir=CACHE)

@@ -61,11 +61,10 @@ def main() -> None:
     if not DATA.is_dir():
         sys.exit(f"needs {DATA} (BEIR SciFact) beside the repo")
 
-    from encoders.data import load_beir
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import lifecycle as rb
-    from services.documents import Document
     from services.ingest import IngestPipeline
+    from services.readers import Document, load_beir
     from services.settings import Settings
     from services.sparse import default_embedder
     from services.store import Store

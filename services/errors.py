@@ -31,6 +31,13 @@ class DocumentError(PermanentError):
         self.reason = reason
 
 
+class DataError(PermanentError, ValueError):
+    """A training or evaluation data file is missing or malformed; the message names the file (and line) and the fix.
+
+    Unlike ``DocumentError`` (one document fails, ingest goes on), the whole data set is refused.
+    """
+
+
 class ConfigError(PermanentError):
     """Settings or a command's arguments do not make sense together."""
 

@@ -28,9 +28,9 @@ from encoders.evaluate import (
     towers_in_memory_retriever,
 )
 from encoders.towers import DualEncoder, SentenceTransformerTowers, resolve_model_path
-from services.documents import Document
 from services.ingest import IngestPipeline, IngestReport
 from services.query import QueryOptions, search_many
+from services.readers import Document
 from services.settings import Settings
 from services.store import open_store
 from services.store.points import Hit

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from encoders.data import RetrievalDataset, load_beir, load_squad, split_dev_queries
+from encoders.data import RetrievalDataset, split_dev_queries
 from encoders.evaluate import score_retrieval
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import StoreCorpus, dataset_documents
 from services.query import QueryOptions
+from services.readers import load_beir, load_squad
 from services.settings import Settings
 from services.store.common import require_sparse
 from services.store.points import Fusion

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
-from services.documents import Document, DocumentFailure, Item, Skipped
 from services.errors import DocumentError
 from services.locks import NoFence, WriteFence
+from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
 from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
 from services.store.protocol import VectorStore

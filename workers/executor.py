@@ -12,10 +12,10 @@ import kombu.exceptions
 import redis
 import redis.exceptions
 
-from services.documents import Document, Item
 from services.errors import ConfigError, TransientError
 from services.ingest import new_job_id
 from services.jobs import JobStore, Submitted, redact_url, submit_job, unavailable
+from services.readers import Document, Item
 from services.settings import Settings
 from workers.app import INGEST_QUEUE, create_app
 

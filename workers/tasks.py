@@ -21,9 +21,9 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from services.documents import Document, DocumentFailure, Item
 from services.errors import TransientError
 from services.jobs import JobStore, batch_failure, run_batch
+from services.readers import Document, DocumentFailure, Item
 from services.runtime import Runtime
 from services.settings import Settings
 

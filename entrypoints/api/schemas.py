@@ -2,7 +2,7 @@
 
 Structure is checked here (types, sizes, ranges): a malformed request is a 422 before any service runs.
 What a document *means* (empty text, an id too long, oversized) is judged by the same parser ``dpr ingest`` uses
-(``services.documents.parse_json_row``) and reported per document in the job, like the CLI does.
+(``services.readers.parse_json_row``) and reported per document in the job, like the CLI does.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ from rich.table import Table
 from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
 from entrypoints.cli.workers import follow_job
 from entrypoints.compose import executor_for
-from services.documents import iter_documents
 from services.errors import ConfigError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
 from services.query import QueryOptions
+from services.readers import iter_documents
 from services.runtime import Runtime
 from services.settings import Settings
 

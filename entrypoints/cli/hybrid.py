@@ -36,15 +36,15 @@ def tune_hybrid_command(
     The dev corpus is ingested once (dense + BM25) into a temporary collection, or the collection itself is used
     when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
     """
-    from encoders.data import DataError
     from encoders.towers import load_towers
-    from entrypoints.cli.train import _detect_format
+    from entrypoints.cli.evaluate import detect_dataset_format
     from services.errors import ModelMismatch
     from services.hybrid import check_target, dev_split, tune_hybrid, tuning_metrics
+    from services.readers import DataError
     from services.runtime import Runtime
 
     settings = _with_collection(ctx, collection)
-    kind = _detect_format(data, fmt)
+    kind = detect_dataset_format(data, fmt)
     if kind not in ("beir", "squad"):
         fail(f"--format {kind!r} cannot be tuned on; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)
     with cli_errors():

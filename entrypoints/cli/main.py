@@ -41,6 +41,8 @@ def _register_optional() -> None:
 
     for module in (
         "entrypoints.cli.train",
+        "entrypoints.cli.evaluate",
+        "entrypoints.cli.models",
         "entrypoints.cli.workers",
         "entrypoints.cli.lifecycle",
         "entrypoints.cli.serve",

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from services.documents import Document, Item
 from services.errors import DprError, TransientError
 from services.ingest import IngestPipeline, IngestReport, new_job_id
 from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
 from services.jobs.store import TERMINAL, JobStore
+from services.readers import Document, Item
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.documents import Document, DocumentFailure, Item
 from services.ingest import IngestPipeline, IngestReport, batched_items
 from services.jobs.store import JobStore
+from services.readers import Document, DocumentFailure, Item
 
 log = logging.getLogger(__name__)
 

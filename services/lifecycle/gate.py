@@ -85,13 +85,14 @@ def eval_scorer(
     """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
     (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
     compares models on the same dev data, as ``dpr eval`` does."""
-    from encoders import data as d
     from encoders.evaluate import evaluate_systems
     from services.evaluation import store_retriever
 
     if not data.exists():
         raise ConfigError(f"gate data {data} does not exist; give a BEIR folder or a SQuAD JSON file")
-    dataset = d.load_beir(data, split) if data.is_dir() else d.load_squad(data, split)  # type: ignore[arg-type]
+    from services.readers import load_dataset
+
+    dataset = load_dataset(data, split)
     if max_queries is not None:
         dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
 

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from services.documents import Document, iter_documents
 from services.errors import ModelMismatch
 from services.ingest import IngestPipeline, chunk_document
 from services.query import QueryOptions, search
+from services.readers import Document, iter_documents
 from services.settings import Settings
 from services.sparse import default_embedder
 from services.store import open_store

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_cranfield_bm25_and_base_through_the_store(shared_data: Path, tmp_path: Path) -> None:
-    from encoders.data import load_beir
     from services.evaluation import compare_systems
+    from services.readers import load_beir
     from services.settings import Settings
 
     dataset = load_beir(shared_data / "cranfield", "test")

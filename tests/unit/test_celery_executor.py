@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fake_redis import FakeRedis
 
-from services.documents import Document, DocumentFailure, Skipped
 from services.jobs import JobStore, RedisHashes
+from services.readers import Document, DocumentFailure, Skipped
 from services.settings import CelerySettings, Settings
 from workers import executor as celery_executor
 

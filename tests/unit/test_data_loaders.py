@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from encoders.data import (
-    CorpusDoc,
+from encoders.data import CorpusDoc, labelled_pairs, split_dev_queries
+from services.readers import (
     DataError,
-    labelled_pairs,
     load_beir,
-    load_corpus_any,
+    load_corpus,
     load_pairs_jsonl,
     load_squad,
-    split_dev_queries,
     squad_article_split,
 )
 
@@ -65,7 +63,7 @@ def test_beir_corpus_line_errors(tmp_path: Path) -> None:
     with gzip.open(folder / "corpus.jsonl.gz", "wt") as f:
         f.write(json.dumps({"_id": "d1", "text": "ok"}) + "\n")
         f.write('{"_id": "d2", "text": "broken\n')
-    with pytest.raises(DataError, match=r"corpus\.jsonl\.gz:2: not valid JSON.*one JSON object"):
+    with pytest.raises(DataError, match=r"corpus\.jsonl\.gz:2: is not valid JSON.*one JSON object per line"):
         load_beir(folder, "test")
     with gzip.open(folder / "corpus.jsonl.gz", "wt") as f:
         f.write(json.dumps({"_id": "d1", "body": "no text field"}) + "\n")
@@ -156,7 +154,7 @@ def test_pairs_jsonl(tmp_path: Path) -> None:
         ('{"question": "q"}', r"pairs\.jsonl:2: needs 'passage' or 'positive_id'"),
         ('{"question": "q", "passage": ""}', r"pairs\.jsonl:2: field 'passage' is empty"),
         ('{"question": "q", "passage": "p", "negatives": "n"}', r"pairs\.jsonl:2: 'negatives' must be a list"),
-        ('["q", "p"]', r"pairs\.jsonl:2: expected a JSON object, got list"),
+        ('["q", "p"]', r"pairs\.jsonl:2: is not a JSON object \(got list\)"),
         ('{"question": "q", "positive_id": "d1"}', r"pairs\.jsonl:2: 'positive_id' needs a corpus.*--corpus"),
     ],
 )
@@ -167,14 +165,38 @@ def test_pairs_jsonl_errors(tmp_path: Path, line: str, message: str) -> None:
         load_pairs_jsonl(path)
 
 
-def test_corpus_jsonl_accepts_id_variants(tmp_path: Path) -> None:
+def test_corpus_jsonl_follows_the_one_row_rule(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
-    path.write_text(json.dumps({"id": 7, "title": "T", "text": "x"}) + "\n" + json.dumps({"text": "y"}) + "\n")
-    corpus = load_corpus_any(path)
-    assert sorted(corpus) == ["7", "line-2"]
-    path.write_text(json.dumps({"_id": "a", "text": 3}) + "\n")
-    with pytest.raises(DataError, match=r"c\.jsonl:1: 'text'"):
-        load_corpus_any(path)
+    rows = [{"id": 7, "title": 3, "text": "x"}, {"_id": "a", "text": ""}, {"id": "b", "_id": "ignored", "text": "z"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = load_corpus(path)
+    assert sorted(corpus) == ["7", "a", "b"]  # "id", else "_id"; an integer id is its string
+    assert corpus["7"].title == "3" and corpus["a"].text == ""  # an empty row stays in a corpus (qrels may judge it)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"text": "y"}, r"c\.jsonl:1: has no 'id' or '_id'"),
+        ({"_id": 1.5, "text": "y"}, r"c\.jsonl:1: '_id' must be a string or an integer, got float"),
+        ({"id": True, "text": "y"}, r"'id' must be a string or an integer, got bool"),
+        ({"_id": " ", "text": "y"}, r"has a blank '_id'"),
+        ({"_id": "a", "text": 3}, r"c\.jsonl:1: field 'text' must be a string, got int"),
+        ({"_id": "a"}, r"c\.jsonl:1: missing field 'text'"),
+    ],
+)
+def test_corpus_jsonl_row_errors(tmp_path: Path, row: dict[str, object], message: str) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=message):
+        load_corpus(path)
+
+
+def test_corpus_ids_must_be_unique_whatever_their_type(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"_id": 7, "text": "x"}) + "\n" + json.dumps({"id": "7", "text": "y"}) + "\n")
+    with pytest.raises(DataError, match="duplicate id '7'"):
+        load_corpus(path)
 
 
 def test_pairs_jsonl_missing_file_and_non_utf8(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.documents import (
+from services.errors import ConfigError
+from services.readers import (
     Document,
     DocumentFailure,
     Skipped,
@@ -15,7 +16,6 @@ from services.documents import (
     html_to_text,
     iter_documents,
 )
-from services.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -123,3 +123,17 @@ def test_html_and_titles() -> None:
     assert title == "A B"
     assert text.split() == ["x", "y"]
     assert guess_title(Path("my_notes.txt"), "no heading here") == "my notes"
+
+
+def test_ingest_and_training_read_a_jsonl_row_by_the_same_rule(tmp_path: Path) -> None:
+    from services.readers import load_corpus
+
+    rows = [{"_id": 5, "text": "five"}, {"id": "x", "title": "T", "text": "ex"}, {"id": "e", "title": "E", "text": " "}]
+    path = _write(tmp_path / "c.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    items = list(iter_documents([path]))
+    docs = {i.doc_id: (i.title, i.text) for i in items if isinstance(i, Document)}
+    corpus = {d.doc_id: (d.title, d.text) for d in load_corpus(path).values()}
+    assert docs == {k: v for k, v in corpus.items() if v[1].strip()}  # same ids, titles and texts
+    failures = [(f.reason, Path(f.source).name) for f in items if isinstance(f, DocumentFailure)]
+    assert failures == [("empty", "c.jsonl:3")]
+    assert corpus["e"] == ("E", " ")  # an empty row: ingest fails it, a corpus keeps it for its judgments

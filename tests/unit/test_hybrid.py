@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from encoders import data as d
+from services import readers
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import dataset_documents
 from services.hybrid import FusionChoice, dev_split, fusion_grid, select_best, tune_hybrid, tuning_metrics
@@ -109,8 +110,8 @@ def test_select_best_metric_then_tie_breaker_then_grid_order() -> None:
 
 
 def test_tuning_metric_is_answer_accuracy_for_squad(tmp_path: Path) -> None:
-    assert tuning_metrics(d.load_squad(write_squad(tmp_path), "train")) == ("answer@20", "ndcg@10")
-    assert tuning_metrics(d.load_beir(write_beir(tmp_path), "train")) == ("ndcg@10", "recall@100")
+    assert tuning_metrics(readers.load_squad(write_squad(tmp_path), "train")) == ("answer@20", "ndcg@10")
+    assert tuning_metrics(readers.load_beir(write_beir(tmp_path), "train")) == ("ndcg@10", "recall@100")
 
 
 # --- dev split -----------------------------------------------------------------------------------------------------
@@ -129,8 +130,8 @@ def test_dev_split_refuses_test(tmp_path: Path) -> None:
 def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> None:
     beir = write_beir(tmp_path)
     dev = dev_split(beir, "beir", "train", dev_queries=5)
-    train = d.load_beir(beir, "train")
-    test = d.load_beir(beir, "test")
+    train = readers.load_beir(beir, "train")
+    test = readers.load_beir(beir, "test")
     assert len(dev.queries) == 5 and set(dev.queries) <= set(train.queries)
     assert not set(dev.queries) & set(test.queries)
     assert dev.queries == dev_split(beir, "beir", "train", dev_queries=5).queries  # deterministic
@@ -139,8 +140,8 @@ def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> N
 
     squad = write_squad(tmp_path)
     sdev = dev_split(squad, "squad", "train", dev_queries=3)
-    assert set(sdev.corpus) == set(d.load_squad(squad, "train").corpus)  # train-side paragraphs only
-    assert not set(sdev.corpus) & set(d.load_squad(squad, "test").corpus)
+    assert set(sdev.corpus) == set(readers.load_squad(squad, "train").corpus)  # train-side paragraphs only
+    assert not set(sdev.corpus) & set(readers.load_squad(squad, "test").corpus)
 
 
 # --- the whole tune over a real embedded store ----------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""Self-supervised pair building: ICT and title/heading -> body."""
+"""Pair building: self-supervised ICT and title/heading -> body; the training recipe's training sets."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from encoders.data import CorpusDoc
 from encoders.pairs import PairConfig, ict_pairs, sections, self_supervised_pairs, split_sentences, title_pairs
+from services.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +79,59 @@ def test_self_supervised_both_caps_and_errors() -> None:
         self_supervised_pairs([CorpusDoc("x", "", "short")], "ict")
     with pytest.raises(ValueError, match="mode"):
         self_supervised_pairs(docs, "cloze")  # type: ignore[arg-type]
+
+
+# --- the training recipe's data side (services.training.build_training_set): no model, no torch --------------
+
+
+def _beir(root: Path, n_queries: int = 6) -> Path:
+    folder = root / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    topics = ["volcano lava", "glacier ice", "desert sand", "ocean wave", "forest tree", "river delta"]
+    corpus = [{"_id": f"d{i}", "title": t.split()[0].title(), "text": f"{t} {ABSTRACT}"} for i, t in enumerate(topics)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    queries = [{"_id": f"q{i}", "text": f"about {topics[i]}"} for i in range(n_queries)]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    qrels = "".join(f"q{i}\td{i}\t1\n" for i in range(n_queries))
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return folder
+
+
+def test_labelled_training_set_holds_dev_out_and_mines_negatives(tmp_path: Path) -> None:
+    from encoders.mining import MiningConfig
+    from services.training import TrainingData, build_training_set
+
+    data = TrainingData(_beir(tmp_path), dev_queries=2, mining=MiningConfig(num_negatives=1, rank_end=6))
+    training = build_training_set(Settings(data_dir=tmp_path), data)
+    assert training.dev is not None and len(training.dev.queries) == 2
+    train_questions = {p.question for p in training.pairs}
+    assert len(train_questions) == 4 and not train_questions & set(training.dev.queries.values())
+    assert all(len(p.negatives) == 1 and p.negatives[0] != p.positive for p in training.pairs)
+    assert training.info["format"] == "beir" and training.info["train_queries"] == 4
+    assert training.info["mining"] == {"bm25": "bm25s", "num_negatives": 1, "rank_start": 0, "rank_end": 6}
+
+
+def test_pairs_file_and_self_supervised_training_sets(tmp_path: Path) -> None:
+    from encoders.mining import MiningConfig
+    from services.training import TrainingData, build_training_set
+
+    settings = Settings(data_dir=tmp_path)
+    no_mining = MiningConfig(num_negatives=0)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"question": f"q{i}?", "passage": f"p{i}"}) + "\n" for i in range(5)))
+    capped = build_training_set(settings, TrainingData(pairs, max_pairs=3, seed=1, mining=no_mining))
+    assert len(capped.pairs) == 3 and capped.corpus == {} and capped.info["format"] == "jsonl"
+    again = build_training_set(settings, TrainingData(pairs, max_pairs=3, seed=1, mining=no_mining))
+    assert [p.question for p in again.pairs] == [p.question for p in capped.pairs]  # a seeded sample
+
+    selfsup = build_training_set(settings, TrainingData(_beir(tmp_path), self_supervised="ict", mining=no_mining))
+    assert selfsup.info["self_supervised"] == "ict" and len(selfsup.corpus) == 6
+    assert all(p.positive_id in selfsup.corpus for p in selfsup.pairs)
+
+
+def test_training_set_needs_data(tmp_path: Path) -> None:
+    from services.errors import ConfigError
+    from services.training import TrainingData, build_training_set
+
+    with pytest.raises(ConfigError, match="give DATA"):
+        build_training_set(Settings(data_dir=tmp_path), TrainingData())

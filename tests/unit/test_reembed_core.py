@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.documents import Document
 from services.ingest import delete_documents, ingest_batch
 from services.lifecycle import (
     GateDecision,
@@ -29,6 +28,7 @@ from services.lifecycle.rollback import rollback
 from services.lifecycle.verify import verify
 from services.locks import FileFence, FileLease
 from services.query import search
+from services.readers import Document
 from services.settings import ChunkSettings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fake_redis import FakeRedis
 
-from services.documents import Document
 from services.errors import ConfigError, StoreUnavailable
 from services.ingest import IngestReport
 from services.jobs import JobStore, RedisHashes
+from services.readers import Document
 from services.settings import CelerySettings, EncoderSettings, Settings
 from workers import tasks
 from workers.app import celery_config, create_app, torch_threads, worker_settings

@@ -1,6 +1,6 @@
 """POST /v1/documents (a JSON batch or one uploaded file) and DELETE /v1/documents/{doc_id}.
 
-Parsing goes through ``services.documents`` exactly as ``dpr ingest`` reads JSONL rows and files; the items go
+Parsing goes through ``services.readers`` exactly as ``dpr ingest`` reads JSONL rows and files; the items go
 to the executor the settings chose (in-process on a background thread, or Celery workers): 202 and a job id.
 """
 
@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from entrypoints.api import schemas
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
-from services.documents import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.errors import DocumentError
+from services.readers import Document, DocumentFailure, Item, iter_documents, parse_json_row
 from services.settings import Settings
 
 UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")

@@ -1,0 +1,179 @@
+"""`dpr eval`: BM25, the base model and trained towers on one BEIR or SQuAD dataset, through the real store."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
+from services.errors import ConfigError
+from services.readers import DatasetFormat, dataset_format, load_dataset
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DatasetFormatOption = Annotated[str, typer.Option("--format", help="auto | beir | squad")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(evaluate)
+
+
+def evaluate(
+    ctx: typer.Context,
+    data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON.")],
+    fmt: DatasetFormatOption = "auto",
+    split: Annotated[str, typer.Option(help="BEIR qrels split, or SQuAD article split (test | train | all).")] = "test",
+    model: Annotated[
+        str | None, typer.Option(help="Trained model to compare (name, path or 'active'); default: active.")
+    ] = None,
+    bm25_only: Annotated[bool, typer.Option("--bm25", help="Only the BM25 baseline.")] = False,
+    no_base: Annotated[bool, typer.Option("--no-base", help="Skip the untrained base model.")] = False,
+    in_memory: Annotated[
+        bool, typer.Option("--in-memory", help="Exact scan in memory instead of the real store (faster, no chunks).")
+    ] = False,
+    max_queries: Annotated[int | None, typer.Option(help="Evaluate on the first N queries (by id).")] = None,
+    k: Annotated[int, typer.Option(min=1, max=1000, help="Depth of each ranking.")] = 100,
+    report: Annotated[Path | None, typer.Option(help="Write report.md, results.json and PNG plots here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    mode: Annotated[
+        str, typer.Option(help="Store modes: dense | sparse | hybrid | all (sparse/hybrid ingest BM25 vectors too).")
+    ] = "dense",
+    tuned_from: Annotated[
+        str | None, typer.Option("--tuned-from", help="Hybrid fusion from this collection's settings (tune-hybrid).")
+    ] = None,
+    fusion: Annotated[str | None, typer.Option(help="Hybrid fusion: rrf | linear (overrides --tuned-from).")] = None,
+    weight: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Linear fusion: dense weight.")] = None,
+    rrf_k: Annotated[int | None, typer.Option(min=1, help="RRF constant k.")] = None,
+) -> None:
+    """Compare BM25, the base model and the trained model on one dataset (nDCG@10, MRR@10, recall@k, answer@k)."""
+    settings = get_settings(ctx)
+    kind = detect_dataset_format(data, fmt)
+    if kind not in ("beir", "squad"):
+        fail(f"--format {kind!r} cannot be evaluated; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)
+    if mode not in ("dense", "sparse", "hybrid", "all"):
+        fail(f"--mode {mode!r} is not known; use dense, sparse, hybrid or all", code=EXIT_USAGE)
+    if fusion is not None and fusion not in ("rrf", "linear"):
+        fail(f"--fusion {fusion!r} is not known; use rrf or linear", code=EXIT_USAGE)
+    with cli_errors():
+        hybrid = _hybrid_options(settings, tuned_from, fusion, weight, rrf_k)
+        modes = ("dense", "sparse", "hybrid") if mode == "all" else (mode,)
+        try:
+            result = run_evaluation(
+                settings, data, kind, split, model, bm25_only, no_base, in_memory, max_queries, k,
+                modes=modes, hybrid=hybrid,
+            )  # fmt: skip
+        except ValueError as e:  # DataError, and the encoders' argument checks
+            fail(str(e))
+        md = None
+        if report is not None:
+            from encoders.evaluate import write_report
+
+            md = write_report(result, report)
+    _print_report(result, md, as_json)
+
+
+def _print_report(result: Any, md: Path | None, as_json: bool) -> None:
+    if as_json:
+        out = result.to_json()
+        if md is not None:
+            out["report"] = str(md)
+        emit_json(out)
+        return
+    table = Table(title=f"{result.dataset}: {result.queries} queries, {result.documents} documents")
+    table.add_column("system")
+    names = result.metric_names()
+    for n in names:
+        table.add_column(n, justify="right")
+    table.add_column("s", justify="right")
+    for r in result.results:
+        table.add_row(r.system, *[f"{r.metrics.get(n, float('nan')):.3f}" for n in names], f"{r.seconds:.0f}")
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if md is not None:
+        console.print(f"report: {md}")
+
+
+def detect_dataset_format(path: Path, fmt: str) -> DatasetFormat:
+    """``services.readers.dataset_format``; a path it cannot place is a usage error (exit 2)."""
+    try:
+        return dataset_format(path, fmt)
+    except ConfigError as e:
+        fail(str(e), code=EXIT_USAGE)
+
+
+def run_evaluation(
+    settings: Settings,
+    data: Path,
+    kind: str,
+    split: str,
+    model: str | None,
+    bm25_only: bool,
+    no_base: bool,
+    in_memory: bool,
+    max_queries: int | None,
+    k: int,
+    modes: tuple[str, ...] = ("dense",),
+    hybrid: tuple[Any, str] | None = None,
+) -> Any:
+    """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store."""
+    from encoders.towers import resolve_model_path
+    from services.evaluation import compare_systems
+
+    dataset = load_dataset(data, split, kind)
+    if max_queries is not None:
+        dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
+    models: list[str] = []
+    if not bm25_only:
+        if not no_base:
+            models.append("base")
+        _, trained_name = resolve_model_path(model or "active", settings.models_dir)
+        if trained_name != "base":
+            models.append(model or trained_name)
+    options, note = hybrid if hybrid is not None else (None, "")
+    return compare_systems(
+        dataset, settings=settings, models=models, in_memory=in_memory, k=k, modes=modes, hybrid=options,
+        hybrid_note=note,
+    )  # fmt: skip
+
+
+def _hybrid_options(
+    settings: Settings, tuned_from: str | None, fusion: str | None, weight: float | None, rrf_k: int | None
+) -> tuple[Any, str]:
+    """Hybrid fusion for `dpr eval`: explicit flags over ``--tuned-from`` settings over the defaults; and a note."""
+    from services.evaluation import describe_fusion
+    from services.query import QueryOptions
+
+    tuned: dict[str, Any] = {}
+    source = "defaults"
+    if tuned_from is not None:
+        from services.query import active_spec
+        from services.store import open_store
+
+        store = open_store(settings.model_copy(update={"collection": tuned_from}))
+        try:
+            tuned = dict(active_spec(store).settings.get("hybrid") or {})
+        finally:
+            store.close()
+        if not tuned:
+            fail(f"collection {tuned_from!r} has no tuned hybrid settings; run `dpr tune-hybrid DATA --collection "
+                 f"{tuned_from}` first, or pass --fusion/--weight/--rrf-k")  # fmt: skip
+        on = tuned.get("tuned_on") or {}
+        source = (
+            f"tuned in collection {tuned_from!r} on {on.get('dataset', '?')} ({on.get('queries', '?')} dev queries)"
+        )
+    options = QueryOptions(
+        mode="hybrid",
+        fusion=fusion or tuned.get("fusion", "rrf"),  # type: ignore[arg-type]
+        rrf_k=rrf_k or tuned.get("rrf_k", 60),
+        linear_weight=weight if weight is not None else tuned.get("linear_weight", 0.5),
+        candidates=tuned.get("candidates"),
+    )
+    if fusion is not None or weight is not None or rrf_k is not None:
+        source = "given on the command line" + (f" (rest {source})" if tuned else "")
+    return options, f"{describe_fusion(options)} ({source})"

@@ -1,0 +1,97 @@
+"""`dpr models list|show|activate`: the trained towers under DATA_DIR/models."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from entrypoints.cli.common import console, emit_json, fail, get_settings
+
+if TYPE_CHECKING:
+    from encoders.registry import ModelEntry
+
+log = logging.getLogger(__name__)
+
+models_app = typer.Typer(name="models", help="Trained towers: list, show, activate.", no_args_is_help=True)
+
+
+Name = Annotated[str, typer.Argument(help="Model name, or 'base'.")]
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """Trained models under DATA_DIR/models, newest first."""
+    from encoders.registry import active_name, list_models
+
+    settings = get_settings(ctx)
+    entries = list_models(settings.models_dir)
+    active = active_name(settings.models_dir)
+    if as_json:
+        emit_json({"active": active, "models": [e.summary() for e in entries]})
+        return
+    table = Table(title=f"models in {settings.models_dir} (active: {active})")
+    for col in ("", "name", "towers", "data", "dev nDCG@10", "fingerprint", "trained"):
+        table.add_column(col)
+    for e in entries:
+        s = e.summary()
+        dev = s["dev_ndcg@10"]
+        table.add_row(
+            "*" if e.active else "",
+            e.name,
+            str(s["towers"] or ""),
+            str(s["data"] or ""),
+            f"{dev:.3f}" if isinstance(dev, float) else "",
+            str(s["fingerprint"] or ""),
+            str(s["trained_at"] or ""),
+        )
+    console.print(table)
+    if not entries:
+        console.print("no trained models yet; train one with `dpr train DATA`")
+
+
+@models_app.command("show")
+def models_show(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
+    """A model's card: base, training data, hyper-parameters, dev metrics, fingerprint."""
+    import json
+
+    from encoders.registry import show_model
+
+    entry = _entry(ctx, show_model, name)
+    if as_json:
+        emit_json({"name": entry.name, "path": str(entry.path), "active": entry.active, "card": entry.card})
+        return
+    console.print(f"[bold]{entry.name}[/]{' (active)' if entry.active else ''}  {entry.path}")
+    console.print_json(json.dumps(entry.card, default=str))
+
+
+@models_app.command("activate")
+def models_activate(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
+    """Make NAME the active model (DPR_ENCODER__MODEL=active resolves to it). Re-embed collections afterwards."""
+    from encoders.registry import activate
+
+    entry = _entry(ctx, activate, name)
+    if as_json:
+        emit_json({"active": entry.name, "fingerprint": entry.card.get("fingerprint"), "path": str(entry.path)})
+        return
+    console.print(f"active model: [bold]{entry.name}[/] (fingerprint {entry.card.get('fingerprint')})")
+    console.print("collections embedded by another model must be re-embedded: `dpr reembed`")
+
+
+def _entry(ctx: typer.Context, lookup: Callable[[Path, str], ModelEntry], name: str) -> ModelEntry:
+    """``lookup(models_dir, name)``; an unknown model is one line on stderr and a non-zero exit."""
+    from encoders.registry import ModelNotFound
+
+    try:
+        return lookup(get_settings(ctx).models_dir, name)
+    except ModelNotFound as e:
+        fail(str(e))

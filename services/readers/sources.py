@@ -1,0 +1,79 @@
+"""What a path holds, and the one entry to read it: documents to ingest (``iter_documents``) or a data set to
+train or evaluate on (``load_dataset``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from encoders.data import RetrievalDataset
+from services.errors import ConfigError
+from services.readers.beir import beir_corpus_path, load_beir
+from services.readers.files import iter_files
+from services.readers.jsonl import iter_jsonl
+from services.readers.records import Item
+from services.readers.squad import load_squad
+
+InputFormat = Literal["auto", "files", "jsonl", "beir"]
+DatasetFormat = Literal["beir", "squad", "jsonl"]
+
+
+def detect_format(path: Path) -> InputFormat:
+    """Documents to ingest: a BEIR folder or corpus file, a JSONL file, else files."""
+    if path.is_dir():
+        return "beir" if beir_corpus_path(path) is not None else "files"
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        return "beir" if name.startswith("corpus.jsonl") else "jsonl"
+    return "files"
+
+
+def iter_documents(
+    paths: Iterable[str | Path], fmt: InputFormat = "auto", max_bytes: int = 20_000_000
+) -> Iterator[Item]:
+    """Every document (or failure, or skip) under ``paths``, in a stable order."""
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise ConfigError(f"{path}: no such file or directory; check the path")
+        kind = detect_format(path) if fmt == "auto" else fmt
+        if kind == "files":
+            yield from iter_files(path, max_bytes)
+        elif kind == "jsonl":
+            if path.is_dir():
+                raise ConfigError(f"{path}: --format jsonl needs a .jsonl file, not a folder")
+            yield from iter_jsonl(path, max_bytes)
+        elif kind == "beir":
+            corpus = beir_corpus_path(path) if path.is_dir() else path
+            if corpus is None:
+                raise ConfigError(f"{path}: no corpus.jsonl or corpus.jsonl.gz here; is it a BEIR folder?")
+            yield from iter_jsonl(corpus, max_bytes)
+        else:  # pragma: no cover - typer validates the choice
+            raise ConfigError(f"unknown format {fmt!r}; use auto, files, jsonl or beir")
+
+
+def dataset_format(path: Path, fmt: str = "auto") -> DatasetFormat:
+    """Training or evaluation data: a BEIR folder, SQuAD JSON or labelled-pairs JSONL (``fmt`` wins unless auto)."""
+    if fmt in ("beir", "squad", "jsonl"):
+        return fmt  # type: ignore[return-value]
+    if fmt != "auto":
+        raise ConfigError(f"--format {fmt!r} is not known; use auto, beir, squad or jsonl")
+    if path.is_dir():
+        return "beir"
+    name = path.name.lower()
+    if name.endswith((".json", ".json.gz")):
+        return "squad"
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        return "jsonl"
+    raise ConfigError(f"{path}: cannot tell the format; pass --format beir|squad|jsonl")
+
+
+def load_dataset(path: Path, split: str, fmt: str = "auto") -> RetrievalDataset:
+    """Queries, corpus and judgments from a BEIR folder (qrels split) or SQuAD JSON (article split)."""
+    kind = dataset_format(path, fmt)
+    if kind == "beir":
+        return load_beir(path, split)
+    if kind == "squad":
+        return load_squad(path, split)  # type: ignore[arg-type]
+    raise ConfigError(f"{path}: labelled pairs JSONL has no queries and judgments; use a BEIR folder or SQuAD JSON")

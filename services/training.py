@@ -1,0 +1,170 @@
+"""The one training recipe, used by `dpr train` and the quality benchmark: read the data (``services.readers``),
+build (question, passage) pairs (labelled from BEIR / SQuAD / JSONL, or self-supervised ICT / title from a corpus
+or an ingested collection), hold dev queries out, mine BM25 hard negatives, train (``encoders.train``).
+
+torch and sentence-transformers are imported only when training starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs, split_dev_queries
+from encoders.mining import MiningConfig
+from encoders.pairs import SelfSupervisedMode, self_supervised_pairs
+from services.errors import ConfigError
+from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl
+from services.settings import Settings
+
+if TYPE_CHECKING:
+    from encoders.train import ProgressFn, TrainConfig, TrainResult
+
+log = logging.getLogger(__name__)
+
+DEV_SPLIT_SEED = 13  # the dev queries `dpr train`, the benchmarks and `dpr tune-hybrid` hold out
+
+
+@dataclass
+class TrainingData:
+    """What to train on; the hyper-parameters are ``encoders.train.TrainConfig``.
+
+    - ``data``: a BEIR folder, SQuAD JSON or labelled-pairs JSONL; with ``self_supervised``, a corpus (BEIR folder
+      or corpus JSONL). ``corpus``: looks up JSONL pairs' ``positive_id``.
+    - ``from_collection``: self-supervised pairs (``both`` unless ``self_supervised`` says otherwise) from an
+      ingested collection.
+    - ``max_pairs``: a cap on pairs (a seeded sample of labelled pairs; self-supervised pairs are shuffled, then cut).
+    - ``seed``: shuffles and samples the pairs (the trainer's seed is ``TrainConfig.seed``).
+    """
+
+    data: Path | None = None
+    fmt: str = "auto"
+    split: str = "train"
+    corpus: Path | None = None
+    self_supervised: SelfSupervisedMode | None = None
+    from_collection: str | None = None
+    max_pairs: int | None = None
+    dev_queries: int = 100
+    seed: int = 42
+    mining: MiningConfig = field(default_factory=MiningConfig)
+
+
+@dataclass
+class TrainingSet:
+    """Pairs ready to train on, the corpus they come from (negatives, mining), dev queries and the card's data info."""
+
+    pairs: list[TrainPair]
+    corpus: Corpus
+    dev: RetrievalDataset | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def train_model(
+    settings: Settings,
+    data: TrainingData,
+    config: TrainConfig,
+    *,
+    base: str = "base",
+    progress: ProgressFn | None = None,
+) -> TrainResult:
+    """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``."""
+    from encoders.towers import resolve_model_path
+    from encoders.train import train
+
+    base_path, _ = resolve_model_path(base, settings.models_dir)
+    training = build_training_set(settings, data)
+    return train(
+        training.pairs,
+        settings.models_dir,
+        config,
+        base=base_path,
+        corpus=training.corpus or None,
+        dev=training.dev,
+        data_info=training.info,
+        progress=progress,
+    )
+
+
+def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
+    """Pairs (labelled or self-supervised) with BM25 hard negatives from their corpus."""
+    if data.self_supervised is not None or data.from_collection is not None:
+        training = _self_supervised_set(settings, data)
+    elif data.data is None:
+        raise ConfigError("give DATA: a BEIR folder, SQuAD JSON or labelled pairs JSONL")
+    elif dataset_format(data.data, data.fmt) == "jsonl":
+        training = _pairs_file_set(data.data, data)
+    else:
+        training = _labelled_set(data.data, data)
+    mining = data.mining
+    if mining.num_negatives and training.corpus:
+        from encoders.mining import BM25Index, mine_hard_negatives
+
+        index = BM25Index(list(training.corpus.values()))
+        training.pairs = mine_hard_negatives(training.pairs, index, training.corpus, mining)
+    training.info["mining"] = {"bm25": "bm25s", **mining.__dict__}
+    return training
+
+
+def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
+    if data.from_collection is not None:
+        corpus = collection_corpus(settings, data.from_collection)
+        dataset = f"collection:{data.from_collection}"
+    elif data.data is not None:
+        corpus = load_corpus(data.data)
+        dataset = str(data.data)
+    else:
+        raise ConfigError("self-supervised training needs DATA (a corpus) or --from-collection")
+    mode = data.self_supervised or "both"
+    pairs = self_supervised_pairs(list(corpus.values()), mode, seed=data.seed, max_pairs=data.max_pairs)
+    return TrainingSet(pairs, corpus, info={"dataset": dataset, "self_supervised": mode})
+
+
+def _pairs_file_set(path: Path, data: TrainingData) -> TrainingSet:
+    corpus = load_corpus(data.corpus) if data.corpus else {}
+    pairs = _capped(load_pairs_jsonl(path, corpus or None), data)
+    return TrainingSet(pairs, corpus, info={"format": "jsonl", "dataset": str(path)})
+
+
+def _labelled_set(path: Path, data: TrainingData) -> TrainingSet:
+    """A BEIR or SQuAD split: ``dev_queries`` held out for dev metrics, one pair per judged (query, document)."""
+    full = load_dataset(path, data.split, data.fmt)
+    train_ids, dev_ids = split_dev_queries(sorted(full.queries), data.dev_queries, seed=DEV_SPLIT_SEED)
+    dev = full.subset(dev_ids, name=f"{full.name}-dev{len(dev_ids)}") if dev_ids else None
+    train_ds = full.subset(train_ids)
+    info = {
+        "format": dataset_format(path, data.fmt),
+        "dataset": full.name,
+        "split": data.split,
+        "train_queries": len(train_ids),
+        "dev_queries": len(dev_ids),
+        "data_fingerprint": train_ds.fingerprint(),
+    }
+    return TrainingSet(_capped(labelled_pairs(train_ds), data), full.corpus, dev, info)
+
+
+def _capped(pairs: list[TrainPair], data: TrainingData) -> list[TrainPair]:
+    """At most ``max_pairs`` labelled pairs: a sample seeded with ``data.seed``, in the sample's order."""
+    if data.max_pairs is None or len(pairs) <= data.max_pairs:
+        return pairs
+    return random.Random(data.seed).sample(pairs, data.max_pairs)
+
+
+def collection_corpus(settings: Settings, collection: str) -> Corpus:
+    """Passages of an ingested collection as a corpus (one entry per stored chunk)."""
+    from services.store import open_store
+
+    store = open_store(settings.model_copy(update={"collection": collection}))
+    corpus: Corpus = {}
+    try:
+        for batch in store.scroll():
+            for p in batch:
+                key = f"{p.doc_id}#{p.chunk_index}"
+                corpus[key] = CorpusDoc(key, p.title, p.text)
+    finally:
+        store.close()
+    if not corpus:
+        raise ConfigError(f"collection {collection!r} holds no passages; ingest documents first (`dpr ingest PATH`)")
+    return corpus
