@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_redis import FakeRedis
+from kit.fake_redis import FakeRedis
 
 from services.documents import Document, DocumentFailure, Skipped
 from services.jobs import JobStore

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fake_redis import FakeRedis
+from kit.fake_redis import FakeRedis
 
 from services.errors import TransientError
 from services.jobs import JobNotFound, JobStore, JobStoreUnavailable, redact_url, summarize
