@@ -1,5 +1,6 @@
 """Session-wide fixtures and guards.
 
+- Every test names its suite (``unit`` / ``integration`` / ``slow``): collection refuses a test with none.
 - ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect.
 - ``shared_data``: the ``../shared/data`` folder beside the repo (present on developer machines and CI, not on a
   user's machine); tests that need it skip with a reason when it is missing.
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit.policy import refuse_unmarked
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,6 +27,11 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 class NetworkBlocked(RuntimeError):
     pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: an unmarked test is an error whatever the selection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    refuse_unmarked(items)
 
 
 @pytest.fixture(autouse=True)

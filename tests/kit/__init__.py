@@ -3,5 +3,6 @@
 - ``kit.fakes``: ``HashTowers`` (deterministic towers behind the ``DualEncoder`` interface), ``CountingTowers``
   (a spy over any towers), ``FakeRuntime`` (towers + BM25 + an in-process store).
 - ``kit.fake_redis``: ``FakeRedis``, a dict-backed stand-in for the redis-py calls the job store makes.
-- ``kit.env``: ``make_settings`` and the ``DPR_*`` / ``.env`` scrub the unit and integration suites apply.
+- ``kit.policy``: what every suite agrees on: unmarked tests refused, ``make_settings`` and the ``DPR_*`` /
+  ``.env`` scrub the unit and integration suites apply.
 """
