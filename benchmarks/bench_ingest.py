@@ -5,7 +5,8 @@ tokenizer and the default chunk settings):
 
 1. raw passage-tower throughput: ``towers.encode_documents`` on the pre-chunked texts (this process, all cores),
    measured before and after steps 2-3 and averaged, because the machine is shared;
-2. end-to-end in-process ingest: ``services.ingest.ingest_documents`` into a fresh embedded store (chunk,
+2. end-to-end in-process ingest: ``dpr ingest``'s path (a recorded in-process job,
+   ``services.jobs.LocalExecutor``) into a fresh embedded store (chunk,
    encode, BM25, upsert, stale-chunk cleanup) with the default settings, as `dpr ingest` without a broker;
 3. end-to-end through Redis + 2 ``dpr worker`` processes (prefork, concurrency 1, 1 torch thread each): submit +
    wait, after a warm-up job that loads the model in both workers;
@@ -41,6 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +53,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
+from entrypoints.compose import executor_for  # noqa: E402
 from services.documents import Document, iter_documents  # noqa: E402
 from services.settings import ChunkSettings, Settings  # noqa: E402
 
@@ -104,23 +107,17 @@ def bench_raw(towers: Any, texts: list[str]) -> float:
 
 
 def bench_in_process(towers: Any, docs: list[Document], work: Path) -> tuple[float, Any]:
-    from services.ingest import ingest_documents
+    from services.runtime import Runtime
     from services.sparse import default_embedder
-    from services.store import open_store
 
     settings = Settings(data_dir=work / "in_process", collection="bench")
-    store = open_store(settings)
-    try:
-        t0 = time.perf_counter()
-        report = ingest_documents(
-            docs, store=store, towers=towers, chunking=settings.chunk, sparse=default_embedder(),
-            batch_size=ENCODE_BATCH, batch_documents=settings.celery.batch_documents,
-            batch_bytes=settings.celery.batch_bytes,
-        )
+    settings = settings.model_copy(update={"encoder": settings.encoder.model_copy(update={"batch_size": ENCODE_BATCH})})
+    with Runtime(settings, towers=towers, sparse=default_embedder()) as runtime:
+        t0 = time.perf_counter()  # the path `dpr ingest` takes without a broker: a recorded in-process job
+        job = executor_for(runtime).submit(docs, collection=settings.collection).job
         seconds = time.perf_counter() - t0
-    finally:
-        store.close()
-    return seconds, report
+        report = runtime.jobs.status(job)
+    return seconds, SimpleNamespace(**report)
 
 
 # --- 3: Redis + 2 workers ------------------------------------------------------------------------------------
@@ -179,8 +176,8 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, Any], dict[str, float]]:
-    from services.jobs import JobStore
-    from workers.dispatch import submit_ingest, wait_for_job
+    from services.jobs import wait_for_job
+    from workers.executor import CeleryExecutor
 
     root = work / "workers"
     root.mkdir()
@@ -200,17 +197,21 @@ def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, An
         # warm-up: one-document batches into another collection until both workers have loaded the model
         warm = settings.model_copy(update={"collection": "warmup",
                                            "celery": settings.celery.model_copy(update={"batch_documents": 1})})
+        executor = CeleryExecutor(settings)
         for attempt in range(3):
-            job = submit_ingest(warm, docs[attempt * 8:(attempt + 1) * 8]).job
-            wait_for_job(warm, job, show_progress=False, timeout=300)
-            started = JobStore.from_url(url).started(job)
+            job = CeleryExecutor(warm).submit(docs[attempt * 8:(attempt + 1) * 8], collection="warmup").job
+            wait_for_job(executor.jobs, job, timeout=300)
+            started = executor.jobs.started(job)
             if len({s["worker"] for s in started.values()}) == 2:
                 break
         t0 = time.perf_counter()
-        submitted = submit_ingest(settings, docs)
-        status = wait_for_job(settings, submitted.job, show_progress=False, poll=0.1, timeout=3600)
+        submitted = executor.submit(docs, collection=settings.collection)
+        status = wait_for_job(executor.jobs, submitted.job, poll=0.1, timeout=3600)
         seconds = time.perf_counter() - t0
-        meta, batches, started = JobStore.from_url(url).raw(submitted.job)
+        raw = executor.jobs.raw(submitted.job)
+        meta = raw[""]
+        batches = {int(k): json.loads(v) for k, v in raw["batches"].items()}
+        started = {int(k): json.loads(v) for k, v in raw["started"].items()}
         busy = sum(float(b["finished"]) - float(started[n]["at"]) for n, b in batches.items() if n in started)
         profile = {"busy_seconds": busy, "created": float(meta["created"]), "sealed": float(meta.get("sealed_at", 0))}
         return seconds, status, profile
@@ -244,26 +245,21 @@ class RecordingTowers:
 
 def child_full_ingest(out: Path, limit: int | None) -> None:
     """Runs in a child process: ingest every SciFact abstract in-process, as `dpr ingest` without a broker does."""
-    from services.ingest import ingest_documents
     from services.runtime import Runtime
 
     settings = Settings(data_dir=out / "data", collection="scifact")
     runtime = Runtime(settings)
     towers = RecordingTowers(runtime.towers)
+    runtime = Runtime(settings, towers=towers)
     t0 = time.perf_counter()
     items = iter_documents([SCIFACT], fmt="beir", max_bytes=settings.max_document_bytes)
-    report = ingest_documents(
-        itertools.islice(items, limit),
-        store=runtime.store, towers=towers, chunking=settings.chunk, sparse=runtime.sparse,
-        batch_size=settings.encoder.batch_size, batch_documents=settings.celery.batch_documents,
-        batch_bytes=settings.celery.batch_bytes,
-    )
+    job = executor_for(runtime).submit(itertools.islice(items, limit), collection=settings.collection).job
     seconds = time.perf_counter() - t0
+    report = SimpleNamespace(to_json=lambda: runtime.jobs.status(job))
     runtime.close()
     np.save(out / "vectors.npy", np.concatenate(towers.vectors))
     (out / "texts.json").write_text(json.dumps(towers.texts))
-    (out / "report.json").write_text(json.dumps({**report.to_json(), "wall": seconds,
-                                                "encode_seconds": report.encode_seconds}))
+    (out / "report.json").write_text(json.dumps({**report.to_json(), "wall": seconds}))
 
 
 def bench_full(work: Path, limit: int | None) -> tuple[float, int, dict[str, Any]]:
@@ -301,12 +297,13 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
     from services.ingest import collection_spec
     from services.sparse import default_embedder
-    from services.store.edge import EdgeStore
+    from services.store import Store
+    from services.store.engines.edge import EdgeEngine
     from services.store.points import Passage, PassagePoint
 
     sparse = default_embedder()
     sparse_of = [sparse.embed_document(t) for t in texts]
-    store = EdgeStore(path, "bench", lock_timeout=60, idle_release=30)
+    store = Store(EdgeEngine(path, "bench", lock_timeout=60, idle_release=30))
     store.ensure_collection(collection_spec(towers, sparse=True))
     batch: list[PassagePoint] = []
     for doc_id, src, v in synthetic_points(vectors, total):

@@ -65,10 +65,11 @@ def main() -> None:
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import reembed as rb
     from services.documents import Document
-    from services.ingest import ingest_documents
+    from services.ingest import IngestPipeline
     from services.settings import Settings
     from services.sparse import default_embedder
-    from services.store.edge import EdgeStore
+    from services.store import Store
+    from services.store.engines.edge import EdgeEngine
 
     corpus = load_beir(DATA, "test").corpus
     docs = [Document(doc_id=d.doc_id, text=d.text, title=d.title, source="scifact")
@@ -82,11 +83,11 @@ def main() -> None:
         sparse = default_embedder()
         base.encode_documents(["warm up"]), v2.encode_documents(["warm up"])  # load both models before timing
 
-        def ingest(towers: SentenceTransformerTowers, alias: str, label: str) -> EdgeStore:
-            store = EdgeStore(work / "store", alias)
+        def ingest(towers: SentenceTransformerTowers, alias: str, label: str) -> Store:
+            store = Store(EdgeEngine(work / "store", alias))
             t0 = time.perf_counter()
-            report = ingest_documents(docs, store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
-                                      batch_size=settings.encoder.batch_size)
+            report = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
+                                    batch_size=settings.encoder.batch_size).ingest(docs)
             seconds = time.perf_counter() - t0
             rows.append((label, report.chunks, seconds, f"{len(docs)} documents"))
             return store

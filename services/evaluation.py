@@ -1,7 +1,7 @@
 """Evaluation through the real store: the product's ingest path and query path, not an in-memory matrix.
 
 ``store_retriever(towers, ...)`` returns an ``encoders.evaluate.Retriever`` that ingests the evaluation corpus
-into a temporary embedded collection (``ingest_documents``: chunking by the passage tower's tokenizer, passage
+into a temporary embedded collection (``IngestPipeline``: chunking by the passage tower's tokenizer, passage
 tower, ``store.upsert``), asks every question with ``search_many`` (question tower, tower check, ``store.search``),
 and aggregates chunk hits to documents (max score per document) for document-level metrics. The temporary store
 is deleted afterwards.
@@ -29,7 +29,7 @@ from encoders.evaluate import (
 )
 from encoders.towers import DualEncoder, SentenceTransformerTowers, resolve_model_path
 from services.documents import Document
-from services.ingest import IngestReport, ingest_documents
+from services.ingest import IngestPipeline, IngestReport
 from services.query import QueryOptions, search_many
 from services.settings import Settings
 from services.store import open_store
@@ -94,24 +94,8 @@ def store_retriever(
             store = open_store(cfg)
             try:
                 docs = dataset_documents(dataset)
-                done = 0
-
-                def on_batch(part: IngestReport) -> None:
-                    nonlocal done
-                    done += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
-                    if progress is not None:
-                        progress(done, len(docs))
-
-                report = ingest_documents(
-                    docs,
-                    store=store,
-                    towers=towers,
-                    chunking=cfg.chunk,
-                    sparse=None,
-                    batch_size=cfg.encoder.batch_size,
-                    batch_documents=cfg.celery.batch_documents,
-                    batch_bytes=cfg.celery.batch_bytes,
-                    progress=on_batch,
+                report = IngestPipeline.from_settings(cfg, store=store, towers=towers, sparse=None).ingest(
+                    docs, progress=_counting(progress, len(docs))
                 )
                 if report.failed:
                     log.warning("documents failed to ingest", extra={"failed": len(report.failed)})
@@ -220,27 +204,12 @@ class StoreCorpus:
         cfg = eval_settings(self.settings, self._tmp, self.collection)
         self._store = open_store(cfg)
         docs = dataset_documents(dataset)
-        done = 0
-
-        def on_batch(part: IngestReport) -> None:
-            nonlocal done
-            done += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
-            if self.progress is not None:
-                self.progress(done, len(docs))
-
         from services.sparse import default_embedder
 
-        self.ingest_report = ingest_documents(
-            docs,
-            store=self._store,
-            towers=self.towers,
-            chunking=cfg.chunk,
-            sparse=default_embedder() if self.sparse else None,
-            batch_size=cfg.encoder.batch_size,
-            batch_documents=cfg.celery.batch_documents,
-            batch_bytes=cfg.celery.batch_bytes,
-            progress=on_batch,
+        pipeline = IngestPipeline.from_settings(
+            cfg, store=self._store, towers=self.towers, sparse=default_embedder() if self.sparse else None
         )
+        self.ingest_report = pipeline.ingest(docs, progress=_counting(self.progress, len(docs)))
         if self.ingest_report.failed:
             log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
         self._corpus_key = key
@@ -368,3 +337,16 @@ def describe_fusion(options: QueryOptions) -> str:
     head = f"rrf k={options.rrf_k or 60}" if fusion == "rrf" else f"linear min-max, dense weight {weight:g}"
     cand = f"{options.candidates} candidates per branch" if options.candidates else "candidates = max(100, chunk depth)"
     return f"{head}, {cand}"
+
+
+def _counting(progress: Callable[[int, int], None] | None, total: int) -> Callable[[IngestReport], None]:
+    """An ingest progress hook that reports (items done, total) to ``progress``."""
+    done = 0
+
+    def on_batch(part: IngestReport) -> None:
+        nonlocal done
+        done += part.items
+        if progress is not None:
+            progress(done, total)
+
+    return on_batch

@@ -28,6 +28,7 @@ from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import StoreCorpus, dataset_documents
 from services.query import QueryOptions
 from services.settings import Settings
+from services.store.common import require_sparse
 from services.store.points import Fusion
 from services.store.protocol import VectorStore
 
@@ -247,11 +248,7 @@ def check_target(store: VectorStore) -> None:
             f"collection {store.alias!r} does not exist, so there is nowhere to store the tuned fusion; ingest "
             f"your documents first (`dpr ingest PATH --collection {store.alias}`), then tune"
         )
-    if not info.active.spec.sparse:
-        raise ConfigError(
-            f"collection {store.alias!r} (generation {info.active.name}) is dense-only: it has no BM25 sparse "
-            "vectors, so hybrid search cannot run on it; re-ingest or `dpr reembed` it with sparse vectors first"
-        )
+    require_sparse(store.alias, info.active.name, info.active.spec, "hybrid")
 
 
 def tune_hybrid(

@@ -21,7 +21,7 @@ from services.chunking import Chunk, chunk_text
 from services.documents import Document, DocumentFailure, Item, Skipped
 from services.errors import DocumentError
 from services.locks import NoFence, WriteFence
-from services.settings import ChunkSettings
+from services.settings import ChunkSettings, Settings
 from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
 from services.store.protocol import VectorStore
 
@@ -45,6 +45,12 @@ class IngestReport:
     failed: list[dict[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     encode_seconds: float = 0.0
+    upsert_seconds: float = 0.0
+
+    @property
+    def items(self) -> int:
+        """Input items this report accounts for (written, unchanged, failed or skipped)."""
+        return self.documents + self.unchanged + len(self.failed) + len(self.skipped)
 
     def add(self, other: IngestReport) -> None:
         self.documents += other.documents
@@ -54,6 +60,7 @@ class IngestReport:
         self.skipped.extend(other.skipped)
         self.failed.extend(other.failed)
         self.encode_seconds += other.encode_seconds
+        self.upsert_seconds += other.upsert_seconds
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,20 +72,8 @@ class IngestReport:
             "skipped": self.skipped,
             "failed": self.failed,
             "seconds": round(self.seconds, 3),
+            "encode_seconds": round(self.encode_seconds, 3),
         }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> IngestReport:
-        return cls(
-            job=str(data.get("job", "")),
-            documents=int(data.get("documents", 0)),
-            unchanged=int(data.get("unchanged", 0)),
-            chunks=int(data.get("chunks", 0)),
-            title_truncated=int(data.get("title_truncated", 0)),
-            skipped=list(data.get("skipped", [])),
-            failed=list(data.get("failed", [])),
-            seconds=float(data.get("seconds", 0.0)),
-        )
 
 
 def new_job_id() -> str:
@@ -149,7 +144,7 @@ def ingest_batch(
     # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
     with (fence or NoFence()).shared():
         if generation is None:
-            active = store.info().active if towers_for is not None else None
+            active = store.active() if towers_for is not None else None
             if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
                 towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
             generation = store.ensure_collection(collection_spec(towers, sparse is not None))
@@ -195,75 +190,112 @@ def _write_documents(
         planned.append((doc, chunks))
 
     if planned:
-        texts = [c.encoder_text for _, chunks in planned for c in chunks]
-        t0 = time.perf_counter()
-        vectors = towers.encode_documents(texts, batch_size=batch_size)  # (n_passages, dim)
-        report.encode_seconds = time.perf_counter() - t0
-        sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
-        now = datetime.now(UTC).isoformat(timespec="seconds")
-        points: list[PassagePoint] = []
-        i = 0
-        for doc, chunks in planned:
-            for c in chunks:
-                passage = Passage(
-                    doc_id=doc.doc_id,
-                    chunk_index=c.index,
-                    text=c.text,
-                    title=c.title,
-                    doc_hash=doc.doc_hash,
-                    source=doc.source,
-                    ingested_at=now,
-                    model=towers.fingerprint,
-                    metadata=dict(doc.metadata),
-                )
-                points.append(
-                    PassagePoint(
-                        passage=passage,
-                        dense=vectors[i].tolist(),
-                        sparse=sparse_vectors[i] if sparse_vectors is not None else None,
-                    )
-                )
-                i += 1
-        store.upsert(points, generation=generation)
-        for doc, chunks in planned:
-            store.delete_stale(doc.doc_id, doc.doc_hash, len(chunks), generation=generation)
-        report.documents += len(planned)
-        report.chunks += len(points)
+        _encode_and_store(planned, report, store=store, towers=towers, sparse=sparse, batch_size=batch_size,
+                          generation=generation)
+
+
+def _encode_and_store(
+    planned: list[tuple[Document, list[Chunk]]],
+    report: IngestReport,
+    *,
+    store: VectorStore,
+    towers: DualEncoder,
+    sparse: SparseEncoder | None,
+    batch_size: int,
+    generation: str,
+) -> None:
+    """Encode every planned chunk in one passage-tower call, upsert the points, then drop stale chunks."""
+    texts = [c.encoder_text for _, chunks in planned for c in chunks]
+    t0 = time.perf_counter()
+    vectors = towers.encode_documents(texts, batch_size=batch_size)  # (n_passages, dim)
+    report.encode_seconds = time.perf_counter() - t0
+    sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    points: list[PassagePoint] = []
+    for doc, chunks in planned:
+        for c in chunks:
+            i = len(points)
+            passage = Passage(
+                doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
+                source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
+            )
+            points.append(PassagePoint(passage=passage, dense=vectors[i].tolist(),
+                                       sparse=sparse_vectors[i] if sparse_vectors is not None else None))
+    t0 = time.perf_counter()
+    store.upsert(points, generation=generation)
+    report.upsert_seconds = time.perf_counter() - t0
+    for doc, chunks in planned:
+        store.delete_stale(doc.doc_id, doc.doc_hash, len(chunks), generation=generation)
+    report.documents += len(planned)
+    report.chunks += len(points)
 
 
 ProgressFn = Callable[[IngestReport], None]
 
 
-def ingest_documents(
-    items: Iterable[Item],
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    chunking: ChunkSettings,
-    sparse: SparseEncoder | None = None,
-    batch_size: int = 32,
-    batch_documents: int = 64,
-    batch_bytes: int = 1_000_000,
-    job: str | None = None,
-    progress: ProgressFn | None = None,
-    fence: WriteFence | None = None,
-    towers_for: Callable[[str], DualEncoder] | None = None,
-) -> IngestReport:
-    """The in-process pipeline: every batch through ``ingest_batch``; ``progress`` gets each batch's report."""
-    total = IngestReport(job=job or new_job_id())
-    t0 = time.perf_counter()
-    for batch in batched_items(items, batch_documents, batch_bytes):
-        part = ingest_batch(
-            batch, store=store, towers=towers, chunking=chunking, sparse=sparse, batch_size=batch_size, job=total.job,
-            fence=fence, towers_for=towers_for,
+@dataclass
+class IngestPipeline:
+    """The one ingest pipeline: chunk (passage tower's tokenizer) -> passage tower -> BM25 sparse -> store.
+
+    Built once per process and collection from the settings (``IngestPipeline.from_settings``, or
+    ``services.runtime.Runtime.pipeline``); the CLI, the API, the Celery task, re-embed and evaluation all run
+    their batches through ``ingest_batch``. ``towers_for`` lets the towers follow the collection's active
+    generation (a re-embed or rollback may have moved it to another model)."""
+
+    store: VectorStore
+    towers: DualEncoder
+    chunking: ChunkSettings
+    sparse: SparseEncoder | None = None
+    batch_size: int = 32
+    batch_documents: int = 64
+    batch_bytes: int = 1_000_000
+    fence: WriteFence | None = None
+    towers_for: Callable[[str], DualEncoder] | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        store: VectorStore,
+        towers: DualEncoder,
+        sparse: SparseEncoder | None,
+        fence: WriteFence | None = None,
+        towers_for: Callable[[str], DualEncoder] | None = None,
+    ) -> IngestPipeline:
+        return cls(
+            store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
+            batch_size=settings.encoder.batch_size, batch_documents=settings.celery.batch_documents,
+            batch_bytes=settings.celery.batch_bytes, fence=fence, towers_for=towers_for,
         )
-        total.add(part)
-        if progress is not None:
-            progress(part)
-    total.seconds = time.perf_counter() - t0
-    return total
+
+    def batches(self, items: Iterable[Item]) -> Iterator[list[Item]]:
+        return batched_items(items, self.batch_documents, self.batch_bytes)
+
+    def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None) -> IngestReport:
+        return ingest_batch(
+            items, store=self.store, towers=self.towers, chunking=self.chunking, sparse=self.sparse,
+            batch_size=self.batch_size, job=job, generation=generation, fence=self.fence, towers_for=self.towers_for,
+        )
+
+    def ingest(self, items: Iterable[Item], job: str | None = None, progress: ProgressFn | None = None) -> IngestReport:
+        """Every batch through ``ingest_batch`` in this process; ``progress`` gets each batch's report. (Jobs
+        that are recorded, in-process or on workers, go through ``services.jobs``, which calls ``ingest_batch``.)"""
+        total = IngestReport(job=job or new_job_id())
+        t0 = time.perf_counter()
+        for batch in self.batches(items):
+            part = self.ingest_batch(batch, job=total.job)
+            total.add(part)
+            if progress is not None:
+                progress(part)
+        total.seconds = time.perf_counter() - t0
+        return total
+
+    def delete(self, doc_ids: Iterable[str]) -> int:
+        return delete_documents(doc_ids, store=self.store, fence=self.fence)
 
 
 def delete_documents(doc_ids: Iterable[str], *, store: VectorStore, fence: WriteFence | None = None) -> int:
+    """Remove every passage of each document, under the collection's write fence."""
     with (fence or NoFence()).shared():
         return store.delete_documents(list(doc_ids))

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from encoders.towers import DualEncoder
-from services.errors import CollectionNotFound, ConfigError, ModelMismatch
+from services.errors import CollectionNotFound, ConfigError
 from services.ingest import SparseEncoder
+from services.store.common import check_compatible, check_linear_weight, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
@@ -31,27 +32,18 @@ class QueryOptions:
 
 
 def active_spec(store: VectorStore) -> CollectionSpec:
-    info = store.info()
-    if info.active is None:
+    active = store.active()
+    if active is None:
         raise CollectionNotFound(
             f"collection {store.alias!r} does not exist yet; ingest something first (`dpr ingest PATH`)"
         )
-    return info.active.spec
+    return active.spec
 
 
 def check_towers(spec: CollectionSpec, towers: DualEncoder, alias: str) -> None:
     """Refuse towers that are not the partner of the passage tower that built the collection."""
-    if spec.dim != towers.dim or spec.distance != towers.similarity:
-        raise ModelMismatch(
-            f"collection {alias!r} holds {spec.dim}-dim {spec.distance} vectors but the question tower gives "
-            f"{towers.dim}-dim {towers.similarity}; query with the model that built it or run `dpr reembed`"
-        )
-    if spec.model != towers.fingerprint:
-        raise ModelMismatch(
-            f"collection {alias!r} was embedded by model {spec.model}, but the question tower is model "
-            f"{towers.fingerprint}; select the partner model (DPR_ENCODER__MODEL / `dpr models activate`) "
-            "or re-embed the collection with `dpr reembed`"
-        )
+    wanted = CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint)
+    check_compatible(alias, None, spec, wanted)
 
 
 def resolve_request(spec: CollectionSpec, options: QueryOptions, alias: str) -> SearchRequest:
@@ -60,14 +52,9 @@ def resolve_request(spec: CollectionSpec, options: QueryOptions, alias: str) -> 
         raise ConfigError(f"k={options.k} is out of range; use 1..{MAX_K}")
     tuned = dict(spec.settings.get("hybrid") or {})
     mode: SearchMode = options.mode or spec.settings.get("mode") or "dense"
-    if mode != "dense" and not spec.sparse:
-        raise ConfigError(
-            f"collection {alias!r} is dense-only (no BM25 sparse vectors), so --mode {mode} cannot run; use "
-            "--mode dense, or re-embed it with `dpr reembed` to add sparse vectors"
-        )
+    require_sparse(alias, None, spec, mode)
     weight = options.linear_weight if options.linear_weight is not None else tuned.get("linear_weight", 0.5)
-    if not 0.0 <= float(weight) <= 1.0:
-        raise ConfigError(f"linear weight {weight} is out of range; use 0..1")
+    check_linear_weight(float(weight))
     return SearchRequest(
         k=options.k,
         mode=mode,
@@ -94,10 +81,10 @@ def search_many(
     for q in questions:
         if not q.strip():
             raise ConfigError("the question is empty; ask something")
-    info = store.info()
-    if info.active is None:
+    active = store.active()
+    if active is None:
         active_spec(store)  # raises CollectionNotFound with the fix
-    generation, spec = info.active.name, info.active.spec  # type: ignore[union-attr]
+    generation, spec = active.name, active.spec  # type: ignore[union-attr]
     base = resolve_request(spec, options, store.alias)
     if base.mode != "sparse":
         if towers_for is not None and spec.model != towers.fingerprint:

@@ -1,129 +1,205 @@
-"""Composition helpers shared by the composition roots (CLI, workers, API): settings -> towers, sparse, store.
+"""The one per-process holder of the parts built from the settings: towers, BM25 embedder, store, write fence,
+the ingest pipeline and the job store. The CLI, the HTTP API and each Celery pool process build one Runtime
+(the API and workers keep it for their life) and reach other collections through ``for_collection``, which
+shares the loaded models and keeps one store and fence per collection.
 
-Everything is lazy and cached per process, so a worker loads its model once and the CLI starts fast.
+Everything is lazy and loads once, under a lock (the API calls in from request threads and its ingest thread),
+so a worker loads its model on its first task and ``dpr status`` never loads one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from functools import cached_property
-from typing import Protocol
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from encoders.towers import DualEncoder, SentenceTransformerTowers, configure_threads, load_towers
-from services.documents import Item
-from services.ingest import IngestReport, ProgressFn, SparseEncoder, delete_documents, ingest_documents
+from services.ingest import IngestPipeline, SparseEncoder, delete_documents
+from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
 from services.query import QueryOptions, search
 from services.settings import Settings
 from services.store.points import Hit
 from services.store.protocol import VectorStore
 
-
-def open_towers(settings: Settings) -> SentenceTransformerTowers:
-    configure_threads(settings.encoder.threads)
-    return load_towers(settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+T = TypeVar("T")
 
 
-def open_sparse(settings: Settings) -> SparseEncoder:
-    from services.sparse import default_embedder
+class _Models:
+    """The models one process loads, shared by every collection's Runtime."""
 
-    return default_embedder()
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.towers: SentenceTransformerTowers | None = None
+        self.sparse: SparseEncoder | None = None
+        self.by_fingerprint: dict[str, DualEncoder] = {}
 
 
 class Runtime:
-    """The parts one process needs, built on first use from one Settings object."""
+    """The parts one process needs for one collection, built on first use from one Settings object."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        serialize_store: bool = False,
+        towers: SentenceTransformerTowers | DualEncoder | None = None,
+        sparse: SparseEncoder | None = None,
+        store: VectorStore | None = None,
+        _models: _Models | None = None,
+    ) -> None:
+        """``towers``, ``sparse`` and ``store`` replace what the settings would build (tests, benchmarks, an
+        evaluation over a temporary store); they are owned by the Runtime from then on (``close`` closes the
+        store)."""
         self.settings = settings
+        self.serialize_store = serialize_store  # one store call at a time in this process (the API's threads)
+        self._models = _models or _Models()
+        if towers is not None:
+            self._models.towers = towers  # type: ignore[assignment]
+        if sparse is not None:
+            self._models.sparse = sparse
+        self._lock = threading.RLock()
+        self._parts: dict[str, Any] = {}
+        if store is not None:
+            self._parts["store"] = _Serialized(store) if serialize_store else store
+        self._collections: dict[str, Runtime] = {}
 
-    @cached_property
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _part(self, name: str, build: Callable[[], T]) -> T:
+        with self._lock:
+            if name not in self._parts:
+                self._parts[name] = build()
+            return self._parts[name]  # type: ignore[no-any-return]
+
+    # --- models (shared across collections) ---------------------------------------------------------------
+    @property
     def towers(self) -> SentenceTransformerTowers:
-        return open_towers(self.settings)
+        m = self._models
+        with m.lock:
+            if m.towers is None:
+                s = self.settings
+                configure_threads(s.encoder.threads)
+                m.towers = load_towers(s.encoder.model, s.models_dir, device=s.encoder.device)
+            return m.towers
 
-    @cached_property
+    @property
     def sparse(self) -> SparseEncoder:
-        return open_sparse(self.settings)
+        m = self._models
+        with m.lock:
+            if m.sparse is None:
+                from services.sparse import default_embedder
 
-    @cached_property
-    def store(self) -> VectorStore:
-        from services.store import open_store
+                m.sparse = default_embedder()
+            return m.sparse
 
-        return open_store(self.settings)
-
-    def towers_for(self, fingerprint: str) -> SentenceTransformerTowers:
+    def towers_for(self, fingerprint: str) -> DualEncoder:
         """The towers whose fingerprint is ``fingerprint`` (base or under models_dir): queries and ingest follow
-        the collection's active generation across re-embeds and rollbacks."""
+        the collection's active generation across re-embeds and rollbacks. One extra model is kept at most."""
         if self.towers.fingerprint == fingerprint:
             return self.towers
-        from services.reembed import model_for_fingerprint
+        m = self._models
+        with m.lock:
+            towers = m.by_fingerprint.get(fingerprint)
+            if towers is None:
+                from services.reembed import model_for_fingerprint
 
-        path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
-        return load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
+                path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
+                towers = load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
+                m.by_fingerprint = {fingerprint: towers}
+            return towers
 
-    @cached_property
+    # --- per collection -----------------------------------------------------------------------------------
+    @property
+    def store(self) -> VectorStore:
+        def build() -> VectorStore:
+            from services.store import open_store
+
+            store = open_store(self.settings)
+            return _Serialized(store) if self.serialize_store else store  # type: ignore[return-value]
+
+        return self._part("store", build)
+
+    @property
     def fence(self) -> WriteFence:
         """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
-        from services.reembed import write_fence
 
-        s = self.settings
-        return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)
+        def build() -> WriteFence:
+            from services.reembed import write_fence
+
+            s = self.settings
+            return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)
+
+        return self._part("fence", build)
+
+    @property
+    def pipeline(self) -> IngestPipeline:
+        """The collection's ingest pipeline (towers, BM25, store, fence), built once."""
+        return self._part("pipeline", lambda: IngestPipeline.from_settings(
+            self.settings, store=self.store, towers=self.towers, sparse=self.sparse, fence=self.fence,
+            towers_for=self.towers_for,
+        ))
+
+    @property
+    def jobs(self) -> JobStore:
+        """Where ingest jobs are recorded: Redis with a broker, else the job folder under the data dir."""
+        return self._part("jobs", lambda: local_jobs(self.settings.data_dir) if not self.settings.broker_url
+                          else JobStore.from_url(self.settings.broker_url))
+
+    def for_collection(self, collection: str | None) -> Runtime:
+        """This process's Runtime for another collection (the same models; its own store and fence)."""
+        if not collection or collection == self.settings.collection:
+            return self
+        with self._lock:
+            if collection not in self._collections:
+                settings = self.settings.for_collection(collection)
+                child = Runtime(settings, serialize_store=self.serialize_store, _models=self._models)
+                child._parts["jobs"] = self.jobs  # one job store per process, whatever the collection
+                self._collections[collection] = child
+            return self._collections[collection]
+
+    def search(self, question: str, options: QueryOptions) -> list[Hit]:
+        return search(question, store=self.store, towers=self.towers, options=options, sparse=self.sparse,
+                      towers_for=self.towers_for)
+
+    def delete(self, doc_ids: Iterable[str]) -> int:
+        """Remove documents with all their passages (no model is loaded for it)."""
+        return delete_documents(doc_ids, store=self.store, fence=self.fence)
 
     def close(self) -> None:
-        if "store" in self.__dict__:
-            self.store.close()
+        with self._lock:
+            children, self._collections = list(self._collections.values()), {}
+            store = self._parts.pop("store", None)
+            self._parts.pop("pipeline", None)
+        for child in children:
+            child.close()
+        if store is not None:
+            store.close()
 
 
-class Parts(Protocol):
-    """What the shared entry points below need: a ``Runtime``, or a wrapper around one (the API's)."""
-
-    @property
-    def towers(self) -> DualEncoder: ...
-
-    @property
-    def sparse(self) -> SparseEncoder: ...
-
-    @property
-    def store(self) -> VectorStore: ...
-
-    @property
-    def fence(self) -> WriteFence: ...
-
-    def towers_for(self, fingerprint: str) -> DualEncoder: ...
+def local_jobs(data_dir: Path) -> JobStore:
+    return JobStore(FileHashes(data_dir / "jobs"))
 
 
-# The one wiring of ingest / query / delete that the CLI, the HTTP API and the workers share.
+class _Serialized:
+    """A store behind one lock: its methods run one at a time in this process."""
 
+    def __init__(self, store: VectorStore) -> None:
+        self._store = store
+        self._lock = threading.RLock()
 
-def run_ingest(
-    parts: Parts,
-    settings: Settings,
-    items: Iterable[Item],
-    *,
-    job: str | None = None,
-    progress: ProgressFn | None = None,
-) -> IngestReport:
-    return ingest_documents(
-        items,
-        store=parts.store,
-        towers=parts.towers,
-        chunking=settings.chunk,
-        sparse=parts.sparse,
-        batch_size=settings.encoder.batch_size,
-        batch_documents=settings.celery.batch_documents,
-        batch_bytes=settings.celery.batch_bytes,
-        job=job,
-        progress=progress,
-        fence=parts.fence,
-        towers_for=parts.towers_for,
-    )
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
 
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attr(*args, **kwargs)
 
-def run_search(parts: Parts, question: str, options: QueryOptions) -> list[Hit]:
-    return search(
-        question, store=parts.store, towers=parts.towers, options=options, sparse=parts.sparse,
-        towers_for=parts.towers_for,
-    )
-
-
-def run_delete(parts: Parts, doc_ids: Iterable[str]) -> int:
-    return delete_documents(doc_ids, store=parts.store, fence=parts.fence)
+        return call

@@ -6,11 +6,16 @@ A ``.env`` file in the working directory is read too.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.errors import ConfigError
+
+COLLECTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 class ChunkSettings(BaseModel):
@@ -125,7 +130,7 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Field(default=Path(".dpr"), description="Embedded store, models, job state.")
-    collection: str = Field(default="passages", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    collection: str = Field(default="passages", pattern=COLLECTION_NAME)
     broker_url: str | None = Field(default=None, description="redis://... to run ingest on Celery workers.")
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL; unset: the embedded engine.")
     qdrant_api_key: SecretStr | None = None
@@ -165,3 +170,11 @@ class Settings(BaseSettings):
     @property
     def store_dir(self) -> Path:
         return self.data_dir / "store"
+
+    def for_collection(self, collection: str | None) -> Settings:
+        """The same settings for another collection (alias); ``None`` or the same name returns ``self``."""
+        if not collection or collection == self.collection:
+            return self
+        if not re.fullmatch(COLLECTION_NAME, collection):
+            raise ConfigError(f"collection {collection!r} is not a valid name; use 1-64 letters, digits, '_' or '-'")
+        return self.model_copy(update={"collection": collection})

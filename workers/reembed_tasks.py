@@ -35,7 +35,7 @@ from services.reembed import (
 from services.settings import Settings
 from services.store.points import Passage
 from workers.reembed_dispatch import BATCH_TASK, CHECK_TASK, FINALIZE_TASK, Progress, submit_reembed
-from workers.tasks import backoff_seconds, process_state
+from workers.tasks import backoff_seconds, worker_runtime
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def reembed_batch_task(
     self: Task, target: str, batch_id: str, passages: list[dict[str, Any]], collection: str | None = None
 ) -> dict[str, Any]:
     settings: Settings = self.app.settings  # type: ignore[attr-defined]
-    ps = process_state(settings)
-    store = ps.get_store(collection)
+    runtime = worker_runtime(settings).for_collection(collection)
+    store = runtime.store
     alias = collection or settings.collection
     progress = Progress(redis_client(settings.broker_url or ""), alias, target)
     try:
@@ -63,7 +63,6 @@ def reembed_batch_task(
         if state is None or state.status != "building":
             progress.done(batch_id)
             return {"batch": batch_id, "state": "skipped"}
-        runtime = ps.get_runtime()
         towers = runtime.towers_for(state.model)
         n = copy_batch(
             store, state, [Passage.from_payload(p) for p in passages], towers,
@@ -89,8 +88,8 @@ def reembed_finalize_task(
     self: Task, target: str, collection: str | None = None, gate: str | None = None
 ) -> dict[str, Any]:
     settings: Settings = self.app.settings  # type: ignore[attr-defined]
-    ps = process_state(settings)
-    store = ps.get_store(collection)
+    runtime = worker_runtime(settings).for_collection(collection)
+    store = runtime.store
     alias = collection or settings.collection
     progress = Progress(redis_client(settings.broker_url or ""), alias, target)
     state, spec = _state_and_spec(store, target)
@@ -102,7 +101,6 @@ def reembed_finalize_task(
     if progress.pending() and progress.idle_seconds() < stall:
         lease.refresh()
         raise self.retry(countdown=FINALIZE_POLL, max_retries=None)
-    runtime = ps.get_runtime()
     towers = runtime.towers_for(state.model)
     sparse = runtime.sparse if spec.sparse else None
     gate_fn = None

@@ -65,7 +65,7 @@ class ApiMetrics:
         )
 
     def observe_ingest(self, part: IngestReport) -> None:
-        """One batch's report, as ``ingest_documents`` hands it to its ``progress`` callback."""
+        """One in-process batch's report, as the local executor hands it to its ``on_batch`` hook."""
         self.documents.labels("written").inc(part.documents)
         self.documents.labels("unchanged").inc(part.unchanged)
         self.documents.labels("failed").inc(len(part.failed))
@@ -75,6 +75,7 @@ class ApiMetrics:
             self.failures.labels(failure.get("reason") or "unknown").inc()
         if part.chunks:
             self.encode_seconds.observe(part.encode_seconds)
+            self.upsert_seconds.observe(part.upsert_seconds)
 
     def set_queue_depth_source(self, source: Callable[[], float]) -> None:
         """Read the queue depth when scraped (a broker round trip per scrape, not per request)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,11 +11,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.workers import follow_job
+from entrypoints.compose import executor_for
 from services.documents import iter_documents
 from services.errors import ConfigError
 from services.ingest import IngestReport
+from services.jobs import TERMINAL
 from services.query import QueryOptions
-from services.runtime import Runtime, run_delete, run_ingest, run_search
+from services.runtime import Runtime
 from services.settings import Settings
 
 
@@ -29,11 +31,11 @@ def register(app: typer.Typer) -> None:
 
 def _with_collection(ctx: typer.Context, collection: str | None) -> Settings:
     settings = get_settings(ctx)
-    if collection is None:
-        return settings
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", collection):
-        fail(f"--collection {collection!r} is not a valid name; use 1-64 letters, digits, '_' or '-'", code=2)
-    return settings.model_copy(update={"collection": collection})
+    try:
+        return settings.for_collection(collection)
+    except ConfigError as e:
+        fail(f"--{e}", code=2)
+        raise  # fail() exits; this line is for type checkers
 
 
 def ingest(
@@ -53,30 +55,26 @@ def ingest(
             if not p.exists():
                 raise ConfigError(f"{p}: no such file or directory; check the path")
         items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
-        if settings.broker_url:
-            from workers.dispatch import submit_ingest, wait_for_job
-
-            submitted = submit_ingest(settings, items)
-            if wait:
-                result = wait_for_job(settings, submitted.job, show_progress=not as_json)
-            else:
-                result = submitted.to_json()
-            _print_ingest(result, as_json)
-            if result.get("failed") and wait:
-                raise typer.Exit(1 if not result.get("documents") and not result.get("unchanged") else 0)
-            return
-        runtime = Runtime(settings)
-        try:
-            report = _ingest_in_process(runtime, items, show_progress=not as_json)
-        finally:
-            runtime.close()
-        _print_ingest(report.to_json(), as_json)
+        with Runtime(settings) as runtime:
+            result = _ingest(runtime, items, wait=wait, show_progress=not as_json)
+    _print_ingest(result, as_json)
+    if result.get("failed") and result.get("state") in TERMINAL and not (
+        result.get("documents") or result.get("unchanged")
+    ):
+        raise typer.Exit(1)  # every document failed
 
 
-def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> IngestReport:
-    s = runtime.settings
+def _ingest(runtime: Runtime, items: Any, *, wait: bool, show_progress: bool) -> dict[str, Any]:
+    """Submit through the executor the settings choose; in-process runs end before ``submit`` returns, broker
+    jobs are followed only with ``--wait``."""
+    collection = runtime.settings.collection
+    if runtime.settings.broker_url:
+        submitted = executor_for(runtime).submit(items, collection=collection)
+        if not wait:
+            return submitted.to_json()
+        return follow_job(runtime.jobs, submitted.job, show_progress=show_progress)
     if not show_progress:
-        return run_ingest(runtime, s, items)
+        return runtime.jobs.status(executor_for(runtime).submit(items, collection=collection).job)
     columns = (
         TextColumn("[bold]ingest[/]"),
         BarColumn(),
@@ -87,17 +85,15 @@ def _ingest_in_process(runtime: Runtime, items: Any, show_progress: bool) -> Ing
     materialised: list[Any] = list(items)
     with Progress(*columns, console=err_console, transient=False) as progress:
         task = progress.add_task("ingest", total=len(materialised), chunks=0, failed=0)
-        totals = {"chunks": 0, "failed": 0, "done": 0}
+        totals = IngestReport(job="")
 
         def on_batch(part: IngestReport) -> None:
-            totals["chunks"] += part.chunks
-            totals["failed"] += len(part.failed)
-            totals["done"] += part.documents + part.unchanged + len(part.failed) + len(part.skipped)
-            progress.update(task, completed=totals["done"], chunks=totals["chunks"], failed=totals["failed"])
+            totals.add(part)
+            progress.update(task, completed=totals.items, chunks=totals.chunks, failed=len(totals.failed))
 
-        report = run_ingest(runtime, s, materialised, progress=on_batch)
+        submitted = executor_for(runtime, on_batch=on_batch).submit(materialised, collection=collection)
         progress.update(task, completed=len(materialised))
-    return report
+    return runtime.jobs.status(submitted.job)
 
 
 def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
@@ -179,11 +175,8 @@ def query(
             rrf_k=rrf_k,
             linear_weight=weight,
         )
-        runtime = Runtime(settings)
-        try:
-            hits = run_search(runtime, text, options)
-        finally:
-            runtime.close()
+        with Runtime(settings) as runtime:
+            hits = runtime.search(text, options)
     if as_json:
         emit_json([h.to_json() for h in hits])
         return
@@ -209,11 +202,8 @@ def status(
     """Collection, generation, point count, model fingerprint, queue depth when a broker is configured."""
     settings = _with_collection(ctx, collection)
     with cli_errors():
-        runtime = Runtime(settings)
-        try:
+        with Runtime(settings) as runtime:
             info = runtime.store.info()
-        finally:
-            runtime.close()
         from encoders.towers import model_fingerprint, resolve_model_path
 
         model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
@@ -236,7 +226,7 @@ def status(
         }
         data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
         if settings.broker_url:
-            from workers.dispatch import queue_depth
+            from workers.executor import queue_depth
 
             data["queue_depth"] = queue_depth(settings)
     if as_json:
@@ -290,11 +280,8 @@ def delete(
     """Delete documents (every passage of each)."""
     settings = _with_collection(ctx, collection)
     with cli_errors():
-        runtime = Runtime(settings)
-        try:
-            removed = run_delete(runtime, doc_ids)
-        finally:
-            runtime.close()
+        with Runtime(settings) as runtime:
+            removed = runtime.delete(doc_ids)
     if as_json:
         emit_json({"documents": doc_ids, "points_deleted": removed})
     else:

@@ -1,4 +1,5 @@
-"""Worker commands: `dpr worker` (a Celery worker in the foreground) and `dpr jobs` (one ingest job's state).
+"""Worker commands: `dpr worker` (a Celery worker in the foreground) and `dpr jobs` (one ingest job's state,
+in-process or on workers).
 
 Celery is imported only inside the commands (``workers`` package), so the rest of the CLI starts without it.
 """
@@ -9,9 +10,11 @@ import os
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from services.jobs import JobStore, wait_for_job
 
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 
@@ -64,23 +67,43 @@ def jobs(
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Show an ingest job: state, batches done, documents, passages, failures with reasons."""
+    """Show an ingest job (in-process or on workers): state, batches, documents, passages, failures."""
     settings = get_settings(ctx)
-    if not settings.broker_url:
-        fail(f"DPR_BROKER_URL is not set; {BROKER_HINT}", code=EXIT_USAGE)
     with cli_errors():
-        from workers.dispatch import job_status, wait_for_job
+        from services.runtime import Runtime
 
-        if wait:
-            status = wait_for_job(settings, job_id, show_progress=not as_json, timeout=timeout)
-        else:
-            status = job_status(settings, job_id)
+        with Runtime(settings) as runtime:
+            if wait:
+                status = follow_job(runtime.jobs, job_id, show_progress=not as_json, timeout=timeout)
+            else:
+                status = runtime.jobs.status(job_id)
     if as_json:
         emit_json(status)
     else:
         _print_job(status)
     if status["state"] == "failed":
         raise typer.Exit(1)
+
+
+def follow_job(jobs: JobStore, job_id: str, *, show_progress: bool, timeout: float | None = None) -> dict[str, Any]:
+    """Wait for the job to end; a progress bar on stderr when ``show_progress``."""
+    if not show_progress:
+        return wait_for_job(jobs, job_id, timeout=timeout)
+    columns = (
+        TextColumn("[bold]job {task.fields[job]}[/] {task.fields[state]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("batches  {task.fields[chunks]} passages  {task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        task = progress.add_task("job", total=None, job=job_id, state="", chunks=0, failed=0)
+
+        def show(status: dict[str, Any]) -> None:
+            progress.update(task, total=status["batches_total"], completed=status["batches_done"],
+                            state=status["state"], chunks=status["chunks"], failed=len(status["failed"]))
+
+        return wait_for_job(jobs, job_id, on_status=show, timeout=timeout)
 
 
 def _print_job(status: dict[str, Any]) -> None:

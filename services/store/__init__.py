@@ -1,7 +1,9 @@
-"""Vector stores: one ``VectorStore`` protocol, two adapters (embedded qdrant-edge, Qdrant server).
+"""Vector stores: one front end (``Store``, meeting the ``VectorStore`` protocol) over two engines.
 
-``open_store(settings)`` is the one place that picks and builds an adapter; the adapters are imported lazily
-so that importing this package (e.g. for the CLI) stays cheap.
+``open_store(settings)`` is the one place that picks an engine and builds the store: the embedded qdrant-edge
+engine (``engines/edge.py``) or a Qdrant server through qdrant-client (``engines/server.py``). Tests hand an
+engine in: ``Store(EdgeEngine(tmp_path, "c"))`` or ``Store(ServerEngine(QdrantClient(":memory:"), "c"))``.
+The engines are imported lazily so that importing this package (e.g. for the CLI) stays cheap.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from services.store.frontend import Store
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:
@@ -16,10 +19,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VectorStore", "open_store"]
+__all__ = ["Store", "VectorStore", "open_store"]
 
 
-def open_store(settings: Settings) -> VectorStore:
+def open_store(settings: Settings) -> Store:
     """The embedded store under ``settings.store_dir`` unless ``settings.qdrant_url`` names a server.
 
     Server: ``QdrantClient(url=..., api_key=..., timeout=...)`` with ``settings.qdrant`` cluster options applied
@@ -27,11 +30,11 @@ def open_store(settings: Settings) -> VectorStore:
     client: ``close()`` closes it.
     """
     if settings.qdrant_url:
-        from services.store.server import ServerStore
+        from services.store.engines.server import ServerEngine
 
         log.debug("opening the server store", extra={"url": settings.qdrant_url, "alias": settings.collection})
-        return ServerStore.from_settings(settings)
-    from services.store.edge import EdgeStore
+        return Store(ServerEngine.from_settings(settings))
+    from services.store.engines.edge import EdgeEngine
 
     log.debug("opening the embedded store", extra={"dir": str(settings.store_dir), "alias": settings.collection})
-    return EdgeStore.from_settings(settings)
+    return Store(EdgeEngine.from_settings(settings))

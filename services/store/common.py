@@ -1,13 +1,15 @@
-"""Engine-free logic both adapters share: generation names, spec checks, request validation, linear fusion.
+"""Engine-free logic of the store front end: generation names, the validation rules (one function per rule,
+also called by ``services/query.py`` and ``services/hybrid.py``), the engine-neutral filter, linear fusion and
+per-document state.
 
-Kept apart from ``points.py`` (records and converters) so that the adapters stay thin: each one only
-translates these decisions into its engine's calls.
+Kept apart from ``points.py`` (records and converters) and ``frontend.py`` (the ``Store`` that sequences these
+decisions) so that every rule has one home; the engines only translate the neutral records into their calls.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -17,6 +19,8 @@ from services.store.points import CollectionSpec, DocState, SearchRequest
 GENERATION_FORMAT = "{alias}__g{number:04d}"
 SPEC_METADATA_KEY = "dpr_spec"  # server: key of the spec inside the collection's metadata
 DISTANCES = ("cosine", "dot", "euclid")
+SEARCH_MODES = ("dense", "sparse", "hybrid")
+FUSIONS = ("rrf", "linear")
 
 
 def generation_name(alias: str, number: int) -> str:
@@ -50,14 +54,15 @@ def validate_spec(spec: CollectionSpec) -> None:
         raise ConfigError("a collection spec needs the model fingerprint of the passage tower")
 
 
-def check_compatible(alias: str, generation: str, stored: CollectionSpec, wanted: CollectionSpec) -> None:
+def check_compatible(alias: str, generation: str | None, stored: CollectionSpec, wanted: CollectionSpec) -> None:
     """Raise ``ModelMismatch`` unless ``wanted`` can write to / query a generation built as ``stored``."""
     if (stored.dim, stored.distance, stored.model) == (wanted.dim, wanted.distance, wanted.model):
         return
+    where = f"collection {alias!r}" + (f" (generation {generation})" if generation else "")
     raise ModelMismatch(
-        f"collection {alias!r} (generation {generation}) was embedded with model {stored.model!r} "
-        f"(dim {stored.dim}, {stored.distance}), but the towers at hand are {wanted.model!r} "
-        f"(dim {wanted.dim}, {wanted.distance}); re-embed with `dpr reembed` or query with the model that built it"
+        f"{where} was embedded with model {stored.model!r} (dim {stored.dim}, {stored.distance}), but the towers "
+        f"at hand are {wanted.model!r} (dim {wanted.dim}, {wanted.distance}); query with the model that built it "
+        "(DPR_ENCODER__MODEL / `dpr models activate`) or re-embed with `dpr reembed`"
     )
 
 
@@ -70,54 +75,110 @@ def check_dense_dim(alias: str, generation: str, spec: CollectionSpec, vector: S
         )
 
 
+def check_at_least_one(name: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {value}")
+
+
+def check_mode(mode: str) -> None:
+    if mode not in SEARCH_MODES:
+        raise ConfigError(f"unknown search mode {mode!r}; use {', '.join(SEARCH_MODES)}")
+
+
+def check_fusion(fusion: str) -> None:
+    if fusion not in FUSIONS:
+        raise ConfigError(f"unknown fusion {fusion!r}; use {' or '.join(FUSIONS)}")
+
+
+def check_linear_weight(weight: float) -> None:
+    if not 0.0 <= weight <= 1.0:
+        raise ConfigError(f"linear weight {weight:g} is out of range; use 0..1 (the weight of the dense score)")
+
+
+def require_sparse(alias: str, generation: str | None, spec: CollectionSpec, mode: str) -> None:
+    """Sparse and hybrid search need a generation built with BM25 vectors."""
+    if mode == "dense" or spec.sparse:
+        return
+    where = f"collection {alias!r}" + (f" (generation {generation})" if generation else "")
+    raise ConfigError(
+        f"{where} is dense-only: it has no BM25 sparse vectors, so {mode} search cannot run; use mode dense, "
+        "or re-ingest / re-embed it (`dpr reembed`) with sparse vectors enabled to add them"
+    )
+
+
 def validate_request(alias: str, generation: str, spec: CollectionSpec, request: SearchRequest) -> None:
     """Reject a search that cannot make sense for this generation, before it reaches the engine."""
-    if request.k < 1:
-        raise ConfigError(f"search k must be at least 1, got {request.k}")
-    if request.candidates < 1:
-        raise ConfigError(f"search candidates must be at least 1, got {request.candidates}")
-    if request.mode not in ("dense", "sparse", "hybrid"):
-        raise ConfigError(f"unknown search mode {request.mode!r}; use dense, sparse or hybrid")
-    if request.mode in ("sparse", "hybrid"):
-        if not spec.sparse:
-            raise ConfigError(
-                f"collection {alias!r} (generation {generation}) is dense-only: it has no BM25 vectors, so "
-                f"{request.mode} search cannot run; use mode 'dense', or re-ingest / `dpr reembed` with sparse "
-                "vectors enabled to add them"
-            )
-        if request.sparse is None:
-            raise ConfigError(f"{request.mode} search needs a sparse query vector (services.sparse.embed_query)")
-    if request.mode in ("dense", "hybrid"):
+    check_at_least_one("search k", request.k)
+    check_at_least_one("search candidates", request.candidates)
+    check_mode(request.mode)
+    require_sparse(alias, generation, spec, request.mode)
+    if request.mode != "dense" and request.sparse is None:
+        raise ConfigError(f"{request.mode} search needs a sparse query vector (services.sparse.embed_query)")
+    if request.mode != "sparse":
         if request.dense is None:
             raise ConfigError(f"{request.mode} search needs a dense query vector from the question tower")
         check_dense_dim(alias, generation, spec, request.dense, "the query vector")
     if request.mode == "hybrid":
-        if request.fusion not in ("rrf", "linear"):
-            raise ConfigError(f"unknown fusion {request.fusion!r}; use rrf or linear")
-        if request.fusion == "rrf" and request.rrf_k < 1:
-            raise ConfigError(f"rrf_k must be at least 1, got {request.rrf_k}")
-        if request.fusion == "linear" and not 0.0 <= request.linear_weight <= 1.0:
-            raise ConfigError(f"linear_weight must lie in [0, 1], got {request.linear_weight}")
+        check_fusion(request.fusion)
+        if request.fusion == "rrf":
+            check_at_least_one("rrf_k", request.rrf_k)
+        else:
+            check_linear_weight(request.linear_weight)
+
+
+# --- the engine-neutral filter: every engine translates these three records and nothing else -----------------
 
 
 @dataclass(frozen=True)
-class FilterClause:
-    """One ``request.filters`` entry: ``key`` equals ``values[0]`` (``any_of`` False) or is one of ``values``.
-
-    With ``any_of`` the values are all ``str`` or all ``int`` (what Qdrant's match-any accepts).
-    """
+class Match:
+    """``key`` equals ``values[0]`` (``any_of`` False) or is one of ``values`` (all ``str`` or all ``int``)."""
 
     key: str
     values: tuple[str | int | bool, ...]
-    any_of: bool
+    any_of: bool = False
 
     def any_values(self) -> list[str] | list[int]:
         return cast("list[str] | list[int]", list(self.values))
 
 
-def filter_clauses(filters: Mapping[str, Any]) -> list[FilterClause]:
-    """Normalise ``{key: value | [values]}`` into clauses; refuses values Qdrant cannot match exactly."""
-    clauses = []
+@dataclass(frozen=True)
+class AtLeast:
+    """``key`` (an integer payload field) is at least ``value``."""
+
+    key: str
+    value: int
+
+
+@dataclass(frozen=True)
+class Where:
+    """Every ``must``, at least one ``should`` (when given), no ``must_not``."""
+
+    must: tuple[Condition, ...] = ()
+    should: tuple[Condition, ...] = ()
+    must_not: tuple[Condition, ...] = ()
+
+
+Condition = Match | AtLeast | Where
+
+
+def build_filter(where: Where, make: Callable[..., Any], field: Callable[[Match | AtLeast], Any]) -> Any:
+    """An engine's filter from ``where``: ``make(must=, should=, must_not=)`` per level, ``field`` per condition."""
+
+    def one(condition: Condition) -> Any:
+        return build_filter(condition, make, field) if isinstance(condition, Where) else field(condition)
+
+    return make(
+        must=[one(c) for c in where.must] or None,
+        should=[one(c) for c in where.should] or None,
+        must_not=[one(c) for c in where.must_not] or None,
+    )
+
+
+def request_filter(filters: Mapping[str, Any]) -> Where | None:
+    """``{key: value | [values]}`` as a ``Where``; refuses values Qdrant cannot match exactly."""
+    if not filters:
+        return None
+    conditions = []
     for key, value in filters.items():
         if isinstance(value, list | tuple | set | frozenset):
             values = tuple(value)
@@ -129,16 +190,26 @@ def filter_clauses(filters: Mapping[str, Any]) -> list[FilterClause]:
                     f"filter {key!r}: a list matches strings or integers, all of one type, got "
                     f"{sorted(k.__name__ for k in kinds)}"
                 )
-            clauses.append(FilterClause(key, values, any_of=True))
+            conditions.append(Match(key, values, any_of=True))
         else:
-            _check_filter_value(key, value)
-            clauses.append(FilterClause(key, (value,), any_of=False))
-    return clauses
+            if not isinstance(value, str | int | bool):
+                raise ConfigError(
+                    f"filter {key!r}={value!r}: only strings, integers and booleans can be matched exactly"
+                )
+            conditions.append(Match(key, (value,)))
+    return Where(must=tuple(conditions))
 
 
-def _check_filter_value(key: str, value: object) -> None:
-    if not isinstance(value, str | int | bool):
-        raise ConfigError(f"filter {key!r}={value!r}: only strings, integers and booleans can be matched exactly")
+def documents_filter(doc_ids: Sequence[str]) -> Where:
+    return Where(must=(Match("doc_id", tuple(doc_ids), any_of=True),))
+
+
+def stale_filter(doc_id: str, keep_doc_hash: str, keep_chunks: int) -> Where:
+    """The document's points of another version, or beyond its first ``keep_chunks`` chunks."""
+    return Where(
+        must=(Match("doc_id", (doc_id,)),),
+        should=(Where(must_not=(Match("doc_hash", (keep_doc_hash,)),)), AtLeast("chunk_index", keep_chunks)),
+    )
 
 
 # (point id, score, payload)

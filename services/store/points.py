@@ -1,4 +1,4 @@
-"""Pure converters and records shared by every store adapter: point ids, payloads, hits."""
+"""Pure converters and records shared by the store front end and its engines: point ids, payloads, hits."""
 
 from __future__ import annotations
 
@@ -128,6 +128,14 @@ class PassagePoint:
     sparse: SparseVector | None = None
 
 
+def point_vectors(point: PassagePoint, sparse: bool) -> dict[str, list[float] | SparseVector]:
+    """The named vectors of one point; the BM25 one only when the generation has sparse vectors and it is not empty."""
+    vectors: dict[str, list[float] | SparseVector] = {DENSE: [float(x) for x in point.dense]}
+    if sparse and point.sparse is not None and point.sparse.indices:
+        vectors[SPARSE] = point.sparse
+    return vectors
+
+
 @dataclass(frozen=True)
 class DocState:
     """What the store holds for one document: enough to skip an unchanged document."""
@@ -168,6 +176,14 @@ class Hit:
             "model": p.model,
             "source": p.source,
         }
+
+
+@dataclass(frozen=True)
+class ActiveGeneration:
+    """The active generation's name and spec, without counting its points (``VectorStore.active()``)."""
+
+    name: str
+    spec: CollectionSpec
 
 
 @dataclass(frozen=True)

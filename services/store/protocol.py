@@ -1,16 +1,25 @@
-"""The one contract every vector store adapter meets. Service code talks to this and nothing else.
+"""The two seams of the store: ``VectorStore`` (what service code talks to) and ``Engine`` (what a backend does).
 
 A *collection* is an alias (the name users see) over *generations* (physical collections / shard
 directories). Exactly one generation is active; re-embedding builds a new one and swaps the alias atomically.
 Data operations act on the active generation unless ``generation=`` names another.
+
+``VectorStore`` is met by one class, ``services.store.frontend.Store``, which holds every decision (generation
+names, pointer resolution, validation, batching, per-document state, search modes and fusion) and drives an
+``Engine``: ``engines/edge.py`` (qdrant-edge, embedded) or ``engines/server.py`` (qdrant-client, a Qdrant server
+or its in-process engine). An engine translates engine-neutral records (``common.Where``, named vectors,
+``Scored``) into its own calls, maps its own errors onto ``services.errors``, and decides nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
+from services.store.common import Scored, Where
 from services.store.points import (
+    ActiveGeneration,
     CollectionInfo,
     CollectionSpec,
     DocState,
@@ -18,7 +27,13 @@ from services.store.points import (
     Passage,
     PassagePoint,
     SearchRequest,
+    SparseVector,
 )
+
+Vector = list[float] | SparseVector
+Branch = tuple[str, Vector]  # (vector name, query vector): one search branch
+PointRecord = tuple[str, dict[str, Vector], dict[str, Any]]  # (point id, named vectors, payload)
+Record = tuple[str, dict[str, Any]]  # (point id, payload)
 
 
 @runtime_checkable
@@ -28,7 +43,17 @@ class VectorStore(Protocol):
 
     # --- collection and generations -------------------------------------------------------------------
     def info(self) -> CollectionInfo:
-        """Alias, active generation (None if the collection does not exist yet), every generation kept."""
+        """Alias, active generation (None if the collection does not exist yet), every generation kept, with
+        exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``."""
+        ...
+
+    def active(self) -> ActiveGeneration | None:
+        """The active generation's name and spec (None if the collection does not exist yet), cached.
+
+        Cheap: no count. The cache is dropped when this store changes the collection, re-read when the engine's
+        ``version()`` token moves (another process swapped or rewrote it), and re-read at least every
+        ``frontend.ACTIVE_MAX_AGE`` seconds (so settings another process merged are seen on a server too).
+        """
         ...
 
     def ensure_collection(self, spec: CollectionSpec) -> str:
@@ -55,6 +80,11 @@ class VectorStore(Protocol):
         """Merge ``settings`` into the generation spec's ``settings`` (e.g. the tuned fusion)."""
         ...
 
+    def optimize(self, generation: str | None = None) -> bool:
+        """Build indexes / merge and vacuum segments now (blocking). True if anything changed. The edge engine
+        only indexes here; a server optimizes in the background by itself and reports False."""
+        ...
+
     # --- data ------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None) -> None:
         """Idempotent: point ids are uuid5(doc id, chunk index)."""
@@ -74,14 +104,88 @@ class VectorStore(Protocol):
 
     def count(self, generation: str | None = None) -> int: ...
 
-    def ids(self, generation: str | None = None) -> set[str]:
-        """Every point id (for verification)."""
-        ...
-
     def scroll(self, batch_size: int = 256, generation: str | None = None) -> Iterator[list[Passage]]:
-        """Every stored passage (payload only), in batches, in a stable order."""
+        """Every stored passage (payload only), in batches, in a stable order, from the generation resolved when
+        the scroll started."""
         ...
 
     def search(self, request: SearchRequest, generation: str | None = None) -> list[Hit]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> VectorStore: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Engine(Protocol):
+    """One backend under the front end. Generation names it is given have been checked by the front end."""
+
+    backend: str
+    alias: str
+    upsert_batch: int  # points per engine write
+
+    def session(self, create: bool = False) -> AbstractContextManager[object]:
+        """Hold the engine for a run of calls (edge: the directory lease; server: nothing). Re-entrant.
+        ``create``: the collection may not exist yet and is about to (edge: make its directory)."""
+        ...
+
+    # --- the pointer (edge: the CURRENT file; server: the alias) and the generations ---------------------
+    def version(self) -> Hashable:
+        """A cheap token that changes when the pointer moves (edge: also when the active spec is rewritten)."""
+        ...
+
+    def read_pointer(self) -> str | None: ...
+
+    def write_pointer(self, generation: str, previous: str | None) -> None:
+        """Atomically point the collection at ``generation`` (``previous``: where it pointed, None if nowhere)."""
+        ...
+
+    def generations(self) -> list[str]:
+        """This alias's complete generations (any order)."""
+        ...
+
+    def read_spec(self, generation: str) -> CollectionSpec:
+        """Raises ``CollectionNotFound`` (``common.missing_generation``) when there is no such generation."""
+        ...
+
+    def write_spec(self, generation: str, spec: CollectionSpec) -> None: ...
+
+    def create(self, generation: str, spec: CollectionSpec) -> bool:
+        """Create an empty generation with its payload indexes; False if the name is taken (the caller moves on)."""
+        ...
+
+    def drop(self, generation: str) -> bool:
+        """Delete a generation; False if it does not exist."""
+        ...
+
+    def optimize(self, generation: str) -> bool: ...
+
+    # --- points -------------------------------------------------------------------------------------------
+    def upsert(self, generation: str, points: Sequence[PointRecord]) -> None: ...
+
+    def delete(self, generation: str, where: Where) -> None: ...
+
+    def count(self, generation: str, where: Where | None = None) -> int:
+        """Exact."""
+        ...
+
+    def scroll(
+        self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
+    ) -> tuple[list[Record], Any]:
+        """One page in point-id order and the offset of the next (None after the last)."""
+        ...
+
+    def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]: ...
+
+    def query_batch(
+        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None
+    ) -> list[list[Scored]]: ...
+
+    def query_rrf(
+        self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
+    ) -> list[Scored]:
+        """Reciprocal rank fusion of the branches, ``depth`` candidates each, inside the engine."""
+        ...
 
     def close(self) -> None: ...

@@ -1,7 +1,7 @@
 """The embedded store's lease across real processes: one process at a time owns a shard, everyone gets a turn.
 
-Each test spawns fresh interpreters (multiprocessing "spawn") that open the same ``EdgeStore`` directory with
-the real qdrant-edge engine.
+Each test spawns fresh interpreters (multiprocessing "spawn") that open the same embedded store directory
+(``Store(EdgeEngine(...))``) with the real qdrant-edge engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from services.errors import StoreUnavailable
-from services.store.edge import EdgeStore
+from services.store import Store
+from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,7 @@ def _points(writer: int, batch: int, size: int) -> list[PassagePoint]:
 def _writer(
     store_dir: str, writer: int, batches: int, size: int, results: mp.Queue, pause: float = 0.0, go: Event | None = None
 ) -> None:
-    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05))
     try:
         if go is not None:
             go.wait(30)
@@ -54,7 +55,7 @@ def _writer(
 
 
 def _reader(store_dir: str, seconds: float, results: mp.Queue, started: Event) -> None:
-    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05))
     counts = []
     try:
         deadline = time.monotonic() + seconds
@@ -71,7 +72,7 @@ def _reader(store_dir: str, seconds: float, results: mp.Queue, started: Event) -
 
 
 def _holder(store_dir: str, ready: Event, stop: Event) -> None:
-    store = EdgeStore(store_dir, ALIAS, lock_timeout=30, idle_release=3600)  # keeps the lease while idle
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))  # keeps the lease while idle
     store.count()
     ready.set()
     stop.wait(60)
@@ -80,7 +81,7 @@ def _holder(store_dir: str, ready: Event, stop: Event) -> None:
 
 @pytest.fixture
 def store_dir(tmp_path: Path) -> str:
-    store = EdgeStore(tmp_path, ALIAS, idle_release=0)
+    store = Store(EdgeEngine(tmp_path, ALIAS, idle_release=0))
     store.ensure_collection(SPEC)
     store.close()
     return str(tmp_path)
@@ -102,7 +103,7 @@ def test_concurrent_writers_all_succeed_with_exact_count(store_dir: str) -> None
     assert all(o[0] == "ok" for o in outcomes), outcomes
     assert all(p.exitcode == 0 for p in procs)
 
-    store = EdgeStore(store_dir, ALIAS, lock_timeout=10, idle_release=0)
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=0))
     assert store.count() == writers * batches * size
     states = store.doc_states([f"w{w}-b{b}" for w in range(writers) for b in range(batches)])
     assert len(states) == writers * batches and {s.chunks for s in states.values()} == {size}
@@ -128,7 +129,7 @@ def test_reader_queries_while_another_process_writes(store_dir: str) -> None:
     assert seen == sorted(seen)  # it saw the writer's progress, never a regression
     assert len(set(seen)) >= 3, seen  # ... while the writer was still writing
     assert any(hits > 0 for _, hits in counts)
-    store = EdgeStore(store_dir, ALIAS, idle_release=0)
+    store = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
     assert store.count() == 40 * 5
     store.close()
 
@@ -139,7 +140,7 @@ def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: 
     holder.start()
     try:
         assert ready.wait(30), "the holder process never opened the store"
-        waiter = EdgeStore(store_dir, ALIAS, lock_timeout=0.3, idle_release=0)
+        waiter = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.3, idle_release=0))
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as err:
             waiter.count()
@@ -150,14 +151,14 @@ def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: 
         stop.set()
         holder.join(30)
     assert holder.exitcode == 0
-    waiter = EdgeStore(store_dir, ALIAS, lock_timeout=5, idle_release=0)
+    waiter = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=5, idle_release=0))
     assert waiter.count() == 0  # the lease is free again once the holder lets go
     waiter.close()
 
 
 def test_a_forked_child_can_use_the_store_its_parent_opened(store_dir: str) -> None:
     """Celery's prefork pool forks after the parent may have touched the store: no inherited lock may leak."""
-    parent = EdgeStore(store_dir, ALIAS, lock_timeout=10, idle_release=30)  # would hold the lease for 30 s
+    parent = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=30))  # would hold the lease for 30 s
     parent.upsert(_points(0, 0, 2))
     pid = os.fork()
     if pid == 0:  # child: write, count, report through the exit code

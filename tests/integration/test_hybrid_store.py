@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from entrypoints.cli.main import app
 from services.documents import Document
 from services.errors import ConfigError
-from services.ingest import ingest_documents
+from services.ingest import IngestPipeline
 from services.query import QueryOptions, search, search_many
 from services.settings import Settings
 from services.sparse import default_embedder
@@ -55,9 +55,8 @@ def _documents() -> list[Document]:
 def hybrid_store(tmp_path_factory: pytest.TempPathFactory, base_towers: Any) -> Any:
     settings = Settings(data_dir=tmp_path_factory.mktemp("hybrid"), collection="hyb")
     store = open_store(settings)
-    report = ingest_documents(
-        _documents(), store=store, towers=base_towers, chunking=settings.chunk, sparse=default_embedder()
-    )
+    pipeline = IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk, sparse=default_embedder())
+    report = pipeline.ingest(_documents())
     assert report.documents == len(DOCS) and not report.failed
     yield store
     store.close()
@@ -111,7 +110,7 @@ def test_dense_only_collection_says_so_and_refuses(
     settings = Settings(data_dir=data_dir, collection="plain")
     store = open_store(settings)
     try:
-        ingest_documents(_documents()[:3], store=store, towers=base_towers, chunking=settings.chunk, sparse=None)
+        IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk).ingest(_documents()[:3])
         assert search("router", store=store, towers=base_towers)  # dense still works
         for mode in ("sparse", "hybrid"):
             with pytest.raises(ConfigError, match="dense-only"):

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from entrypoints.cli.main import app
 from services.documents import Document, iter_documents
 from services.errors import ModelMismatch
-from services.ingest import chunk_document, ingest_documents
+from services.ingest import IngestPipeline, chunk_document
 from services.query import QueryOptions, search
-from services.runtime import open_sparse
 from services.settings import Settings
+from services.sparse import default_embedder
 from services.store import open_store
 from services.store.points import point_id
 
@@ -41,9 +41,8 @@ def _corpus(root: Path, docs: dict[str, str]) -> Path:
 def _ingest(settings: Settings, towers: Any, folder: Path) -> Any:
     store = open_store(settings)
     try:
-        return ingest_documents(
-            iter_documents([folder]), store=store, towers=towers, chunking=settings.chunk, sparse=open_sparse(settings)
-        )
+        pipeline = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=default_embedder())
+        return pipeline.ingest(iter_documents([folder]))
     finally:
         store.close()
 
@@ -76,15 +75,15 @@ def test_ingest_reingest_change_and_query(tmp_path: Path, base_towers: Any) -> N
     try:
         assert store.count() == 3
         expected = {point_id(f"corpus/{name}", 0) for name in DOCS}
-        assert store.ids() == expected
+        assert {p.id for batch in store.scroll() for p in batch} == expected
         hits = search("How can I read a file one line at a time?", store=store, towers=base_towers,
-                      sparse=open_sparse(settings))
+                      sparse=default_embedder())
         assert hits[0].passage.doc_id == "corpus/python.md"
         assert hits[0].passage.model == base_towers.fingerprint
-        sparse_hits = search("longest river Africa", store=store, towers=base_towers, sparse=open_sparse(settings),
+        sparse_hits = search("longest river Africa", store=store, towers=base_towers, sparse=default_embedder(),
                              options=QueryOptions(mode="sparse"))
         assert sparse_hits[0].passage.doc_id == "corpus/rivers.md"
-        filtered = search("animals", store=store, towers=base_towers, sparse=open_sparse(settings),
+        filtered = search("animals", store=store, towers=base_towers, sparse=default_embedder(),
                           options=QueryOptions(filters={"doc_id": "corpus/rivers.md"}))
         assert {h.passage.doc_id for h in filtered} == {"corpus/rivers.md"}
     finally:
@@ -106,8 +105,9 @@ def test_query_with_a_foreign_model_is_refused(tmp_path: Path, base_towers: Any)
         with pytest.raises(ModelMismatch, match="someothermodel00"):
             search("alpha", store=store, towers=OtherModel(base_towers))
         with pytest.raises(ModelMismatch):
-            ingest_documents([Document(doc_id="b", text="beta")], store=store, towers=OtherModel(base_towers),
-                             chunking=settings.chunk)
+            IngestPipeline(store=store, towers=OtherModel(base_towers), chunking=settings.chunk).ingest(
+                [Document(doc_id="b", text="beta")]
+            )
     finally:
         store.close()
 

@@ -1,19 +1,24 @@
 """The one set of test towers: deterministic hashing towers (no model), a counting spy over any towers, and a
-runtime over a real in-process store (``ServerStore`` on ``QdrantClient(":memory:")``) with the real BM25 sparse
-embedder. The Redis stand-in is ``kit.fake_redis``."""
+runtime: a real ``services.runtime.Runtime`` over those towers, the real BM25 sparse embedder and an in-process
+store (``Store(ServerEngine(QdrantClient(":memory:")))``). The Redis stand-in is ``kit.fake_redis``."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from qdrant_client import QdrantClient
 
 from encoders.towers import DualEncoder, Similarity
+from kit.policy import make_settings
+from services.runtime import Runtime
 from services.sparse import default_embedder
-from services.store.server import ServerStore
+from services.store import Store
+from services.store.engines.server import ServerEngine
 
 # A tokenizer's shape without a tokenizer: words, and each punctuation mark on its own.
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -70,15 +75,26 @@ class CountingTowers:
         return self._towers.encode_documents(passages, batch_size=batch_size)
 
 
-class FakeRuntime:
-    """What ``services.runtime.Runtime`` offers (towers, sparse, store, close), over in-process parts."""
+class FakeRuntime(Runtime):
+    """A real ``services.runtime.Runtime`` over hashing towers, the real BM25 embedder and an in-process store
+    (the server engine on ``QdrantClient(":memory:")``); jobs go to a temporary job folder."""
 
     def __init__(self, towers: Any | None = None, store: Any | None = None, alias: str = "passages") -> None:
-        self.towers = towers or HashTowers()
-        self.sparse = default_embedder()
-        self.store = store or ServerStore(QdrantClient(location=":memory:"), alias, owns_client=True)
+        self._tmp = tempfile.TemporaryDirectory(prefix="dpr-fake-runtime-")
+        super().__init__(
+            make_settings(data_dir=Path(self._tmp.name), collection=alias),
+            serialize_store=True,
+            towers=towers or HashTowers(),
+            sparse=default_embedder(),
+            store=store or Store(ServerEngine(QdrantClient(location=":memory:"), alias, owns_client=True)),
+        )
         self.closed = False
+
+    def use_towers(self, towers: Any) -> None:
+        """Swap the model (e.g. a question tower that is not the passage tower's partner)."""
+        self._models.towers = towers
 
     def close(self) -> None:
         self.closed = True
-        self.store.close()
+        super().close()
+        self._tmp.cleanup()

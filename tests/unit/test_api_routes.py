@@ -174,7 +174,7 @@ def test_service_errors_map_to_statuses(client: TestClient, runtime: FakeRuntime
     err = assert_error(client.post("/v1/search", json={"question": "q", "linear_weight": 0.5, "mode": "hybrid",
                                                        "fusion": "linear", "k": 1001}), 422, "validation")
     assert "k" in err["message"]
-    runtime.towers = HashTowers(name="other-model")  # a question tower that is not the passage tower's partner
+    runtime.use_towers(HashTowers(name="other-model"))  # a question tower that is not the passage tower's partner
     assert_error(client.post("/v1/search", json={"question": "q"}), 409, "model_mismatch")
 
 

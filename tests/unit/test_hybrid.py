@@ -14,7 +14,7 @@ from encoders import data as d
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import dataset_documents
 from services.hybrid import FusionChoice, dev_split, fusion_grid, select_best, tune_hybrid, tuning_metrics
-from services.ingest import collection_spec, ingest_documents
+from services.ingest import IngestPipeline, collection_spec
 from services.query import QueryOptions, resolve_request
 from services.settings import Settings
 from services.sparse import default_embedder
@@ -169,8 +169,9 @@ def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
     dev = dev_split(beir, "beir", "train", dev_queries=6)
     target = open_store(settings)
     try:
-        ingest_documents(dataset_documents(dev), store=target, towers=towers, chunking=settings.chunk,
-                         sparse=default_embedder())  # fmt: skip
+        IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(
+            dataset_documents(dev)
+        )
         result = tune_hybrid(dev, towers=towers, settings=settings, target=target, workdir=tmp_path)
         assert result.reused_collection and result.tuned_on["corpus"] == "collection mine"
         assert target.count() == len(TOPICS)  # nothing added, nothing deleted

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kit.fake_redis import FakeRedis
 
 from services.errors import TransientError
-from services.jobs import JobNotFound, JobStore, JobStoreUnavailable, redact_url, summarize
+from services.jobs import FileHashes, JobNotFound, JobStore, JobStoreUnavailable, RedisHashes, redact_url, summarize
 
 pytestmark = pytest.mark.unit
 
@@ -16,9 +18,12 @@ def batch_result(documents: int = 0, unchanged: int = 0, chunks: int = 0, failed
             "skipped": [], "failed": failed or [], "seconds": 0.1}
 
 
-@pytest.fixture
-def jobs() -> JobStore:
-    return JobStore(FakeRedis(), url="redis://127.0.0.1:6399/0", ttl=3600)
+@pytest.fixture(params=["redis", "files"])
+def jobs(request: pytest.FixtureRequest, tmp_path: Path) -> JobStore:
+    """The one job model over both places its state lives: Redis (a dict-backed fake) and the job folder."""
+    if request.param == "files":
+        return JobStore(FileHashes(tmp_path / "jobs"), ttl=3600)
+    return JobStore(RedisHashes(FakeRedis(), url="redis://127.0.0.1:6399/0"), ttl=3600)
 
 
 def test_job_goes_submitting_queued_running_done(jobs: JobStore) -> None:
@@ -74,13 +79,13 @@ def test_job_without_documents_is_done_once_sealed(jobs: JobStore) -> None:
     assert jobs.status("j1")["state"] == "done"
 
 
-def test_every_key_gets_the_ttl(jobs: JobStore) -> None:
+def test_every_key_gets_the_ttl() -> None:
+    client = FakeRedis()
+    jobs = JobStore(RedisHashes(client, url="redis://127.0.0.1:6399/0"), ttl=3600)
     jobs.create("j1")
     jobs.mark_started("j1", 0)
     jobs.record_batch("j1", 0, batch_result())
     jobs.seal("j1", batches=1, documents=1, skipped=[], failed=[])
-    client = jobs.client
-    assert isinstance(client, FakeRedis)
     assert set(client.hashes) <= set(client.ttls)
     assert set(client.ttls.values()) == {3600}
 
@@ -91,7 +96,7 @@ def test_unknown_job_is_a_clear_error(jobs: JobStore) -> None:
 
 
 def test_unreachable_redis_is_transient_and_names_the_url_and_fix() -> None:
-    jobs = JobStore(FakeRedis(down=True), url="redis://user:secret@10.0.0.9:6399/0")
+    jobs = JobStore(RedisHashes(FakeRedis(down=True), url="redis://user:secret@10.0.0.9:6399/0"))
     with pytest.raises(JobStoreUnavailable) as info:
         jobs.create("j1")
     assert isinstance(info.value, TransientError)
@@ -109,3 +114,28 @@ def test_summarize_counts_running_with_unfinished_batches() -> None:
     meta = {"job": "j", "sealed": "1", "batches": "3", "created": "10"}
     status = summarize(meta, {0: batch_result(documents=1, chunks=2)}, {}, now=20.0)
     assert (status["state"], status["batches_done"], status["seconds"]) == ("running", 1, 10.0)
+
+
+def test_submitted_batches_name_what_is_still_missing(jobs: JobStore) -> None:
+    jobs.create("j1")
+    jobs.record_submitted("j1", 0, ["a", "b"])
+    jobs.record_submitted("j1", 1, ["c"])
+    jobs.seal("j1", batches=2, documents=3, skipped=[], failed=[])
+    jobs.record_batch("j1", 0, batch_result(documents=2, chunks=2))
+    status = jobs.status("j1")
+    assert (status["state"], status["batches_pending"]) == ("running", [1])
+    jobs.record_batch("j1", 1, batch_result(documents=1, chunks=1))
+    assert jobs.status("j1")["batches_pending"] == []
+
+
+def test_expired_job_folders_are_removed_when_a_new_job_starts(tmp_path: Path) -> None:
+    import os
+
+    jobs = JobStore(FileHashes(tmp_path / "jobs"), ttl=60)
+    jobs.create("old")
+    for folder in (tmp_path / "jobs").iterdir():
+        os.utime(folder, (1, 1))
+    jobs.create("new")
+    with pytest.raises(JobNotFound):
+        jobs.status("old")
+    assert jobs.status("new")["state"] == "submitting"

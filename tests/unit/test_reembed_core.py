@@ -27,7 +27,8 @@ from services.reembed import (
     verify,
 )
 from services.settings import ChunkSettings
-from services.store.edge import EdgeStore
+from services.store import Store
+from services.store.engines.edge import EdgeEngine
 
 pytestmark = pytest.mark.unit
 
@@ -41,27 +42,27 @@ def doc(i: int, extra: str = "") -> Document:
     return Document(doc_id=f"doc-{i}", text=f"{words} {extra}".strip(), title=f"title {i}", source=f"doc-{i}.txt")
 
 
-def ingest(store: EdgeStore, towers: HashTowers, docs: list[Document], **kw: object) -> None:
+def ingest(store: Store, towers: HashTowers, docs: list[Document], **kw: object) -> None:
     report = ingest_batch(docs, store=store, towers=towers, chunking=CHUNK, **kw)  # type: ignore[arg-type]
     assert not report.failed, report.failed
 
 
 @pytest.fixture(params=["edge", "server-memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> EdgeStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "edge":
-        s = EdgeStore(tmp_path / "store", "c", lock_timeout=10, idle_release=0.05)
+        s = Store(EdgeEngine(tmp_path / "store", "c", lock_timeout=10, idle_release=0.05))
     else:
         from qdrant_client import QdrantClient
 
-        from services.store.server import ServerStore
+        from services.store.engines.server import ServerEngine
 
-        s = ServerStore(QdrantClient(":memory:"), "c")
+        s = Store(ServerEngine(QdrantClient(":memory:"), "c"))
     ingest(s, V1, [doc(i) for i in range(12)])
     yield s
     s.close()
 
 
-def test_reembed_swaps_to_a_verified_generation_with_one_fingerprint(store: EdgeStore) -> None:
+def test_reembed_swaps_to_a_verified_generation_with_one_fingerprint(store: Store) -> None:
     source = store.info().active
     state = plan(store, V2, model_name="v2")
     assert state is not None and state.source == source.name
@@ -70,14 +71,15 @@ def test_reembed_swaps_to_a_verified_generation_with_one_fingerprint(store: Edge
     assert result.outcome == "activated" and result.verification.ok
     info = store.info()
     assert info.active.name == state.target and info.active.spec.model == V2.fingerprint
-    assert store.ids(generation=state.target) == store.ids(generation=source.name)
+    target_ids = {p.id for b in store.scroll(generation=state.target) for p in b}
+    assert target_ids == {p.id for b in store.scroll(generation=source.name) for p in b}
     assert {p.model for b in store.scroll(generation=state.target) for p in b} == {V2.fingerprint}
     assert info.active.spec.settings["previous"] == source.name
     assert current_state(store).status == "active"
     assert plan(store, V2, model_name="v2") is None  # already embedded by this model
 
 
-def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: EdgeStore) -> None:
+def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: Store) -> None:
     state = plan(store, V2, model_name="v2")
     total = store.count()
     batches = pending_batches(store, state, batch_size=5)
@@ -95,7 +97,7 @@ def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: EdgeStor
     assert store.count() == total and result.verification.ok
 
 
-def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_deleted(store: EdgeStore) -> None:
+def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_deleted(store: Store) -> None:
     state = plan(store, V2, model_name="v2")
     for batch in pending_batches(store, state, batch_size=100):
         from services.reembed import copy_batch
@@ -111,10 +113,10 @@ def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_del
     assert "doc-100" in docs and "doc-5" not in docs
     assert any("changed words here" in p.text for p in passages.values() if p.doc_id == "doc-3")
     assert {p.model for p in passages.values()} == {V2.fingerprint}
-    assert store.ids() == store.ids(generation=state.source)
+    assert {p.id for b in store.scroll() for p in b} == {p.id for b in store.scroll(generation=state.source) for p in b}
 
 
-def test_ingest_and_query_follow_the_collection_after_the_swap(store: EdgeStore) -> None:
+def test_ingest_and_query_follow_the_collection_after_the_swap(store: Store) -> None:
     state = plan(store, V2, model_name="v2")
     run_in_process(store, state, V2, None)
     # a process still configured with the old towers writes and reads with the collection's towers
@@ -124,7 +126,7 @@ def test_ingest_and_query_follow_the_collection_after_the_swap(store: EdgeStore)
     assert hits and {h.passage.model for h in hits} == {V2.fingerprint}
 
 
-def test_rollback_restores_the_previous_generation_and_toggles(store: EdgeStore) -> None:
+def test_rollback_restores_the_previous_generation_and_toggles(store: Store) -> None:
     first = store.info().active.name
     state = plan(store, V2, model_name="v2")
     run_in_process(store, state, V2, None)
@@ -135,7 +137,7 @@ def test_rollback_restores_the_previous_generation_and_toggles(store: EdgeStore)
     assert forward.to_generation == state.target
 
 
-def test_gc_keeps_the_newest_inactive_generations_and_never_the_active(store: EdgeStore) -> None:
+def test_gc_keeps_the_newest_inactive_generations_and_never_the_active(store: Store) -> None:
     g1 = store.info().active.name
     s2 = plan(store, V2, model_name="v2")
     run_in_process(store, s2, V2, None)
@@ -147,12 +149,12 @@ def test_gc_keeps_the_newest_inactive_generations_and_never_the_active(store: Ed
     assert [g.name for g in store.info().generations] == [s3.target]
 
 
-def test_gate_rejects_a_worse_model_and_records_both_scores(store: EdgeStore) -> None:
+def test_gate_rejects_a_worse_model_and_records_both_scores(store: Store) -> None:
     active = store.info().active.name
     state = plan(store, V2, model_name="v2")
     scores = {V1.fingerprint: 0.6, V2.fingerprint: 0.5}
 
-    def scorer(s: EdgeStore, generation: str, towers: HashTowers) -> float:
+    def scorer(s: Store, generation: str, towers: HashTowers) -> float:
         assert s.info().generations  # scored through the real store
         return scores[towers.fingerprint]
 
@@ -170,7 +172,7 @@ def test_gate_rejects_a_worse_model_and_records_both_scores(store: EdgeStore) ->
     assert run_in_process(store, again, V2, None, gate=gate).outcome == "activated"
 
 
-def test_finalize_refuses_when_verification_fails(store: EdgeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finalize_refuses_when_verification_fails(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     state = plan(store, V2, model_name="v2")
     import services.reembed as reembed
 

@@ -10,7 +10,8 @@ import pytest
 from services.errors import ConfigError
 from services.reembed import ReembedState, save_state
 from services.settings import ReembedSettings, Settings
-from services.store.edge import EdgeStore
+from services.store import Store
+from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec
 from workers.beat import beat_schedule, run_beat
 from workers.reembed_tasks import check_needed
@@ -42,7 +43,7 @@ def fake_model(models_dir: Path, name: str, content: str) -> Path:
 
 def test_the_check_starts_a_reembed_only_when_the_active_model_differs(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
-    store = EdgeStore(settings.store_dir, settings.collection, lock_timeout=5, idle_release=0.05)
+    store = Store(EdgeEngine(settings.store_dir, settings.collection, lock_timeout=5, idle_release=0.05))
     try:
         assert check_needed(settings)["needed"] is False  # no collection yet
         store.ensure_collection(CollectionSpec(dim=4, distance="cosine", model="old-model"))

@@ -1,4 +1,5 @@
-"""Qdrant cluster options (``settings.qdrant``) reach collection creation through the server adapter.
+"""The server engine's own behaviour: cluster options (``settings.qdrant``) reach collection creation, and an
+unreachable server is a transient error.
 
 qdrant-client's in-process engine accepts every option but keeps only ``on_disk``; so the calls the adapter makes
 are recorded on the way to the real in-process client (which must accept them), and, with ``QDRANT_URL`` set,
@@ -14,9 +15,11 @@ from typing import Any
 import pytest
 from qdrant_client import QdrantClient
 
+from services.errors import StoreUnavailable
 from services.settings import QdrantSettings
+from services.store import Store
+from services.store.engines.server import ServerEngine
 from services.store.points import CollectionSpec
-from services.store.server import ServerStore
 
 SPEC = CollectionSpec(dim=8, distance="cosine", model="m@1")
 CLUSTER = QdrantSettings(
@@ -43,7 +46,7 @@ class Recording:
 @pytest.mark.unit
 def test_cluster_options_sent_on_creation_and_accepted_by_the_engine() -> None:
     client = Recording(QdrantClient(":memory:"))
-    store = ServerStore(client, "passages", CLUSTER)  # type: ignore[arg-type]
+    store = Store(ServerEngine(client, "passages", CLUSTER))  # type: ignore[arg-type]
     generation = store.ensure_collection(SPEC)
     [sent] = client.created
     assert (sent["shard_number"], sent["replication_factor"], sent["write_consistency_factor"]) == (3, 2, 2)
@@ -57,7 +60,7 @@ def test_cluster_options_sent_on_creation_and_accepted_by_the_engine() -> None:
 @pytest.mark.unit
 def test_defaults_leave_the_server_to_decide() -> None:
     client = Recording(QdrantClient(":memory:"))
-    ServerStore(client, "passages").ensure_collection(SPEC)  # type: ignore[arg-type]
+    Store(ServerEngine(client, "passages")).ensure_collection(SPEC)  # type: ignore[arg-type]
     [sent] = client.created
     assert not {"shard_number", "replication_factor", "write_consistency_factor", "hnsw_config",
                 "quantization_config"} & set(sent)
@@ -69,7 +72,7 @@ def test_real_server_creates_what_was_asked() -> None:
     client = QdrantClient(url=os.environ["QDRANT_URL"])
     alias = f"dpr_test_{uuid.uuid4().hex[:8]}"
     options = QdrantSettings(shard_number=2, hnsw_m=32, hnsw_ef_construct=200, quantization="int8")
-    store = ServerStore(client, alias, options)
+    store = Store(ServerEngine(client, alias, options))
     generation = store.ensure_collection(SPEC)
     try:
         config = client.get_collection(generation).config
@@ -78,3 +81,22 @@ def test_real_server_creates_what_was_asked() -> None:
         assert config.quantization_config is not None
     finally:
         client.delete_collection(generation)  # its alias goes with it
+
+
+@pytest.mark.unit
+def test_collection_params_carry_the_spec() -> None:
+    params = ServerEngine(QdrantClient(":memory:"), "c")._collection_params(SPEC)
+    dense = params["vectors_config"]["dense"]
+    assert (dense.size, dense.distance.value) == (SPEC.dim, "Cosine")
+    assert params["sparse_vectors_config"]["bm25"].modifier.value == "idf"
+    assert params["metadata"]["dpr_spec"] == SPEC.to_json()
+
+
+@pytest.mark.integration
+def test_unreachable_server_is_a_transient_error() -> None:
+    url = "http://127.0.0.1:1"
+    store = Store(ServerEngine(QdrantClient(url=url, timeout=2, check_compatibility=False), "c", location=url))
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        store.count()
+    with pytest.raises(StoreUnavailable):
+        store.ensure_collection(SPEC)

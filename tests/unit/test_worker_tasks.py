@@ -1,6 +1,6 @@
 """The Celery side without a broker: configuration, retry policy and batch recording of the ingest task.
 
-The task runs eagerly (``Task.apply``: same code path, retries re-applied synchronously); the service call is
+The task runs eagerly (``Task.apply``: same code path, retries re-applied synchronously); the pipeline is
 replaced by a stand-in and the job store runs over a dict-backed fake Redis, so no socket is opened.
 """
 
@@ -16,7 +16,7 @@ from kit.fake_redis import FakeRedis
 from services.documents import Document
 from services.errors import ConfigError, StoreUnavailable
 from services.ingest import IngestReport
-from services.jobs import JobStore
+from services.jobs import JobStore, RedisHashes
 from services.settings import CelerySettings, EncoderSettings, Settings
 from workers import tasks
 from workers.app import celery_config, create_app, torch_threads, worker_settings
@@ -81,20 +81,26 @@ def test_malformed_task_documents_fail_alone() -> None:
 # --- the task, eagerly ----------------------------------------------------------------------------------------
 
 
+class StubPipeline:
+    """Stands in for the runtime's IngestPipeline; each test sets ``ingest_batch``."""
+
+    def ingest_batch(self, items: list[Any], job: str = "") -> IngestReport:
+        raise AssertionError("set ingest_batch in the test")
+
+
 @pytest.fixture
 def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     s = settings(tmp_path, max_retries=2)
     app = create_app(s)
-    jobs = JobStore(FakeRedis(), url=s.broker_url or "")
-    state = tasks.ProcessState(s, jobs=jobs)
-    state.runtime = SimpleNamespace(  # type: ignore[assignment]
-        towers=None, sparse=None, store="store", fence="fence", towers_for=None
-    )
-    monkeypatch.setattr(tasks, "process_state", lambda _settings: state)
+    jobs = JobStore(RedisHashes(FakeRedis(), url=s.broker_url or ""))
+    pipeline = StubPipeline()
+    runtime = SimpleNamespace(jobs=jobs, pipeline=pipeline)
+    runtime.for_collection = lambda _collection: runtime
+    monkeypatch.setattr(tasks, "worker_runtime", lambda _settings: runtime)
     monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0.0)
     jobs.create("j1")
     jobs.seal("j1", batches=1, documents=len(DOCS), skipped=[], failed=[])
-    return SimpleNamespace(app=app, jobs=jobs, task=app.tasks["dpr.ingest_batch"])
+    return SimpleNamespace(app=app, jobs=jobs, pipeline=pipeline, task=app.tasks["dpr.ingest_batch"])
 
 
 def run(h: SimpleNamespace) -> None:
@@ -102,11 +108,11 @@ def run(h: SimpleNamespace) -> None:
 
 
 def test_batch_result_is_recorded(harness: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_ingest(items: list[Any], **kwargs: Any) -> IngestReport:
-        assert (kwargs["store"], kwargs["fence"], kwargs["job"]) == ("store", "fence", "j1")
+    def fake_ingest(items: list[Any], job: str = "") -> IngestReport:
+        assert job == "j1"
         return IngestReport(job="j1", documents=len(items), chunks=2 * len(items))
 
-    monkeypatch.setattr(tasks, "ingest_batch", fake_ingest)
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", fake_ingest)
     run(harness)
     status = harness.jobs.status("j1")
     assert (status["state"], status["documents"], status["chunks"]) == ("done", 3, 6)
@@ -117,13 +123,13 @@ def test_transient_error_is_retried_then_the_batch_succeeds(
 ) -> None:
     calls: list[int] = []
 
-    def flaky(items: list[Any], **kwargs: Any) -> IngestReport:
+    def flaky(items: list[Any], job: str = "") -> IngestReport:
         calls.append(1)
         if len(calls) < 3:
             raise StoreUnavailable("shard lock held by pid 42; retry later")
         return IngestReport(job="j1", documents=len(items), chunks=len(items))
 
-    monkeypatch.setattr(tasks, "ingest_batch", flaky)
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", flaky)
     run(harness)
     assert len(calls) == 3
     status = harness.jobs.status("j1")
@@ -136,11 +142,11 @@ def test_transient_error_after_max_retries_fails_the_batch_with_its_reason(
 ) -> None:
     calls: list[int] = []
 
-    def down(items: list[Any], **kwargs: Any) -> IngestReport:
+    def down(items: list[Any], job: str = "") -> IngestReport:
         calls.append(1)
         raise StoreUnavailable("store at /data is locked")
 
-    monkeypatch.setattr(tasks, "ingest_batch", down)
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", down)
     run(harness)
     assert len(calls) == 3  # first try + max_retries (2)
     status = harness.jobs.status("j1")
@@ -154,11 +160,11 @@ def test_permanent_batch_error_is_not_retried_and_reports_every_document(
 ) -> None:
     calls: list[int] = []
 
-    def broken(items: list[Any], **kwargs: Any) -> IngestReport:
+    def broken(items: list[Any], job: str = "") -> IngestReport:
         calls.append(1)
         raise ValueError("tensor shape mismatch")
 
-    monkeypatch.setattr(tasks, "ingest_batch", broken)
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", broken)
     run(harness)
     assert len(calls) == 1
     status = harness.jobs.status("j1")
@@ -170,7 +176,7 @@ def test_permanent_batch_error_is_not_retried_and_reports_every_document(
 def test_a_batch_that_keeps_killing_workers_is_failed_not_redelivered_forever(
     harness: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tasks, "ingest_batch", lambda items, **kw: pytest.fail("must not run again"))
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", lambda items, **kw: pytest.fail("must not run again"))
     for _ in range(2 + 1 + tasks.EXTRA_DELIVERIES):  # deliveries a worker died on
         harness.jobs.mark_started("j1", 0)
     run(harness)

@@ -1,4 +1,4 @@
-"""The submitter without a broker: batches, what goes to the tasks, what goes to the job header."""
+"""The Celery executor without a broker: batches, what goes to the tasks, what goes to the job header."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from kit.fake_redis import FakeRedis
 
 from services.documents import Document, DocumentFailure, Skipped
-from services.jobs import JobStore
+from services.jobs import JobStore, RedisHashes
 from services.settings import CelerySettings, Settings
-from workers import dispatch
+from workers import executor as celery_executor
 
 pytestmark = pytest.mark.unit
 
@@ -38,19 +38,18 @@ def test_submit_sends_documents_in_batches_and_keeps_refusals_in_the_job(
 ) -> None:
     settings = Settings(broker_url="redis://127.0.0.1:6399/0", data_dir=tmp_path, collection="notes",
                         celery=CelerySettings(batch_documents=2))
-    jobs = JobStore(FakeRedis(), url=settings.broker_url or "")
+    jobs = JobStore(RedisHashes(FakeRedis(), url=settings.broker_url or ""))
     app = RecordingApp()
-    monkeypatch.setattr(dispatch, "job_store", lambda _s: jobs)
-    monkeypatch.setattr(dispatch, "create_app", lambda _s: app)
+    monkeypatch.setattr(celery_executor, "create_app", lambda _s: app)
     items = [
         Document("a", "alpha"), DocumentFailure("b.txt", "empty", "b.txt: has no text"), Document("c", "gamma"),
         Skipped("d.png", "unsupported"), Document("e", "epsilon"),
     ]
 
-    submitted = dispatch.submit_ingest(settings, iter(items))
+    submitted = celery_executor.CeleryExecutor(settings, jobs=jobs).submit(iter(items), collection="notes")
 
     assert submitted.to_json() | {"job": "-"} == {
-        "job": "-", "state": "queued", "collection": "notes", "documents": 3, "batches": 2,
+        "job": "-", "state": "queued", "collection": "notes", "executor": "broker", "documents": 3, "batches": 2,
         "skipped": [{"source": "d.png", "reason": "unsupported"}],
         "failed": [{"source": "b.txt", "reason": "empty", "error": "b.txt: has no text"}],
     }
@@ -62,3 +61,4 @@ def test_submit_sends_documents_in_batches_and_keeps_refusals_in_the_job(
     status = jobs.status(submitted.job)
     assert (status["state"], status["batches_total"], status["documents_total"]) == ("queued", 2, 3)
     assert [f["source"] for f in status["failed"]] == ["b.txt"]
+    assert status["batches_pending"] == [0, 1]  # every batch handed over is known until a worker records it

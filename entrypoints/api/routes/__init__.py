@@ -1,0 +1,1 @@
+"""The API's routes, one module per resource; ``entrypoints.api.app`` mounts them."""

@@ -1,0 +1,31 @@
+"""POST /v1/search: question tower -> passages, through the runtime as ``dpr query`` does."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from entrypoints.api import schemas
+from entrypoints.api.state import ApiState, api_state
+from services.query import QueryOptions
+
+router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
+
+
+@router.post("/search", response_model=schemas.SearchOut, summary="Question tower -> passages")
+def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
+    options = QueryOptions(
+        k=body.k,
+        mode=body.mode,
+        filters=dict(body.filters),
+        fusion=body.fusion,
+        rrf_k=body.rrf_k,
+        linear_weight=body.linear_weight,
+        candidates=body.candidates,
+    )
+    t0 = time.perf_counter()
+    with state.metrics.time_query(body.mode or "default"):
+        hits = state.runtime.search(body.question, options)
+    return {"hits": [h.to_json() for h in hits], "took_ms": round((time.perf_counter() - t0) * 1000, 3)}

@@ -1,0 +1,56 @@
+"""What one API process shares between requests: the settings, one ``Runtime`` (store calls serialised, models
+loaded once in the background at start-up), the executor the settings choose, the metrics, and a small pool
+for readiness probes. Routes reach it through ``api_state(request)``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from entrypoints.api.metrics import ApiMetrics
+from services.jobs import Executor
+from services.runtime import Runtime
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApiState:
+    settings: Settings
+    runtime: Runtime
+    executor: Executor
+    metrics: ApiMetrics
+    model_ready: threading.Event = field(default_factory=threading.Event)
+    model_error: str | None = None
+    probes: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpr-probe")
+    )
+
+    def warm(self) -> None:
+        """Load the towers (and touch the model) once, so the first search does not pay for it."""
+        try:
+            self.runtime.towers.encode_queries(["warm up"], batch_size=1)
+            _ = self.runtime.sparse
+        except Exception as e:  # reported by /readyz; searches will raise the real error
+            log.exception("loading the towers failed")
+            self.model_error = f"{type(e).__name__}: {e}"
+        finally:
+            self.model_ready.set()
+
+    def close(self) -> None:
+        self.executor.close()
+        self.probes.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.runtime.close()
+        except Exception:  # shutting down: say so and go on
+            log.exception("closing the runtime failed")
+
+
+def api_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state

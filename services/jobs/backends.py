@@ -1,0 +1,204 @@
+"""Where job hashes live: Redis (with a broker) or one folder per hash under the data dir (in-process).
+
+Both keep the same tiny surface ``JobStore`` needs: set fields of a hash, increment a field, read several
+hashes, refresh expiry. Values are strings (the job store writes JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.exceptions
+
+from services.errors import TransientError
+from services.fsutil import write_atomic
+
+T = TypeVar("T")
+
+
+class JobStoreUnavailable(TransientError):
+    """The job store (Redis, which also carries the queue) cannot be reached."""
+
+
+class HashBackend(Protocol):
+    def hset(self, key: str, fields: Mapping[str, str], ttl: int) -> None:
+        """Set fields and refresh the key's expiry. Redis applies them at once; other backends may make them
+        visible one by one, in the order given, so a caller puts the field that commits the others last."""
+        ...
+
+    def hincrby(self, key: str, field: str, ttl: int) -> int: ...
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]: ...
+
+    def touch(self, keys: Sequence[str], ttl: int) -> None: ...
+
+    def ping(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def unavailable(url: str, error: Exception) -> JobStoreUnavailable:
+    return JobStoreUnavailable(
+        f"cannot reach Redis at {redact_url(url)} ({error}); start Redis (e.g. `redis-server --port 6379`) "
+        "or fix DPR_BROKER_URL"
+    )
+
+
+def _decode(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class RedisHashes:
+    """Hashes in Redis; every write sets the key's expiry in the same pipeline. Hand it a redis-py client."""
+
+    def __init__(self, client: Any, url: str = "redis://") -> None:
+        self.client = client
+        self.url = url
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisHashes:
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+        return cls(client, url=url)
+
+    def describe(self) -> str:
+        return f"Redis at {redact_url(self.url)}"
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise unavailable(self.url, e) from e
+
+    def ping(self) -> None:
+        self._run(self.client.ping)
+
+    def hset(self, key: str, fields: Mapping[str, str], ttl: int) -> None:
+        def write() -> None:
+            pipe = self.client.pipeline()
+            pipe.hset(key, mapping=dict(fields))
+            pipe.expire(key, ttl)
+            pipe.execute()
+
+        self._run(write)
+
+    def hincrby(self, key: str, field: str, ttl: int) -> int:
+        def write() -> int:
+            pipe = self.client.pipeline()
+            pipe.hincrby(key, field, 1)
+            pipe.expire(key, ttl)
+            return int(pipe.execute()[0])
+
+        return self._run(write)
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        def read() -> list[Any]:
+            pipe = self.client.pipeline()
+            for key in keys:
+                pipe.hgetall(key)
+            return list(pipe.execute())
+
+        return [{_decode(k): _decode(v) for k, v in (raw or {}).items()} for raw in self._run(read)]
+
+    def touch(self, keys: Sequence[str], ttl: int) -> None:
+        def write() -> None:
+            pipe = self.client.pipeline()
+            for key in keys:
+                pipe.expire(key, ttl)
+            pipe.execute()
+
+        self._run(write)
+
+
+class FileHashes:
+    """Hashes as folders (one file per field, replaced atomically) under ``root``; expired hashes are removed
+    when a new one is created. Safe across processes: increments take an ``flock`` on the hash's folder."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return f"the job folder {self.root}"
+
+    def _dir(self, key: str) -> Path:
+        return self.root / key.replace(":", "~").replace("/", "_")
+
+    def ping(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def hset(self, key: str, fields: Mapping[str, str], ttl: int) -> None:
+        folder = self._dir(key)
+        if not folder.exists():
+            self._expire_old(ttl)
+            folder.mkdir(parents=True, exist_ok=True)
+        for name, value in fields.items():
+            write_atomic(folder / name, value)
+
+    def hincrby(self, key: str, field: str, ttl: int) -> int:
+        folder = self._dir(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        with _flocked(folder / ".lock"):
+            path = folder / field
+            value = int(path.read_text() or 0) + 1 if path.exists() else 1
+            write_atomic(path, str(value))
+        return value
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        return [self._read(self._dir(key)) for key in keys]
+
+    @staticmethod
+    def _read(folder: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if not folder.is_dir():
+            return out
+        for path in folder.iterdir():
+            if path.name.startswith("."):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                out[path.name] = path.read_text(encoding="utf-8")
+        return out
+
+    def touch(self, keys: Sequence[str], ttl: int) -> None:
+        for key in keys:
+            folder = self._dir(key)
+            if folder.exists():
+                os.utime(folder)
+
+    def _expire_old(self, ttl: int) -> None:
+        if not self.root.is_dir():
+            return
+        cutoff = time.time() - ttl
+        for folder in self.root.iterdir():
+            with contextlib.suppress(OSError):
+                if folder.is_dir() and folder.stat().st_mtime < cutoff:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

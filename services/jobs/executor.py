@@ -1,0 +1,147 @@
+"""The executor seam: where an ingest job's batches run. Chosen once, at the entry point:
+
+- ``LocalExecutor`` (no broker, the embedded default): this process runs each batch as it is handed over,
+  either in the caller's thread (``dpr ingest``) or on one background thread (the API, which answers 202 at
+  once). Job state goes to files under the data dir, so ``dpr jobs ID`` shows in-process jobs too.
+- ``workers.executor.CeleryExecutor`` (``DPR_BROKER_URL`` set): one Celery task per batch; job state in Redis.
+
+Both submit through ``services.jobs.runner.submit_job`` and run batches through ``run_batch``; callers read
+status and wait through the executor's ``jobs`` (``wait_for_job``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from services.documents import Document, Item
+from services.errors import DprError, TransientError
+from services.ingest import IngestPipeline, IngestReport, new_job_id
+from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
+from services.jobs.store import TERMINAL, JobStore
+
+log = logging.getLogger(__name__)
+
+BatchHook = Callable[[IngestReport], None]
+
+
+class JobWaitTimeout(TransientError):
+    """The job did not end within the time the caller was willing to wait."""
+
+
+class Executor(Protocol):
+    name: str  # "local" | "broker"
+    jobs: JobStore
+
+    def submit(self, items: Iterable[Item], *, collection: str) -> Submitted:
+        """Register a job and hand its batches over; returns once every batch is handed over."""
+        ...
+
+    def pending(self) -> int:
+        """Work waiting to run (queue depth)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Runs batches in this process. ``pipeline_for(collection)`` gives the collection's pipeline (the
+    runtime's); ``background=True`` runs jobs one at a time on a thread and ``submit`` returns at once."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        jobs: JobStore,
+        pipeline_for: Callable[[str], IngestPipeline],
+        *,
+        background: bool = False,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self.pipeline_for = pipeline_for
+        self.on_batch = on_batch
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpr-ingest") if background else None
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def submit(self, items: Iterable[Item], *, collection: str) -> Submitted:
+        submitted = Submitted(job=new_job_id(), collection=collection, executor=self.name)
+        if self._pool is None:
+            self.pipeline_for(collection)  # load the model first: the job's clock times the ingest, not the load
+            self.jobs.create(submitted.job, collection=collection, executor=self.name)
+            return self._run(submitted, items)
+        self.jobs.create(submitted.job, collection=collection, executor=self.name)
+        materialised = list(items)  # the request's items, already in memory
+        submitted.documents = sum(isinstance(i, Document) for i in materialised)
+        with self._lock:
+            self._pending += 1
+        self._pool.submit(self._run_background, submitted, materialised)
+        return submitted
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run_background(self, submitted: Submitted, items: list[Item]) -> None:
+        with self._lock:
+            self._pending -= 1
+        submitted.documents = 0
+        try:
+            self._run(submitted, items)
+        except Exception:  # the job's header says what happened; the serving process goes on
+            log.exception("ingest job crashed", extra={"job": submitted.job})
+
+    def _run(self, submitted: Submitted, items: Iterable[Item]) -> Submitted:
+        pipeline = self.pipeline_for(submitted.collection)
+        c_docs, c_bytes = pipeline.batch_documents, pipeline.batch_bytes
+
+        def run_now(number: int, docs: list[Document]) -> None:
+            batch: list[Item] = list(docs)
+            try:
+                report = run_batch(self.jobs, pipeline, submitted.job, number, batch, worker="local")
+            except DprError as e:  # this batch fails with its reason; the next batches still run
+                log.warning("batch failed", extra={"job": submitted.job, "batch": number, "error": str(e)})
+                self.jobs.record_batch(submitted.job, number,
+                                       batch_failure(submitted.job, batch, type(e).__name__, str(e)))
+                return
+            if report is not None and self.on_batch is not None:
+                self.on_batch(report)
+
+        submit_job(self.jobs, submitted, items, batch_documents=c_docs, batch_bytes=c_bytes, hand_over=run_now)
+        if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
+            self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))
+        return submitted
+
+
+def wait_for_job(
+    jobs: JobStore,
+    job_id: str,
+    *,
+    on_status: Callable[[dict[str, Any]], None] | None = None,
+    poll: float = 0.5,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Poll the job until it is done or failed; ``on_status`` sees every status read (progress display).
+    Raises ``JobWaitTimeout`` if ``timeout`` seconds pass first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = jobs.status(job_id)
+        if on_status is not None:
+            on_status(status)
+        if status["state"] in TERMINAL:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobWaitTimeout(
+                f"job {job_id} is still {status['state']} ({status['batches_done']}/{status['batches_total']} "
+                "batches); is a worker running? start one with `dpr worker`"
+            )
+        time.sleep(poll)

@@ -1,0 +1,123 @@
+"""The two halves every ingest job has, whoever runs it: hand batches over (``submit_job``) and run one batch
+with its outcome recorded (``run_batch``). The in-process executor and the Celery one differ only in what
+"hand over" means: run it now, or send a task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.documents import Document, DocumentFailure, Item
+from services.ingest import IngestPipeline, IngestReport, batched_items
+from services.jobs.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Submitted:
+    """What the submitter knows once every batch is handed over."""
+
+    job: str
+    collection: str
+    executor: str = ""
+    documents: int = 0
+    batches: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "state": "queued",
+            "collection": self.collection,
+            "executor": self.executor,
+            "documents": self.documents,
+            "batches": self.batches,
+            "skipped": self.skipped,
+            "failed": self.failed,
+        }
+
+
+HandOver = Callable[[int, list[Document]], None]
+
+
+def submit_job(
+    jobs: JobStore,
+    submitted: Submitted,
+    items: Iterable[Item],
+    *,
+    batch_documents: int,
+    batch_bytes: int,
+    hand_over: HandOver,
+) -> Submitted:
+    """Stream ``items`` into batches: documents refused while reading go to the job's header, every batch is
+    recorded (with its document ids) before ``hand_over`` gets it, and the job is sealed with the totals.
+    ``jobs.create`` must have run for ``submitted.job``."""
+
+    def documents_only() -> Iterator[Document]:
+        for item in items:
+            if isinstance(item, Document):
+                submitted.documents += 1
+                yield item
+            elif isinstance(item, DocumentFailure):
+                submitted.failed.append(item.to_json())
+            else:
+                submitted.skipped.append(item.to_json())
+
+    for number, batch in enumerate(batched_items(documents_only(), batch_documents, batch_bytes)):
+        docs = [d for d in batch if isinstance(d, Document)]
+        jobs.record_submitted(submitted.job, number, [d.doc_id for d in docs])
+        hand_over(number, docs)
+        submitted.batches = number + 1
+    jobs.seal(submitted.job, batches=submitted.batches, documents=submitted.documents,
+              skipped=submitted.skipped, failed=submitted.failed)
+    log.info("job submitted", extra={"job": submitted.job, "batches": submitted.batches})
+    return submitted
+
+
+def batch_failure(job_id: str, items: list[Item], reason: str, error: str) -> dict[str, Any]:
+    """A whole batch failed: every document in it is reported failed with the reason."""
+    report = IngestReport(job=job_id)
+    for item in items:
+        if isinstance(item, Document):
+            source = item.source or item.doc_id
+            report.failed.append({"source": source, "reason": reason, "error": f"{source}: {error}"})
+        elif isinstance(item, DocumentFailure):
+            report.failed.append(item.to_json())
+        else:
+            report.skipped.append(item.to_json())
+    return {**report.to_json(), "error": f"{reason}: {error}"}
+
+
+def run_batch(
+    jobs: JobStore,
+    pipeline: IngestPipeline,
+    job_id: str,
+    number: int,
+    items: list[Item],
+    *,
+    attempt: int = 0,
+    worker: str = "",
+    max_deliveries: int | None = None,
+) -> IngestReport | None:
+    """Mark the batch started, run it through the pipeline and record its outcome. Errors propagate (the caller
+    decides: retry a transient one, or record ``batch_failure``). Returns None when the batch was started more
+    than ``max_deliveries`` times (it keeps killing its worker) and was recorded failed instead of run."""
+    deliveries = jobs.mark_started(job_id, number, worker=worker, attempt=attempt)
+    ids = {"job": job_id, "batch": number, "attempt": attempt}
+    if max_deliveries is not None and deliveries > max_deliveries:
+        log.error("batch keeps killing its worker; marking it failed", extra={**ids, "deliveries": deliveries})
+        jobs.record_batch(job_id, number, {**batch_failure(
+            job_id, items, "worker_lost",
+            f"the worker died {deliveries - 1} times on this batch (out of memory?); ingest it alone to see why",
+        ), "attempt": attempt})
+        return None
+    log.info("batch started", extra={**ids, "documents": len(items)})
+    report = pipeline.ingest_batch(items, job=job_id)
+    jobs.record_batch(job_id, number, {**report.to_json(), "attempt": attempt})
+    log.info("batch recorded", extra={**ids, "chunks": report.chunks})
+    return report

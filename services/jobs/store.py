@@ -1,0 +1,214 @@
+"""Job state: one model for every ingest job, in-process or on Celery workers.
+
+A job is one ingest: N batches of documents. The submitter records each batch as it hands it over (with the ids
+of its documents, so a job can always tell what is still missing) and *seals* the job with its totals at the end;
+whoever runs a batch (this process or a Celery worker) marks it started and records its outcome. Four hashes per
+job, all expiring ``ttl`` seconds after the last write:
+
+- ``dpr:job:<id>``            created, collection, executor, sealed, total batches, documents sent, refusals at
+                              read time (skipped / failed lists, JSON)
+- ``dpr:job:<id>:submitted``  batch number -> {"documents": [doc ids]}
+- ``dpr:job:<id>:batches``    batch number -> that batch's outcome (``IngestReport.to_json()`` plus ``error``);
+                              written per batch number, so a redelivered or retried batch replaces its own entry
+                              instead of counting twice
+- ``dpr:job:<id>:started``    batch number -> last start (worker, attempt, time)
+- ``dpr:job:<id>:deliveries`` batch number -> how many times a batch was started (poison-batch guard)
+
+The hashes live behind ``HashBackend``: Redis (``services.jobs.backends.RedisHashes``, when a broker is
+configured) or files under the data dir (``FileHashes``, the in-process default), so ``dpr jobs`` shows either.
+``summarize`` (pure) turns the hashes into the status users see.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from services.errors import PermanentError
+from services.jobs.backends import HashBackend, RedisHashes, redact_url
+
+log = logging.getLogger(__name__)
+
+JobState = Literal["submitting", "queued", "running", "done", "failed"]
+TERMINAL: tuple[JobState, ...] = ("done", "failed")
+
+DEFAULT_TTL = 7 * 24 * 3600
+KEY_PREFIX = "dpr:job:"
+PARTS = ("", "submitted", "batches", "started", "deliveries")
+
+# Keys of IngestReport.to_json() summed / concatenated over batches.
+COUNTERS = ("documents", "unchanged", "chunks", "title_truncated")
+
+
+class JobNotFound(PermanentError):
+    """No job of that id (never submitted, or expired)."""
+
+
+def _loads(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, TypeError):
+        return default
+
+
+class JobStore:
+    """Job state over a ``HashBackend`` (Redis or files; tests hand in a fake)."""
+
+    def __init__(self, backend: HashBackend, ttl: int = DEFAULT_TTL) -> None:
+        self.backend = backend
+        self.ttl = ttl
+
+    @classmethod
+    def from_url(cls, url: str, ttl: int = DEFAULT_TTL) -> JobStore:
+        return cls(RedisHashes.from_url(url), ttl=ttl)
+
+    @property
+    def where(self) -> str:
+        return self.backend.describe()
+
+    @staticmethod
+    def key(job_id: str, part: str = "") -> str:
+        return f"{KEY_PREFIX}{job_id}" + (f":{part}" if part else "")
+
+    def keys(self, job_id: str) -> list[str]:
+        return [self.key(job_id, part) for part in PARTS]
+
+    def ping(self) -> None:
+        self.backend.ping()
+
+    # --- writes ---------------------------------------------------------------------------------------------
+    def create(self, job_id: str, *, collection: str = "", executor: str = "", created: float | None = None) -> None:
+        """Register a job before its first batch is handed over (state ``submitting`` until ``seal``)."""
+        fields = {"job": job_id, "collection": collection, "executor": executor,
+                  "created": repr(created or time.time()), "sealed": "0"}
+        self.backend.hset(self.key(job_id), fields, self.ttl)
+        log.info("job created", extra={"job": job_id, "collection": collection})
+
+    def record_submitted(self, job_id: str, batch: int, doc_ids: Sequence[str]) -> None:
+        """A batch is handed to whoever runs it; its document ids are kept so a lost batch can be named."""
+        self.backend.hset(self.key(job_id, "submitted"), {str(batch): json.dumps({"documents": list(doc_ids)})},
+                          self.ttl)
+
+    def seal(
+        self,
+        job_id: str,
+        *,
+        batches: int,
+        documents: int,
+        skipped: list[dict[str, str]],
+        failed: list[dict[str, str]],
+    ) -> None:
+        """Every batch is handed over: record the totals and the documents refused while reading."""
+        fields = {  # "sealed" last: it commits the others (a file backend makes fields visible in this order)
+            "batches": str(batches),
+            "documents_total": str(documents),
+            "skipped": json.dumps(skipped),
+            "failed": json.dumps(failed),
+            "sealed_at": repr(time.time()),
+            "sealed": "1",
+        }
+        self.backend.hset(self.key(job_id), fields, self.ttl)
+        self.backend.touch(self.keys(job_id), self.ttl)
+        log.info("job sealed", extra={"job": job_id, "batches": batches, "documents": documents})
+
+    def mark_started(self, job_id: str, batch: int, *, worker: str = "", attempt: int = 0) -> int:
+        """A batch starts (or restarts). Returns how many times this batch has been started."""
+        record = json.dumps({"worker": worker, "attempt": attempt, "at": time.time()})
+        self.backend.hset(self.key(job_id, "started"), {str(batch): record}, self.ttl)
+        return self.backend.hincrby(self.key(job_id, "deliveries"), str(batch), self.ttl)
+
+    def record_batch(self, job_id: str, batch: int, result: Mapping[str, Any]) -> None:
+        """Store one batch's outcome (``IngestReport.to_json()`` plus optional ``error``). Idempotent: keyed by
+        batch number, so a redelivered batch replaces its previous outcome."""
+        record = dict(result)
+        record.setdefault("finished", time.time())
+        self.backend.hset(self.key(job_id, "batches"), {str(batch): json.dumps(record, default=str)}, self.ttl)
+
+    # --- reads ----------------------------------------------------------------------------------------------
+    def raw(self, job_id: str) -> dict[str, dict[str, str]]:
+        return dict(zip(PARTS, self.backend.hgetall_many(self.keys(job_id)), strict=True))
+
+    def started(self, job_id: str) -> dict[int, dict[str, Any]]:
+        return {int(k): _loads(v, {}) for k, v in self.raw(job_id)["started"].items()}
+
+    def status(self, job_id: str, now: float | None = None) -> dict[str, Any]:
+        raw = self.raw(job_id)
+        if not raw[""]:
+            raise JobNotFound(
+                f"no job {job_id!r} in {self.where}; check the id (jobs expire after {self.ttl // 86400} days)"
+            )
+        return summarize(
+            raw[""],
+            {int(k): _loads(v, {}) for k, v in raw["batches"].items()},
+            {int(k): _loads(v, {}) for k, v in raw["started"].items()},
+            now=now,
+            submitted={int(k): _loads(v, {}) for k, v in raw["submitted"].items()},
+        )
+
+
+def summarize(
+    meta: Mapping[str, str],
+    batches: Mapping[int, Mapping[str, Any]],
+    started: Mapping[int, Mapping[str, Any]],
+    now: float | None = None,
+    submitted: Mapping[int, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The job's status: the keys of ``IngestReport.to_json()`` plus state and progress. Pure."""
+    sealed = meta.get("sealed") == "1"
+    total = int(meta.get("batches", "0") or 0) if sealed else None
+    created = float(meta.get("created", "0") or 0)
+    skipped: list[dict[str, str]] = list(_loads(meta.get("skipped"), []))
+    failed: list[dict[str, str]] = list(_loads(meta.get("failed"), []))
+    counts = dict.fromkeys(COUNTERS, 0)
+    encode_seconds = 0.0
+    errors: list[dict[str, Any]] = []
+    finished = created
+    for number in sorted(batches):
+        result = batches[number]
+        for name in COUNTERS:
+            counts[name] += int(result.get(name, 0) or 0)
+        encode_seconds += float(result.get("encode_seconds", 0) or 0)
+        skipped.extend(result.get("skipped") or [])
+        failed.extend(result.get("failed") or [])
+        if result.get("error"):
+            errors.append({"batch": number, "error": result["error"]})
+        finished = max(finished, float(result.get("finished", 0) or 0))
+
+    done = len(batches)
+    state = _state(sealed, done, total, bool(errors), bool(started or batches))
+    end = finished if state in TERMINAL else (now if now is not None else time.time())
+    pending = sorted(set(submitted or {}) - set(batches))
+    out: dict[str, Any] = {
+        "job": meta.get("job", ""),
+        "state": state,
+        "collection": meta.get("collection", ""),
+        "batches_done": done,
+        "batches_total": total,
+        "documents_total": int(meta.get("documents_total", "0") or 0) if sealed else None,
+        **counts,
+        "skipped": skipped,
+        "failed": failed,
+        "errors": errors,
+        "seconds": round(max(0.0, end - created), 3),
+        "encode_seconds": round(encode_seconds, 3),
+        "batches_pending": pending,
+    }
+    if meta.get("executor"):
+        out["executor"] = meta["executor"]
+    return out
+
+
+def _state(sealed: bool, done: int, total: int | None, errors: bool, begun: bool) -> JobState:
+    if not sealed:
+        return "running" if begun else "submitting"
+    if done >= (total or 0):
+        return "failed" if errors else "done"
+    return "running" if begun else "queued"
+
+
+__all__ = ["COUNTERS", "DEFAULT_TTL", "JobNotFound", "JobState", "JobStore", "TERMINAL", "redact_url", "summarize"]

@@ -1,0 +1,334 @@
+"""``ServerEngine``: the scale-out engine, qdrant-client against a Qdrant server or cluster, under the store front end.
+
+Generations are real collections named ``{alias}__g0001``, ``__g0002``, ...; the collection users see is a real
+Qdrant alias, moved with one ``update_collection_aliases`` request (delete + create applied together, so readers
+see the old or the new generation, never neither). Each generation's ``CollectionSpec`` lives in the
+collection's ``metadata`` under ``"dpr_spec"``. Cluster options (shards, replication, write consistency,
+on-disk vectors, HNSW m / ef_construct, int8 scalar quantization) come from ``settings.qdrant`` and are applied
+when a generation is created. ``version()`` is the alias's target (one small request), so the front end's
+cached ``active()`` follows another process's swap at once.
+
+The client is handed in, so tests pass ``QdrantClient(":memory:")`` (qdrant-client's in-process engine: same
+API, exact search, payload indexes ignored, not thread-safe). Unreachable servers and timeouts raise
+``StoreUnavailable`` (transient, retried); requests the server refuses raise ``ConfigError`` (permanent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+from services.errors import ConfigError, DprError, StoreUnavailable
+from services.settings import QdrantSettings
+from services.store.common import (
+    SPEC_METADATA_KEY,
+    AtLeast,
+    Match,
+    Scored,
+    Where,
+    build_filter,
+    generation_number,
+    missing_generation,
+)
+from services.store.points import DENSE, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
+from services.store.protocol import Branch, PointRecord, Record, Vector
+
+if TYPE_CHECKING:
+    from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT, "euclid": models.Distance.EUCLID}
+
+
+def _is_grpc_unavailable(error: Exception) -> bool:
+    try:
+        import grpc
+    except ImportError:  # pragma: no cover - grpcio ships with qdrant-client
+        return False
+    if not isinstance(error, grpc.RpcError):
+        return False
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class ServerEngine:
+    """``Engine`` over Qdrant collections + an alias, through a ``QdrantClient`` it is handed."""
+
+    backend = "server"
+    upsert_batch = 256
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        alias: str,
+        options: QdrantSettings | None = None,
+        *,
+        owns_client: bool = False,
+        location: str = "",
+    ) -> None:
+        self.client = client
+        self.alias = alias
+        self.options = options or QdrantSettings()
+        self._owns_client = owns_client
+        self._location = location or "the Qdrant server"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServerEngine:
+        url = settings.qdrant_url or ":memory:"
+        if url == ":memory:":
+            client = QdrantClient(location=":memory:")
+        else:
+            key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
+            client = QdrantClient(url=url, api_key=key, timeout=max(1, round(settings.qdrant.timeout)))
+        return cls(client, settings.collection, settings.qdrant, owns_client=True, location=url)
+
+    def __repr__(self) -> str:
+        return f"ServerEngine({self._location!r}, alias={self.alias!r})"
+
+    def session(self, create: bool = False) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # the server serialises concurrent requests itself
+
+    # -- error translation ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _engine(self, what: str, collection: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except DprError:
+            raise
+        except UnexpectedResponse as e:
+            detail = e.content.decode("utf-8", "replace")[:300] if e.content else e.reason_phrase
+            if e.status_code == 404 and collection is not None:
+                raise missing_generation(self.alias, collection) from e
+            if e.status_code is None or e.status_code >= 500 or e.status_code in (408, 429):
+                raise StoreUnavailable(
+                    f"{self._location} failed to {what} (HTTP {e.status_code}: {detail}); retry later"
+                ) from e
+            raise ConfigError(f"{self._location} refused to {what} (HTTP {e.status_code}: {detail})") from e
+        except (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError) as e:
+            raise StoreUnavailable(
+                f"{self._location} is unreachable ({what}): {e}; check DPR_QDRANT_URL and that the server is up"
+            ) from e
+        except ValueError as e:  # the in-process engine reports bad requests and missing collections this way
+            if collection is not None and "not found" in str(e).lower():
+                raise missing_generation(self.alias, collection) from e
+            raise ConfigError(f"Qdrant refused to {what}: {e}") from e
+        except Exception as e:
+            if _is_grpc_unavailable(e):
+                raise StoreUnavailable(f"{self._location} is unreachable ({what}): {e}") from e
+            raise
+
+    # -- pointer and generations ---------------------------------------------------------------------------
+    def version(self) -> Hashable:
+        return self.read_pointer()
+
+    def read_pointer(self) -> str | None:
+        with self._engine("list aliases"):
+            aliases = self.client.get_aliases().aliases
+        return next((a.collection_name for a in aliases if a.alias_name == self.alias), None)
+
+    def write_pointer(self, generation: str, previous: str | None) -> None:
+        ops: list[Any] = []
+        if previous is not None:
+            ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=self.alias)))
+        ops.append(
+            models.CreateAliasOperation(
+                create_alias=models.CreateAlias(collection_name=generation, alias_name=self.alias)
+            )
+        )
+        with self._engine("move the alias", generation):
+            self.client.update_collection_aliases(change_aliases_operations=ops)
+
+    def generations(self) -> list[str]:
+        with self._engine("list collections"):
+            names = [c.name for c in self.client.get_collections().collections]
+        return [name for name in names if generation_number(self.alias, name) is not None]
+
+    def read_spec(self, generation: str) -> CollectionSpec:
+        with self._engine("read the collection", generation):
+            info = self.client.get_collection(generation)
+        data = (info.config.metadata or {}).get(SPEC_METADATA_KEY)
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"collection {generation!r} has no {SPEC_METADATA_KEY!r} metadata: it was not created by dpr-ingest; "
+                "use another DPR_COLLECTION name"
+            )
+        return CollectionSpec.from_json(data)
+
+    def write_spec(self, generation: str, spec: CollectionSpec) -> None:
+        with self._engine("update collection metadata", generation):
+            self.client.update_collection(generation, metadata={SPEC_METADATA_KEY: spec.to_json()})
+
+    def create(self, generation: str, spec: CollectionSpec) -> bool:
+        try:
+            with self._engine("create a collection"):
+                self.client.create_collection(generation, **self._collection_params(spec))
+        except ConfigError:
+            if self._exists(generation):  # lost a race for this number: the caller takes the next one
+                return False
+            raise
+        self._create_payload_indexes(generation)
+        return True
+
+    def drop(self, generation: str) -> bool:
+        if not self._exists(generation):
+            return False
+        with self._engine("delete a collection", generation):
+            self.client.delete_collection(generation)
+        return True
+
+    def optimize(self, generation: str) -> bool:
+        """A server builds HNSW graphs in the background by itself: nothing to do but check the generation."""
+        self.read_spec(generation)
+        return False
+
+    def _exists(self, name: str) -> bool:
+        with self._engine("check a collection"):
+            return bool(self.client.collection_exists(name))
+
+    def _collection_params(self, spec: CollectionSpec) -> dict[str, Any]:
+        o = self.options
+        params: dict[str, Any] = {
+            "vectors_config": {
+                DENSE: models.VectorParams(
+                    size=spec.dim, distance=_DISTANCES[spec.distance], on_disk=o.on_disk_vectors or None
+                )
+            },
+            "metadata": {SPEC_METADATA_KEY: spec.to_json()},
+        }
+        if spec.sparse:
+            params["sparse_vectors_config"] = {SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)}
+        for key in ("shard_number", "replication_factor", "write_consistency_factor"):
+            if getattr(o, key) is not None:
+                params[key] = getattr(o, key)
+        if o.hnsw_m is not None or o.hnsw_ef_construct is not None:
+            params["hnsw_config"] = models.HnswConfigDiff(m=o.hnsw_m, ef_construct=o.hnsw_ef_construct)
+        if o.quantization == "int8":
+            params["quantization_config"] = models.ScalarQuantization(
+                scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
+            )
+        return params
+
+    def _create_payload_indexes(self, name: str) -> None:
+        fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
+        fields.append(("chunk_index", models.PayloadSchemaType.INTEGER))
+        with warnings.catch_warnings(), self._engine("create payload indexes", name):
+            # the in-process engine warns that it ignores payload indexes; a server builds them
+            warnings.filterwarnings("ignore", message="Payload indexes have no effect")
+            for key, schema in fields:
+                self.client.create_payload_index(name, field_name=key, field_schema=schema, wait=True)
+
+    # -- points ----------------------------------------------------------------------------------------------
+    def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
+        structs = [
+            models.PointStruct(id=pid, vector={n: _vector(v) for n, v in vectors.items()}, payload=payload)
+            for pid, vectors, payload in points
+        ]
+        with self._engine("upsert points", generation):
+            self.client.upsert(generation, points=structs, wait=True)
+
+    def delete(self, generation: str, where: Where) -> None:
+        with self._engine("delete points", generation):
+            self.client.delete(generation, points_selector=models.FilterSelector(filter=_where(where)), wait=True)
+
+    def count(self, generation: str, where: Where | None = None) -> int:
+        with self._engine("count points", generation):
+            return int(self.client.count(generation, count_filter=_filter(where), exact=True).count)
+
+    def scroll(
+        self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
+    ) -> tuple[list[Record], Any]:
+        with self._engine("scroll points", generation):
+            records, offset = self.client.scroll(
+                generation,
+                scroll_filter=_filter(where),
+                limit=limit,
+                offset=offset,
+                with_payload=fields if isinstance(fields, bool) else list(fields),
+                with_vectors=False,
+            )
+        return [(str(r.id), dict(r.payload or {})) for r in records], offset
+
+    def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
+        using, vector = branch
+        with self._engine("search", generation):
+            response = self.client.query_points(
+                generation,
+                query=_vector(vector),
+                using=using,
+                query_filter=_filter(where),
+                limit=limit,
+                with_payload=True,
+            )
+        return _scored(response.points)
+
+    def query_batch(
+        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None
+    ) -> list[list[Scored]]:
+        flt = _filter(where)
+        requests = [
+            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=True)
+            for u, v in branches
+        ]
+        with self._engine("search", generation):
+            responses = self.client.query_batch_points(generation, requests=requests)
+        return [_scored(r.points) for r in responses]
+
+    def query_rrf(
+        self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
+    ) -> list[Scored]:
+        flt = _filter(where)
+        with self._engine("search", generation):
+            response = self.client.query_points(
+                generation,
+                prefetch=[models.Prefetch(query=_vector(v), using=u, filter=flt, limit=depth) for u, v in branches],
+                query=models.RrfQuery(rrf=models.Rrf(k=rrf_k)),
+                limit=limit,
+                with_payload=True,
+            )
+        return _scored(response.points)
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# converters: neutral records -> qdrant-client models
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _filter(where: Where | None) -> models.Filter | None:
+    return None if where is None else _where(where)
+
+
+def _where(where: Where) -> models.Filter:
+    return build_filter(where, models.Filter, _field)  # type: ignore[no-any-return]
+
+
+def _field(condition: Match | AtLeast) -> models.FieldCondition:
+    if isinstance(condition, AtLeast):
+        return models.FieldCondition(key=condition.key, range=models.Range(gte=condition.value))
+    match: Any = (
+        models.MatchAny(any=condition.any_values())
+        if condition.any_of
+        else models.MatchValue(value=condition.values[0])
+    )
+    return models.FieldCondition(key=condition.key, match=match)
+
+
+def _vector(vector: Vector) -> Any:
+    if isinstance(vector, SparseVector):
+        return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
+    return vector
+
+
+def _scored(points: Sequence[Any]) -> list[Scored]:
+    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]

@@ -1,0 +1,304 @@
+"""``Store``: the one ``VectorStore``, every store decision made once, over an ``Engine`` (edge or server).
+
+What lives here and nowhere else: generation names and the race-safe choice of the next one, resolving the
+collection to its active generation (cached: ``active()``), validation of specs and requests (the rules are in
+``common.py``), batching of upserts, per-document state, stale-chunk deletion, and the search modes (dense /
+sparse / hybrid with RRF inside the engine or DPR's linear fusion here). Every call runs inside one engine
+``session()`` so that, on the edge, resolving the generation and using it happen under one lease.
+
+The ``active()`` cache: one ``ActiveGeneration`` per store, kept with the engine's ``version()`` token (edge:
+the CURRENT pointer's content plus the active spec file's stat, no lock needed; server: the alias's target, one
+small request) and dropped when this store creates, activates, drops or updates settings. It is re-read when
+the token moves (another process swapped the alias) and at least every ``ACTIVE_MAX_AGE`` seconds, the bound on
+how long settings another process merged into a server collection stay unseen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+
+from services.errors import ConfigError, DprError, StoreUnavailable
+from services.store.common import (
+    DocStateGroups,
+    Scored,
+    Where,
+    add_doc_state,
+    check_at_least_one,
+    check_compatible,
+    check_dense_dim,
+    doc_states_from,
+    documents_filter,
+    generation_name,
+    generation_number,
+    linear_fusion,
+    missing_collection,
+    missing_generation,
+    request_filter,
+    stale_filter,
+    validate_request,
+    validate_spec,
+)
+from services.store.points import (
+    DENSE,
+    SPARSE,
+    ActiveGeneration,
+    CollectionInfo,
+    CollectionSpec,
+    DocState,
+    GenerationInfo,
+    Hit,
+    Passage,
+    PassagePoint,
+    SearchRequest,
+    point_vectors,
+)
+from services.store.protocol import Branch, Engine, Record
+
+log = logging.getLogger(__name__)
+
+ACTIVE_MAX_AGE = 5.0  # seconds an unchanged version token keeps the cached active generation
+_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at"]
+_SCAN_BATCH = 1024
+_CREATE_ATTEMPTS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cached:
+    token: Hashable
+    active: ActiveGeneration | None
+    read_at: float  # monotonic
+
+
+class Store:
+    """``VectorStore`` over one ``Engine``; ``open_store(settings)`` builds it, tests hand an engine in."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.backend = engine.backend
+        self.alias = engine.alias
+        self._cached: _Cached | None = None
+
+    def __repr__(self) -> str:
+        return f"Store({self.engine!r})"
+
+    # -- resolution -----------------------------------------------------------------------------------------
+    def active(self) -> ActiveGeneration | None:
+        token = self.engine.version()
+        cached = self._cached
+        if cached is not None and cached.token == token and time.monotonic() - cached.read_at < ACTIVE_MAX_AGE:
+            return cached.active
+        name = self.engine.read_pointer()
+        active = None if name is None else ActiveGeneration(name, self.engine.read_spec(name))
+        self._cached = _Cached(token, active, time.monotonic())
+        return active
+
+    def _forget_active(self) -> None:
+        self._cached = None
+
+    def _resolve(self, generation: str | None) -> tuple[str, CollectionSpec]:
+        """Name and spec of ``generation`` (the active one by default); only inside a session."""
+        if generation is None:
+            active = self.active()
+            if active is None:
+                raise missing_collection(self.alias, self.backend)
+            return active.name, active.spec
+        if generation_number(self.alias, generation) is None:  # only this alias's generations (and safe paths)
+            raise missing_generation(self.alias, generation)
+        cached = self._cached
+        if cached is not None and cached.active is not None and cached.active.name == generation:
+            return generation, cached.active.spec  # dim, distance, model and sparse never change
+        return generation, self.engine.read_spec(generation)
+
+    @contextlib.contextmanager
+    def _use(self, generation: str | None) -> Iterator[tuple[str, CollectionSpec]]:
+        with self.engine.session():
+            yield self._resolve(generation)
+
+    # -- collection and generations -------------------------------------------------------------------------
+    def info(self) -> CollectionInfo:
+        with self.engine.session():
+            active = self.engine.read_pointer()
+            names = sorted(self.engine.generations(), key=lambda n: generation_number(self.alias, n) or 0)
+            generations = [
+                GenerationInfo(name=n, spec=self.engine.read_spec(n), count=self.engine.count(n), active=n == active)
+                for n in names
+            ]
+        active_info = next((g for g in generations if g.active), None)
+        return CollectionInfo(alias=self.alias, backend=self.backend, active=active_info, generations=generations)
+
+    def ensure_collection(self, spec: CollectionSpec) -> str:
+        validate_spec(spec)
+        with self.engine.session(create=True):
+            active = self.active()
+            if active is None:
+                created = self._create_generation(spec)
+                try:
+                    self.engine.write_pointer(created, previous=None)
+                except DprError:
+                    # another process created the collection at the same moment: keep theirs
+                    self._forget_active()
+                    active = self.active()
+                    if active is None or active.name == created:
+                        raise
+                    self.engine.drop(created)
+                else:
+                    self._forget_active()
+                    log.info("created collection", extra={"alias": self.alias, "generation": created})
+                    return created
+            check_compatible(self.alias, active.name, active.spec, spec)
+            return active.name
+
+    def create_generation(self, spec: CollectionSpec) -> str:
+        validate_spec(spec)
+        with self.engine.session(create=True):
+            name = self._create_generation(spec)
+        log.info("created generation", extra={"alias": self.alias, "generation": name})
+        return name
+
+    def _create_generation(self, spec: CollectionSpec) -> str:
+        number = max((generation_number(self.alias, n) or 0 for n in self.engine.generations()), default=0)
+        for _ in range(_CREATE_ATTEMPTS):
+            number += 1
+            name = generation_name(self.alias, number)
+            if self.engine.create(name, spec):  # False: lost a race for this number (or a half-made one)
+                self._forget_active()
+                return name
+        raise StoreUnavailable(f"could not pick a free generation name for {self.alias!r}; retry")
+
+    def activate(self, generation: str) -> None:
+        with self.engine.session():
+            self._resolve(generation)  # raises if it does not exist or is not ours
+            previous = self.engine.read_pointer()
+            if previous != generation:
+                self.engine.write_pointer(generation, previous)
+            self._forget_active()
+        log.info("activated generation", extra={"alias": self.alias, "generation": generation, "previous": previous})
+
+    def drop_generation(self, generation: str) -> None:
+        with self.engine.session():
+            if generation == self.engine.read_pointer():
+                raise ConfigError(
+                    f"generation {generation!r} is the active generation of {self.alias!r}; activate another "
+                    "generation first"
+                )
+            if generation_number(self.alias, generation) is None or not self.engine.drop(generation):
+                raise missing_generation(self.alias, generation)
+            self._forget_active()
+        log.info("dropped generation", extra={"alias": self.alias, "generation": generation})
+
+    def update_settings(self, settings: dict[str, object], generation: str | None = None) -> None:
+        with self._use(generation) as (name, _):
+            spec = self.engine.read_spec(name)  # fresh: another process may have merged settings meanwhile
+            self.engine.write_spec(name, dataclasses.replace(spec, settings={**spec.settings, **settings}))
+            self._forget_active()
+
+    def optimize(self, generation: str | None = None) -> bool:
+        with self._use(generation) as (name, _):
+            changed = self.engine.optimize(name)
+        log.info("optimized generation", extra={"alias": self.alias, "generation": name, "changed": changed})
+        return changed
+
+    # -- data -----------------------------------------------------------------------------------------------
+    def upsert(self, points: Sequence[PassagePoint], generation: str | None = None) -> None:
+        if not points:
+            return
+        with self._use(generation) as (name, spec):
+            for p in points:
+                check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
+            size = self.engine.upsert_batch
+            for start in range(0, len(points), size):
+                batch = points[start : start + size]
+                self.engine.upsert(
+                    name, [(p.passage.id, point_vectors(p, spec.sparse), p.passage.to_payload()) for p in batch]
+                )
+
+    def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
+        wanted = sorted(set(doc_ids))
+        if not wanted:
+            return {}
+        groups: DocStateGroups = {}
+        with self._use(generation) as (name, _):
+            for records in self._pages(name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
+                for _, payload in records:
+                    add_doc_state(groups, payload)
+        return doc_states_from(groups)
+
+    def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
+        if keep_chunks < 0:
+            raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
+        with self._use(generation) as (name, _):
+            self.engine.delete(name, stale_filter(doc_id, keep_doc_hash, keep_chunks))
+
+    def delete_documents(self, doc_ids: Iterable[str], generation: str | None = None) -> int:
+        wanted = sorted(set(doc_ids))
+        if not wanted:
+            return 0
+        where = documents_filter(wanted)
+        with self._use(generation) as (name, _):
+            removed = self.engine.count(name, where)
+            if removed:
+                self.engine.delete(name, where)
+        return removed
+
+    def count(self, generation: str | None = None) -> int:
+        with self._use(generation) as (name, _):
+            return self.engine.count(name)
+
+    def scroll(self, batch_size: int = 256, generation: str | None = None) -> Iterator[list[Passage]]:
+        """Batches in point-id order; on the edge the lease is held per batch, never while the caller works."""
+        check_at_least_one("batch_size", batch_size)
+        with self._use(generation) as (name, _):
+            pass  # pin the generation now: a concurrent activate must not switch it mid-scan
+        for records in self._pages(name, batch_size):
+            yield [Passage.from_payload(payload) for _, payload in records]
+
+    def _pages(
+        self, name: str, limit: int, where: Where | None = None, fields: Sequence[str] | bool = True
+    ) -> Iterator[list[Record]]:
+        offset = None
+        while True:
+            with self.engine.session():
+                records, offset = self.engine.scroll(name, limit, offset, where, fields)
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def search(self, request: SearchRequest, generation: str | None = None) -> list[Hit]:
+        with self._use(generation) as (name, spec):
+            validate_request(self.alias, name, spec, request)
+            scored = self._search(name, spec, request)
+        return [Hit(passage=Passage.from_payload(payload), score=score, id=pid) for pid, score, payload in scored]
+
+    def _search(self, name: str, spec: CollectionSpec, request: SearchRequest) -> list[Scored]:
+        where = request_filter(request.filters)
+        branches: list[Branch] = []
+        if request.mode != "sparse" and request.dense is not None:
+            branches.append((DENSE, [float(x) for x in request.dense]))
+        if request.mode != "dense" and request.sparse is not None and request.sparse.indices:
+            branches.append((SPARSE, request.sparse))
+        if not branches:  # a sparse query made only of stopwords: nothing can match
+            return []
+        if request.mode != "hybrid":
+            return self.engine.query(name, branches[0], request.k, where)
+        depth = max(request.candidates, request.k)
+        if request.fusion == "rrf":
+            return self.engine.query_rrf(name, branches, request.k, depth, request.rrf_k, where)
+        results = self.engine.query_batch(name, branches, depth, where)
+        dense_hits, sparse_hits = results[0], (results[1] if len(results) > 1 else [])
+        higher = spec.distance != "euclid"
+        return linear_fusion(dense_hits, sparse_hits, request.linear_weight, request.k, dense_higher_is_better=higher)
+
+    def close(self) -> None:
+        """Release the engine now (edge: flush, close the shards, unlock; server: close a client it owns)."""
+        self.engine.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
