@@ -6,8 +6,6 @@
   deployment (its own broker database, data dir, settings in the environment) with helpers to start real
   ``dpr worker`` subprocesses (waiting for their "ready." line) and to run ``dpr`` commands; every worker it
   started is terminated at teardown. The helpers live in ``worker_cluster.py``.
-- Every integration test runs with the ``DPR_*`` variables scrubbed and no ``.env`` file read by in-process
-  ``Settings`` (``kit.policy``); worker subprocesses get their settings from ``cluster_env``.
 """
 
 from __future__ import annotations
@@ -16,13 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kit.policy import scrub_settings_env
 from worker_cluster import Cluster, RedisServer, cluster_env, start_redis
-
-
-@pytest.fixture(autouse=True)
-def _scrub_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    scrub_settings_env(monkeypatch)
 
 
 @pytest.fixture(scope="session")

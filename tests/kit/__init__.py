@@ -4,5 +4,5 @@
   (a spy over any towers), ``FakeRuntime`` (towers + BM25 + an in-process store).
 - ``kit.fake_redis``: ``FakeRedis``, a dict-backed stand-in for the redis-py calls the job store makes.
 - ``kit.policy``: what every suite agrees on: unmarked tests refused, ``make_settings`` and the ``DPR_*`` /
-  ``.env`` scrub the unit and integration suites apply.
+  ``.env`` scrub every test runs under (``tests/conftest.py``).
 """

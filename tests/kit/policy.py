@@ -2,11 +2,11 @@
 
 - ``SUITE_MARKERS`` / ``refuse_unmarked``: a test with none of ``unit`` / ``integration`` / ``slow`` would never run
   under ``make test``; collection refuses it instead (``tests/conftest.py``).
-- ``scrub_settings_env`` / ``make_settings``: a developer's shell (``DPR_BROKER_URL``, ``DPR_QDRANT_URL``, ...) or a
-  ``.env`` file in the working directory must not change what a test exercises. The scrub removes every ``DPR_*``
-  variable and turns the ``.env`` file off for each ``Settings()`` built meanwhile, the ones the code under test
-  builds at its composition roots included. ``QDRANT_URL`` (no prefix) stays: it opts into the real-server
-  contract run.
+- ``scrub_settings_env`` (autouse for every test, ``tests/conftest.py``) / ``make_settings``: a developer's shell
+  (``DPR_BROKER_URL``, ``DPR_QDRANT_URL``, ...) or a ``.env`` file in the working directory must not change what a
+  test exercises. The scrub removes every ``DPR_*`` variable and turns the ``.env`` file off for each ``Settings()``
+  built meanwhile, the ones the code under test builds at its composition roots included. ``QDRANT_URL`` (no
+  prefix) stays: it opts into the real-server contract run.
 """
 
 from __future__ import annotations
