@@ -63,7 +63,7 @@ def main() -> None:
 
     from encoders.data import load_beir
     from encoders.towers import SentenceTransformerTowers, base_model_path
-    from services import reembed as rb
+    from services import lifecycle as rb
     from services.documents import Document
     from services.ingest import IngestPipeline
     from services.settings import Settings

@@ -1,25 +1,40 @@
-"""Trained models under one models directory: list, show, activate.
+"""The model registry: trained models under one models directory, the ACTIVE pointer, lookup by fingerprint, and
+the one process-wide tower cache.
 
 A model is a directory ``models_dir/<name>-YYYYmmdd-HHMMSS`` holding a sentence-transformers model and
 ``model_card.json``. ``models_dir/ACTIVE`` names the active model (``base`` or a directory name); it is replaced
 atomically (write a temporary file, fsync, rename), and ``encoders.towers.resolve_model_path("active", ...)`` reads it.
+
+Towers are loaded once per process through ``load_towers`` (by model setting: a name, ``base``, ``active`` or a
+path) and ``towers_for`` (by the fingerprint a collection records): both share one small LRU cache, so a process
+keeps its configured model plus at most ``MAX_LOADED - 1`` others (the model of the collection it serves, the new
+model of a re-embed), whatever mix of callers asks.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from encoders.towers import base_model_path, model_fingerprint, read_model_card
+from encoders.towers import (
+    SentenceTransformerTowers,
+    base_model_path,
+    model_fingerprint,
+    read_model_card,
+    resolve_model_path,
+)
 
 ACTIVE_FILE = "ACTIVE"
+MAX_LOADED = 3  # towers one process keeps: its configured model and two others (least recently used goes first)
 
 
 class ModelNotFound(LookupError):
-    """No model of that name under the models directory."""
+    """No model of that name (or that fingerprint) under the models directory."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,9 @@ class ModelEntry:
         }
 
 
+# --- the ACTIVE pointer ---------------------------------------------------------------------------------------
+
+
 def active_name(models_dir: Path) -> str:
     """The ACTIVE model name, ``base`` when none is activated."""
     path = models_dir / ACTIVE_FILE
@@ -52,6 +70,28 @@ def active_name(models_dir: Path) -> str:
         if name:
             return name
     return "base"
+
+
+def activate(models_dir: Path, name: str) -> ModelEntry:
+    """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
+    entry = show_model(models_dir, name)  # raises ModelNotFound
+    if name != "base" and not (entry.path / "modules.json").is_file():
+        raise ModelNotFound(f"{entry.path} holds no sentence-transformers model (no modules.json); retrain it")
+    models_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ACTIVE.", dir=models_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, models_dir / ACTIVE_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return ModelEntry(entry.name, entry.path, True, entry.card)
+
+
+# --- listing and lookup ---------------------------------------------------------------------------------------
 
 
 def list_models(models_dir: Path) -> list[ModelEntry]:
@@ -85,20 +125,87 @@ def show_model(models_dir: Path, name: str) -> ModelEntry:
     return ModelEntry(name, path, active_name(models_dir) == name, card)
 
 
-def activate(models_dir: Path, name: str) -> ModelEntry:
-    """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
-    entry = show_model(models_dir, name)  # raises ModelNotFound
-    if name != "base" and not (entry.path / "modules.json").is_file():
-        raise ModelNotFound(f"{entry.path} holds no sentence-transformers model (no modules.json); retrain it")
-    models_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ACTIVE.", dir=models_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(name + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, models_dir / ACTIVE_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return ModelEntry(entry.name, entry.path, True, entry.card)
+def model_candidates(models_dir: Path) -> list[tuple[Path, str]]:
+    """(directory, name) of every loadable model: the base model, then each model under ``models_dir``."""
+    out = [(base_model_path(), "base")]
+    if models_dir.is_dir():
+        for p in sorted(models_dir.iterdir()):
+            if p.is_dir() and not p.name.startswith(".") and (p / "modules.json").is_file():
+                out.append((p, p.name))
+    return out
+
+
+def model_for_fingerprint(fingerprint: str, models_dir: Path) -> tuple[Path, str]:
+    """The model directory whose fingerprint is ``fingerprint`` (the base model or one under ``models_dir``)."""
+    for path, name in model_candidates(models_dir):
+        if model_fingerprint(path) == fingerprint:
+            return path, name
+    raise ModelNotFound(
+        f"no model with fingerprint {fingerprint} under {models_dir} or the base model; the collection was built "
+        "by a model that is no longer here: restore it, `dpr rollback`, or re-embed with `dpr reembed --model NAME`"
+    )
+
+
+# --- the one tower cache --------------------------------------------------------------------------------------
+
+
+class TowerCache:
+    """Towers loaded once per process, keyed by (directory, device); at most ``size`` kept (LRU). Thread-safe.
+
+    A hit by name re-checks the directory's fingerprint (a model retrained in place is loaded again); a hit by
+    fingerprint touches no file (the hot path of a query whose collection another model built)."""
+
+    def __init__(self, size: int = MAX_LOADED) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._towers: OrderedDict[tuple[str, str], SentenceTransformerTowers] = OrderedDict()
+
+    def by_name(self, spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+        path, name = resolve_model_path(spec, models_dir)
+        key = (str(path.resolve()), device)
+        with self._lock:
+            towers = self._towers.get(key)
+            if towers is None or towers.fingerprint != model_fingerprint(path):
+                towers = SentenceTransformerTowers(path, device=device, name=name)
+            return self._keep(key, towers)
+
+    def by_fingerprint(self, fingerprint: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+        with self._lock:
+            for key, towers in self._towers.items():
+                if towers.fingerprint == fingerprint and key[1] == device:
+                    return self._keep(key, towers)
+        path, name = model_for_fingerprint(fingerprint, models_dir)  # raises ModelNotFound
+        with self._lock:
+            key = (str(path.resolve()), device)
+            return self._keep(key, SentenceTransformerTowers(path, device=device, name=name))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._towers.clear()
+
+    def _keep(self, key: tuple[str, str], towers: SentenceTransformerTowers) -> SentenceTransformerTowers:
+        self._towers[key] = towers
+        self._towers.move_to_end(key)
+        while len(self._towers) > self.size:
+            self._towers.popitem(last=False)
+        return towers
+
+
+_CACHE = TowerCache()
+
+
+def load_towers(spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+    """The towers a model setting names (``base``, ``active``, a name under ``models_dir``, a path), loaded once
+    per process."""
+    return _CACHE.by_name(spec, models_dir, device)
+
+
+def towers_for(fingerprint: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+    """The towers whose fingerprint is ``fingerprint`` (a collection's recorded model), loaded once per process.
+    Raises ``ModelNotFound`` naming the fixes when no model here has it."""
+    return _CACHE.by_fingerprint(fingerprint, models_dir, device)
+
+
+def clear_tower_cache() -> None:
+    """Forget every loaded tower (tests; a process that must free memory)."""
+    _CACHE.clear()

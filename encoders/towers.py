@@ -230,15 +230,8 @@ def read_model_card(path: Path) -> dict[str, Any]:
     return {}
 
 
-_LOADED: dict[tuple[str, str], SentenceTransformerTowers] = {}
-
-
 def load_towers(spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
-    """Load (once per process) the towers a model setting names."""
-    path, name = resolve_model_path(spec, models_dir)
-    key = (str(path.resolve()), device)
-    towers = _LOADED.get(key)
-    if towers is None or towers.fingerprint != model_fingerprint(path):
-        towers = SentenceTransformerTowers(path, device=device, name=name)
-        _LOADED[key] = towers
-    return towers
+    """Load (once per process) the towers a model setting names: the registry's one tower cache."""
+    from encoders.registry import load_towers as load_cached
+
+    return load_cached(spec, models_dir, device)

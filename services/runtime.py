@@ -33,7 +33,6 @@ class _Models:
         self.lock = threading.RLock()
         self.towers: SentenceTransformerTowers | None = None
         self.sparse: SparseEncoder | None = None
-        self.by_fingerprint: dict[str, DualEncoder] = {}
 
 
 class Runtime:
@@ -100,19 +99,12 @@ class Runtime:
 
     def towers_for(self, fingerprint: str) -> DualEncoder:
         """The towers whose fingerprint is ``fingerprint`` (base or under models_dir): queries and ingest follow
-        the collection's active generation across re-embeds and rollbacks. One extra model is kept at most."""
+        the collection's active generation across re-embeds and rollbacks. From the registry's tower cache."""
         if self.towers.fingerprint == fingerprint:
             return self.towers
-        m = self._models
-        with m.lock:
-            towers = m.by_fingerprint.get(fingerprint)
-            if towers is None:
-                from services.reembed import model_for_fingerprint
+        from services.lifecycle.models import towers_by_fingerprint
 
-                path, _ = model_for_fingerprint(fingerprint, self.settings.models_dir)
-                towers = load_towers(str(path), self.settings.models_dir, device=self.settings.encoder.device)
-                m.by_fingerprint = {fingerprint: towers}
-            return towers
+        return towers_by_fingerprint(self.settings, fingerprint)
 
     # --- per collection -----------------------------------------------------------------------------------
     @property
@@ -130,7 +122,7 @@ class Runtime:
         """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
 
         def build() -> WriteFence:
-            from services.reembed import write_fence
+            from services.lifecycle.locks import write_fence
 
             s = self.settings
             return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)

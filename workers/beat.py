@@ -15,8 +15,9 @@ import threading
 from typing import Any
 
 from services.errors import ConfigError
+from services.lifecycle.locks import redis_client
+from services.lifecycle.state import ReembedBusy
 from services.locks import RedisLease
-from services.reembed import ReembedBusy, redis_client
 from services.settings import Settings
 from workers.reembed_dispatch import CHECK_TASK, REEMBED_QUEUE
 

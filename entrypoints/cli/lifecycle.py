@@ -10,9 +10,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from entrypoints.cli.common import EXIT_ERROR, cli_errors, console, emit_json, err_console, fail, get_settings
-from services import reembed as rb
+from services import lifecycle
 from services.errors import ConfigError
-from services.runtime import Runtime
 from services.settings import Settings
 
 
@@ -26,10 +25,6 @@ def register(app: typer.Typer) -> None:
 def _settings(ctx: typer.Context, collection: str | None) -> Settings:
     settings = get_settings(ctx)
     return settings if collection is None else settings.model_copy(update={"collection": collection})
-
-
-def _lease(settings: Settings) -> Any:
-    return rb.reembed_lease(settings.collection, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl)
 
 
 def _progress_bar() -> Progress:
@@ -60,9 +55,7 @@ def reembed(
         fail(f"--gate {gate}: no such file or directory", code=2)
     if show:
         with cli_errors():
-            from workers.reembed_dispatch import reembed_status
-
-            status = reembed_status(settings)
+            status = lifecycle.reembed_status(settings)
         if as_json:
             emit_json(status)
         elif status.get("state") is None:
@@ -92,48 +85,19 @@ def reembed(
 
 
 def _reembed_in_process(settings: Settings, model: str | None, gate: Path | None, quiet: bool) -> dict[str, Any]:
-    from encoders.towers import load_towers
-
-    lease = _lease(settings)
-    if not lease.acquire():
-        raise rb.ReembedBusy(f"another re-embed of {settings.collection!r} is running ({lease.holder()})")
-    runtime = Runtime(settings)
-    try:
-        towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
-        store = runtime.store
-        state = rb.plan(store, towers, model_name=towers.name)
-        if state is None:
-            return {"outcome": "nothing_to_do", "model": towers.fingerprint, "model_name": towers.name}
-        sparse = runtime.sparse if store.info().active.spec.sparse else None  # type: ignore[union-attr]
-        gate_fn = None
-        if gate is not None:
-            scorer = rb.eval_scorer(settings, gate)
-            old = runtime.towers_for(store.info().active.spec.model)  # type: ignore[union-attr]
-
-            def gate_fn() -> rb.GateDecision:
-                return rb.run_gate(store, state, towers, old, scorer, data=str(gate))
-
-        def run(progress: Any = None) -> rb.ReembedResult:
-            return rb.run_in_process(
-                store, state, towers, sparse, batch_size=settings.reembed.batch_size,
-                encode_batch_size=settings.encoder.batch_size, fence=runtime.fence, gate=gate_fn,
-                on_activated=lambda s: rb.promote_model(settings, s), progress=progress,
-            )
-
-        if quiet:
-            return run().to_json()
-        with _progress_bar() as bar:
-            task = bar.add_task("re-embed", total=None)
-            return run(lambda done, total: bar.update(task, completed=done, total=total)).to_json()
-    finally:
-        runtime.close()
-        lease.release()
+    if quiet:
+        return lifecycle.reembed_in_process(settings, model=model, gate=gate)
+    with _progress_bar() as bar:
+        task = bar.add_task("re-embed", total=None)
+        return lifecycle.reembed_in_process(
+            settings, model=model, gate=gate, progress=lambda done, total: bar.update(task, completed=done, total=total)
+        )
 
 
 def _reembed_on_workers(
     settings: Settings, model: str | None, gate: Path | None, wait: bool, timeout: float | None, quiet: bool
 ) -> dict[str, Any]:
-    from workers.reembed_dispatch import reembed_status, submit_reembed
+    from workers.reembed_dispatch import submit_reembed
 
     submitted = submit_reembed(settings, model=model, gate=str(gate) if gate else None)
     out = submitted.to_json()
@@ -142,7 +106,7 @@ def _reembed_on_workers(
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def poll() -> dict[str, Any]:
-        return reembed_status(settings, submitted.target)
+        return lifecycle.reembed_status(settings, submitted.target)
 
     def finished(status: dict[str, Any]) -> bool:
         return status.get("result") is not None or (status.get("state") or {}).get("status") not in (None, "building")
@@ -205,23 +169,11 @@ def rollback(
     """Swap the alias back to the previous generation (kept until `dpr gc`); its model becomes ACTIVE again."""
     settings = _settings(ctx, collection)
     with cli_errors():
-        lease = _lease(settings)
-        if not lease.acquire(wait=5):
-            raise rb.ReembedBusy(f"a re-embed of {settings.collection!r} is running ({lease.holder()}); roll back "
-                                 "after it ends")
-        runtime = Runtime(settings)
-        try:
-            done = rb.rollback(runtime.store, fence=runtime.fence)
-            _, name = rb.model_for_fingerprint(done.model, settings.models_dir)
-            rb.point_active_model(settings.models_dir, name)
-        finally:
-            runtime.close()
-            lease.release()
-    data = {**done.to_json(), "model_name": name}
+        data = lifecycle.rollback_collection(settings)
     if as_json:
         emit_json(data)
     else:
-        console.print(f"rolled back: {done.from_generation} -> {done.to_generation} (model {name}, {done.model})",
+        console.print(f"rolled back: {data['from']} -> {data['to']} (model {data['model_name']}, {data['model']})",
                       highlight=False)
 
 
@@ -234,13 +186,8 @@ def gc(
 ) -> None:
     """Drop all but the newest N inactive generations (never the active one, never a re-embed in progress)."""
     settings = _settings(ctx, collection)
-    n = settings.reembed.keep_generations if keep is None else keep
     with cli_errors():
-        runtime = Runtime(settings)
-        try:
-            dropped = rb.gc(runtime.store, n)
-        finally:
-            runtime.close()
+        dropped, n = lifecycle.gc_collection(settings, keep)
     if as_json:
         emit_json({"dropped": dropped, "keep": n})
     else:

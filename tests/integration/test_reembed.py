@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from worker_cluster import DPR, Cluster, Worker, wait_until
 
+from services.lifecycle import reembed_status
+from services.lifecycle.progress import RedisProgress
 from services.runtime import Runtime
 from services.settings import Settings
 from services.store import open_store
-from workers.reembed_dispatch import Progress, reembed_status
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +125,7 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
     first = cluster.dpr_json("reembed", "--model", "v2", "--collection", "k")
     assert first["outcome"] == "submitted" and first["source"] == source and first["batches"] >= 4
     target = first["target"]
-    progress = Progress(__import__("redis").Redis.from_url(cluster.broker_url), "k", target)
+    progress = RedisProgress(__import__("redis").Redis.from_url(cluster.broker_url), "k", target)
     wait_until(lambda: progress.counts()[0] >= 2, 180, "two re-embed batches to finish", interval=0.02)
     victim.kill()  # SIGKILL mid re-embed: a batch in flight, more queued
     during = snapshot(cluster, "k")

@@ -11,21 +11,22 @@ from kit.fakes import HashTowers
 
 from services.documents import Document
 from services.ingest import delete_documents, ingest_batch
-from services.locks import FileFence, FileLease
-from services.query import search
-from services.reembed import (
+from services.lifecycle import (
     GateDecision,
     ReembedError,
+    copy_batch,
     current_state,
     finalize,
-    gc,
     pending_batches,
     plan,
-    rollback,
     run_gate,
     run_in_process,
-    verify,
 )
+from services.lifecycle.gc import gc
+from services.lifecycle.rollback import rollback
+from services.lifecycle.verify import verify
+from services.locks import FileFence, FileLease
+from services.query import search
 from services.settings import ChunkSettings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
@@ -84,8 +85,6 @@ def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: Store) -
     total = store.count()
     batches = pending_batches(store, state, batch_size=5)
     first = next(batches)
-    from services.reembed import copy_batch
-
     copy_batch(store, state, first, V2, None)
     batches.close()  # "Ctrl-C"
     resumed = plan(store, V2, model_name="v2")
@@ -100,8 +99,6 @@ def test_interrupted_copy_resumes_without_redoing_or_duplicating(store: Store) -
 def test_writes_during_the_reembed_reach_the_new_generation_and_deletes_stay_deleted(store: Store) -> None:
     state = plan(store, V2, model_name="v2")
     for batch in pending_batches(store, state, batch_size=100):
-        from services.reembed import copy_batch
-
         copy_batch(store, state, batch, V2, None)
     # meanwhile, on the still-active source: a new document, a changed one, a deleted one
     ingest(store, V1, [doc(100), doc(3, extra="changed words here")])
@@ -174,9 +171,9 @@ def test_gate_rejects_a_worse_model_and_records_both_scores(store: Store) -> Non
 
 def test_finalize_refuses_when_verification_fails(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     state = plan(store, V2, model_name="v2")
-    import services.reembed as reembed
+    import services.lifecycle.verify as catch_up_module
 
-    monkeypatch.setattr(reembed, "copy_batch", lambda *a, **k: 0)  # a copy that silently writes nothing
+    monkeypatch.setattr(catch_up_module, "copy_batch", lambda *a, **k: 0)  # a catch-up that silently writes nothing
     with pytest.raises(ReembedError, match="failed verification"):
         finalize(store, state, V2, None)
     assert store.info().active.name == state.source

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from services.errors import ConfigError
-from services.reembed import ReembedState, save_state
+from services.lifecycle import ReembedState, check_needed, save_state
 from services.settings import ReembedSettings, Settings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec
 from workers.beat import beat_schedule, run_beat
-from workers.reembed_tasks import check_needed
 
 pytestmark = pytest.mark.unit
 

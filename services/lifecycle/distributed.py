@@ -1,0 +1,229 @@
+"""A re-embed spread over workers: submit it, run its batch and finalize steps, report it.
+
+Flow: take the collection's re-embed lock (Redis, TTL, refreshed by every step of the run), ``plan`` (resume the
+re-embed in progress or create the target generation), send one batch step per batch of pending passages (the
+passages travel as payload dicts, so a worker needs no source files and no extra read), then one finalize step
+that waits for the batches, catches up, verifies, swaps and releases the lock. Sending is a ``Sender`` the caller
+hands in (the Celery one lives in ``workers.reembed_dispatch``): nothing here knows Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from encoders.registry import load_towers
+from encoders.towers import DualEncoder
+from services.errors import TransientError
+from services.ingest import SparseEncoder
+from services.lifecycle.copy import copy_batch, pending_batches, plan
+from services.lifecycle.gate import promotion_gate
+from services.lifecycle.locks import lease_for, reembed_lease
+from services.lifecycle.models import check_needed, promote_model
+from services.lifecycle.progress import progress_for
+from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, current_state, find_state, state_and_spec
+from services.lifecycle.swap import finalize
+from services.locks import Lease, WriteFence
+from services.settings import Settings
+from services.store.points import Passage
+from services.store.protocol import VectorStore
+
+log = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    """Sends the steps of one re-embed of ``settings.collection`` to the workers."""
+
+    def send_batch(self, target: str, batch_id: str, passages: list[dict[str, Any]]) -> None: ...
+
+    def send_finalize(self, target: str, gate: str | None) -> None: ...
+
+
+OpenSender = Callable[[Settings], contextlib.AbstractContextManager[Sender]]
+
+
+class Encoders(Protocol):
+    """What a step needs of the worker's runtime: towers by fingerprint and the sparse encoder."""
+
+    @property
+    def sparse(self) -> SparseEncoder: ...
+
+    def towers_for(self, fingerprint: str) -> DualEncoder: ...
+
+
+@dataclass
+class Submitted:
+    outcome: str  # "submitted" | "nothing_to_do"
+    source: str = ""
+    target: str = ""
+    model: str = ""
+    model_name: str = ""
+    batches: int = 0
+    passages: int = 0
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def submit_reembed(
+    settings: Settings, open_sender: OpenSender, *, model: str | None = None, gate: str | None = None,
+    adopt: bool = True,
+) -> Submitted:
+    """Lock, plan, send the pending batches and the finalize step. Raises ``ReembedBusy`` if another runs.
+
+    ``adopt``: when the lock is held by the very re-embed in progress (its token is in the record), take it over
+    and re-send what is still pending (what `dpr reembed` run again does after Ctrl-C or a dead worker). The beat
+    passes False: a live run is left alone, and only a run whose lock expired is resumed."""
+    from services.store import open_store
+
+    towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+    store = open_store(settings)
+    lease = lease_for(settings)
+    try:
+        building = find_state(store)
+        if not lease.acquire():
+            lease = _adopt(settings, lease, building if adopt else None)
+        state = plan(store, towers, model_name=towers.name, lock_token=getattr(lease, "token", ""))
+        if state is None:
+            lease.release()
+            return Submitted(outcome="nothing_to_do", model=towers.fingerprint, model_name=towers.name)
+        resumed = building is not None and building.target == state.target
+        if not resumed:
+            progress_for(settings, state.target).reset()
+        with open_sender(settings) as sender:
+            sent = _send(settings, store, state, gate, sender)
+        sent.resumed = resumed
+        return sent
+    except BaseException:
+        lease.release()
+        raise
+    finally:
+        store.close()
+
+
+def _adopt(settings: Settings, lease: Lease, building: ReembedState | None) -> Lease:
+    """The lease of the re-embed in progress when it holds the lock (resume the run whose steps are still
+    around); else ``ReembedBusy``."""
+    holder = lease.client.get(lease.key)  # type: ignore[attr-defined]
+    holder = holder.decode() if isinstance(holder, bytes) else holder
+    if building is None or not building.lock_token or holder != building.lock_token:
+        raise ReembedBusy(
+            f"another re-embed of {settings.collection!r} holds the lock ({lease.holder()}); wait for it "
+            "(`dpr status`) or let its lock expire"
+        )
+    return lease_for(settings, token=building.lock_token)
+
+
+def _send(settings: Settings, store: VectorStore, state: ReembedState, gate: str | None, sender: Sender) -> Submitted:
+    progress = progress_for(settings, state.target)
+    run = uuid.uuid4().hex[:8]
+    out = Submitted("submitted", state.source, state.target, state.model, state.model_name)
+    for n, batch in enumerate(pending_batches(store, state, settings.reembed.batch_size)):
+        batch_id = f"{run}-{n}"
+        progress.sent([batch_id])
+        sender.send_batch(state.target, batch_id, [p.to_payload() for p in batch])
+        out.batches += 1
+        out.passages += len(batch)
+    progress.touch()
+    sender.send_finalize(state.target, gate)
+    log.info("re-embed submitted", extra=out.to_json())
+    return out
+
+
+def copy_sent_batch(
+    settings: Settings, encoders: Encoders, store: VectorStore, alias: str, target: str, batch_id: str,
+    passages: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The batch step: encode ``passages`` with the target's passage tower into the target; skipped when the
+    re-embed is no longer building. Idempotent. Refreshes the re-embed lock."""
+    progress = progress_for(settings, target, alias)
+    state, spec = state_and_spec(store, target)
+    if state is None or state.status != "building":
+        progress.done(batch_id)
+        return {"batch": batch_id, "state": "skipped"}
+    n = copy_batch(
+        store, state, [Passage.from_payload(p) for p in passages], encoders.towers_for(state.model),
+        encoders.sparse if spec.sparse else None, settings.encoder.batch_size,
+    )
+    progress.done(batch_id)
+    if state.lock_token:
+        reembed_lease(alias, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl,
+                      token=state.lock_token).refresh()
+    log.info("re-embed batch done", extra={"target": target, "batch": batch_id, "passages": n})
+    return {"batch": batch_id, "state": "done", "passages": n}
+
+
+def finalize_sent(
+    settings: Settings, encoders: Encoders, store: VectorStore, fence: WriteFence, alias: str, target: str,
+    gate: str | None, stall: float,
+) -> dict[str, Any] | None:
+    """The finalize step: None while batches are in flight and still moving (ask again later); else catch-up,
+    gate, verify, swap under ``fence``, record the outcome and release the re-embed lock. A ``TransientError``
+    refreshes the lock and propagates (retry the step)."""
+    state, spec = state_and_spec(store, target)
+    if state is None or state.status != "building":
+        return {"target": target, "state": "skipped"}
+    progress = progress_for(settings, target, alias)
+    lease = reembed_lease(alias, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl,
+                          token=state.lock_token or None)
+    if progress.pending() and progress.idle_seconds() < stall:
+        lease.refresh()
+        return None
+    towers = encoders.towers_for(state.model)
+    gate_fn = promotion_gate(settings, store, state, towers, gate, encoders.towers_for)
+    try:
+        result = finalize(
+            store, state, towers, encoders.sparse if spec.sparse else None, fence=fence, gate=gate_fn,
+            on_activated=lambda s: promote_model(settings, s),
+        )
+        out = result.to_json()
+    except TransientError:
+        lease.refresh()
+        raise
+    except ReembedError as e:  # the target stays as it is: `dpr reembed` again resumes (or starts over)
+        out = {"outcome": "failed", "target": target, "error": str(e)}
+    progress.set_result(out)
+    lease.release()
+    log.info("re-embed finalized", extra=out)
+    return out
+
+
+def check_and_submit(settings: Settings, open_sender: OpenSender) -> dict[str, Any]:
+    """The beat's check: submit a re-embed when the configured model differs from the collection's (and the gate
+    did not reject it before); a live re-embed is left alone."""
+    decision = check_needed(settings)
+    if not decision["needed"]:
+        log.info("re-embed check: nothing to do", extra=decision)
+        return decision
+    try:
+        submitted = submit_reembed(settings, open_sender, adopt=False)
+    except ReembedBusy as e:
+        return {**decision, "submitted": False, "reason": str(e)}
+    log.info("re-embed check: submitted", extra=submitted.to_json())
+    return {**decision, "submitted": True, **submitted.to_json()}
+
+
+def reembed_status(settings: Settings, target: str | None = None) -> dict[str, Any]:
+    """The newest re-embed record plus its progress with a broker (batches done / sent, finalize result)."""
+    from services.store import open_store
+
+    store = open_store(settings)
+    try:
+        state = find_state(store, target) if target else current_state(store)
+        if state is None:
+            return {"state": None}
+        data: dict[str, Any] = {"state": {**state.to_json(), "target": state.target}}
+        data["target_points"] = store.count(generation=state.target)
+        data["source_points"] = store.count(generation=state.source)
+    finally:
+        store.close()
+    if settings.broker_url:
+        progress = progress_for(settings, state.target)
+        done, sent = progress.counts()
+        data.update(batches_done=done, batches_sent=sent, result=progress.result())
+    return data

@@ -1,0 +1,50 @@
+"""A whole re-embed in this process (`dpr reembed` without a broker): lock, plan, copy, finalize, promote."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from encoders.registry import load_towers
+from services.lifecycle.copy import plan
+from services.lifecycle.gate import promotion_gate
+from services.lifecycle.locks import lease_for
+from services.lifecycle.models import promote_model
+from services.lifecycle.state import ReembedBusy
+from services.lifecycle.swap import run_in_process
+from services.settings import Settings
+
+
+def reembed_in_process(
+    settings: Settings,
+    *,
+    model: str | None = None,
+    gate: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Re-embed ``settings.collection`` with ``model`` (default: the configured model) here; the JSON of the
+    outcome (``nothing_to_do`` | ``activated`` | ``rejected``). ``progress(done, total)`` in passages."""
+    from services.runtime import Runtime
+
+    lease = lease_for(settings)
+    if not lease.acquire():
+        raise ReembedBusy(f"another re-embed of {settings.collection!r} is running ({lease.holder()})")
+    runtime = Runtime(settings)
+    try:
+        towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+        store = runtime.store
+        state = plan(store, towers, model_name=towers.name)
+        if state is None:
+            return {"outcome": "nothing_to_do", "model": towers.fingerprint, "model_name": towers.name}
+        sparse = runtime.sparse if store.info().active.spec.sparse else None  # type: ignore[union-attr]
+        result = run_in_process(
+            store, state, towers, sparse, batch_size=settings.reembed.batch_size,
+            encode_batch_size=settings.encoder.batch_size, fence=runtime.fence,
+            gate=promotion_gate(settings, store, state, towers, gate, runtime.towers_for),
+            on_activated=lambda s: promote_model(settings, s), progress=progress,
+        )
+        return result.to_json()
+    finally:
+        runtime.close()
+        lease.release()

@@ -1,0 +1,65 @@
+"""Which model a collection should carry, over the registry (``encoders.registry``): towers by the fingerprint a
+collection records (errors in the service's terms), the ACTIVE pointer after a swap or a rollback, and the beat's
+check "does the configured model differ from the collection's?".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from encoders import registry
+from encoders.towers import SentenceTransformerTowers, model_fingerprint, resolve_model_path
+from services.errors import ModelMismatch
+from services.lifecycle.state import ReembedState
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def towers_by_fingerprint(settings: Settings, fingerprint: str) -> SentenceTransformerTowers:
+    """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), from the one tower cache."""
+    try:
+        return registry.towers_for(fingerprint, settings.models_dir, device=settings.encoder.device)
+    except registry.ModelNotFound as e:
+        raise ModelMismatch(str(e)) from e
+
+
+def model_name_for(settings: Settings, fingerprint: str) -> str:
+    """The registry name (``base`` or a directory under models_dir) of the model with ``fingerprint``."""
+    try:
+        return registry.model_for_fingerprint(fingerprint, settings.models_dir)[1]
+    except registry.ModelNotFound as e:
+        raise ModelMismatch(str(e)) from e
+
+
+def promote_model(settings: Settings, state: ReembedState) -> None:
+    """After the swap the new model becomes ACTIVE (the desired model), so the beat check does not undo it."""
+    models_dir = settings.models_dir
+    if state.model_name == "base" or (models_dir / state.model_name).is_dir():
+        registry.activate(models_dir, state.model_name)
+    else:
+        log.warning("re-embedded with a model outside the models directory; ACTIVE unchanged",
+                    extra={"model": state.model_name})
+
+
+def check_needed(settings: Settings) -> dict[str, Any]:
+    """Does the configured (ACTIVE) model differ from the collection's? (pure read; no lock)"""
+    from services.store import open_store
+
+    path, name = resolve_model_path(settings.encoder.model, settings.models_dir)
+    wanted = model_fingerprint(path)
+    store = open_store(settings)
+    try:
+        info = store.info()
+    finally:
+        store.close()
+    if info.active is None:
+        return {"needed": False, "reason": "no collection yet", "model": wanted}
+    if info.active.spec.model == wanted:
+        return {"needed": False, "reason": "collection already embedded by the configured model", "model": wanted}
+    for g in info.generations:
+        st = ReembedState.from_generation(g)
+        if st and st.model == wanted and st.source == info.active.name and st.status == "rejected":
+            return {"needed": False, "reason": f"the gate rejected model {name} ({g.name})", "model": wanted}
+    return {"needed": True, "model": wanted, "model_name": name, "collection_model": info.active.spec.model}

@@ -1,0 +1,61 @@
+"""The model registry: ACTIVE pointer, lookup by fingerprint, and the one bounded tower cache (no model is loaded:
+towers read their weights lazily, so fake model directories are enough)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from encoders import registry
+from encoders.towers import load_towers, model_fingerprint
+
+pytestmark = pytest.mark.unit
+
+
+def fake_model(models_dir: Path, name: str) -> Path:
+    path = models_dir / name
+    path.mkdir(parents=True)
+    (path / "modules.json").write_text("[]")
+    (path / "config.json").write_text(json.dumps({"name": name}))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def empty_cache() -> None:
+    registry.clear_tower_cache()
+
+
+def test_a_model_is_found_by_its_fingerprint_and_a_missing_one_names_the_fixes(tmp_path: Path) -> None:
+    path = fake_model(tmp_path, "m1")
+    assert registry.model_for_fingerprint(model_fingerprint(path), tmp_path) == (path, "m1")
+    with pytest.raises(registry.ModelNotFound, match="dpr rollback"):
+        registry.model_for_fingerprint("0" * 16, tmp_path)
+
+
+def test_towers_are_loaded_once_per_process_by_name_or_by_fingerprint(tmp_path: Path) -> None:
+    path = fake_model(tmp_path, "m1")
+    by_name = registry.load_towers("m1", tmp_path)
+    assert load_towers("m1", tmp_path) is by_name  # encoders.towers.load_towers is the same cache
+    assert registry.towers_for(by_name.fingerprint, tmp_path) is by_name
+    (path / "config.json").write_text(json.dumps({"name": "retrained"}))  # retrained in place: loaded again
+    assert registry.load_towers("m1", tmp_path) is not by_name
+
+
+def test_the_cache_keeps_a_bounded_number_of_models(tmp_path: Path) -> None:
+    for i in range(registry.MAX_LOADED + 1):
+        fake_model(tmp_path, f"m{i}")
+    first = registry.load_towers("m0", tmp_path)
+    for i in range(1, registry.MAX_LOADED + 1):
+        registry.load_towers(f"m{i}", tmp_path)
+    assert registry.load_towers("m0", tmp_path) is not first  # the least recently used was dropped
+
+
+def test_activate_replaces_the_active_pointer(tmp_path: Path) -> None:
+    fake_model(tmp_path, "m1")
+    assert registry.active_name(tmp_path) == "base"
+    registry.activate(tmp_path, "m1")
+    assert registry.active_name(tmp_path) == "m1"
+    with pytest.raises(registry.ModelNotFound, match="dpr models list"):
+        registry.activate(tmp_path, "nope")
