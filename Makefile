@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/pytest -m "unit or integration" -q
 
 test-unit: $(STAMP)

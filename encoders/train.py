@@ -46,7 +46,7 @@ METRICS_FILE = "metrics.json"
 @dataclass
 class TrainConfig:
     """Hyper-parameters. Defaults: the SciFact benchmark recipe (benchmarks/results/quality.md), fixed up front
-    from FACTS.md's guidance and the CPU budget (one run < ~20 min on 2 idle cores), and checked on a dev split of
+    from measured SciFact runs and the CPU budget (one run < ~20 min on 2 idle cores), and checked on a dev split of
     100 held-out train queries; the test split only reports."""
 
     name: str = "dpr"

@@ -1,5 +1,8 @@
 """Session-wide fixtures and guards.
 
+- Every test names its suite (``unit`` / ``integration`` / ``slow``): collection refuses a test with none.
+- Settings come from the test alone: every test runs with the ``DPR_*`` variables removed and no ``.env`` file
+  read (``kit.policy.scrub_settings_env``), so a developer's ``DPR_BROKER_URL`` changes nothing it exercises.
 - ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect.
 - ``shared_data``: the ``../shared/data`` folder beside the repo (present on developer machines and CI, not on a
   user's machine); tests that need it skip with a reason when it is missing.
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit.policy import refuse_unmarked, scrub_settings_env
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,6 +29,16 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 class NetworkBlocked(RuntimeError):
     pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: an unmarked test is an error whatever the selection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    refuse_unmarked(items)
+
+
+@pytest.fixture(autouse=True)
+def _settings_from_the_test_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    scrub_settings_env(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

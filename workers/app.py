@@ -3,7 +3,7 @@
 ``create_app(settings)`` is the only constructor. ``celery -A workers.app worker`` also works: the module's ``app``
 attribute is built on first access from the environment (``Settings()``), never at import.
 
-Delivery guarantees (see docs/FACTS.md, "Redis and Celery"): JSON only, ``acks_late`` + ``reject_on_worker_lost``
+Delivery guarantees (tests/integration/test_workers.py): JSON only, ``acks_late`` + ``reject_on_worker_lost``
 + prefetch 1, so a task whose worker dies is delivered again (after ``visibility_timeout`` when the whole worker
 died). Every task must therefore be idempotent, and the visibility timeout must exceed the longest task, or a
 slow task would be delivered a second time while still running.

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from kit.fakes import CountingTowers
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -36,21 +36,6 @@ def _corpus(root: Path, docs: dict[str, str]) -> Path:
     for name, text in docs.items():
         (folder / name).write_text(text, encoding="utf-8")
     return folder
-
-
-class CountingTowers:
-    """The real towers, counting passage-tower calls (to prove unchanged documents cost no encoder work)."""
-
-    def __init__(self, towers: Any) -> None:
-        self._t = towers
-        self.encoded = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
-
-    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
-        self.encoded += len(passages)
-        return self._t.encode_documents(passages, batch_size=batch_size)
 
 
 def _ingest(settings: Settings, towers: Any, folder: Path) -> Any:

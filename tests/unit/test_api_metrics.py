@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from api_fakes import FakeRuntime
 from fastapi.testclient import TestClient
+from kit.fakes import FakeRuntime
 from prometheus_client.parser import text_string_to_metric_families
 
 from entrypoints.api.app import create_app

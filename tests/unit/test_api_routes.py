@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_fakes import FakeRuntime, HashTowers
 from fastapi.testclient import TestClient
+from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
 from services.errors import StoreUnavailable

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_redis import FakeRedis
+from kit.fake_redis import FakeRedis
 
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document, DocumentFailure, Skipped

@@ -4,13 +4,11 @@ with hashing towers, and the stored choice picked up by ``services.query.resolve
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
-import re
 from pathlib import Path
 
-import numpy as np
 import pytest
+from kit.fakes import HashTowers
 
 from encoders import data as d
 from services import readers
@@ -24,32 +22,6 @@ from services.sparse import default_embedder
 from services.store import open_store
 
 pytestmark = pytest.mark.unit
-
-
-class HashingTowers:
-    """A deterministic stand-in for the DPR towers: bag of hashed words, L2-normalised (shared words = similar)."""
-
-    fingerprint = "hash0000test0001"
-    dim = 64
-    similarity = "cosine"
-    max_passage_tokens = 200
-
-    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\S+", text)]
-
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)  # (n, dim)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"\w+", t.lower()):
-                out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
-            out[i] /= max(float(np.linalg.norm(out[i])), 1e-9)
-        return out
-
-    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._encode(questions)
-
-    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._encode(passages)
 
 
 TOPICS = ["volcano lava eruption", "honey bees pollen", "glacier ice melt", "tidal ocean waves", "desert sand dunes",
@@ -152,7 +124,7 @@ def _settings(tmp_path: Path, collection: str = "mine") -> Settings:
 
 
 def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashingTowers()
+    beir, towers = write_beir(tmp_path), HashTowers()
     settings = _settings(tmp_path)
     dev = dev_split(beir, "beir", "train", dev_queries=8)
     target = open_store(settings)
@@ -193,7 +165,7 @@ def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
 
 
 def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashingTowers()
+    beir, towers = write_beir(tmp_path), HashTowers()
     settings = _settings(tmp_path)
     dev = dev_split(beir, "beir", "train", dev_queries=6)
     target = open_store(settings)
@@ -210,7 +182,7 @@ def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
 
 
 def test_tune_refuses_a_dense_only_collection(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashingTowers()
+    beir, towers = write_beir(tmp_path), HashTowers()
     settings = _settings(tmp_path)
     target = open_store(settings)
     try:

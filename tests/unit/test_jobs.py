@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_redis import FakeRedis
+from kit.fake_redis import FakeRedis
 
 from services.errors import TransientError
 from services.jobs import FileHashes, JobNotFound, JobStore, JobStoreUnavailable, RedisHashes, redact_url, summarize

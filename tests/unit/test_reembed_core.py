@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from kit.fakes import HashTowers
 
 from services.ingest import delete_documents, ingest_batch
 from services.lifecycle import (
@@ -35,38 +33,7 @@ from services.store.engines.edge import EdgeEngine
 
 pytestmark = pytest.mark.unit
 
-DIM = 16
-
-
-class FakeTowers:
-    """Bag-of-words hashed into DIM buckets, salted by version: two versions are two different models."""
-
-    def __init__(self, version: int) -> None:
-        self.version = version
-
-    fingerprint = property(lambda self: f"fake-v{self.version}")
-    dim = DIM
-    similarity = "cosine"
-    max_passage_tokens = 40
-
-    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
-
-    def _vec(self, text: str) -> np.ndarray:
-        v = np.zeros(DIM, dtype=np.float32)
-        for w in text.lower().split():
-            h = hashlib.sha256(f"{self.version}:{w}".encode()).digest()
-            v[h[0] % DIM] += 1.0 + h[1] / 255
-        return v / (np.linalg.norm(v) or 1.0)
-
-    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
-        return np.stack([self._vec(q) for q in questions]) if questions else np.zeros((0, DIM), np.float32)
-
-    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
-        return self.encode_queries(passages, batch_size)
-
-
-V1, V2 = FakeTowers(1), FakeTowers(2)
+V1, V2 = (HashTowers(dim=16, name=f"fake-v{v}", max_passage_tokens=40) for v in (1, 2))  # two models
 TOWERS = {V1.fingerprint: V1, V2.fingerprint: V2}
 CHUNK = ChunkSettings(max_tokens=24, overlap=4, max_title_tokens=4)
 
@@ -76,7 +43,7 @@ def doc(i: int, extra: str = "") -> Document:
     return Document(doc_id=f"doc-{i}", text=f"{words} {extra}".strip(), title=f"title {i}", source=f"doc-{i}.txt")
 
 
-def ingest(store: Store, towers: FakeTowers, docs: list[Document], **kw: object) -> None:
+def ingest(store: Store, towers: HashTowers, docs: list[Document], **kw: object) -> None:
     report = ingest_batch(docs, store=store, towers=towers, chunking=CHUNK, **kw)  # type: ignore[arg-type]
     assert not report.failed, report.failed
 
@@ -184,7 +151,7 @@ def test_gate_rejects_a_worse_model_and_records_both_scores(store: Store) -> Non
     state = plan(store, V2, model_name="v2")
     scores = {V1.fingerprint: 0.6, V2.fingerprint: 0.5}
 
-    def scorer(s: Store, generation: str, towers: FakeTowers) -> float:
+    def scorer(s: Store, generation: str, towers: HashTowers) -> float:
         assert s.info().generations  # scored through the real store
         return scores[towers.fingerprint]
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fake_redis import FakeRedis
+from kit.fake_redis import FakeRedis
 
 from services.errors import ConfigError, StoreUnavailable
 from services.ingest import IngestReport

@@ -1,4 +1,4 @@
-"""A dict-backed stand-in for the few redis-py calls ``services.jobs`` makes (unit tests only: no sockets)."""
+"""A dict-backed stand-in for the few redis-py calls ``services.jobs.backends`` makes (unit tests: no sockets)."""
 
 from __future__ import annotations
 
