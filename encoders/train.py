@@ -207,13 +207,7 @@ def train(
     _offline()
     import torch
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
-    from transformers import PrinterCallback, TrainerCallback, set_seed
+    from transformers import set_seed
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -225,34 +219,75 @@ def train(
     model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
     train_tokens = min(config.train_passage_tokens or config.max_passage_tokens, config.max_passage_tokens)
     set_passage_tokens(model, train_tokens, config.shared)
-
     # 2. data
     columns = pairs_to_columns(pairs, corpus, config.seed)
-    train_dataset = Dataset.from_dict(columns)
-    n_neg = len(columns) - 2
-
-    # 3. loss: in-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches
-    loss: Any
-    if config.cached:
-        loss = CachedMultipleNegativesRankingLoss(model, scale=config.scale, mini_batch_size=config.mini_batch_size)
-    else:
-        loss = MultipleNegativesRankingLoss(model, scale=config.scale)
-
+    # 3. loss
+    loss = _loss(model, config)
     # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
-    dev_before: dict[str, float] | None = None
-    if dev is not None and dev.queries and evaluate_base_on_dev:
-        from encoders.evaluate import evaluate_model_in_memory
-
+    dev_before = None
+    if evaluate_base_on_dev:
         set_passage_tokens(model, config.max_passage_tokens, config.shared)
-        dev_before = evaluate_model_in_memory(model, dev)
+        dev_before = _dev_metrics(model, dev, "before")
         set_passage_tokens(model, train_tokens, config.shared)
-        log.info("dev before training", extra={"metrics": dev_before})
-
-    # 5. arguments
+    # 5. arguments, 6. trainer
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
+    try:
+        args = _arguments(config, list(columns), out_tmp)
+        steps, losses = _fit(model, args, Dataset.from_dict(columns), loss, progress)
+    finally:
+        shutil.rmtree(out_tmp, ignore_errors=True)
+    train_seconds = time.perf_counter() - t0
+    set_passage_tokens(model, config.max_passage_tokens, config.shared)
+    # 7. evaluate
+    dev_after = _dev_metrics(model, dev, "after")
+    # 8. save
+    card: dict[str, Any] = {
+        "towers": "shared" if config.shared else "separate (Router: query, document)",
+        "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
+        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
+                          "fingerprint": pairs_fingerprint(pairs)},
+        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates"},
+        "seed": config.seed,
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "train_seconds": round(train_seconds, 1),
+        "steps": steps,
+        "final_loss": losses[-1] if losses else None,
+        "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
+        "environment": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    return _save(model, models_dir, versioned_name(config.name, started), card, losses)
+
+
+def _loss(model: Any, config: TrainConfig) -> Any:
+    """In-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    if config.cached:
+        return CachedMultipleNegativesRankingLoss(model, scale=config.scale, mini_batch_size=config.mini_batch_size)
+    return MultipleNegativesRankingLoss(model, scale=config.scale)
+
+
+def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[str, float] | None:
+    if dev is None or not dev.queries:
+        return None
+    from encoders.evaluate import evaluate_model_in_memory
+
+    metrics = evaluate_model_in_memory(model, dev)
+    log.info("dev %s training", when, extra={"metrics": metrics})
+    return metrics
+
+
+def _arguments(config: TrainConfig, columns: list[str], output_dir: Path) -> Any:
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
     router_mapping = {} if config.shared else {c: ("query" if c == "question" else "document") for c in columns}
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(out_tmp),
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(output_dir),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps,
         per_device_train_batch_size=config.batch_size,
@@ -274,7 +309,12 @@ def train(
         dataloader_num_workers=0,
     )
 
-    # 6. trainer
+
+def _fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None) -> tuple[int, list[float]]:
+    """Run the trainer; returns (steps, loss per logged step)."""
+    from sentence_transformers import SentenceTransformerTrainer
+    from transformers import PrinterCallback, TrainerCallback
+
     losses: list[float] = []
 
     class _Progress(TrainerCallback):  # type: ignore[misc]
@@ -285,59 +325,28 @@ def train(
             if progress is not None:
                 progress(state.global_step, state.max_steps, losses[-1] if losses else None)
 
-    trainer = SentenceTransformerTrainer(
-        model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[_Progress()]
-    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss,
+                                         callbacks=[_Progress()])
     trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
     trainer.train()
-    train_seconds = time.perf_counter() - t0
-    set_passage_tokens(model, config.max_passage_tokens, config.shared)
+    return int(trainer.state.global_step), losses
 
-    # 7. evaluate
-    dev_after: dict[str, float] | None = None
-    if dev is not None and dev.queries:
-        from encoders.evaluate import evaluate_model_in_memory
 
-        dev_after = evaluate_model_in_memory(model, dev)
-        log.info("dev after training", extra={"metrics": dev_after})
-
-    # 8. save (to a temporary sibling, then rename into place)
+def _save(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses: list[float]) -> TrainResult:
+    """Save to a temporary sibling with the model card, then rename into place."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    name = versioned_name(config.name, started)
     staging = models_dir / f".staging-{name}"
     if staging.exists():
         shutil.rmtree(staging)
     model.save(str(staging), create_model_card=False)
     fingerprint = model_fingerprint(staging)
-    card: dict[str, Any] = {
-        "name": name,
-        "format": "sentence-transformers",
-        "sentence_transformers_version": _version("sentence_transformers"),
-        "towers": "shared" if config.shared else "separate (Router: query, document)",
-        "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
-        "fingerprint": fingerprint,
-        "similarity": "cosine",
-        "training_data": {
-            **(data_info or {}),
-            "pairs": len(pairs),
-            "hard_negatives_per_pair": n_neg,
-            "fingerprint": pairs_fingerprint(pairs),
-        },
-        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates"},
-        "seed": config.seed,
-        "started_at": started.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "train_seconds": round(train_seconds, 1),
-        "steps": int(trainer.state.global_step),
-        "final_loss": losses[-1] if losses else None,
-        "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__},
-    }
+    card = {"name": name, "format": "sentence-transformers",
+            "sentence_transformers_version": _version("sentence_transformers"), "fingerprint": fingerprint,
+            "similarity": "cosine", **card}
     (staging / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=False) + "\n")
     (staging / METRICS_FILE).write_text(json.dumps({"losses": losses, "dev": card["dev_metrics"]}, indent=2) + "\n")
     final = models_dir / name
     os.replace(staging, final)
-    shutil.rmtree(out_tmp, ignore_errors=True)
     log.info("saved model", extra={"model": name, "path": str(final), "fingerprint": fingerprint})
     return TrainResult(
         model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model

@@ -36,9 +36,7 @@ def tune_hybrid_command(
     The dev corpus is ingested once (dense + BM25) into a temporary collection, or the collection itself is used
     when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
     """
-    from encoders.towers import load_towers
     from entrypoints.cli.evaluate import detect_dataset_format
-    from services.errors import ModelMismatch
     from services.hybrid import check_target, dev_split, tune_hybrid, tuning_metrics
     from services.readers import DataError
     from services.runtime import Runtime
@@ -52,20 +50,10 @@ def tune_hybrid_command(
             dev = dev_split(data, kind, split, dev_queries)  # type: ignore[arg-type]
         except DataError as e:
             fail(str(e))
-        runtime = Runtime(settings)
-        try:
+        with Runtime(settings) as runtime:
             store = runtime.store
             check_target(store)
-            spec = store.info().active.spec  # type: ignore[union-attr]  # check_target: it exists
-            if model is None:
-                towers = runtime.towers_for(spec.model)
-            else:
-                towers = load_towers(model, settings.models_dir, device=settings.encoder.device)
-                if towers.fingerprint != spec.model:
-                    raise ModelMismatch(
-                        f"--model {model} is model {towers.fingerprint}, but collection {store.alias!r} was embedded "
-                        f"by {spec.model}: fusion weights tuned for other towers do not transfer; omit --model"
-                    )
+            towers = _tuning_towers(runtime, model)
             metric, _ = tuning_metrics(dev)
             with Progress(
                 TextColumn("[bold]ingesting the dev corpus"),
@@ -89,14 +77,31 @@ def tune_hybrid_command(
                 result = tune_hybrid(
                     dev, towers=towers, settings=settings, target=store, progress=on_ingest, on_point=on_point
                 )
-        finally:
-            runtime.close()
     out = result.to_json()
     out["collection"] = settings.collection
     if as_json:
         emit_json(out)
         return
     _print_result(out, settings.collection)
+
+
+def _tuning_towers(runtime: Any, model: str | None) -> Any:
+    """The towers that built the collection, or ``--model`` if it is that same model (fusion weights tuned for
+    other towers do not transfer)."""
+    from encoders.towers import load_towers
+    from services.errors import ModelMismatch
+
+    settings = runtime.settings
+    spec = runtime.store.active().spec  # check_target: the collection exists
+    if model is None:
+        return runtime.towers_for(spec.model)
+    towers = load_towers(model, settings.models_dir, device=settings.encoder.device)
+    if towers.fingerprint != spec.model:
+        raise ModelMismatch(
+            f"--model {model} is model {towers.fingerprint}, but collection {runtime.store.alias!r} was embedded "
+            f"by {spec.model}: fusion weights tuned for other towers do not transfer; omit --model"
+        )
+    return towers
 
 
 def _print_result(out: dict[str, Any], collection: str) -> None:

@@ -41,6 +41,8 @@ class HashBackend(Protocol):
 
     def touch(self, keys: Sequence[str], ttl: int) -> None: ...
 
+    def delete(self, keys: Sequence[str]) -> None: ...
+
     def ping(self) -> None: ...
 
     def describe(self) -> str: ...
@@ -129,6 +131,9 @@ class RedisHashes:
 
         self._run(write)
 
+    def delete(self, keys: Sequence[str]) -> None:
+        self._run(lambda: self.client.delete(*keys))
+
 
 class FileHashes:
     """Hashes as folders (one file per field, replaced atomically) under ``root``; expired hashes are removed
@@ -183,6 +188,10 @@ class FileHashes:
             folder = self._dir(key)
             if folder.exists():
                 os.utime(folder)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            shutil.rmtree(self._dir(key), ignore_errors=True)
 
     def _expire_old(self, ttl: int) -> None:
         if not self.root.is_dir():

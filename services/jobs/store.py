@@ -39,6 +39,8 @@ DEFAULT_TTL = 7 * 24 * 3600
 KEY_PREFIX = "dpr:job:"
 PARTS = ("", "submitted", "batches", "started", "deliveries")
 
+BatchKey = int | str  # ingest batches are numbered; re-embed batches have string ids
+
 # Keys of IngestReport.to_json() summed / concatenated over batches.
 COUNTERS = ("documents", "unchanged", "chunks", "title_truncated")
 
@@ -89,7 +91,15 @@ class JobStore:
         self.backend.hset(self.key(job_id), fields, self.ttl)
         log.info("job created", extra={"job": job_id, "collection": collection})
 
-    def record_submitted(self, job_id: str, batch: int, doc_ids: Sequence[str]) -> None:
+    def annotate(self, job_id: str, fields: Mapping[str, Any]) -> None:
+        """Extra header fields (JSON values), shown in the status under their names (e.g. a re-embed's result)."""
+        self.backend.hset(self.key(job_id), {f"x_{k}": json.dumps(v, default=str) for k, v in fields.items()},
+                          self.ttl)
+
+    def delete(self, job_id: str) -> None:
+        self.backend.delete(self.keys(job_id))
+
+    def record_submitted(self, job_id: str, batch: BatchKey, doc_ids: Sequence[str]) -> None:
         """A batch is handed to whoever runs it; its document ids are kept so a lost batch can be named."""
         self.backend.hset(self.key(job_id, "submitted"), {str(batch): json.dumps({"documents": list(doc_ids)})},
                           self.ttl)
@@ -116,13 +126,13 @@ class JobStore:
         self.backend.touch(self.keys(job_id), self.ttl)
         log.info("job sealed", extra={"job": job_id, "batches": batches, "documents": documents})
 
-    def mark_started(self, job_id: str, batch: int, *, worker: str = "", attempt: int = 0) -> int:
+    def mark_started(self, job_id: str, batch: BatchKey, *, worker: str = "", attempt: int = 0) -> int:
         """A batch starts (or restarts). Returns how many times this batch has been started."""
         record = json.dumps({"worker": worker, "attempt": attempt, "at": time.time()})
         self.backend.hset(self.key(job_id, "started"), {str(batch): record}, self.ttl)
         return self.backend.hincrby(self.key(job_id, "deliveries"), str(batch), self.ttl)
 
-    def record_batch(self, job_id: str, batch: int, result: Mapping[str, Any]) -> None:
+    def record_batch(self, job_id: str, batch: BatchKey, result: Mapping[str, Any]) -> None:
         """Store one batch's outcome (``IngestReport.to_json()`` plus optional ``error``). Idempotent: keyed by
         batch number, so a redelivered batch replaces its previous outcome."""
         record = dict(result)
@@ -133,8 +143,8 @@ class JobStore:
     def raw(self, job_id: str) -> dict[str, dict[str, str]]:
         return dict(zip(PARTS, self.backend.hgetall_many(self.keys(job_id)), strict=True))
 
-    def started(self, job_id: str) -> dict[int, dict[str, Any]]:
-        return {int(k): _loads(v, {}) for k, v in self.raw(job_id)["started"].items()}
+    def started(self, job_id: str) -> dict[BatchKey, dict[str, Any]]:
+        return _batches(self.raw(job_id)["started"])
 
     def status(self, job_id: str, now: float | None = None) -> dict[str, Any]:
         raw = self.raw(job_id)
@@ -143,20 +153,30 @@ class JobStore:
                 f"no job {job_id!r} in {self.where}; check the id (jobs expire after {self.ttl // 86400} days)"
             )
         return summarize(
-            raw[""],
-            {int(k): _loads(v, {}) for k, v in raw["batches"].items()},
-            {int(k): _loads(v, {}) for k, v in raw["started"].items()},
-            now=now,
-            submitted={int(k): _loads(v, {}) for k, v in raw["submitted"].items()},
+            raw[""], _batches(raw["batches"]), _batches(raw["started"]), now=now,
+            submitted=_batches(raw["submitted"]),
         )
+
+
+
+def _batch_key(field: str) -> BatchKey:
+    return int(field) if field.isdigit() else field
+
+
+def _batches(raw: Mapping[str, str]) -> dict[BatchKey, dict[str, Any]]:
+    return {_batch_key(k): _loads(v, {}) for k, v in raw.items()}
+
+
+def _order(key: BatchKey) -> tuple[int, int, str]:
+    return (0, key, "") if isinstance(key, int) else (1, 0, key)
 
 
 def summarize(
     meta: Mapping[str, str],
-    batches: Mapping[int, Mapping[str, Any]],
-    started: Mapping[int, Mapping[str, Any]],
+    batches: Mapping[BatchKey, Mapping[str, Any]],
+    started: Mapping[BatchKey, Mapping[str, Any]],
     now: float | None = None,
-    submitted: Mapping[int, Mapping[str, Any]] | None = None,
+    submitted: Mapping[BatchKey, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The job's status: the keys of ``IngestReport.to_json()`` plus state and progress. Pure."""
     sealed = meta.get("sealed") == "1"
@@ -168,7 +188,7 @@ def summarize(
     encode_seconds = 0.0
     errors: list[dict[str, Any]] = []
     finished = created
-    for number in sorted(batches):
+    for number in sorted(batches, key=_order):
         result = batches[number]
         for name in COUNTERS:
             counts[name] += int(result.get(name, 0) or 0)
@@ -182,7 +202,7 @@ def summarize(
     done = len(batches)
     state = _state(sealed, done, total, bool(errors), bool(started or batches))
     end = finished if state in TERMINAL else (now if now is not None else time.time())
-    pending = sorted(set(submitted or {}) - set(batches))
+    pending = sorted(set(submitted or {}) - set(batches), key=_order)
     out: dict[str, Any] = {
         "job": meta.get("job", ""),
         "state": state,
@@ -200,6 +220,9 @@ def summarize(
     }
     if meta.get("executor"):
         out["executor"] = meta["executor"]
+    for name, value in meta.items():
+        if name.startswith("x_"):
+            out[name[2:]] = _loads(value, value)
     return out
 
 

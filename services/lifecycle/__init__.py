@@ -10,7 +10,7 @@ Plain functions over the ``VectorStore`` protocol (never Celery). One module per
 - ``rollback``, ``gc``: the alias back to the previous generation; dropping old generations;
 - ``models``: towers by fingerprint, the ACTIVE model after a swap, the beat's "is a re-embed needed?";
 - ``locks``: the re-embed lease and the collection's write fence (over ``services.locks``);
-- ``progress``: the record of a re-embed spread over workers (batches sent / done, result);
+- ``progress``: a re-embed spread over workers as a job of ``services.jobs`` (batches sent / done, result);
 - ``inprocess`` / ``distributed``: the whole re-embed here, or submitted to workers through a ``Sender``.
 
 The operations the entry points and the workers call: ``reembed_in_process``, ``submit_reembed``,

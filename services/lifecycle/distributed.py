@@ -65,6 +65,7 @@ class Submitted:
     batches: int = 0
     passages: int = 0
     resumed: bool = False
+    job: str = ""  # `dpr jobs JOB` follows the copy batches
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -129,7 +130,9 @@ def _send(settings: Settings, store: VectorStore, state: ReembedState, gate: str
         sender.send_batch(state.target, batch_id, [p.to_payload() for p in batch])
         out.batches += 1
         out.passages += len(batch)
+    progress.sealed(out.passages)
     progress.touch()
+    out.job = progress.job
     sender.send_finalize(state.target, gate)
     log.info("re-embed submitted", extra=out.to_json())
     return out
@@ -150,7 +153,7 @@ def copy_sent_batch(
         store, state, [Passage.from_payload(p) for p in passages], encoders.towers_for(state.model),
         encoders.sparse if spec.sparse else None, settings.encoder.batch_size,
     )
-    progress.done(batch_id)
+    progress.done(batch_id, n)
     if state.lock_token:
         reembed_lease(alias, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl,
                       token=state.lock_token).refresh()
@@ -225,5 +228,5 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
     if settings.broker_url:
         progress = progress_for(settings, state.target)
         done, sent = progress.counts()
-        data.update(batches_done=done, batches_sent=sent, result=progress.result())
+        data.update(batches_done=done, batches_sent=sent, result=progress.result(), job=progress.job)
     return data

@@ -1,87 +1,94 @@
-"""The progress record of a re-embed spread over workers (which batches were sent, which are done, the result).
+"""The progress of a re-embed spread over workers, kept as a job of the one job model (``services.jobs``).
 
-One small interface, ``ReembedProgress``; one implementation in Redis (the broker), keyed per target generation:
-``dpr:reembed:<alias>:<target>:sent`` / ``:done`` (sets of batch ids), ``:last`` (time of the last finished
-batch), ``:result`` (the finalize outcome, JSON). All keys expire after a week. A re-embed in process keeps no
-record (its progress goes to a callback).
+A re-embed into generation ``target`` of ``alias`` is the job ``reembed_job_id(alias, target)``: each copy batch
+the submitter sends is a submitted batch, each batch a worker finishes is its outcome, the job is sealed when the
+last batch is sent, and the finalize step's outcome is the ``result`` field of its header. So ``dpr jobs ID``
+shows a re-embed as it shows an ingest. It lives where ingest jobs of a broker live (Redis). A re-embed in
+process keeps no record (its progress goes to a callback).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from services.lifecycle.locks import redis_client
+from services.jobs import JobNotFound, JobStore
 from services.settings import Settings
 
 TTL = 7 * 24 * 3600
 
 
-class ReembedProgress(Protocol):
-    def reset(self) -> None:
-        """Forget an earlier run's progress (a generation name can come back after `dpr gc`)."""
-
-    def sent(self, batch_ids: list[str]) -> None: ...
-
-    def done(self, batch_id: str) -> None: ...
-
-    def touch(self) -> None:
-        """Record activity now (what ``idle_seconds`` measures from)."""
-
-    def pending(self) -> int:
-        """Batches sent and not done yet."""
-
-    def counts(self) -> tuple[int, int]:
-        """(batches done, batches sent)."""
-
-    def idle_seconds(self) -> float: ...
-
-    def set_result(self, result: dict[str, Any]) -> None: ...
-
-    def result(self) -> dict[str, Any] | None: ...
+def reembed_job_id(alias: str, target: str) -> str:
+    """A stable job id per (collection, target generation): the submitter and every worker find the same job."""
+    return "reembed-" + hashlib.sha1(f"{alias}\0{target}".encode()).hexdigest()[:16]
 
 
-class RedisProgress:
-    def __init__(self, client: Any, alias: str, target: str) -> None:
-        self.client = client
-        self.key = f"dpr:reembed:{alias}:{target}"
+class ReembedProgress:
+    """Which copy batches were sent and which are done, when the last moved, and the finalize result."""
+
+    def __init__(self, jobs: JobStore, alias: str, target: str) -> None:
+        self.jobs = jobs
+        self.alias = alias
+        self.target = target
+        self.job = reembed_job_id(alias, target)
 
     def reset(self) -> None:
-        self.client.delete(*(f"{self.key}:{part}" for part in ("sent", "done", "last", "result")))
+        """Forget an earlier run's progress (a generation name can come back after `dpr gc`) and open the job."""
+        self.jobs.delete(self.job)
+        self.jobs.create(self.job, collection=self.alias, executor="reembed")
+        self.jobs.annotate(self.job, {"target": self.target})
 
     def sent(self, batch_ids: list[str]) -> None:
-        if batch_ids:
-            self.client.sadd(f"{self.key}:sent", *batch_ids)
-            self.client.expire(f"{self.key}:sent", TTL)
-            self.touch()
+        if self._status() is None:  # resumed after the record was lost (expired, or a broker without persistence)
+            self.reset()
+        for batch_id in batch_ids:
+            self.jobs.record_submitted(self.job, batch_id, [])
+        self.touch()
 
-    def done(self, batch_id: str) -> None:
-        self.client.sadd(f"{self.key}:done", batch_id)
-        self.client.expire(f"{self.key}:done", TTL)
+    def sealed(self, passages: int) -> None:
+        """Every batch is sent (by this run and, when it resumed, earlier ones)."""
+        self.jobs.seal(self.job, batches=self.counts()[1], documents=passages, skipped=[], failed=[])
+
+    def done(self, batch_id: str, passages: int = 0) -> None:
+        self.jobs.record_batch(self.job, batch_id, {"passages": passages})
         self.touch()
 
     def touch(self) -> None:
-        self.client.set(f"{self.key}:last", f"{time.time():.3f}", ex=TTL)
+        """Record activity now (what ``idle_seconds`` measures from)."""
+        self.jobs.annotate(self.job, {"last_activity": round(time.time(), 3)})
+
+    def _status(self) -> dict[str, Any] | None:
+        try:
+            return self.jobs.status(self.job)
+        except JobNotFound:
+            return None
 
     def pending(self) -> int:
-        return int(len(self.client.sdiff(f"{self.key}:sent", f"{self.key}:done")))
+        """Batches sent and not done yet."""
+        status = self._status()
+        return len(status["batches_pending"]) if status else 0
 
     def counts(self) -> tuple[int, int]:
-        return int(self.client.scard(f"{self.key}:done")), int(self.client.scard(f"{self.key}:sent"))
+        """(batches done, batches sent)."""
+        status = self._status()
+        if status is None:
+            return 0, 0
+        return status["batches_done"], status["batches_done"] + len(status["batches_pending"])
 
     def idle_seconds(self) -> float:
-        last = self.client.get(f"{self.key}:last")
+        status = self._status()
+        last = status.get("last_activity") if status else None
         return time.time() - float(last) if last else float("inf")
 
     def set_result(self, result: dict[str, Any]) -> None:
-        self.client.set(f"{self.key}:result", json.dumps(result), ex=TTL)
+        self.jobs.annotate(self.job, {"result": result})
 
     def result(self) -> dict[str, Any] | None:
-        raw = self.client.get(f"{self.key}:result")
-        return json.loads(raw) if raw else None
+        status = self._status()
+        return status.get("result") if status else None
 
 
 def progress_for(settings: Settings, target: str, alias: str | None = None) -> ReembedProgress:
     """The progress record of the re-embed into ``target`` of ``alias`` (default ``settings.collection``)."""
-    return RedisProgress(redis_client(settings.broker_url or ""), alias or settings.collection, target)
+    return ReembedProgress(JobStore.from_url(settings.broker_url or "", ttl=TTL), alias or settings.collection, target)

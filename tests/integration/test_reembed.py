@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from worker_cluster import DPR, Cluster, Worker, wait_until
 
+from services.jobs import JobStore
 from services.lifecycle import reembed_status
-from services.lifecycle.progress import RedisProgress
+from services.lifecycle.progress import ReembedProgress
 from services.runtime import Runtime
 from services.settings import Settings
 from services.store import open_store
@@ -125,7 +126,8 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
     first = cluster.dpr_json("reembed", "--model", "v2", "--collection", "k")
     assert first["outcome"] == "submitted" and first["source"] == source and first["batches"] >= 4
     target = first["target"]
-    progress = RedisProgress(__import__("redis").Redis.from_url(cluster.broker_url), "k", target)
+    progress = ReembedProgress(JobStore.from_url(cluster.broker_url), "k", target)
+    assert first["job"] == progress.job
     wait_until(lambda: progress.counts()[0] >= 2, 180, "two re-embed batches to finish", interval=0.02)
     victim.kill()  # SIGKILL mid re-embed: a batch in flight, more queued
     during = snapshot(cluster, "k")
@@ -138,6 +140,8 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
     start_worker(cluster)
     status = wait_for_reembed(settings_of(cluster, "k"), target)
     assert status["result"]["outcome"] == "activated", (status, cluster.logs())
+    job = cluster.dpr_json("jobs", first["job"])  # the re-embed is a job of the one job model
+    assert job["executor"] == "reembed" and job["batches_pending"] == [] and job["result"]["outcome"] == "activated"
 
     after = snapshot(cluster, "k")
     assert after["active"] == target

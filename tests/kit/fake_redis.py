@@ -51,6 +51,13 @@ class FakeRedis:
         self.ttls[key] = seconds
         return key in self.hashes
 
+    def delete(self, *keys: str) -> int:
+        self._check()
+        removed = sum(self.hashes.pop(key, None) is not None for key in keys)
+        for key in keys:
+            self.ttls.pop(key, None)
+        return removed
+
     def pipeline(self) -> FakePipeline:
         return FakePipeline(self)
 
