@@ -176,7 +176,7 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, Any], dict[str, float]]:
-    from services.jobs import wait_for_job
+    from services.jobs import follow_job
     from workers.executor import CeleryExecutor
 
     root = work / "workers"
@@ -200,13 +200,13 @@ def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, An
         executor = CeleryExecutor(settings)
         for attempt in range(3):
             job = CeleryExecutor(warm).submit(docs[attempt * 8:(attempt + 1) * 8], collection="warmup").job
-            wait_for_job(executor.jobs, job, timeout=300)
+            follow_job(executor, job, timeout=300)
             started = executor.jobs.started(job)
             if len({s["worker"] for s in started.values()}) == 2:
                 break
         t0 = time.perf_counter()
         submitted = executor.submit(docs, collection=settings.collection)
-        status = wait_for_job(executor.jobs, submitted.job, poll=0.1, timeout=3600)
+        status = follow_job(executor, submitted.job, poll=0.1, timeout=3600)
         seconds = time.perf_counter() - t0
         raw = executor.jobs.raw(submitted.job)
         meta = raw[""]

@@ -5,8 +5,10 @@ in-process executor uses. Chosen by the entry points when ``DPR_BROKER_URL`` is 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import kombu.exceptions
 import redis
@@ -55,13 +57,7 @@ class CeleryExecutor:
             with app.producer_or_acquire() as producer:
 
                 def send(number: int, docs: list[Document]) -> None:
-                    app.send_task(
-                        INGEST_TASK,
-                        args=[submitted.job, number, [d.to_json() for d in docs]],
-                        kwargs={"collection": collection},
-                        queue=INGEST_QUEUE,
-                        producer=producer,
-                    )
+                    _send(app, producer, submitted, number, docs)
 
                 return submit_job(self.jobs, submitted, items, batch_documents=c.batch_documents,
                                   batch_bytes=c.batch_bytes, hand_over=send)
@@ -77,8 +73,66 @@ class CeleryExecutor:
     def pending(self) -> int:
         return queue_depth(self.settings)
 
+    def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
+        """Send these batches again under their numbers (a worker records each outcome over the old one)."""
+        app = create_app(self.settings)
+        try:
+            with app.producer_or_acquire() as producer:
+                for number, docs in sorted(batches.items()):
+                    _send(app, producer, submitted, number, docs)
+        except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
+            raise BrokerUnavailable(f"cannot send tasks to the broker at {redact_url(self.url)} ({e})") from e
+        finally:
+            app.close()
+
+    def in_flight(self, job_id: str) -> set[int] | None:
+        """Batches of ``job_id`` with a message in the queue (any priority) or reserved by a worker (kombu's
+        ``unacked`` hash: prefetched, running, or waiting for a retry). None when the broker cannot be read."""
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            raw = list(client.lrange(INGEST_QUEUE, 0, -1))
+            for step in PRIORITY_STEPS:
+                raw.extend(client.lrange(f"{INGEST_QUEUE}{QUEUE_SEP}{step}", 0, -1))
+            for value in client.hvals(UNACKED_KEY):
+                try:
+                    raw.append(json.dumps(json.loads(value)[0]))
+                except (ValueError, TypeError, IndexError, KeyError):
+                    continue
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return None
+        finally:
+            client.close()
+        held: set[int] = set()
+        for message in raw:
+            try:
+                headers = json.loads(message).get("headers") or {}
+            except (ValueError, AttributeError):
+                continue
+            if headers.get("dpr_job") == job_id and isinstance(headers.get("dpr_batch"), int):
+                held.add(headers["dpr_batch"])
+        return held
+
     def close(self) -> None:
         return None
+
+
+# kombu's Redis transport: priority queues are "<queue><sep><step>" for steps above 0; reserved messages sit in
+# the "unacked" hash as [message, exchange, routing key] until acked or restored.
+QUEUE_SEP = "\x06\x16"
+PRIORITY_STEPS = (3, 6, 9)
+UNACKED_KEY = "unacked"
+
+
+def _send(app: Any, producer: Any, submitted: Submitted, number: int, docs: list[Document]) -> None:
+    """One batch task, tagged with its job and number so a follower can find it in the queue."""
+    app.send_task(
+        INGEST_TASK,
+        args=[submitted.job, number, [d.to_json() for d in docs]],
+        kwargs={"collection": submitted.collection},
+        queue=INGEST_QUEUE,
+        producer=producer,
+        headers={"dpr_job": submitted.job, "dpr_batch": number},
+    )
 
 
 def queue_depth(settings: Settings, queue: str = INGEST_QUEUE) -> int:

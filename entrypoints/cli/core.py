@@ -10,10 +10,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
-from entrypoints.cli.workers import follow_job
+from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
-from services.errors import ConfigError
+from services.errors import ConfigError, TransientError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
 from services.query import QueryOptions
@@ -54,25 +54,40 @@ def ingest(
         for p in paths:
             if not p.exists():
                 raise ConfigError(f"{p}: no such file or directory; check the path")
-        items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+        def source() -> Any:
+            return iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+
         with Runtime(settings) as runtime:
-            result = _ingest(runtime, items, wait=wait, show_progress=not as_json)
+            result = _ingest(runtime, source, wait=wait, as_json=as_json)
     _print_ingest(result, as_json)
     if result.get("failed") and result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged")
     ):
         raise typer.Exit(1)  # every document failed
+    if result.get("state") == "failed":
+        raise typer.Exit(1)
 
 
-def _ingest(runtime: Runtime, items: Any, *, wait: bool, show_progress: bool) -> dict[str, Any]:
+def _ingest(runtime: Runtime, source: Any, *, wait: bool, as_json: bool) -> dict[str, Any]:
     """Submit through the executor the settings choose; in-process runs end before ``submit`` returns, broker
-    jobs are followed only with ``--wait``."""
+    jobs are followed only with ``--wait`` (the job id is printed first, whatever happens next)."""
     collection = runtime.settings.collection
+    show_progress = not as_json
+    items = source()
     if runtime.settings.broker_url:
-        submitted = executor_for(runtime).submit(items, collection=collection)
+        executor = executor_for(runtime)
+        submitted = executor.submit(items, collection=collection)
         if not wait:
             return submitted.to_json()
-        return follow_job(runtime.jobs, submitted.job, show_progress=show_progress)
+        err_console.print(f"job {submitted.job}: {submitted.batches} batches submitted; following it "
+                          f"(`dpr jobs {submitted.job}` shows it later)", highlight=False)
+        try:
+            return follow(executor, submitted.job, show_progress=show_progress, submitted=submitted, source=source)
+        except TransientError as e:
+            if as_json:  # the caller still gets the job id to follow later
+                emit_json(submitted.to_json() | {"state": "unknown", "error": str(e)})
+                raise typer.Exit(EXIT_UNAVAILABLE) from e
+            raise
     if not show_progress:
         return runtime.jobs.status(executor_for(runtime).submit(items, collection=collection).job)
     columns = (
@@ -105,28 +120,22 @@ def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
     if state == "queued":  # submitted to the workers, nothing written yet
         console.print(
             f"{head}: {result.get('documents', 0)} documents in {result.get('batches', 0)} batches, "
-            f"{len(result.get('skipped', []))} skipped, {len(result.get('failed', []))} failed; "
+            f"{count(result, 'skipped')} skipped, {count(result, 'failed')} failed; "
             f"follow it with `dpr jobs {result.get('job')} --wait`",
             highlight=False,
         )
     else:
         console.print(
             f"{head}: {result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
-            f"{result.get('chunks', 0)} passages, {len(result.get('skipped', []))} skipped, "
-            f"{len(result.get('failed', []))} failed",
+            f"{result.get('chunks', 0)} passages, {count(result, 'skipped')} skipped, "
+            f"{count(result, 'failed')} failed",
             highlight=False,
         )
     if result.get("title_truncated"):
         console.print(f"{result['title_truncated']} titles were shortened to fit the passage budget")
-    if result.get("failed"):
-        table = Table("source", "reason", "error", title="failed documents", show_lines=False)
-        for f in result["failed"][:50]:
-            table.add_row(f.get("source", ""), f.get("reason", ""), f.get("error", ""))
-        err_console.print(table)
-        if len(result["failed"]) > 50:
-            err_console.print(f"... and {len(result['failed']) - 50} more (use --json for all)")
+    print_failures(result)
     if result.get("skipped"):
-        console.print(f"skipped (not a supported type): {len(result['skipped'])} files, e.g. "
+        console.print(f"skipped: {count(result, 'skipped')} files, e.g. "
                       f"{result['skipped'][0].get('source')}", highlight=False)
 
 

@@ -14,7 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
-from services.jobs import JobStore, wait_for_job
+from services.jobs import Executor, Submitted, follow_job
+from services.jobs.follow import Source
 
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 
@@ -74,7 +75,9 @@ def jobs(
 
         with Runtime(settings) as runtime:
             if wait:
-                status = follow_job(runtime.jobs, job_id, show_progress=not as_json, timeout=timeout)
+                from entrypoints.compose import executor_for
+
+                status = follow(executor_for(runtime), job_id, show_progress=not as_json, timeout=timeout)
             else:
                 status = runtime.jobs.status(job_id)
     if as_json:
@@ -85,10 +88,20 @@ def jobs(
         raise typer.Exit(1)
 
 
-def follow_job(jobs: JobStore, job_id: str, *, show_progress: bool, timeout: float | None = None) -> dict[str, Any]:
-    """Wait for the job to end; a progress bar on stderr when ``show_progress``."""
+def follow(
+    executor: Executor,
+    job_id: str,
+    *,
+    show_progress: bool,
+    timeout: float | None = None,
+    submitted: Submitted | None = None,
+    source: Source | None = None,
+) -> dict[str, Any]:
+    """Wait for the job to end (``services.jobs.follow_job``: rides out a broker outage, re-sends or fails
+    batches that can no longer arrive); a progress bar on stderr when ``show_progress``."""
+    kwargs: dict[str, Any] = {"timeout": timeout, "submitted": submitted, "source": source}
     if not show_progress:
-        return wait_for_job(jobs, job_id, timeout=timeout)
+        return follow_job(executor, job_id, **kwargs)
     columns = (
         TextColumn("[bold]job {task.fields[job]}[/] {task.fields[state]}"),
         BarColumn(),
@@ -103,7 +116,7 @@ def follow_job(jobs: JobStore, job_id: str, *, show_progress: bool, timeout: flo
             progress.update(task, total=status["batches_total"], completed=status["batches_done"],
                             state=status["state"], chunks=status["chunks"], failed=len(status["failed"]))
 
-        return wait_for_job(jobs, job_id, on_status=show, timeout=timeout)
+        return follow_job(executor, job_id, on_status=show, **kwargs)
 
 
 def _print_job(status: dict[str, Any]) -> None:
@@ -111,16 +124,29 @@ def _print_job(status: dict[str, Any]) -> None:
     console.print(
         f"job {status['job']} ({status['state']}): {status['batches_done']}/{'?' if total is None else total} "
         f"batches, {status['documents']} documents written, {status['unchanged']} unchanged, "
-        f"{status['chunks']} passages, {len(status['skipped'])} skipped, {len(status['failed'])} failed, "
+        f"{status['chunks']} passages, {count(status, 'skipped')} skipped, {count(status, 'failed')} failed, "
         f"{status['seconds']:.1f} s",
         highlight=False,
     )
     for err in status.get("errors", []):
         err_console.print(f"[red]batch {err['batch']}:[/] {err['error']}", highlight=False)
-    if status["failed"]:
-        table = Table("source", "reason", "error", title="failed documents")
-        for f in status["failed"][:50]:
-            table.add_row(f.get("source", ""), f.get("reason", ""), f.get("error", ""))
-        err_console.print(table)
-        if len(status["failed"]) > 50:
-            err_console.print(f"... and {len(status['failed']) - 50} more (use --json for all)")
+    print_failures(status)
+
+
+def count(result: dict[str, Any], what: str) -> int:
+    """How many documents were ``what`` (skipped / failed): the total, of which the list keeps the first ones."""
+    return int(result.get(f"{what}_total") or len(result.get(what) or []))
+
+
+def print_failures(result: dict[str, Any], shown: int = 50) -> None:
+    """The failed documents with their reasons (the first ``shown``; ``--json`` has every one that was kept)."""
+    failed = result.get("failed") or []
+    if not failed:
+        return
+    table = Table("source", "reason", "error", title="failed documents")
+    for f in failed[:shown]:
+        table.add_row(f.get("source", ""), f.get("reason", ""), f.get("error", ""))
+    err_console.print(table)
+    more = count(result, "failed") - min(shown, len(failed))
+    if more > 0:
+        err_console.print(f"... and {more:,} more (`--json` lists up to {len(failed):,})")

@@ -6,31 +6,26 @@
 - ``workers.executor.CeleryExecutor`` (``DPR_BROKER_URL`` set): one Celery task per batch; job state in Redis.
 
 Both submit through ``services.jobs.runner.submit_job`` and run batches through ``run_batch``; callers read
-status and wait through the executor's ``jobs`` (``wait_for_job``).
+status through the executor's ``jobs`` and wait with ``services.jobs.follow.follow_job``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Protocol
 
-from services.errors import DprError, TransientError
+from services.errors import DprError
 from services.ingest import IngestPipeline, IngestReport, new_job_id
 from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
-from services.jobs.store import TERMINAL, JobStore
+from services.jobs.store import JobStore
 from services.readers import Document, Item
 
 log = logging.getLogger(__name__)
 
 BatchHook = Callable[[IngestReport], None]
-
-
-class JobWaitTimeout(TransientError):
-    """The job did not end within the time the caller was willing to wait."""
 
 
 class Executor(Protocol):
@@ -43,6 +38,14 @@ class Executor(Protocol):
 
     def pending(self) -> int:
         """Work waiting to run (queue depth)."""
+        ...
+
+    def in_flight(self, job_id: str) -> set[int] | None:
+        """Batch numbers the executor still holds a message for; None when it cannot tell."""
+        ...
+
+    def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
+        """Hand these batches over again (their numbers kept)."""
         ...
 
     def close(self) -> None: ...
@@ -87,6 +90,14 @@ class LocalExecutor:
         with self._lock:
             return self._pending
 
+    def in_flight(self, job_id: str) -> set[int] | None:
+        return None  # batches run in this process: nothing is ever in flight elsewhere
+
+    def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
+        pipeline = self.pipeline_for(submitted.collection)
+        for number, docs in sorted(batches.items()):
+            run_batch(self.jobs, pipeline, submitted.job, number, list(docs), worker="local")
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -120,28 +131,3 @@ class LocalExecutor:
         if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
             self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))
         return submitted
-
-
-def wait_for_job(
-    jobs: JobStore,
-    job_id: str,
-    *,
-    on_status: Callable[[dict[str, Any]], None] | None = None,
-    poll: float = 0.5,
-    timeout: float | None = None,
-) -> dict[str, Any]:
-    """Poll the job until it is done or failed; ``on_status`` sees every status read (progress display).
-    Raises ``JobWaitTimeout`` if ``timeout`` seconds pass first."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        status = jobs.status(job_id)
-        if on_status is not None:
-            on_status(status)
-        if status["state"] in TERMINAL:
-            return status
-        if deadline is not None and time.monotonic() > deadline:
-            raise JobWaitTimeout(
-                f"job {job_id} is still {status['state']} ({status['batches_done']}/{status['batches_total']} "
-                "batches); is a worker running? start one with `dpr worker`"
-            )
-        time.sleep(poll)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.ingest import IngestPipeline, IngestReport, batched_items
-from services.jobs.store import JobStore
+from services.jobs.store import KEEP_RECORDS, JobStore
 from services.readers import Document, DocumentFailure, Item
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,20 @@ class Submitted:
     batches: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
     failed: list[dict[str, str]] = field(default_factory=list)
+    batch_ids: dict[int, list[str]] = field(default_factory=dict)  # what the submitter handed over, for re-sending
+    skipped_total: int = 0  # refusals counted; only the first KEEP_RECORDS of each are kept in full
+    failed_total: int = 0
+
+    def refuse(self, item: Item) -> None:
+        """A document refused while reading: counted, and kept in full while there are few."""
+        if isinstance(item, DocumentFailure):
+            self.failed_total += 1
+            if len(self.failed) < KEEP_RECORDS:
+                self.failed.append(item.to_json())
+        else:
+            self.skipped_total += 1
+            if len(self.skipped) < KEEP_RECORDS:
+                self.skipped.append(item.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +53,8 @@ class Submitted:
             "batches": self.batches,
             "skipped": self.skipped,
             "failed": self.failed,
+            "skipped_total": self.skipped_total,
+            "failed_total": self.failed_total,
         }
 
 
@@ -63,18 +79,19 @@ def submit_job(
             if isinstance(item, Document):
                 submitted.documents += 1
                 yield item
-            elif isinstance(item, DocumentFailure):
-                submitted.failed.append(item.to_json())
             else:
-                submitted.skipped.append(item.to_json())
+                submitted.refuse(item)
 
     for number, batch in enumerate(batched_items(documents_only(), batch_documents, batch_bytes)):
         docs = [d for d in batch if isinstance(d, Document)]
-        jobs.record_submitted(submitted.job, number, [d.doc_id for d in docs])
+        ids = [d.doc_id for d in docs]
+        jobs.record_submitted(submitted.job, number, ids)
+        submitted.batch_ids[number] = ids
         hand_over(number, docs)
         submitted.batches = number + 1
     jobs.seal(submitted.job, batches=submitted.batches, documents=submitted.documents,
-              skipped=submitted.skipped, failed=submitted.failed)
+              skipped=submitted.skipped, failed=submitted.failed,
+              skipped_total=submitted.skipped_total, failed_total=submitted.failed_total)
     log.info("job submitted", extra={"job": submitted.job, "batches": submitted.batches})
     return submitted
 

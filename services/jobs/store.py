@@ -41,6 +41,8 @@ PARTS = ("", "submitted", "batches", "started", "deliveries")
 
 BatchKey = int | str  # ingest batches are numbered; re-embed batches have string ids
 
+KEEP_RECORDS = 1000  # failure and skip records kept in full per job; the rest are counted (``*_total``)
+
 # Keys of IngestReport.to_json() summed / concatenated over batches.
 COUNTERS = ("documents", "unchanged", "chunks", "title_truncated")
 
@@ -112,13 +114,18 @@ class JobStore:
         documents: int,
         skipped: list[dict[str, str]],
         failed: list[dict[str, str]],
+        skipped_total: int | None = None,
+        failed_total: int | None = None,
     ) -> None:
-        """Every batch is handed over: record the totals and the documents refused while reading."""
+        """Every batch is handed over: record the totals and the documents refused while reading (at most
+        ``KEEP_RECORDS`` of each in full; ``*_total`` counts them all)."""
         fields = {  # "sealed" last: it commits the others (a file backend makes fields visible in this order)
             "batches": str(batches),
             "documents_total": str(documents),
-            "skipped": json.dumps(skipped),
-            "failed": json.dumps(failed),
+            "skipped": json.dumps(skipped[:KEEP_RECORDS]),
+            "failed": json.dumps(failed[:KEEP_RECORDS]),
+            "skipped_total": str(len(skipped) if skipped_total is None else skipped_total),
+            "failed_total": str(len(failed) if failed_total is None else failed_total),
             "sealed_at": repr(time.time()),
             "sealed": "1",
         }
@@ -146,11 +153,16 @@ class JobStore:
     def started(self, job_id: str) -> dict[BatchKey, dict[str, Any]]:
         return _batches(self.raw(job_id)["started"])
 
+    def submitted(self, job_id: str) -> dict[BatchKey, list[str]]:
+        """Batch -> the ids of the documents handed over in it."""
+        return {k: list(v.get("documents", [])) for k, v in _batches(self.raw(job_id)["submitted"]).items()}
+
     def status(self, job_id: str, now: float | None = None) -> dict[str, Any]:
         raw = self.raw(job_id)
         if not raw[""]:
             raise JobNotFound(
-                f"no job {job_id!r} in {self.where}; check the id (jobs expire after {self.ttl // 86400} days)"
+                f"no job {job_id!r} in {self.where}: check the id; jobs expire after {self.ttl // 86400} days, and a "
+                "broker restarted without persistence loses its jobs (ingest again: unchanged documents cost nothing)"
             )
         return summarize(
             raw[""], _batches(raw["batches"]), _batches(raw["started"]), now=now,
@@ -184,6 +196,8 @@ def summarize(
     created = float(meta.get("created", "0") or 0)
     skipped: list[dict[str, str]] = list(_loads(meta.get("skipped"), []))
     failed: list[dict[str, str]] = list(_loads(meta.get("failed"), []))
+    totals = {"skipped": int(meta.get("skipped_total") or len(skipped)),
+              "failed": int(meta.get("failed_total") or len(failed))}
     counts = dict.fromkeys(COUNTERS, 0)
     encode_seconds = 0.0
     errors: list[dict[str, Any]] = []
@@ -193,8 +207,10 @@ def summarize(
         for name in COUNTERS:
             counts[name] += int(result.get(name, 0) or 0)
         encode_seconds += float(result.get("encode_seconds", 0) or 0)
-        skipped.extend(result.get("skipped") or [])
-        failed.extend(result.get("failed") or [])
+        for name, kept in (("skipped", skipped), ("failed", failed)):
+            records = result.get(name) or []
+            totals[name] += len(records)
+            kept.extend(records[: max(0, KEEP_RECORDS - len(kept))])
         if result.get("error"):
             errors.append({"batch": number, "error": result["error"]})
         finished = max(finished, float(result.get("finished", 0) or 0))
@@ -213,6 +229,8 @@ def summarize(
         **counts,
         "skipped": skipped,
         "failed": failed,
+        "skipped_total": totals["skipped"],
+        "failed_total": totals["failed"],
         "errors": errors,
         "seconds": round(max(0.0, end - created), 3),
         "encode_seconds": round(encode_seconds, 3),

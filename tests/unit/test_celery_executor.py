@@ -26,8 +26,9 @@ class RecordingApp:
     def producer_or_acquire(self) -> Iterator[object]:
         yield object()
 
-    def send_task(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str, producer: object) -> None:
-        self.sent.append({"name": name, "args": args, "kwargs": kwargs, "queue": queue})
+    def send_task(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str, producer: object,
+                  headers: dict[str, Any]) -> None:
+        self.sent.append({"name": name, "args": args, "kwargs": kwargs, "queue": queue, "headers": headers})
 
     def close(self) -> None:
         pass
@@ -52,12 +53,14 @@ def test_submit_sends_documents_in_batches_and_keeps_refusals_in_the_job(
         "job": "-", "state": "queued", "collection": "notes", "executor": "broker", "documents": 3, "batches": 2,
         "skipped": [{"source": "d.png", "reason": "unsupported"}],
         "failed": [{"source": "b.txt", "reason": "empty", "error": "b.txt: has no text"}],
+        "skipped_total": 1, "failed_total": 1,
     }
     assert [m["queue"] for m in app.sent] == ["ingest", "ingest"]
     assert {m["name"] for m in app.sent} == {"dpr.ingest_batch"}
     assert [m["args"][1] for m in app.sent] == [0, 1]
     assert [[d["doc_id"] for d in m["args"][2]] for m in app.sent] == [["a", "c"], ["e"]]
     assert all(m["kwargs"] == {"collection": "notes"} for m in app.sent)
+    assert [m["headers"] for m in app.sent] == [{"dpr_job": submitted.job, "dpr_batch": n} for n in (0, 1)]
     status = jobs.status(submitted.job)
     assert (status["state"], status["batches_total"], status["documents_total"]) == ("queued", 2, 3)
     assert [f["source"] for f in status["failed"]] == ["b.txt"]

@@ -139,3 +139,15 @@ def test_expired_job_folders_are_removed_when_a_new_job_starts(tmp_path: Path) -
     with pytest.raises(JobNotFound):
         jobs.status("old")
     assert jobs.status("new")["state"] == "submitting"
+
+
+def test_failure_records_are_bounded_and_counted(jobs: JobStore) -> None:
+    from services.jobs.store import KEEP_RECORDS
+
+    many = [{"source": f"r{i}", "reason": "invalid_json", "error": "bad"} for i in range(KEEP_RECORDS + 500)]
+    jobs.create("j1")
+    jobs.seal("j1", batches=1, documents=1, skipped=[], failed=many)
+    jobs.record_batch("j1", 0, batch_result(documents=1, failed=many[:3]))
+    status = jobs.status("j1")
+    assert len(status["failed"]) == KEEP_RECORDS
+    assert status["failed_total"] == KEEP_RECORDS + 503 and status["skipped_total"] == 0
