@@ -13,7 +13,7 @@ from typing import Any
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
 from services.ingest import SparseEncoder
-from services.store.common import check_compatible, check_linear_weight, require_sparse
+from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
@@ -81,6 +81,7 @@ def search_many(
     for q in questions:
         if not q.strip():
             raise ConfigError("the question is empty; ask something")
+    request_filter(options.filters)  # a bad key or value is refused before the store or the towers are touched
     active = store.active()
     if active is None:
         active_spec(store)  # raises CollectionNotFound with the fix

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.errors import ConfigError
 
 COLLECTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+# torch's device types (torch.device refuses anything else), with an optional index: cpu, cuda, cuda:1, mps
+DEVICE_TYPES = (
+    "cpu", "cuda", "mps", "xpu", "hip", "ipu", "hpu", "mtia", "xla", "lazy", "vulkan", "meta", "mkldnn", "opengl",
+    "opencl", "ideep", "ve", "fpga", "maia", "privateuseone",
+)
+MODEL_FILES = ("modules.json", "config.json")  # a sentence-transformers (or plain transformers) model directory
 
 
 class ChunkSettings(BaseModel):
@@ -46,8 +53,20 @@ class EncoderSettings(BaseModel):
         "DATA_DIR/models, or a path to a model directory.",
     )
     batch_size: int = Field(default=32, ge=1, le=4096)
-    device: str = "cpu"
+    device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:N, mps, ...")
     threads: int | None = Field(default=None, ge=1, description="torch intra-op threads; default: all cores.")
+
+
+    @field_validator("device", mode="after")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if kind not in DEVICE_TYPES or (index and not index.isdigit()):
+            raise ValueError(
+                f"DPR_ENCODER__DEVICE={value!r} is not a torch device; use cpu, cuda, cuda:N or mps "
+                f"(known types: {', '.join(DEVICE_TYPES)})"
+            )
+        return value
 
 
 class QdrantSettings(BaseModel):
@@ -146,17 +165,31 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
-        if self.broker_url is not None and not self.broker_url.startswith(("redis://", "rediss://")):
-            raise ValueError(
-                f"DPR_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unset it "
-                "to run the pipeline in-process"
+        if self.broker_url is not None:
+            _check_url(
+                "DPR_BROKER_URL", self.broker_url, "Redis", ("redis", "rediss"),
+                "use redis://host:6379/0 or unset it to run the pipeline in-process", need_host=False,
             )
-        url = self.qdrant_url
-        if url is not None and not url.startswith(("http://", "https://", ":memory:")):
-            raise ValueError(
-                f"DPR_QDRANT_URL={url!r} is not a Qdrant URL; use http://host:6333 or unset it for the "
-                "embedded engine"
+        if self.qdrant_url is not None and not self.qdrant_url.startswith(":memory:"):
+            _check_url(
+                "DPR_QDRANT_URL", self.qdrant_url, "Qdrant", ("http", "https"),
+                "use http://host:6333 or unset it for the embedded engine", need_host=True,
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_model_dir(self) -> Settings:
+        """A model setting that names a directory must name a model (not, say, the data folder)."""
+        spec = self.encoder.model
+        if spec in ("active", "base"):
+            return self
+        for path in (self.models_dir / spec, Path(spec).expanduser()):
+            if path.is_dir() and not any((path / name).is_file() for name in MODEL_FILES):
+                raise ValueError(
+                    f"DPR_ENCODER__MODEL={spec!r}: {path} is a directory but not a model (no "
+                    f"{' or '.join(MODEL_FILES)}); point it at a model directory (`dpr models list`) or set "
+                    "DPR_ENCODER__MODEL=base"
+                )
         return self
 
     @property
@@ -178,3 +211,16 @@ class Settings(BaseSettings):
         if not re.fullmatch(COLLECTION_NAME, collection):
             raise ConfigError(f"collection {collection!r} is not a valid name; use 1-64 letters, digits, '_' or '-'")
         return self.model_copy(update={"collection": collection})
+
+
+def _check_url(variable: str, url: str, label: str, schemes: tuple[str, ...], fix: str, need_host: bool) -> None:
+    """A URL the client libraries can parse: a known scheme, a host, and a port that is a number in range."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError as e:
+        raise ValueError(f"{variable}={url!r} is not a valid URL ({e}); {fix}") from None
+    if parts.scheme not in schemes:
+        raise ValueError(f"{variable}={url!r} is not a {label} URL; {fix}")
+    if need_host and not parts.hostname:
+        raise ValueError(f"{variable}={url!r} has no host; {fix}")

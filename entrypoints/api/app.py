@@ -42,6 +42,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         404: "No such collection or document",
         409: "The towers do not match the collection",
         413: "Request too large",
+        415: "Unsupported Content-Type",
         422: "Malformed request",
         503: "Store or broker unavailable",
     }.items()

@@ -8,6 +8,7 @@ Anything unexpected is a 500 with a generic message (details go to the log, not 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -59,6 +60,17 @@ class ApiError(Exception):
         self.headers = headers
 
 
+def _printable(value: Any) -> Any:
+    """``value`` with every string valid UTF-8: an echoed lone surrogate (``"\\ud800"``) becomes ``\\ud800``."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
 def error_response(
     status: int, type_: str, message: str, details: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
@@ -66,7 +78,7 @@ def error_response(
     body: dict[str, Any] = {"type": type_, "message": message}
     if details:
         body["details"] = details
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return JSONResponse(_printable({"error": body}), status_code=status, headers=headers)
 
 
 def status_of(error: DprError) -> tuple[int, str]:
@@ -76,11 +88,18 @@ def status_of(error: DprError) -> tuple[int, str]:
     return 400, "bad_request"  # pragma: no cover - DprError is last in the table
 
 
+# The names pydantic gives the members of a union in an error's location (``function-after[...]``, ``int``):
+# noise to a client, who wants the field.
+_UNION_MEMBER = re.compile(r"(function-(after|before|wrap|plain)|list|dict|union|tagged-union)\[.*\]|"
+                           r"constrained-(str|int|float|bytes)|str|int|float|bool|none")
+
+
 def _validation_details(error: RequestValidationError) -> list[dict[str, Any]]:
     details = []
     for e in error.errors()[:20]:
-        loc = [str(p) for p in e.get("loc", ())]
-        details.append({"loc": ".".join(loc), "message": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+        loc = [str(p) for p in e.get("loc", ()) if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p))]
+        message = str(e.get("msg", "")).removeprefix("Value error, ")
+        details.append({"loc": ".".join(loc), "message": message, "type": str(e.get("type", ""))})
     return details
 
 

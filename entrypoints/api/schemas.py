@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
+
+from services.readers import MAX_ID_CHARS
+from services.store.common import FILTER_KEY_MAX_CHARS, FILTER_KEY_PATTERN, filter_key_problem
 
 
 def _encodable(value: str) -> str:
@@ -21,9 +24,23 @@ def _encodable(value: str) -> str:
     return value
 
 
+def _filter_key(value: str) -> str:
+    """The store's one rule for filter keys (``services.store.common.filter_key_problem``)."""
+    problem = filter_key_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 Text = Annotated[str, AfterValidator(_encodable)]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-FilterKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")]
+FilterKey = Annotated[
+    str,
+    AfterValidator(_filter_key),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": FILTER_KEY_MAX_CHARS, "pattern": FILTER_KEY_PATTERN}
+    ),
+]
 FilterScalar = (
     Annotated[Text, StringConstraints(max_length=1024)]
     | Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
@@ -49,7 +66,7 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: Annotated[Text, StringConstraints(min_length=1, max_length=512)] | Annotated[
+    id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)] | Annotated[
         int, Field(ge=0, le=INT64_MAX)
     ]
     text: Text = Field(description="The document text; it is split into passages by the passage tower's tokenizer.")

@@ -1,8 +1,22 @@
-"""Shared CLI plumbing: settings from the context, JSON vs human output, errors to stderr with exit codes."""
+"""Shared CLI plumbing: settings from the context, JSON vs human output, errors to stderr with exit codes.
+
+Exit codes (``EXIT_CODES``; the README's table is this one), the same for in-process and broker runs:
+
+====  ==========================================================================================================
+0     ok
+1     the request cannot work as given: no such collection or model, towers that do not match, bad data, every
+      document failed, a job that ended failed
+2     usage or configuration: a bad option or argument, an invalid DPR_* setting
+3     a service (broker, store) is unavailable for now: try again
+====  ==========================================================================================================
+
+``exit_code_for`` is the one place that maps an error class to its code.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,29 +24,78 @@ from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 
-from services.errors import DprError, TransientError
+from services.errors import ConfigError, DprError, TransientError
 from services.settings import Settings
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
 
+EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+EXIT_INTERRUPTED = 130
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_ERROR: "the request cannot work as given (no such collection or model, towers that do not match, bad "
+    "data, every document failed, a job that ended failed)",
+    EXIT_USAGE: "usage or configuration (a bad option or argument, an invalid DPR_* setting)",
+    EXIT_UNAVAILABLE: "a service (broker, store) is unavailable for now; try again",
+}
+# Error class -> exit code, most specific first; ``exit_code_for`` reads it.
+ERROR_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (TransientError, EXIT_UNAVAILABLE),
+    (ConfigError, EXIT_USAGE),
+    (DprError, EXIT_ERROR),
+    (FileNotFoundError, EXIT_ERROR),
+    (KeyboardInterrupt, EXIT_INTERRUPTED),
+)
+_HINTS = {EXIT_UNAVAILABLE: " (temporary: try again once the service is reachable)"}
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    """The exit code of an error a user can cause; None for anything else (a bug: let it raise)."""
+    for cls, code in ERROR_EXIT_CODES:
+        if isinstance(error, cls):
+            return code
+    return None
 
 
 def load_settings(**overrides: Any) -> Settings:
+    """The one Settings, or a message naming each bad DPR_* variable and exit 2 (never a traceback)."""
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "settings"
-            env = "DPR_" + "__".join(str(p) for p in err["loc"]).upper() if err["loc"] else "DPR_*"
-            lines.append(f"  {loc} ({env}): {err['msg']}")
-        fail("invalid settings:\n" + "\n".join(lines), code=EXIT_USAGE)
+        fail("invalid settings:\n" + "\n".join(_validation_lines(e)), code=EXIT_USAGE)
+    except SettingsError as e:  # a value pydantic-settings could not even parse (bad JSON in a nested group)
+        fail(f"invalid settings: {_settings_error_line(e)}", code=EXIT_USAGE)
+
+
+def _validation_lines(error: ValidationError) -> list[str]:
+    lines = []
+    for err in error.errors():
+        loc = [str(p) for p in err["loc"] if isinstance(p, str)]
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if not loc:  # a check across fields: its message names the variables
+            lines.append(f"  {message}")
+            continue
+        lines.append(f"  {'.'.join(loc)} (DPR_{'__'.join(loc).upper()}): {message}")
+    return lines
+
+
+def _settings_error_line(error: SettingsError) -> str:
+    match = re.search(r'field "([A-Za-z_]+)"', str(error))
+    field = match.group(1) if match else ""
+    variable = f"DPR_{field.upper()}" if field else "a DPR_* variable"
+    cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+    example = f"{variable}__NAME=VALUE" if field else "DPR_GROUP__NAME=VALUE"
+    return (
+        f"{variable} cannot be parsed{cause}; a settings group takes a JSON object (e.g. "
+        f"{variable}='{{\"name\": \"value\"}}'), or set its fields one by one as {example}"
+    )
 
 
 def get_settings(ctx: typer.Context) -> Settings:
@@ -58,11 +121,9 @@ def cli_errors() -> Iterator[None]:
     """Turn the service's errors into one clear line on stderr and a non-zero exit."""
     try:
         yield
-    except TransientError as e:
-        fail(f"{e} (temporary: try again once the service is reachable)", code=EXIT_UNAVAILABLE)
-    except DprError as e:
-        fail(str(e))
-    except FileNotFoundError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
+    except (DprError, FileNotFoundError, KeyboardInterrupt) as e:
+        code = exit_code_for(e)
+        if code is None:  # pragma: no cover - every class caught here is in the table
+            raise
+        message = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        fail(message + _HINTS.get(code, ""), code=code)

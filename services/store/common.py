@@ -21,6 +21,14 @@ SPEC_METADATA_KEY = "dpr_spec"  # server: key of the spec inside the collection'
 DISTANCES = ("cosine", "dot", "euclid")
 SEARCH_MODES = ("dense", "sparse", "hybrid")
 FUSIONS = ("rrf", "linear")
+# A payload key a filter can name: dot-separated segments (a dot walks into a nested object), the first starting
+# with a letter or '_'; no empty segment ("a..b", "a.", ".a"), no spaces. Both engines parse it as a JSON path.
+FILTER_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$"
+FILTER_KEY_MAX_CHARS = 64
+FILTER_KEY_FORM = (
+    f"1-{FILTER_KEY_MAX_CHARS} characters: letters, digits, '_' or '-', starting with a letter or '_'; "
+    "dots only between names (a.b), e.g. lang or meta.year"
+)
 
 
 def generation_name(alias: str, number: int) -> str:
@@ -174,12 +182,30 @@ def build_filter(where: Where, make: Callable[..., Any], field: Callable[[Match 
     )
 
 
+def filter_key_problem(key: object) -> str | None:
+    """Why ``key`` cannot name a payload field in a filter (None: it can). The one rule for filter keys: the API's
+    schema, ``dpr query --filter`` and the store all ask this function."""
+    if not isinstance(key, str) or not 1 <= len(key) <= FILTER_KEY_MAX_CHARS or not re.fullmatch(
+        FILTER_KEY_PATTERN, key
+    ):
+        return f"filter key {key!r} is not a payload field name; use {FILTER_KEY_FORM}"
+    return None
+
+
+def check_filter_key(key: object) -> None:
+    problem = filter_key_problem(key)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def request_filter(filters: Mapping[str, Any]) -> Where | None:
-    """``{key: value | [values]}`` as a ``Where``; refuses values Qdrant cannot match exactly."""
+    """``{key: value | [values]}`` as a ``Where``; refuses keys that are not field names and values Qdrant cannot
+    match exactly."""
     if not filters:
         return None
     conditions = []
     for key, value in filters.items():
+        check_filter_key(key)
         if isinstance(value, list | tuple | set | frozenset):
             values = tuple(value)
             if not values:

@@ -1,0 +1,143 @@
+"""One uploaded file (multipart ``file`` field) -> items, in bounded memory.
+
+The body never sits in memory whole: starlette's form parser spools the file part to a temporary file (the
+``BodyLimit`` middleware caps the body at ``DPR_API__MAX_REQUEST_BYTES``), and it is copied in 1 MiB blocks,
+counted again, into a private temporary directory. ``services.readers.iter_documents`` then reads it as
+``dpr ingest FILE --format FMT`` would (streaming, each document capped at ``DPR_MAX_DOCUMENT_BYTES``), and
+the limits apply while reading: more than ``DPR_API__MAX_DOCUMENTS`` items, or more text than
+``DPR_API__MAX_REQUEST_BYTES`` (a compressed upload expands), stops the reading with a 413.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+
+from entrypoints.api.errors import ApiError
+from services.errors import DocumentError
+from services.readers import Document, DocumentFailure, Item, iter_documents
+from services.settings import Settings
+
+UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")
+AUTO_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".txt", ".md", ".markdown", ".rst", ".html", ".htm")
+COPY_BLOCK = 1 << 20
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def too_many(limit: int) -> ApiError:
+    return ApiError(
+        413, "too_large", f"more than {limit:,} documents in one request is over the limit; split the batch or "
+        "raise DPR_API__MAX_DOCUMENTS",
+    )
+
+
+def too_much_text(limit: int) -> ApiError:
+    return ApiError(
+        413, "too_large", f"the upload expands to more than {limit:,} bytes of text (the request limit also "
+        "caps what a compressed file expands to); split the file or raise DPR_API__MAX_REQUEST_BYTES",
+    )
+
+
+def safe_filename(name: str | None) -> str:
+    base = Path(name or "").name
+    base = _SAFE_NAME.sub("_", base).strip("._") or "upload.txt"
+    return base[:200]
+
+
+def collect(items: Iterable[Item], max_documents: int, max_text_bytes: int) -> list[Item]:
+    """``items`` as a list, stopping (413) at the first item over ``max_documents`` or the first document that
+    takes the text over ``max_text_bytes``: nothing past a limit is read."""
+    out: list[Item] = []
+    text_bytes = 0
+    for item in items:
+        if len(out) >= max_documents:
+            raise too_many(max_documents)
+        if isinstance(item, Document):
+            text_bytes += _utf8_len(item.text) + _utf8_len(item.title)
+            if text_bytes > max_text_bytes:
+                raise too_much_text(max_text_bytes)
+        out.append(item)
+    return out
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _copy_capped(source: IO[bytes], path: Path, max_bytes: int) -> int:
+    size = 0
+    with path.open("wb") as out:
+        while block := source.read(COPY_BLOCK):
+            size += len(block)
+            if size > max_bytes:
+                raise ApiError(
+                    413, "too_large", f"the uploaded file is over the {max_bytes:,}-byte limit; split it or raise "
+                    "DPR_API__MAX_REQUEST_BYTES",
+                )
+            out.write(block)
+    return size
+
+
+def _renamed(item: Item, tmp: str, filename: str) -> Item:
+    """The item with the temporary path replaced by ``upload:NAME`` (the client never sees server paths)."""
+    if isinstance(item, Document):
+        return dataclasses.replace(item, source=f"upload:{filename}")
+    prefix = tmp + "/"
+    item = dataclasses.replace(item, source=item.source.replace(prefix, "upload:"))
+    if isinstance(item, DocumentFailure):
+        item = dataclasses.replace(item, error=item.error.replace(prefix, "upload:"))
+    return item
+
+
+def parse_upload(source: IO[bytes], filename: str, fmt: str, settings: Settings) -> list[Item]:
+    """The uploaded file, copied (capped) to a private directory and read with the limits applied while reading."""
+    limits = settings.api
+    with tempfile.TemporaryDirectory(prefix="dpr-upload-") as tmp:
+        path = Path(tmp) / filename
+        if _copy_capped(source, path, limits.max_request_bytes) == 0:
+            raise ApiError(422, "validation", f"uploaded file {filename!r} is empty; send a file with content")
+        items = iter_documents([path], fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+        renamed = (_renamed(item, tmp, filename) for item in items)
+        return collect(renamed, limits.max_documents, limits.max_request_bytes)
+
+
+def _check_format(fmt: object, filename: str) -> str:
+    if not isinstance(fmt, str) or fmt not in UPLOAD_FORMATS:
+        raise ApiError(422, "validation", f"format {fmt!r} is not known; use one of {', '.join(UPLOAD_FORMATS)}")
+    if fmt == "auto" and not filename.lower().endswith(AUTO_SUFFIXES):
+        raise ApiError(
+            422, "validation",
+            f"cannot tell the type of {filename!r}; name it .jsonl (one JSON document per line) or .txt/.md/.rst/"
+            ".html, or pass format=jsonl|files",
+        )
+    return fmt
+
+
+async def read_upload(request: Request, settings: Settings) -> list[Item]:
+    try:
+        form = await request.form(max_files=1, max_fields=8, max_part_size=settings.api.max_request_bytes)
+    except ApiError:
+        raise
+    except Exception as e:  # malformed multipart: starlette raises its own errors
+        raise ApiError(400, "bad_request", f"cannot read the multipart body ({e}); send a 'file' field") from None
+    try:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "validation", "multipart body has no 'file' field with a file in it; add one")
+        filename = safe_filename(upload.filename)
+        fmt = _check_format(form.get("format") or "auto", filename)
+        return await run_in_threadpool(parse_upload, upload.file, filename, fmt, settings)
+    except (ApiError, DocumentError):
+        raise
+    except (ValueError, OSError, EOFError, zlib.error) as e:  # e.g. a corrupt or truncated .gz
+        raise ApiError(422, "validation", f"cannot read the uploaded file: {e}; check the file") from None
+    finally:
+        await form.close()
