@@ -216,9 +216,13 @@ def stored_passages(data_dir: Path) -> list[tuple[str, int, str, str]]:
     from services.settings import Settings
     from services.store import open_store
 
+    from services.errors import CollectionNotFound
+
     store = open_store(Settings(_env_file=None, data_dir=data_dir))  # type: ignore[call-arg]
     try:
         return [(p.doc_id, p.chunk_index, p.model, p.id) for batch in store.scroll() for p in batch]
+    except CollectionNotFound:
+        return []  # nothing was ever written
     finally:
         store.close()
 
@@ -238,6 +242,22 @@ def hold_store(data_dir: Path, seconds: float, collection: str = "passages") -> 
         f.flush()
         time.sleep(seconds)
         fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _wait_for_job_record(url: str, submitted: threading.Event, timeout: float = 300) -> None:
+    """Until the ingest's job is sealed in Redis (every batch sent) or the CLI says so."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not submitted.is_set():
+            for key in client.scan_iter("dpr:job:*", count=100):
+                if b":" not in key[len(b"dpr:job:"):] and client.hget(key, "sealed") == b"1":
+                    return
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, seed: int = 7,
@@ -270,7 +290,7 @@ def run(broker_mode: str, docs: int, kills: int, restarts: int, workers: int, se
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     try:
-        submitted.wait(20)  # older CLIs print nothing before following: start the chaos anyway
+        _wait_for_job_record(broker.url, submitted)  # the chaos starts once batches are on their way
         restart_at = sorted(rng.sample(range(1, max(kills, restarts + 1)), restarts)) if restarts else []
         for k in range(kills):
             if ingest.poll() is not None:
