@@ -1,7 +1,9 @@
 """The one reader layer: files, folders, JSONL, BEIR and SQuAD, for ingest, training and evaluation alike.
 
 - ``records``: what ingest reads (``Document``, ``DocumentFailure``, ``Skipped``).
-- ``files``: files and folders (text, Markdown, reST, HTML), and the gzip-aware text opener.
+- ``files``: one text file (text, Markdown, reST, HTML), and the gzip-aware text opener.
+- ``folders``: the folder walk (every entry a document, a failure or a skip with the reason).
+- ``lines``: bounded line reading (a line over the limit is read past, never held).
 - ``jsonl``: JSONL rows, with one rule for ids and empty text whoever reads them.
 - ``beir``, ``squad``, ``labelled``: data sets and training pairs -> ``encoders.data`` records.
 - ``sources``: what a path holds and the one entry to read it (``iter_documents``, ``load_dataset``).
@@ -11,10 +13,11 @@ from __future__ import annotations
 
 from services.errors import DataError
 from services.readers.beir import beir_corpus_path, load_beir, load_corpus, load_qrels, load_queries
-from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, iter_files, read_file
-from services.readers.jsonl import MAX_ID_CHARS, Row, iter_jsonl, parse_json_row, read_row, read_rows
+from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
+from services.readers.folders import iter_files
+from services.readers.jsonl import MAX_ID_CHARS, RECORD_SUFFIXES, Row, iter_jsonl, parse_json_row, read_row, read_rows
 from services.readers.labelled import load_pairs_jsonl
-from services.readers.records import Document, DocumentFailure, Item, Skipped
+from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, safe_text
 from services.readers.sources import (
     DatasetFormat,
     InputFormat,
@@ -27,11 +30,13 @@ from services.readers.squad import SquadSplit, load_squad, squad_article_split
 
 __all__ = [
     "MAX_ID_CHARS",
+    "RECORD_SUFFIXES",
     "TEXT_SUFFIXES",
     "DataError",
     "DatasetFormat",
     "Document",
     "DocumentFailure",
+    "IdLedger",
     "InputFormat",
     "Item",
     "Row",
@@ -57,5 +62,6 @@ __all__ = [
     "read_file",
     "read_row",
     "read_rows",
+    "safe_text",
     "squad_article_split",
 ]

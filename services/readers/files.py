@@ -1,7 +1,10 @@
-"""Files and folders -> ``Document`` records with stable ids (plus the one gzip-aware text opener).
+"""One text file -> a ``Document`` (text, Markdown, reST, HTML), and the one gzip-aware text opener.
 
-Reading never raises for one bad file: it yields a ``DocumentFailure`` naming the source, the reason and the fix,
-and goes on with the next one. Files of a type we do not read are yielded as ``Skipped``.
+Reading never raises for one bad file: ``read_file`` raises ``DocumentError`` naming the source, the reason and
+the fix, which the folder walk (``services.readers.folders``) yields as a ``DocumentFailure`` before going on.
+
+Text rules: UTF-8 (a BOM is dropped); UTF-16 and UTF-32 with a byte order mark are decoded; a NUL anywhere, in
+the bytes or in the decoded text, means binary and fails the file (never stored, never stripped silently).
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ import html
 import html.parser
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
 from services.errors import DocumentError
-from services.readers.records import Document, DocumentFailure, Item, Skipped
+from services.readers.lines import read_bounded, wide_encoding
+from services.readers.records import Document, safe_text
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +36,35 @@ def open_text(path: Path) -> TextIO:
 # --- text decoding and cleaning -------------------------------------------------------------------------------
 
 
+def oversized(source: str, size: int, max_bytes: int) -> DocumentError:
+    return DocumentError(
+        source,
+        "oversized",
+        f"{size:,} bytes is over the {max_bytes:,}-byte limit (UTF-8 bytes); split the document or raise "
+        "DPR_MAX_DOCUMENT_BYTES",
+    )
+
+
 def decode_text(source: str, data: bytes, max_bytes: int) -> str:
     """Bytes -> text, or DocumentError with the reason (binary, oversized, encoding, empty)."""
     if len(data) > max_bytes:
-        raise DocumentError(
-            source,
-            "oversized",
-            f"{len(data):,} bytes is over the {max_bytes:,}-byte limit; split the document or raise "
-            "DPR_MAX_DOCUMENT_BYTES",
-        )
-    if b"\x00" in data[:8192]:
+        raise oversized(source, len(data), max_bytes)
+    wide = wide_encoding(data[:4])
+    if wide is None and b"\x00" in data:
         raise DocumentError(source, "binary", "looks binary (NUL bytes); convert it to text first")
     try:
-        text = data.decode("utf-8-sig")
+        text = data.decode(wide or "utf-8-sig")
     except UnicodeDecodeError as e:
+        name = (wide or "UTF-8").upper()
         raise DocumentError(
             source,
             "encoding",
-            f"is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r}); re-encode it as UTF-8",
+            f"is not valid {name} (byte {e.start}: {data[e.start:e.start + 1]!r}); re-encode it as UTF-8",
         ) from e
+    if wide is not None:
+        text = text.lstrip("\ufeff")
+        if "\x00" in text:
+            raise DocumentError(source, "binary", f"holds NUL characters once decoded as {wide}; convert it to text")
     if not text.strip():
         raise DocumentError(source, "empty", "has no text; remove it or add content")
     return text
@@ -126,49 +139,25 @@ def guess_title(path: Path, text: str) -> str:
 
 
 def read_file(path: Path, doc_id: str, max_bytes: int) -> Document:
-    source = str(path)
+    """One regular file; at most ``max_bytes + 1`` bytes are read. An HTML page with a title and no visible text
+    is its title (searchable text); with neither it is empty."""
+    source = safe_text(str(path))
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise DocumentError(
-                source,
-                "oversized",
-                f"{size:,} bytes is over the {max_bytes:,}-byte limit; split the document or raise "
-                "DPR_MAX_DOCUMENT_BYTES",
-            )
-        data = path.read_bytes()
+            raise oversized(source, size, max_bytes)
+        data = read_bounded(path, max_bytes)
     except OSError as e:
-        raise DocumentError(source, "unreadable", f"cannot be read ({e.strerror}); check its permissions") from e
+        raise DocumentError(source, "unreadable", f"cannot be read ({e.strerror or e}); check its permissions") from e
+    if data is None:  # grew past the limit since stat
+        raise oversized(source, max_bytes + 1, max_bytes)
     text = decode_text(source, data, max_bytes)
     if path.suffix.lower() in {".html", ".htm"}:
         title, text = html_to_text(text)
-        if not text:
-            raise DocumentError(source, "empty", "has no visible text; remove it or add content")
+        if not text and not title:
+            raise DocumentError(source, "empty", "has no visible text and no title; remove it or add content")
+        text = text or title
         title = title or guess_title(path, "")
     else:
         title = guess_title(path, text)
-    return Document(doc_id=doc_id, text=text, title=title, source=source)
-
-
-def iter_files(root: Path, max_bytes: int) -> Iterator[Item]:
-    """Every file under ``root`` (or ``root`` itself) in a stable order. Doc id: path relative to root's parent."""
-    if root.is_file():
-        files = [root]
-        base = root.parent
-    else:
-        files = sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
-        base = root.parent
-    for path in files:
-        if path.suffix.lower() not in TEXT_SUFFIXES:
-            yield Skipped(str(path), f"unsupported file type {path.suffix or '(none)'!r}; supported: "
-                          + " ".join(sorted(TEXT_SUFFIXES)))
-            continue
-        doc_id = path.resolve().relative_to(base.resolve()).as_posix()
-        try:
-            yield read_file(path, doc_id, max_bytes)
-        except DocumentError as e:
-            yield DocumentFailure.from_error(e)
-
-
-def _hidden(rel: Path) -> bool:
-    return any(part.startswith(".") for part in rel.parts)
+    return Document(doc_id=doc_id, text=text, title=safe_text(title), source=source)

@@ -6,6 +6,12 @@
 - Text: ``"text"`` must be a string. A row whose text is blank is *empty*: it has nothing to embed, so ingest
   fails it (reason ``empty``); a BEIR corpus keeps it, because judgments may name it (Cranfield has two).
 - Title: optional; a scalar is turned into a string.
+- Every string kept (id, text, title, metadata keys and values) must be valid Unicode: a lone surrogate escape
+  (``"\\ud800"``) fails the row (reason ``invalid_unicode``).
+- Ingest only: a row with a title and a blank text is its title (searchable text, as BEIR reads it); a row with
+  neither is *empty*. Text or a title holding NUL (``"\\u0000"``) is ``binary``, as a file holding NUL bytes is.
+  A row is at most ``DPR_MAX_DOCUMENT_BYTES`` UTF-8 bytes, read with at most that much buffered (a longer line is
+  read past, never held); an id already read in the run fails as ``duplicate_id`` naming both lines.
 
 Two ways to meet a bad row: ingest yields a ``DocumentFailure`` and goes on (``iter_jsonl``); training and
 evaluation data refuse the whole file with a ``DataError`` naming the file, the line and the fix (``read_rows``).
@@ -13,7 +19,6 @@ evaluation data refuse the whole file with a ``DataError`` naming the file, the 
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -22,12 +27,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.errors import DataError, DocumentError
-from services.readers.files import open_text
-from services.readers.records import Document, DocumentFailure, Item
+from services.readers.files import open_text, oversized
+from services.readers.lines import CORRUPT, Line, bounded_lines, open_bytes, wide_encoding
+from services.readers.records import Document, DocumentFailure, IdLedger, Item, duplicate, safe_text
 
 log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 512
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 _SCALAR = (str, int, float, bool)
 
 T = TypeVar("T")
@@ -95,37 +102,98 @@ def read_row(obj: dict[str, Any], source: str) -> Row:
     }
     if isinstance(obj.get("metadata"), dict):
         metadata.update({k: v for k, v in obj["metadata"].items() if isinstance(v, _SCALAR)})
+    for name, kept in (("id", doc_id), ("text", text), ("title", title)):
+        _check_unicode(source, name, kept)
+    for key, meta in metadata.items():
+        _check_unicode(source, "a metadata key", key)
+        if isinstance(meta, str):
+            _check_unicode(source, f"metadata {safe_text(key)!r}", meta)
     return Row(doc_id=doc_id, text=text, title=title, metadata=metadata)
 
 
-def parse_json_row(line: str, source: str, max_bytes: int, source_name: str = "") -> Document:
-    """One JSONL line -> a ``Document`` to ingest, or ``DocumentError`` (an empty row fails: nothing to embed)."""
-    if len(line) > max_bytes:
-        raise DocumentError(source, "oversized", f"row is over the {max_bytes:,}-byte limit; split it")
-    row = read_row(parse_object(line, source), source)
-    if row.empty:
-        raise DocumentError(source, "empty", "has an empty 'text'; remove the row or add content")
-    return Document(
-        doc_id=row.doc_id, text=row.text, title=row.title, source=source_name or source, metadata=row.metadata
-    )
-
-
-def iter_jsonl(path: Path, max_bytes: int) -> Iterator[Item]:
-    """Ingest: a ``Document`` or a ``DocumentFailure`` per row; a file that cannot be read is one failure."""
+def _check_unicode(source: str, name: str, value: str) -> None:
     try:
-        with open_text(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield parse_json_row(line, f"{path}:{lineno}", max_bytes, source_name=str(path))
-                except DocumentError as e:
-                    yield DocumentFailure.from_error(e)
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = value[e.start].encode("utf-8", "backslashreplace").decode("ascii")
+        raise DocumentError(
+            source,
+            "invalid_unicode",
+            f"{name} holds a lone surrogate ({bad} at character {e.start}); a \\u escape of a character outside "
+            "the BMP needs both halves of its pair: fix the escape",
+        ) from e
+
+
+def parse_json_row(line: str, source: str, max_bytes: int, source_name: str = "") -> Document:
+    """One JSONL line -> a ``Document`` to ingest, or ``DocumentError`` (see the module docstring)."""
+    size = len(line.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise oversized(source, size, max_bytes)
+    return row_document(parse_object(line, source), source, source_name or source)
+
+
+def row_document(obj: dict[str, Any], source: str, source_name: str) -> Document:
+    """A parsed row -> a ``Document`` to ingest (title-only rows are their title), or ``DocumentError``."""
+    row = read_row(obj, source)
+    for name, value in (("id", row.doc_id), ("text", row.text), ("title", row.title)):
+        if "\x00" in value:
+            raise DocumentError(source, "binary", f"{name} holds NUL characters (\\u0000); remove them")
+    text = row.title if row.empty else row.text
+    if not text.strip():
+        raise DocumentError(source, "empty", "has an empty 'text' and no title; remove the row or add content")
+    return Document(doc_id=row.doc_id, text=text, title=row.title, source=source_name, metadata=row.metadata)
+
+
+def iter_jsonl(path: Path, max_bytes: int, ledger: IdLedger | None = None) -> Iterator[Item]:
+    """Ingest: a ``Document`` or a ``DocumentFailure`` per row, streaming; nothing accumulates but ``ledger``'s ids.
+    A file that cannot be opened is one failure; a compressed body that breaks is one failure naming the line
+    where it broke, after the rows before it."""
+    name = safe_text(str(path))
+    ledger = IdLedger() if ledger is None else ledger
+    number = 0
+    try:
+        with open_bytes(path) as f:
+            for line in bounded_lines(f, max_bytes):
+                number = line.number
+                if number == 1 and line.data is not None and wide_encoding(line.data[:4]):
+                    yield DocumentFailure(name, "encoding", f"{name}: is UTF-16 or UTF-32; re-encode it as UTF-8")
+                    return
+                item = _row_item(line, name, max_bytes, ledger)
+                if item is not None:
+                    yield item
+    except CORRUPT as e:
+        yield DocumentFailure(
+            f"{name}:{number + 1}", "corrupt",
+            f"{name}: the compressed data breaks after line {number:,} ({e}); the {number:,} lines before it were "
+            "read; re-create or re-download the file",
+        )
+    except OSError as e:
+        yield DocumentFailure(name, "unreadable", f"{name}: cannot be read ({e.strerror or e}); check the file")
+
+
+def _row_item(line: Line, name: str, max_bytes: int, ledger: IdLedger) -> Item | None:
+    """One line -> its item (None for a blank line); a duplicate id fails the later row."""
+    source = f"{name}:{line.number}"
+    if line.data is None:
+        return DocumentFailure.from_error(oversized(source, line.size, max_bytes))
+    try:
+        text = line.data.decode("utf-8-sig" if line.number == 1 else "utf-8")
     except UnicodeDecodeError as e:
-        yield DocumentFailure(str(path), "encoding", f"{path}: is not valid UTF-8; re-encode it as UTF-8")
-        log.warning("stopped reading a JSONL file", extra={"source": str(path), "error": str(e)})
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        yield DocumentFailure(str(path), "unreadable", f"{path}: cannot be read ({e}); check the file")
+        return DocumentFailure(source, "encoding", f"{source}: is not valid UTF-8 (byte {e.start + 1} of the line: "
+                               f"{line.data[e.start:e.start + 1]!r}); re-encode the file as UTF-8")
+    if not text.strip():
+        return None
+    try:
+        obj = parse_object(text, source)
+    except DocumentError as e:
+        return DocumentFailure.from_error(e)
+    try:
+        doc = row_document(obj, source, name)
+    except DocumentError as e:
+        raw = next((obj[k] for k in ("id", "_id") if isinstance(obj.get(k), str | int)), "")
+        return DocumentFailure.from_error(e, doc_id=safe_text(str(raw))[:MAX_ID_CHARS])
+    first = ledger.claim(doc.doc_id, name, line.number)
+    return doc if first is None else duplicate(doc.doc_id, source, first)
 
 
 def iter_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

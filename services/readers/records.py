@@ -1,5 +1,9 @@
 """What the readers yield for ingest: a ``Document``, a ``DocumentFailure`` (one bad input, with the reason and
-the fix) or a ``Skipped`` file. Training and evaluation data are ``encoders.data`` records instead."""
+the fix) or a ``Skipped`` file; and the ``IdLedger`` that refuses a second document under an id already read.
+Training and evaluation data are ``encoders.data`` records instead.
+
+Every string in a record is valid Unicode (a path that is not valid UTF-8 is shown by ``safe_text``), so a record
+always serialises to JSON and into the store."""
 
 from __future__ import annotations
 
@@ -52,16 +56,20 @@ class Document:
 
 @dataclass(frozen=True)
 class DocumentFailure:
-    source: str
-    reason: str  # unreadable | binary | empty | encoding | oversized | invalid_json | missing_field | ...
+    source: str  # the file, or ``file:line`` for a row
+    reason: str  # unreadable | binary | empty | encoding | oversized | invalid_json | invalid_unicode | corrupt | ...
     error: str
+    doc_id: str = ""  # the row's id, when it was read before the row failed
 
     def to_json(self) -> dict[str, str]:
-        return {"source": self.source, "reason": self.reason, "error": self.error}
+        out = {"source": self.source, "reason": self.reason, "error": self.error}
+        if self.doc_id:
+            out["doc_id"] = self.doc_id
+        return out
 
     @classmethod
-    def from_error(cls, e: DocumentError) -> DocumentFailure:
-        return cls(source=e.source, reason=e.reason, error=str(e))
+    def from_error(cls, e: DocumentError, doc_id: str = "") -> DocumentFailure:
+        return cls(source=e.source, reason=e.reason, error=str(e), doc_id=doc_id)
 
 
 @dataclass(frozen=True)
@@ -74,3 +82,51 @@ class Skipped:
 
 
 Item = Document | DocumentFailure | Skipped
+
+
+def safe_text(value: str) -> str:
+    """``value`` as valid Unicode: bytes a file name smuggles in as surrogate escapes (a name that is not UTF-8)
+    are written ``\\xe9``, any other lone surrogate ``\\ud800``. Valid text comes back unchanged."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+class IdLedger:
+    """The ids one run has read, and where, so a second document under a taken id fails (``duplicate_id``) instead
+    of silently replacing the first. Memory grows with the number of documents read (one dict entry: the id and
+    one int, ~100 bytes plus the id); sources are kept once each."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, int] = {}
+        self._sources: list[str] = []
+        self._source_index: dict[str, int] = {}
+
+    def claim(self, doc_id: str, source: str, line: int = 0) -> str | None:
+        """Take ``doc_id`` for ``source`` (and ``line``); if it was taken already, where it was (nothing changes)."""
+        seen = self._where.get(doc_id)
+        if seen is not None:
+            where = self._sources[seen >> 32]
+            return f"{where}:{seen & 0xFFFFFFFF}" if seen & 0xFFFFFFFF else where
+        index = self._source_index.get(source)
+        if index is None:
+            index = self._source_index[source] = len(self._sources)
+            self._sources.append(source)
+        self._where[doc_id] = (index << 32) | (line & 0xFFFFFFFF)
+        return None
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def duplicate(doc_id: str, source: str, first: str) -> DocumentFailure:
+    """The failure of a document whose id ``first`` already holds (the first one read is kept)."""
+    return DocumentFailure(
+        source,
+        "duplicate_id",
+        f"{source}: id {doc_id!r} was already read at {first}; ids must be unique in one input (7 and \"7\" are "
+        "the same id): give this document its own id or remove one of the two",
+        doc_id=doc_id,
+    )

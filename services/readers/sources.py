@@ -10,9 +10,9 @@ from typing import Literal
 from encoders.data import RetrievalDataset
 from services.errors import ConfigError
 from services.readers.beir import beir_corpus_path, load_beir
-from services.readers.files import iter_files
-from services.readers.jsonl import iter_jsonl
-from services.readers.records import Item
+from services.readers.folders import iter_files
+from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
+from services.readers.records import IdLedger, Item
 from services.readers.squad import load_squad
 
 InputFormat = Literal["auto", "files", "jsonl", "beir"]
@@ -24,7 +24,7 @@ def detect_format(path: Path) -> InputFormat:
     if path.is_dir():
         return "beir" if beir_corpus_path(path) is not None else "files"
     name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+    if name.endswith(RECORD_SUFFIXES):
         return "beir" if name.startswith("corpus.jsonl") else "jsonl"
     return "files"
 
@@ -32,23 +32,26 @@ def detect_format(path: Path) -> InputFormat:
 def iter_documents(
     paths: Iterable[str | Path], fmt: InputFormat = "auto", max_bytes: int = 20_000_000
 ) -> Iterator[Item]:
-    """Every document (or failure, or skip) under ``paths``, in a stable order."""
+    """Every document (or failure, or skip) under ``paths``, in a stable order; never raises for bad input (only
+    for a path that does not exist, or a format that does not fit it). Ids are unique across the whole run: a
+    later document under an id already read fails as ``duplicate_id``."""
+    ledger = IdLedger()
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise ConfigError(f"{path}: no such file or directory; check the path")
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "files":
-            yield from iter_files(path, max_bytes)
+            yield from iter_files(path, max_bytes, ledger)
         elif kind == "jsonl":
             if path.is_dir():
                 raise ConfigError(f"{path}: --format jsonl needs a .jsonl file, not a folder")
-            yield from iter_jsonl(path, max_bytes)
+            yield from iter_jsonl(path, max_bytes, ledger)
         elif kind == "beir":
             corpus = beir_corpus_path(path) if path.is_dir() else path
             if corpus is None:
                 raise ConfigError(f"{path}: no corpus.jsonl or corpus.jsonl.gz here; is it a BEIR folder?")
-            yield from iter_jsonl(corpus, max_bytes)
+            yield from iter_jsonl(corpus, max_bytes, ledger)
         else:  # pragma: no cover - typer validates the choice
             raise ConfigError(f"unknown format {fmt!r}; use auto, files, jsonl or beir")
 

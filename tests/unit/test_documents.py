@@ -45,7 +45,7 @@ def test_folder_mixing_good_and_bad_files_reports_each_bad_one(tmp_path: Path) -
     items = list(iter_documents([root], max_bytes=300))
     docs = {i.doc_id: i for i in items if isinstance(i, Document)}
     failures = {Path(i.source).name: i for i in items if isinstance(i, DocumentFailure)}
-    skipped = [Path(i.source).name for i in items if isinstance(i, Skipped)]
+    skipped = {Path(i.source).name: i.reason for i in items if isinstance(i, Skipped)}
 
     assert set(docs) == {"docs/a.md", "docs/sub/b.rst", "docs/c.html"}
     assert docs["docs/a.md"].title == "Alpha"
@@ -60,7 +60,8 @@ def test_folder_mixing_good_and_bad_files_reports_each_bad_one(tmp_path: Path) -
     }
     assert "re-encode it as UTF-8" in failures["latin1.txt"].error
     assert "DPR_MAX_DOCUMENT_BYTES" in failures["big.txt"].error
-    assert skipped == ["image.png"]
+    assert set(skipped) == {"image.png", ".hidden"}  # a hidden folder is one skip, with the reason
+    assert skipped[".hidden"].startswith("hidden")
 
 
 def test_doc_ids_are_stable_whatever_the_spelling_of_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,12 +129,14 @@ def test_html_and_titles() -> None:
 def test_ingest_and_training_read_a_jsonl_row_by_the_same_rule(tmp_path: Path) -> None:
     from services.readers import load_corpus
 
-    rows = [{"_id": 5, "text": "five"}, {"id": "x", "title": "T", "text": "ex"}, {"id": "e", "title": "E", "text": " "}]
+    rows = [{"_id": 5, "text": "five"}, {"id": "x", "title": "T", "text": "ex"}, {"id": "e", "title": "E", "text": " "},
+            {"id": "n", "text": ""}]
     path = _write(tmp_path / "c.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     items = list(iter_documents([path]))
     docs = {i.doc_id: (i.title, i.text) for i in items if isinstance(i, Document)}
     corpus = {d.doc_id: (d.title, d.text) for d in load_corpus(path).values()}
-    assert docs == {k: v for k, v in corpus.items() if v[1].strip()}  # same ids, titles and texts
+    assert {k: docs[k] for k in ("5", "x")} == {k: corpus[k] for k in ("5", "x")}  # same ids, titles and texts
+    assert docs["e"] == ("E", "E")  # title only: the title is its searchable text
     failures = [(f.reason, Path(f.source).name) for f in items if isinstance(f, DocumentFailure)]
-    assert failures == [("empty", "c.jsonl:3")]
-    assert corpus["e"] == ("E", " ")  # an empty row: ingest fails it, a corpus keeps it for its judgments
+    assert failures == [("empty", "c.jsonl:4")]  # neither title nor text
+    assert corpus["e"] == ("E", " ") and corpus["n"] == ("", "")  # a corpus keeps them as they are (judgments)
