@@ -213,10 +213,9 @@ def expected_passages(corpus: Path, data_dir: Path) -> tuple[set[tuple[str, int]
 
 
 def stored_passages(data_dir: Path) -> list[tuple[str, int, str, str]]:
+    from services.errors import CollectionNotFound
     from services.settings import Settings
     from services.store import open_store
-
-    from services.errors import CollectionNotFound
 
     store = open_store(Settings(_env_file=None, data_dir=data_dir))  # type: ignore[call-arg]
     try:

@@ -136,7 +136,7 @@ def ingest_batch(
         elif isinstance(item, DocumentFailure):
             report.failed.append(item.to_json())
         else:
-            docs[item.doc_id] = item  # a later duplicate id in one batch wins, as it would across batches
+            docs[item.doc_id] = item  # the readers fail a duplicate id (the first wins); here the last would
     if not docs:
         return report
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, get_settings
@@ -93,21 +93,28 @@ def _ingest(runtime: Runtime, source: Any, *, wait: bool, as_json: bool) -> dict
     columns = (
         TextColumn("[bold]ingest[/]"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("docs  {task.fields[chunks]} passages  {task.fields[failed]} failed"),
+        TextColumn("{task.completed:,} of {task.fields[read]:,} documents read, {task.fields[chunks]:,} passages, "
+                   "{task.fields[failed]:,} failed"),
         TimeElapsedColumn(),
     )
-    materialised: list[Any] = list(items)
     with Progress(*columns, console=err_console, transient=False) as progress:
-        task = progress.add_task("ingest", total=len(materialised), chunks=0, failed=0)
-        totals = IngestReport(job="")
+        task = progress.add_task("ingest", total=None, read=0, chunks=0, failed=0)
+        seen = {"read": 0, "done": 0, "chunks": 0, "failed": 0}
+
+        def counted(stream: Any) -> Any:  # the input streams: nothing is held to know its length
+            for item in stream:
+                seen["read"] += 1
+                progress.update(task, read=seen["read"])
+                yield item
 
         def on_batch(part: IngestReport) -> None:
-            totals.add(part)
-            progress.update(task, completed=totals.items, chunks=totals.chunks, failed=len(totals.failed))
+            seen["done"] += part.items
+            seen["chunks"] += part.chunks
+            seen["failed"] += len(part.failed)
+            progress.update(task, completed=seen["done"], chunks=seen["chunks"], failed=seen["failed"])
 
-        submitted = executor_for(runtime, on_batch=on_batch).submit(materialised, collection=collection)
-        progress.update(task, completed=len(materialised))
+        submitted = executor_for(runtime, on_batch=on_batch).submit(counted(items), collection=collection)
+        progress.update(task, total=seen["read"], completed=seen["read"])
     return runtime.jobs.status(submitted.job)
 
 

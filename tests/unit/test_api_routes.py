@@ -264,3 +264,12 @@ def test_lifespan_closes_the_runtime(tmp_path: Path) -> None:
             time.sleep(0.02)
         assert c.get("/readyz").json()["checks"]["model"]["ok"] is True
     assert runtime.closed
+
+
+def test_a_duplicate_id_in_one_request_fails_and_the_first_is_kept(client: TestClient) -> None:
+    docs = [{"id": "x", "text": "first version"}, {"id": "x", "text": "second version"}]
+    job = ingest(client, docs)
+    assert job["documents"] == 1
+    assert [(f["reason"], f["source"]) for f in job["failed"]] == [("duplicate_id", "request.documents[1]")]
+    hit = client.post("/v1/search", json={"question": "version", "k": 1}).json()["hits"][0]
+    assert hit["text"].endswith("first version")

@@ -20,7 +20,8 @@ from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, too_many
 from services.errors import DocumentError
-from services.readers import MAX_ID_CHARS, DocumentFailure, Item, parse_json_row
+from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
+from services.readers.records import duplicate
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 
@@ -28,13 +29,17 @@ router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templ
 def _parse_batch(body: schemas.DocumentsIn, max_bytes: int) -> list[Item]:
     """The JSON batch, row by row, through the JSONL row parser ``dpr ingest`` uses."""
     items: list[Item] = []
+    ledger = IdLedger()  # one id per request, as one input file: the first document under an id wins
     for i, doc in enumerate(body.documents):
         row: dict[str, Any] = {"id": doc.id, "text": doc.text, "title": doc.title, "metadata": doc.metadata}
         source = f"request.documents[{i}]"
         try:
-            items.append(parse_json_row(json.dumps(row, ensure_ascii=False), source, max_bytes, source_name="api"))
+            parsed = parse_json_row(json.dumps(row, ensure_ascii=False), source, max_bytes, source_name="api")
         except DocumentError as e:
             items.append(DocumentFailure.from_error(e))
+            continue
+        first = ledger.claim(parsed.doc_id, source)
+        items.append(parsed if first is None else duplicate(parsed.doc_id, source, first))
     return items
 
 
