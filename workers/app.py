@@ -33,6 +33,10 @@ TASK_ROUTES: dict[str, dict[str, str]] = {
 TASK_MODULES = ("workers.tasks", "workers.reembed_tasks")
 # Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
 SOFT_LIMIT_MARGIN = 5
+# Seconds the pool waits for a new pool process to come up before killing it (Celery's default is 4 s). Each pool
+# process loads the models right after the fork, before it takes a task (workers.tasks), so no task's time limit
+# pays for the load; this must cover the slowest load (a cold disk, a busy machine).
+POOL_START_TIMEOUT = 600.0
 
 
 class DprCelery(Celery):
@@ -73,6 +77,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": True,
         "worker_prefetch_multiplier": 1,
+        "worker_proc_alive_timeout": POOL_START_TIMEOUT,
         "task_time_limit": c.task_time_limit,
         "task_soft_time_limit": max(1, c.task_time_limit - SOFT_LIMIT_MARGIN),
         "task_default_queue": INGEST_QUEUE,

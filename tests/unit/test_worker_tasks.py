@@ -11,6 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 from kit.fake_redis import FakeRedis
 
 from services.errors import ConfigError, StoreUnavailable
@@ -183,3 +185,80 @@ def test_a_batch_that_keeps_killing_workers_is_failed_not_redelivered_forever(
     status = harness.jobs.status("j1")
     assert status["state"] == "failed"
     assert {f["reason"] for f in status["failed"]} == {"worker_lost"}
+
+
+# --- time limits and the model load ---------------------------------------------------------------------------
+
+
+def test_a_time_limit_is_retried_like_a_transient_error(
+    harness: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def slow_then_fine(items: list[Any], job: str = "") -> IngestReport:
+        calls.append(1)
+        if len(calls) < 3:
+            raise SoftTimeLimitExceeded()
+        return IngestReport(job="j1", documents=len(items), chunks=len(items))
+
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", slow_then_fine)
+    run(harness)
+    assert len(calls) == 3
+    status = harness.jobs.status("j1")
+    assert (status["state"], status["documents"], status["failed"]) == ("done", 3, [])
+
+
+def test_a_time_limit_after_max_retries_names_the_limit_that_fired(
+    tmp_path: Path, harness: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def always_slow(items: list[Any], job: str = "") -> IngestReport:
+        calls.append(1)
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(harness.pipeline, "ingest_batch", always_slow)
+    limited = create_app(settings(tmp_path, max_retries=2, task_time_limit=25, visibility_timeout=60))
+    harness.task = limited.tasks["dpr.ingest_batch"]  # soft limit 20 s, hard 25 s
+    run(harness)
+    assert len(calls) == 3  # first try + max_retries (2)
+    status = harness.jobs.status("j1")
+    assert status["state"] == "failed"
+    assert {f["reason"] for f in status["failed"]} == {"time_limit"}
+    error = status["failed"][0]["error"]
+    assert "soft time limit of 20 s" in error and "hard limit 25 s" in error, error
+    assert "DPR_CELERY__TASK_TIME_LIMIT" in error
+
+
+def test_each_pool_process_loads_its_models_when_it_starts_not_inside_a_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded: list[str] = []
+
+    class Towers:
+        def encode_documents(self, passages: list[str], batch_size: int = 32) -> Any:
+            loaded.append("towers")
+
+    class Sparse:
+        def embed_document(self, text: str) -> Any:
+            loaded.append("bm25")
+
+    app = create_app(settings(tmp_path))
+    runtime = SimpleNamespace(towers=Towers(), sparse=Sparse())
+    monkeypatch.setattr(tasks, "worker_runtime", lambda s: runtime if s is app.settings else pytest.fail("settings"))
+    worker_process_init.send(sender="w1@host")  # what the prefork pool sends in each child right after the fork
+    assert loaded == ["towers", "bm25"]
+    # the pool waits for a child that is still loading instead of killing it after Celery's default 4 s
+    assert celery_config(settings(tmp_path))["worker_proc_alive_timeout"] >= 300
+
+
+def test_a_model_that_fails_to_load_at_pool_start_leaves_the_error_to_the_first_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(_settings: Settings) -> Any:
+        raise FileNotFoundError("model directory /nope does not exist")
+
+    create_app(settings(tmp_path))
+    monkeypatch.setattr(tasks, "worker_runtime", broken)
+    worker_process_init.send(sender="w1@host")  # logged, never raised: the child must still come up
+    assert "/nope" in caplog.text
