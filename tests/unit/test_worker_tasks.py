@@ -14,12 +14,15 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from kit.fake_redis import FakeRedis
+from kit.fakes import CountingTowers, FakeRuntime, HashTowers
 
 from services.errors import ConfigError, StoreUnavailable
 from services.ingest import IngestReport
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document
 from services.settings import CelerySettings, EncoderSettings, Settings
+from services.store import Store
+from services.store.engines.edge import EdgeEngine
 from workers import tasks
 from workers.app import celery_config, create_app, torch_threads, worker_settings
 
@@ -102,7 +105,7 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0.0)
     jobs.create("j1")
     jobs.seal("j1", batches=1, documents=len(DOCS), skipped=[], failed=[])
-    return SimpleNamespace(app=app, jobs=jobs, pipeline=pipeline, task=app.tasks["dpr.ingest_batch"])
+    return SimpleNamespace(app=app, jobs=jobs, pipeline=pipeline, runtime=runtime, task=app.tasks["dpr.ingest_batch"])
 
 
 def run(h: SimpleNamespace) -> None:
@@ -262,3 +265,41 @@ def test_a_model_that_fails_to_load_at_pool_start_leaves_the_error_to_the_first_
     monkeypatch.setattr(tasks, "worker_runtime", broken)
     worker_process_init.send(sender="w1@host")  # logged, never raised: the child must still come up
     assert "/nope" in caplog.text
+
+
+# --- counts after a redelivery (the real pipeline over the in-process store) --------------------------------------
+
+LONG_DOCS = [Document(doc_id=f"d{i}", text=" ".join(f"word{i}x{j}" for j in range(40 + 30 * i)), source=f"d{i}.txt")
+             for i in range(3)]
+
+
+@pytest.mark.parametrize("engine", ["edge", "server-memory"])
+def test_a_redelivered_batch_counts_what_its_dead_first_attempt_wrote(
+    harness: SimpleNamespace, tmp_path: Path, engine: str
+) -> None:
+    """The first attempt wrote two of three documents and its worker died; the redelivered batch finds them
+    stored. Written by this job: they count as written with their passages (not "unchanged", not 0 chunks),
+    and only the missing document is encoded. Another job re-ingesting them finds them unchanged, encoding
+    nothing."""
+    towers = CountingTowers(HashTowers())
+    store = Store(EdgeEngine(tmp_path / "store", "passages", lock_timeout=10)) if engine == "edge" else None
+    with FakeRuntime(towers=towers, store=store) as runtime:
+        harness.runtime.pipeline = runtime.pipeline
+        runtime.pipeline.ingest_batch(LONG_DOCS[:2], job="j1")  # the first attempt, up to the SIGKILL
+        written_before, encoded_before = runtime.store.count(), towers.encoded
+        assert 0 < written_before == encoded_before
+
+        harness.task.apply(args=["j1", 0, [d.to_json() for d in LONG_DOCS]])  # the redelivery
+
+        stored = runtime.store.count()
+        status = harness.jobs.status("j1")
+        assert (status["state"], status["documents"], status["unchanged"]) == ("done", 3, 0)
+        assert status["chunks"] == stored > written_before  # every stored passage is counted
+        assert towers.encoded == stored  # only the missing document was encoded
+
+        harness.jobs.create("j2")
+        harness.jobs.seal("j2", batches=1, documents=3, skipped=[], failed=[])
+        harness.task.apply(args=["j2", 0, [d.to_json() for d in LONG_DOCS]])
+        again = harness.jobs.status("j2")
+        assert (again["documents"], again["unchanged"], again["chunks"]) == (0, 3, 0)
+        assert towers.encoded == stored
