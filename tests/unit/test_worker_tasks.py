@@ -41,6 +41,7 @@ def test_config_is_json_only_acks_late_prefetch_one(tmp_path: Path) -> None:
     assert conf["task_serializer"] == conf["result_serializer"] == "json"
     assert conf["accept_content"] == ["json"]
     assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
+    assert conf["task_acks_on_failure"] and conf["task_acks_on_timeout"] is False  # a hard-killed batch is requeued
     assert conf["worker_prefetch_multiplier"] == 1
     assert conf["broker_transport_options"] == {
         "visibility_timeout": 120, "unacked_restore_interval": 1, "unacked_restore_throttle": 1
@@ -303,3 +304,8 @@ def test_a_redelivered_batch_counts_what_its_dead_first_attempt_wrote(
         again = harness.jobs.status("j2")
         assert (again["documents"], again["unchanged"], again["chunks"]) == (0, 3, 0)
         assert towers.encoded == stored
+
+
+def test_a_batch_killed_by_the_hard_time_limit_is_requeued_not_acked_away(tmp_path: Path) -> None:
+    task = create_app(settings(tmp_path)).tasks["dpr.ingest_batch"]
+    assert task.acks_late and task.acks_on_failure and task.acks_on_timeout is False
