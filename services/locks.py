@@ -354,11 +354,12 @@ class RedisFence:
             raise StoreUnavailable(f"another swap holds {self.xkey} ({lease.holder()}); retry later")
         try:
             with self._heartbeat(lease):
-                while writers := self._writers():
+                while writers := list(self.client.scan_iter(match=f"{self.key}:w:*", count=100)):
                     if time.monotonic() >= deadline:
+                        holders = "; ".join(redis_holder(self.client, k) for k in writers[:3])
                         raise StoreUnavailable(
-                            f"in-flight writes did not finish within {self.timeout:g} s (held by "
-                            f"{'; '.join(writers[:3])}); retry the swap"
+                            f"in-flight writes did not finish within {self.timeout:g} s (held by {holders}); "
+                            "retry the swap"
                         )
                     time.sleep(_POLL)
                 yield
@@ -367,9 +368,6 @@ class RedisFence:
                           "from the new generation: ingest them again", extra={"fence": self.key})
         finally:
             lease.release()
-
-    def _writers(self) -> list[str]:
-        return [redis_holder(self.client, k) for k in self.client.scan_iter(match=f"{self.key}:w:*", count=100)]
 
     @staticmethod
     def _kept(lease: RedisLease) -> bool:
