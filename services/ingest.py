@@ -1,9 +1,11 @@
 """Ingest: documents -> passages (passage tower's tokenizer) -> passage tower -> store.upsert.
 
 Idempotent by construction: point ids are uuid5(doc id, chunk index); a document whose hash, model and chunk
-count already match the store costs no encoder work; a changed document's stale chunks are deleted after its new
-chunks are written, so a crash at any point leaves either the old or the new version complete (and a retry
-finishes the job). One bad document becomes a failure in the report and never stops the others.
+count already match the store costs no encoder work (it counts as written, not unchanged, when this same job
+wrote it: each passage carries its job id, so a batch redelivered after its worker died reports what its first
+attempt wrote); a changed document's stale chunks are deleted after its new chunks are written, so a crash at
+any point leaves either the old or the new version complete (and a retry finishes the job). One bad document
+becomes a failure in the report and never stops the others.
 """
 
 from __future__ import annotations
@@ -184,7 +186,14 @@ def _write_documents(
             and state.model == towers.fingerprint
             and state.chunks == len(chunks)
         ):
-            report.unchanged += 1
+            # Stored whole already: no encoder work. If this job wrote it (an earlier attempt of a redelivered
+            # batch whose worker died), it counts as written, with its passages, as that attempt would have.
+            if report.job and report.job in state.jobs:
+                report.documents += 1
+                report.chunks += len(chunks)
+                report.title_truncated += int(title_truncated)
+            else:
+                report.unchanged += 1
             continue
         report.title_truncated += int(title_truncated)
         planned.append((doc, chunks))
@@ -218,6 +227,7 @@ def _encode_and_store(
             passage = Passage(
                 doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
                 source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
+                job=report.job,
             )
             points.append(PassagePoint(passage=passage, dense=vectors[i].tolist(),
                                        sparse=sparse_vectors[i] if sparse_vectors is not None else None))

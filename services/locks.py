@@ -29,6 +29,9 @@ from services.errors import StoreUnavailable, TransientError
 log = logging.getLogger(__name__)
 
 _POLL = 0.05
+# Seconds a write-fence key outlives its holder: the holder refreshes it every quarter of that while it holds the
+# fence, so the fence of a killed process is free within this time (services.locks.RedisFence).
+FENCE_HEARTBEAT_TTL = 20.0
 
 
 class LockBusy(TransientError):
@@ -134,6 +137,7 @@ class RedisLease:
         self.name = name or key
         self.token = f"{uuid.uuid4().hex} {holder_tag()}"
         self._held = False
+        self.lapsed = False  # the key expired at least once while held: someone may have had it meanwhile
 
     def acquire(self, wait: float = 0.0) -> bool:
         deadline = time.monotonic() + wait
@@ -146,9 +150,10 @@ class RedisLease:
             time.sleep(_POLL)
 
     def refresh(self) -> None:
-        """Extend our TTL; if the key expired meanwhile and nobody took it, take it again."""
+        """Extend our TTL; if the key expired meanwhile (``lapsed``) and nobody took it, take it again."""
         if not self._held or self.client.eval(self._REFRESH, 1, self.key, self.token, self.ttl_ms):
             return
+        self.lapsed = True
         if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
             return
         self._held = False
@@ -161,11 +166,16 @@ class RedisLease:
                 self.client.eval(self._RELEASE, 1, self.key, self.token)
 
     def holder(self) -> str:
-        value = self.client.get(self.key)
-        if value is None:
-            return "nobody"
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return text.partition(" ")[2] or text
+        return redis_holder(self.client, self.key)
+
+
+def redis_holder(client: Any, key: Any) -> str:
+    """Who holds a Redis lock key (the ``holder_tag`` after its token), or "nobody"."""
+    value = client.get(key)
+    if value is None:
+        return "nobody"
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return text.partition(" ")[2] or text
 
 
 class KeepAlive:
@@ -286,50 +296,85 @@ class FileFence:
 class RedisFence:
     """The same gate in Redis for writers on several machines (server store + workers).
 
-    Writers: wait while ``<key>:x`` exists, ``SET <key>:w:<token> PX ttl``, re-check ``<key>:x`` (if it appeared,
-    step back and wait). Swap: ``SET <key>:x NX PX ttl``, then wait until no ``<key>:w:*`` is left. Every key
-    carries a TTL, so a holder that dies frees the gate once its TTL passes.
+    Writers: wait while ``<key>:x`` exists, ``SET <key>:w:<token>``, re-check ``<key>:x`` (if it appeared, step
+    back and wait). Swap: ``SET <key>:x NX``, then wait until no ``<key>:w:*`` is left.
+
+    Holders that die are released within ``ttl`` seconds, never waited out: every key is a heartbeat with a short
+    TTL that a ``KeepAlive`` thread of its holder refreshes every ``ttl / 4`` seconds while it holds the fence,
+    so a killed process's key expires on its own and a live one keeps its key however long it writes. (Owner
+    liveness by pid was not used: processes in different containers can share a host name but not a pid
+    namespace, and wrongly releasing a live writer would lose its write.) A writer whose key lapsed anyway (a
+    process stalled, Redis unreachable for ``ttl`` s) raises ``StoreUnavailable`` when it leaves, so its batch is
+    retried (writes are idempotent) instead of ending after a swap that may not have waited for it.
     """
 
-    def __init__(self, client: Any, key: str, timeout: float = 120.0, ttl: float = 1800.0) -> None:
+    def __init__(self, client: Any, key: str, timeout: float = 120.0, ttl: float = FENCE_HEARTBEAT_TTL) -> None:
         self.client = client
         self.key = key
         self.timeout = timeout
-        self.ttl_ms = int(ttl * 1000)
+        self.ttl = ttl
+        self.xkey = f"{key}:x"
+
+    def _heartbeat(self, lease: RedisLease) -> KeepAlive:
+        return KeepAlive(lease, self.ttl / 4)
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        token = f"{self.key}:w:{uuid.uuid4().hex}"
+        lease = RedisLease(self.client, f"{self.key}:w:{uuid.uuid4().hex}", self.ttl, name=f"{self.key}:w")
         deadline = time.monotonic() + self.timeout
         while True:
-            if not self.client.exists(f"{self.key}:x"):
-                self.client.set(token, holder_tag(), px=self.ttl_ms)
-                if not self.client.exists(f"{self.key}:x"):
+            if not self.client.exists(self.xkey):
+                lease.acquire()
+                if not self.client.exists(self.xkey):
                     break
-                self.client.delete(token)
+                lease.release()
             if time.monotonic() >= deadline:
-                raise StoreUnavailable(f"writes are paused for a re-embed swap ({self.key}:x); retry later")
+                holder = redis_holder(self.client, self.xkey)
+                raise StoreUnavailable(
+                    f"writes are paused for a re-embed swap ({self.xkey}, held by {holder}) for more than "
+                    f"{self.timeout:g} s; retry later"
+                )
             time.sleep(_POLL)
         try:
-            yield
+            with self._heartbeat(lease):
+                yield
+            if not self._kept(lease):
+                raise StoreUnavailable(
+                    f"this writer lost its hold on the write fence {self.key!r} (its heartbeat lapsed for more than "
+                    f"{self.ttl:g} s); a re-embed swap may have passed it, so the batch is retried"
+                )
         finally:
-            with contextlib.suppress(Exception):
-                self.client.delete(token)
+            lease.release()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        xkey = f"{self.key}:x"
         deadline = time.monotonic() + self.timeout
-        while not self.client.set(xkey, holder_tag(), nx=True, px=self.ttl_ms):
-            if time.monotonic() >= deadline:
-                raise StoreUnavailable(f"another swap holds {xkey}; retry later")
-            time.sleep(_POLL)
+        lease = RedisLease(self.client, self.xkey, self.ttl, name=self.xkey)
+        if not lease.acquire(wait=self.timeout):
+            raise StoreUnavailable(f"another swap holds {self.xkey} ({lease.holder()}); retry later")
         try:
-            while any(True for _ in self.client.scan_iter(match=f"{self.key}:w:*", count=100)):
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(f"in-flight writes did not finish within {self.timeout:g} s; retry")
-                time.sleep(_POLL)
-            yield
+            with self._heartbeat(lease):
+                while writers := list(self.client.scan_iter(match=f"{self.key}:w:*", count=100)):
+                    if time.monotonic() >= deadline:
+                        holders = "; ".join(redis_holder(self.client, k) for k in writers[:3])
+                        raise StoreUnavailable(
+                            f"in-flight writes did not finish within {self.timeout:g} s (held by {holders}); "
+                            "retry the swap"
+                        )
+                    time.sleep(_POLL)
+                yield
+            if not self._kept(lease):
+                log.error("the exclusive write fence lapsed during the swap; writes made meanwhile may be missing "
+                          "from the new generation: ingest them again", extra={"fence": self.key})
         finally:
-            with contextlib.suppress(Exception):
-                self.client.delete(xkey)
+            lease.release()
+
+    @staticmethod
+    def _kept(lease: RedisLease) -> bool:
+        """Whether ``lease`` never lapsed while held (a last refresh checks the time since the keep-alive's)."""
+        try:
+            lease.refresh()
+        except Exception:
+            log.warning("could not check the write fence", extra={"lock": lease.name}, exc_info=True)
+            return False
+        return not lease.lapsed

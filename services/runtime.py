@@ -4,7 +4,7 @@ the ingest pipeline and the job store. The CLI, the HTTP API and each Celery poo
 shares the loaded models and keeps one store and fence per collection.
 
 Everything is lazy and loads once, under a lock (the API calls in from request threads and its ingest thread),
-so a worker loads its model on its first task and ``dpr status`` never loads one.
+so ``dpr status`` never loads a model (a worker's pool process loads it right after the fork: workers.tasks).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 attribute is built on first access from the environment (``Settings()``), never at import.
 
 Delivery guarantees (tests/integration/test_workers.py): JSON only, ``acks_late`` + ``reject_on_worker_lost``
-+ prefetch 1, so a task whose worker dies is delivered again (after ``visibility_timeout`` when the whole worker
-died). Every task must therefore be idempotent, and the visibility timeout must exceed the longest task, or a
-slow task would be delivered a second time while still running.
++ prefetch 1, so a task whose worker dies, or that the hard time limit kills, is delivered again (after
+``visibility_timeout`` when the whole worker died). Every task must therefore be idempotent, and the visibility
+timeout must exceed the longest task, or a slow task would be delivered a second time while still running.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ TASK_ROUTES: dict[str, dict[str, str]] = {
 TASK_MODULES = ("workers.tasks", "workers.reembed_tasks")
 # Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
 SOFT_LIMIT_MARGIN = 5
+# Seconds the pool waits for a new pool process to come up before killing it (Celery's default is 4 s). Each pool
+# process loads the models right after the fork, before it takes a task (workers.tasks), so no task's time limit
+# pays for the load; this must cover the slowest load (a cold disk, a busy machine).
+POOL_START_TIMEOUT = 600.0
 
 
 class DprCelery(Celery):
@@ -71,8 +75,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_ignore_result": True,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": True,
+        "task_acks_on_failure": True,  # the task records a failed batch itself
+        # A task killed by the hard time limit never got to record its batch: requeue it rather than lose it (the
+        # job counts deliveries and fails a batch that keeps killing its worker, services.jobs.run_batch).
+        "task_acks_on_timeout": False,
         "worker_prefetch_multiplier": 1,
+        "worker_proc_alive_timeout": POOL_START_TIMEOUT,
         "task_time_limit": c.task_time_limit,
         "task_soft_time_limit": max(1, c.task_time_limit - SOFT_LIMIT_MARGIN),
         "task_default_queue": INGEST_QUEUE,

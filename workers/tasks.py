@@ -1,13 +1,20 @@
 """Thin Celery tasks: primitives in, one pipeline call (``services.jobs.run_batch``), the outcome in the job store.
 
-The process's one ``Runtime`` (towers, BM25 embedder, store) is built on the first task a pool process runs and
-kept for the life of that process (never at import, never in ``worker_process_init``), so forking the pool stays
-cheap and a process that never receives a task never loads a model.
+Model loading: each prefork pool process builds its one ``Runtime`` and loads the towers and the BM25 embedder
+right after the fork (``worker_process_init``), before it takes its first task, and keeps them for its life.
+Why there and not lazily on the first task: a task's soft and hard time limits start when the pool process
+accepts it, so a lazy load made the first batch of every fresh process pay for the load inside its limit, and
+under load batches failed on it (issue 12). Loading in the child, never at import or in the parent, keeps the
+fork cheap and torch out of the parent; the pool waits for a loading child instead of killing it after
+Celery's default 4 s (``worker_proc_alive_timeout`` in ``workers.app``), and tasks queue in the parent
+meanwhile. A load that fails there is logged and tried again by the first task, which then reports the error
+per batch. Outside a prefork pool (eager tests, another pool) the Runtime is still built on first use.
 
-Retries: only ``TransientError`` (store or Redis unavailable, shard lock held too long) is retried, with
-exponential backoff and jitter, up to ``celery.max_retries``. Bad documents are already reported one by one by
-the pipeline; anything else that fails a whole batch marks its documents failed with the
-reason, so the job always ends and no other batch is affected.
+Retries: ``TransientError`` (store or Redis unavailable, shard lock held too long) and a soft time limit are
+retried with exponential backoff and jitter, up to ``celery.max_retries``; the failure after the last retry
+names the limit that fired. Bad documents are already reported one by one by the pipeline; anything else that
+fails a whole batch marks its documents failed with the reason, so the job always ends and no other batch is
+affected.
 """
 
 from __future__ import annotations
@@ -16,16 +23,19 @@ import logging
 import os
 import random
 import socket
+import time
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task, current_app, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 
 from services.errors import TransientError
 from services.jobs import JobStore, batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
 from services.runtime import Runtime
 from services.settings import Settings
+from workers.app import SOFT_LIMIT_MARGIN
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +56,32 @@ _runtime: tuple[int, Settings, Runtime] | None = None
 
 
 def worker_runtime(settings: Settings) -> Runtime:
-    """This pool process's one Runtime: towers and BM25 load on its first task and stay for its life; tasks
-    naming another collection get ``for_collection`` (same models, that collection's store and fence)."""
+    """This pool process's one Runtime (built at pool start, else on first use) kept for its life; tasks naming
+    another collection get ``for_collection`` (same models, that collection's store and fence)."""
     global _runtime
     pid = os.getpid()
     if _runtime is None or _runtime[0] != pid or _runtime[1] is not settings:
         _runtime = (pid, settings, Runtime(settings))
     return _runtime[2]
+
+
+@worker_process_init.connect(weak=False, dispatch_uid="dpr.load_models_at_pool_start")
+def load_models_at_pool_start(**_: Any) -> None:
+    """In each prefork pool process right after the fork (the app is current by then): load the models before
+    the process accepts a task, so no task's time limit pays for the load. Never raises: a failed load is tried
+    again by the first task, which reports it per batch."""
+    settings: Settings | None = getattr(current_app, "settings", None)
+    if settings is None:  # not a dpr app
+        return
+    t0 = time.perf_counter()
+    try:
+        runtime = worker_runtime(settings)
+        runtime.towers.encode_documents(["warm-up"], batch_size=1)  # weights, tokenizer, first-call setup
+        runtime.sparse.embed_document("warm-up")
+    except Exception as e:
+        log.exception("loading the models at pool start failed; the first task tries again (%s)", e)
+        return
+    log.info("models loaded at pool start", extra={"pid": os.getpid(), "seconds": round(time.perf_counter() - t0, 1)})
 
 
 def parse_documents(documents: list[dict[str, Any]]) -> list[Item]:
@@ -89,28 +118,53 @@ def ingest_batch_task(
             max_deliveries=settings.celery.max_retries + 1 + EXTRA_DELIVERIES,
         )
     except TransientError as e:
-        if retries >= settings.celery.max_retries:
-            log.error("batch failed after retries", extra={**ids, "error": str(e)})
-            _record_failure(runtime.jobs, job_id, batch, batch_failure(job_id, items, "unavailable", str(e)))
-            return {"job": job_id, "batch": batch, "state": "failed"}
-        countdown = backoff_seconds(retries)
-        log.warning("batch will be retried", extra={**ids, "countdown": round(countdown, 1), "error": str(e)})
-        raise self.retry(exc=e, countdown=countdown, max_retries=settings.celery.max_retries) from e
-    except SoftTimeLimitExceeded:
-        limit = settings.celery.task_time_limit
-        log.error("batch hit the time limit", extra=ids)
-        _record_failure(runtime.jobs, job_id, batch, batch_failure(
-            job_id, items, "time_limit",
-            f"the batch took longer than {limit} s; lower DPR_CELERY__BATCH_DOCUMENTS or raise "
-            "DPR_CELERY__TASK_TIME_LIMIT (and DPR_CELERY__VISIBILITY_TIMEOUT above it)",
-        ))
-        return {"job": job_id, "batch": batch, "state": "failed"}
+        return _retry_or_fail(self, runtime.jobs, items, ids, e, "unavailable", str(e))
+    except SoftTimeLimitExceeded as e:
+        return _retry_or_fail(self, runtime.jobs, items, ids, e, "time_limit", time_limit_message(self))
     except Exception as e:  # a permanent failure of the whole batch: report its documents, keep the others
         log.exception("batch failed", extra=ids)
         _record_failure(runtime.jobs, job_id, batch,
                         batch_failure(job_id, items, "batch_error", f"{type(e).__name__}: {e}"))
         return {"job": job_id, "batch": batch, "state": "failed"}
     return {"job": job_id, "batch": batch, "state": "done"}
+
+
+def _retry_or_fail(
+    task: Task, jobs: JobStore, items: list[Item], ids: dict[str, Any], error: Exception, reason: str, message: str
+) -> dict[str, Any]:
+    """Retry the batch with backoff (raises ``Retry``), or after ``celery.max_retries`` record its documents
+    failed with ``reason`` and ``message``."""
+    settings: Settings = task.app.settings  # type: ignore[attr-defined]
+    job_id, batch, retries = ids["job"], ids["batch"], ids["attempt"]
+    if retries >= settings.celery.max_retries:
+        log.error("batch failed after retries", extra={**ids, "reason": reason, "error": message})
+        _record_failure(jobs, job_id, batch, batch_failure(job_id, items, reason, message))
+        return {"job": job_id, "batch": batch, "state": "failed"}
+    countdown = backoff_seconds(retries)
+    log.warning("batch will be retried",
+                extra={**ids, "reason": reason, "countdown": round(countdown, 1), "error": message})
+    raise task.retry(exc=error, countdown=countdown, max_retries=settings.celery.max_retries) from error
+
+
+def time_limits(task: Task) -> tuple[float | None, float | None]:
+    """(soft, hard) seconds that apply to this run of ``task``: the call's own, else the task's, else the app's."""
+    hard, soft = task.request.timelimit or (None, None)
+    conf = task.app.conf
+    return (soft or task.soft_time_limit or conf.task_soft_time_limit,
+            hard or task.time_limit or conf.task_time_limit)
+
+
+def time_limit_message(task: Task) -> str:
+    soft, hard = time_limits(task)
+    fired = f"the soft time limit of {soft:g} s" if soft else "the soft time limit"
+    if hard:
+        fired += f" (hard limit {hard:g} s)"
+    tries = int(task.request.retries or 0) + 1
+    return (
+        f"the batch was stopped by {fired} on each of {tries} attempts; lower "
+        "DPR_CELERY__BATCH_DOCUMENTS or raise DPR_CELERY__TASK_TIME_LIMIT (the soft limit is "
+        f"{SOFT_LIMIT_MARGIN} s below it; keep DPR_CELERY__VISIBILITY_TIMEOUT above it)"
+    )
 
 
 def _record_failure(jobs: JobStore, job_id: str, batch: int, result: dict[str, Any]) -> None:

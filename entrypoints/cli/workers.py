@@ -36,7 +36,7 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug | info | warning | error")] = "info",
     name: Annotated[str | None, typer.Option("--name", "-n", help="Node name (default: dpr-<pid>@<host>).")] = None,
 ) -> None:
-    """Run a Celery worker (prefork pool) in the foreground; each pool process loads the model on its first task."""
+    """Run a Celery worker (prefork pool) in the foreground; each pool process loads the model as it starts."""
     settings = get_settings(ctx)
     if not settings.broker_url:
         fail(f"DPR_BROKER_URL is not set; {BROKER_HINT}", code=EXIT_USAGE)

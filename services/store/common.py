@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from services.errors import CollectionNotFound, ConfigError, ModelMismatch
@@ -280,34 +280,46 @@ def linear_fusion(
     return [(pid, score, payloads[pid]) for pid, score in ranked]
 
 
-def pick_doc_state(groups: Mapping[tuple[str, str], tuple[int, str]]) -> tuple[str, str, int]:
-    """Reduce one document's points, grouped by (doc_hash, model) -> (count, latest ingested_at).
+@dataclass
+class DocGroup:
+    """One document's points that share a (doc_hash, model): how many, the latest ``ingested_at``, their jobs."""
 
-    One group: that hash, model and count. Several groups mean an interrupted re-ingest left two versions:
+    count: int = 0
+    latest: str = ""
+    jobs: set[str] = field(default_factory=set)
+
+
+def pick_doc_state(groups: Mapping[tuple[str, str], DocGroup]) -> tuple[str, str, DocGroup]:
+    """Reduce one document's points, grouped by (doc_hash, model).
+
+    One group: that hash, model and group. Several groups mean an interrupted re-ingest left two versions:
     the newest group (by ``ingested_at``) gives the model and the count, and the doc hash is reported as ""
     so the document never looks unchanged and the next ingest rewrites it and deletes the stale points.
     """
-    (doc_hash, model), (count, _) = max(groups.items(), key=lambda item: (item[1][1], item[1][0]))
+    (doc_hash, model), group = max(groups.items(), key=lambda item: (item[1].latest, item[1].count))
     if len(groups) > 1:
         doc_hash = ""
-    return doc_hash, model, count
+    return doc_hash, model, group
 
 
-# doc id -> (doc_hash, model) -> (points, latest ingested_at)
-DocStateGroups = dict[str, dict[tuple[str, str], tuple[int, str]]]
+# doc id -> (doc_hash, model) -> its points
+DocStateGroups = dict[str, dict[tuple[str, str], DocGroup]]
 
 
 def add_doc_state(groups: DocStateGroups, payload: Mapping[str, Any]) -> None:
-    """Fold one point's payload (doc_id, doc_hash, model, ingested_at) into ``groups``."""
+    """Fold one point's payload (doc_id, doc_hash, model, ingested_at, job) into ``groups``."""
     doc = groups.setdefault(str(payload.get("doc_id")), {})
-    key = (str(payload.get("doc_hash", "")), str(payload.get("model", "")))
-    count, latest = doc.get(key, (0, ""))
-    doc[key] = (count + 1, max(latest, str(payload.get("ingested_at", ""))))
+    group = doc.setdefault((str(payload.get("doc_hash", "")), str(payload.get("model", ""))), DocGroup())
+    group.count += 1
+    group.latest = max(group.latest, str(payload.get("ingested_at", "")))
+    if payload.get("job"):
+        group.jobs.add(str(payload["job"]))
 
 
 def doc_states_from(groups: DocStateGroups) -> dict[str, DocState]:
     states = {}
     for doc_id, doc_groups in groups.items():
-        doc_hash, model, chunks = pick_doc_state(doc_groups)
-        states[doc_id] = DocState(doc_id=doc_id, doc_hash=doc_hash, model=model, chunks=chunks)
+        doc_hash, model, group = pick_doc_state(doc_groups)
+        states[doc_id] = DocState(doc_id=doc_id, doc_hash=doc_hash, model=model, chunks=group.count,
+                                  jobs=frozenset(group.jobs))
     return states

@@ -61,7 +61,7 @@ from services.store.protocol import Branch, Engine, Record
 log = logging.getLogger(__name__)
 
 ACTIVE_MAX_AGE = 5.0  # seconds an unchanged version token keeps the cached active generation
-_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at"]
+_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at", "job"]
 _SCAN_BATCH = 1024
 _CREATE_ATTEMPTS = 5
 

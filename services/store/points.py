@@ -79,6 +79,7 @@ class Passage:
     ingested_at: str = ""
     model: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    job: str = ""  # the ingest job that wrote it: a redelivered batch counts its own earlier writes as written
 
     @property
     def id(self) -> str:
@@ -101,11 +102,15 @@ class Passage:
             ingested_at=self.ingested_at,
             model=self.model,
         )
+        if self.job:
+            payload["job"] = self.job
         return payload
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Passage:
-        known = {"doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model"}
+        known = {
+            "doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model", "job"
+        }
         return cls(
             doc_id=str(payload["doc_id"]),
             chunk_index=int(payload["chunk_index"]),
@@ -116,6 +121,7 @@ class Passage:
             ingested_at=str(payload.get("ingested_at", "")),
             model=str(payload.get("model", "")),
             metadata={k: v for k, v in payload.items() if k not in known},
+            job=str(payload.get("job", "")),
         )
 
 
@@ -138,12 +144,14 @@ def point_vectors(point: PassagePoint, sparse: bool) -> dict[str, list[float] | 
 
 @dataclass(frozen=True)
 class DocState:
-    """What the store holds for one document: enough to skip an unchanged document."""
+    """What the store holds for one document: enough to skip an unchanged document, and to tell one written
+    earlier by the same ingest job (a redelivered batch) from one that was already there."""
 
     doc_id: str
     doc_hash: str
     model: str
     chunks: int
+    jobs: frozenset[str] = frozenset()  # the ingest jobs that wrote the passages counted in ``chunks``
 
 
 @dataclass(frozen=True)
