@@ -130,7 +130,8 @@ def run_batch(
         log.error("batch keeps killing its worker; marking it failed", extra={**ids, "deliveries": deliveries})
         jobs.record_batch(job_id, number, {**batch_failure(
             job_id, items, "worker_lost",
-            f"the worker died {deliveries - 1} times on this batch (out of memory?); ingest it alone to see why",
+            f"the worker died {deliveries - 1} times on this batch (out of memory, or the hard time limit?); ingest "
+            "it alone to see why",
         ), "attempt": attempt})
         return None
     log.info("batch started", extra={**ids, "documents": len(items)})
