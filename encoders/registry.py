@@ -6,13 +6,15 @@ A model is a directory ``models_dir/<name>-YYYYmmdd-HHMMSS`` holding a sentence-
 atomically (write a temporary file, fsync, rename), and ``encoders.towers.resolve_model_path("active", ...)`` reads it.
 
 Towers are loaded once per process through ``load_towers`` (by model setting: a name, ``base``, ``active`` or a
-path) and ``towers_for`` (by the fingerprint a collection records): both share one small LRU cache, so a process
+path) and ``towers_for`` (by the fingerprint a collection records), on a backend (torch, or ONNX Runtime fp32 /
+int8 over the model's export: ``encoders.onnx_towers``): both share one small LRU cache, so a process
 keeps its configured model plus at most ``MAX_LOADED - 1`` others (the model of the collection it serves, the new
 model of a re-embed), whatever mix of callers asks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -21,13 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from encoders.onnx_towers import Backend, ExportMissing, OnnxTowers, export_dir_for, split_fingerprint
 from encoders.towers import (
+    DualEncoder,
     SentenceTransformerTowers,
     base_model_path,
     model_fingerprint,
     read_model_card,
     resolve_model_path,
 )
+
+log = logging.getLogger(__name__)
 
 ACTIVE_FILE = "ACTIVE"
 MAX_LOADED = 3  # towers one process keeps: its configured model and two others (least recently used goes first)
@@ -149,8 +155,51 @@ def model_for_fingerprint(fingerprint: str, models_dir: Path) -> tuple[Path, str
 # --- the one tower cache --------------------------------------------------------------------------------------
 
 
+def default_onnx_cache(models_dir: Path) -> Path:
+    """DATA_DIR/cache/onnx (``models_dir`` is DATA_DIR/models): exports of models outside ``models_dir``."""
+    return models_dir.parent / "cache" / "onnx"
+
+
+def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend = "torch",
+                 threads: int | None = None, models_dir: Path, cache_dir: Path | None = None) -> DualEncoder:
+    """Towers of the model at ``path`` on ``backend``; an ONNX backend exports the model first when its export is
+    missing or stale (torch is imported for that, once per model)."""
+    if backend == "torch":
+        return SentenceTransformerTowers(path, device=device, name=name)
+    export_dir = export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir))
+    try:
+        return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
+    except ExportMissing:
+        from encoders.onnx_export import ensure_export
+
+        ensure_export(path, export_dir)
+        return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
+
+
+def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None) -> dict[str, Any] | None:
+    """Make the ONNX export of the model at ``path`` now unless a current one exists (after ``dpr train``, on
+    ``dpr models activate``). Returns its manifest; a model the export cannot reproduce is logged and left to torch
+    (``None``): the torch backend never needs the export."""
+    from encoders.onnx_export import ensure_export
+
+    try:
+        return ensure_export(path, export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir)))
+    except Exception as e:
+        log.warning("no ONNX export of this model; the onnx backends cannot serve it (torch can)",
+                    extra={"model_path": str(path), "error": str(e)})
+        return None
+
+
+def _model_fingerprint_of(towers: DualEncoder) -> str:
+    return str(getattr(towers, "model_fingerprint", towers.fingerprint))
+
+
+_Key = tuple[str, str, str]  # (model directory, device, backend)
+
+
 class TowerCache:
-    """Towers loaded once per process, keyed by (directory, device); at most ``size`` kept (LRU). Thread-safe.
+    """Towers loaded once per process, keyed by (directory, device, backend); at most ``size`` kept (LRU).
+    Thread-safe.
 
     A hit by name re-checks the directory's fingerprint (a model retrained in place is loaded again); a hit by
     fingerprint touches no file (the hot path of a query whose collection another model built)."""
@@ -158,32 +207,46 @@ class TowerCache:
     def __init__(self, size: int = MAX_LOADED) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._towers: OrderedDict[tuple[str, str], SentenceTransformerTowers] = OrderedDict()
+        self._towers: OrderedDict[_Key, DualEncoder] = OrderedDict()
 
-    def by_name(self, spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+    def by_name(self, spec: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch",
+                **options: Any) -> DualEncoder:
         path, name = resolve_model_path(spec, models_dir)
-        key = (str(path.resolve()), device)
+        key = (str(path.resolve()), device, backend)
         with self._lock:
             towers = self._towers.get(key)
-            if towers is None or towers.fingerprint != model_fingerprint(path):
-                towers = SentenceTransformerTowers(path, device=device, name=name)
+            if towers is None or _model_fingerprint_of(towers) != model_fingerprint(path):
+                towers = build_towers(path, name, device=device, backend=backend, models_dir=models_dir, **options)
             return self._keep(key, towers)
 
-    def by_fingerprint(self, fingerprint: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
+    def by_fingerprint(self, fingerprint: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch",
+                       **options: Any) -> DualEncoder:
+        """Towers whose vectors carry ``fingerprint``: on ``backend`` when its vectors agree with the collection's,
+        else on the backend that built it (a ``-onnx-int8`` suffix names it; none: torch)."""
         with self._lock:
             for key, towers in self._towers.items():
                 if towers.fingerprint == fingerprint and key[1] == device:
                     return self._keep(key, towers)
-        path, name = model_for_fingerprint(fingerprint, models_dir)  # raises ModelNotFound
-        with self._lock:
-            key = (str(path.resolve()), device)
-            return self._keep(key, SentenceTransformerTowers(path, device=device, name=name))
+        model, built_by = split_fingerprint(fingerprint)
+        path, name = model_for_fingerprint(model, models_dir)  # raises ModelNotFound
+        for candidate in dict.fromkeys((backend, built_by or "torch")):
+            towers = build_towers(path, name, device=device, backend=candidate, models_dir=models_dir, **options)
+            if towers.fingerprint == fingerprint:
+                if candidate != backend:
+                    log.warning("the collection's vectors need another backend", extra={
+                        "model": name, "backend": backend, "used": candidate, "fingerprint": fingerprint})
+                with self._lock:
+                    return self._keep((str(path.resolve()), device, candidate), towers)
+        raise ModelNotFound(
+            f"model {name} gives vectors {towers.fingerprint}, not {fingerprint}, on backend {backend}; set "
+            "DPR_ENCODER__BACKEND (and DPR_ENCODER__QUESTION_BACKEND) to the backend that built the collection"
+        )
 
     def clear(self) -> None:
         with self._lock:
             self._towers.clear()
 
-    def _keep(self, key: tuple[str, str], towers: SentenceTransformerTowers) -> SentenceTransformerTowers:
+    def _keep(self, key: _Key, towers: DualEncoder) -> DualEncoder:
         self._towers[key] = towers
         self._towers.move_to_end(key)
         while len(self._towers) > self.size:
@@ -194,16 +257,19 @@ class TowerCache:
 _CACHE = TowerCache()
 
 
-def load_towers(spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
-    """The towers a model setting names (``base``, ``active``, a name under ``models_dir``, a path), loaded once
-    per process."""
-    return _CACHE.by_name(spec, models_dir, device)
+def load_towers(spec: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch", *,
+                threads: int | None = None, cache_dir: Path | None = None) -> DualEncoder:
+    """The towers a model setting names (``base``, ``active``, a name under ``models_dir``, a path) on ``backend``
+    (torch, onnx, onnx-int8), loaded once per process. ``threads``: onnxruntime's intra-op threads;
+    ``cache_dir``: where exports of models outside ``models_dir`` go (default DATA_DIR/cache/onnx)."""
+    return _CACHE.by_name(spec, models_dir, device, backend, threads=threads, cache_dir=cache_dir)
 
 
-def towers_for(fingerprint: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
-    """The towers whose fingerprint is ``fingerprint`` (a collection's recorded model), loaded once per process.
+def towers_for(fingerprint: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch", *,
+               threads: int | None = None, cache_dir: Path | None = None) -> DualEncoder:
+    """The towers whose vectors carry ``fingerprint`` (a collection's recorded model), loaded once per process.
     Raises ``ModelNotFound`` naming the fixes when no model here has it."""
-    return _CACHE.by_fingerprint(fingerprint, models_dir, device)
+    return _CACHE.by_fingerprint(fingerprint, models_dir, device, backend, threads=threads, cache_dir=cache_dir)
 
 
 def clear_tower_cache() -> None:

@@ -29,11 +29,14 @@ Similarity = Literal["cosine", "dot", "euclid"]
 # metrics, READMEs) may change without changing the vectors.
 _FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
 _FINGERPRINT_SKIP = {"model_card.json", "metrics.json", "README.md", "dpr_model.json"}
+ONNX_DIR = "onnx"  # a model's ONNX export (encoders.onnx_export) lives here and is no part of its fingerprint
 
 
 @runtime_checkable
 class DualEncoder(Protocol):
     """Two towers that map questions and passages into one vector space."""
+
+    name: str  # the model's registry name (``base``, a directory under the models dir) or its directory name
 
     @property
     def fingerprint(self) -> str:
@@ -77,12 +80,16 @@ def base_model_path() -> Path:
 
 def model_fingerprint(path: Path) -> str:
     """A short, stable hash of the files that define a model directory (weights, config, tokenizer)."""
-    return _fingerprint_cached(str(path.resolve()), _mtime_key(path))
+    return _fingerprint_cached(str(path.resolve()), model_files_key(path))
 
 
-def _mtime_key(path: Path) -> tuple[tuple[str, int, int], ...]:
+def model_files_key(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """(relative name, size, mtime) of each file the fingerprint reads: unchanged files, unchanged fingerprint."""
     entries = []
     for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path)
+        if rel.parts[0] == ONNX_DIR or rel.parts[0].startswith(f".{ONNX_DIR}."):  # the export and its staging
+            continue
         if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES and p.name not in _FINGERPRINT_SKIP:
             st = p.stat()
             entries.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
@@ -230,8 +237,9 @@ def read_model_card(path: Path) -> dict[str, Any]:
     return {}
 
 
-def load_towers(spec: str, models_dir: Path, device: str = "cpu") -> SentenceTransformerTowers:
-    """Load (once per process) the towers a model setting names: the registry's one tower cache."""
+def load_towers(spec: str, models_dir: Path, device: str = "cpu", backend: str = "torch",
+                **options: Any) -> DualEncoder:
+    """Load (once per process) the towers a model setting names on ``backend``: the registry's one tower cache."""
     from encoders.registry import load_towers as load_cached
 
-    return load_cached(spec, models_dir, device)
+    return load_cached(spec, models_dir, device, backend, **options)  # type: ignore[arg-type]

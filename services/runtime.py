@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from encoders.towers import DualEncoder, SentenceTransformerTowers, configure_threads, load_towers
+from encoders.onnx_towers import Backend
+from encoders.registry import load_towers
+from encoders.towers import DualEncoder, configure_threads
 from services.ingest import IngestPipeline, SparseEncoder, delete_documents
 from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
@@ -31,7 +33,8 @@ class _Models:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.towers: SentenceTransformerTowers | None = None
+        self.towers: DualEncoder | None = None
+        self.question_towers: DualEncoder | None = None
         self.sparse: SparseEncoder | None = None
 
 
@@ -43,7 +46,7 @@ class Runtime:
         settings: Settings,
         *,
         serialize_store: bool = False,
-        towers: SentenceTransformerTowers | DualEncoder | None = None,
+        towers: DualEncoder | None = None,
         sparse: SparseEncoder | None = None,
         store: VectorStore | None = None,
         _models: _Models | None = None,
@@ -55,7 +58,7 @@ class Runtime:
         self.serialize_store = serialize_store  # one store call at a time in this process (the API's threads)
         self._models = _models or _Models()
         if towers is not None:
-            self._models.towers = towers  # type: ignore[assignment]
+            self._models.towers = towers
         if sparse is not None:
             self._models.sparse = sparse
         self._lock = threading.RLock()
@@ -78,14 +81,37 @@ class Runtime:
 
     # --- models (shared across collections) ---------------------------------------------------------------
     @property
-    def towers(self) -> SentenceTransformerTowers:
+    def towers(self) -> DualEncoder:
+        """The configured model on ``encoder.backend``: what ingest embeds passages with."""
         m = self._models
         with m.lock:
             if m.towers is None:
-                s = self.settings
-                configure_threads(s.encoder.threads)
-                m.towers = load_towers(s.encoder.model, s.models_dir, device=s.encoder.device)
+                m.towers = self._load(self.settings.encoder.backend)
             return m.towers
+
+    @property
+    def question_towers(self) -> DualEncoder:
+        """The configured model on ``encoder.question_backend`` (default: ``backend``): what questions are encoded
+        with. Loaded on its own, so a query process on an ONNX backend never imports torch."""
+        backend = self.question_backend
+        if backend == self.settings.encoder.backend:
+            return self.towers
+        m = self._models
+        with m.lock:
+            if m.question_towers is None:
+                m.question_towers = self._load(backend)
+            return m.question_towers
+
+    @property
+    def question_backend(self) -> Backend:
+        return self.settings.encoder.question_backend or self.settings.encoder.backend
+
+    def _load(self, backend: Backend) -> DualEncoder:
+        s = self.settings
+        if backend == "torch":
+            configure_threads(s.encoder.threads)
+        return load_towers(s.encoder.model, s.models_dir, device=s.encoder.device, backend=backend,
+                           threads=s.encoder.threads, cache_dir=s.onnx_cache_dir)
 
     @property
     def sparse(self) -> SparseEncoder:
@@ -97,14 +123,22 @@ class Runtime:
                 m.sparse = default_embedder()
             return m.sparse
 
-    def towers_for(self, fingerprint: str) -> DualEncoder:
-        """The towers whose fingerprint is ``fingerprint`` (base or under models_dir): queries and ingest follow
-        the collection's active generation across re-embeds and rollbacks. From the registry's tower cache."""
-        if self.towers.fingerprint == fingerprint:
-            return self.towers
+    def towers_for(self, fingerprint: str, backend: Backend | None = None) -> DualEncoder:
+        """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), on ``backend`` (default
+        ``encoder.backend``) when its vectors agree: queries and ingest follow the collection's active generation
+        across re-embeds and rollbacks. From the registry's tower cache."""
+        backend = backend or self.settings.encoder.backend
+        m = self._models
+        loaded = m.towers if backend == self.settings.encoder.backend else m.question_towers
+        if loaded is not None and loaded.fingerprint == fingerprint:
+            return loaded
         from services.lifecycle.models import towers_by_fingerprint
 
-        return towers_by_fingerprint(self.settings, fingerprint)
+        return towers_by_fingerprint(self.settings, fingerprint, backend=backend)
+
+    def question_towers_for(self, fingerprint: str) -> DualEncoder:
+        """``towers_for`` on the question backend (the query path)."""
+        return self.towers_for(fingerprint, self.question_backend)
 
     # --- per collection -----------------------------------------------------------------------------------
     @property
@@ -156,8 +190,8 @@ class Runtime:
             return self._collections[collection]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
-        return search(question, store=self.store, towers=self.towers, options=options, sparse=self.sparse,
-                      towers_for=self.towers_for)
+        return search(question, store=self.store, towers=self.question_towers, options=options, sparse=self.sparse,
+                      towers_for=self.question_towers_for)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""

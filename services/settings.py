@@ -54,7 +54,17 @@ class EncoderSettings(BaseModel):
     )
     batch_size: int = Field(default=32, ge=1, le=4096)
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:N, mps, ...")
-    threads: int | None = Field(default=None, ge=1, description="torch intra-op threads; default: all cores.")
+    threads: int | None = Field(
+        default=None, ge=1, description="intra-op threads (torch or onnxruntime); default: all cores."
+    )
+    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        default="torch",
+        description="What runs the towers: torch, onnx (ONNX Runtime fp32) or onnx-int8 (dynamic int8). The ONNX "
+        "export is made once per model and tied to its fingerprint.",
+    )
+    question_backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
+        default=None, description="Backend of the question tower (queries); default: the same as backend."
+    )
 
 
     @field_validator("device", mode="after")
@@ -199,6 +209,11 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def onnx_cache_dir(self) -> Path:
+        """ONNX exports of models outside models_dir (the base model): DATA_DIR/cache/onnx."""
+        return self.data_dir / "cache" / "onnx"
 
     @property
     def store_dir(self) -> Path:

@@ -71,12 +71,13 @@ def train_model(
     progress: ProgressFn | None = None,
 ) -> TrainResult:
     """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``."""
+    from encoders.registry import export_model
     from encoders.towers import resolve_model_path
     from encoders.train import train
 
     base_path, _ = resolve_model_path(base, settings.models_dir)
     training = build_training_set(settings, data)
-    return train(
+    result = train(
         training.pairs,
         settings.models_dir,
         config,
@@ -86,6 +87,8 @@ def train_model(
         data_info=training.info,
         progress=progress,
     )
+    export_model(result.model_dir, settings.models_dir, settings.onnx_cache_dir)  # the ONNX towers, once
+    return result
 
 
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:

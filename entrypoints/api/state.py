@@ -34,7 +34,7 @@ class ApiState:
     def warm(self) -> None:
         """Load the towers (and touch the model) once, so the first search does not pay for it."""
         try:
-            self.runtime.towers.encode_queries(["warm up"], batch_size=1)
+            self.runtime.question_towers.encode_queries(["warm up"], batch_size=1)
             _ = self.runtime.sparse
         except Exception as e:  # reported by /readyz; searches will raise the real error
             log.exception("loading the towers failed")

@@ -77,9 +77,11 @@ def models_show(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None
 @models_app.command("activate")
 def models_activate(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
     """Make NAME the active model (DPR_ENCODER__MODEL=active resolves to it). Re-embed collections afterwards."""
-    from encoders.registry import activate
+    from encoders.registry import activate, export_model
 
     entry = _entry(ctx, activate, name)
+    settings = get_settings(ctx)
+    export_model(entry.path, settings.models_dir, settings.onnx_cache_dir)  # once per model; the onnx backends
     if as_json:
         emit_json({"active": entry.name, "fingerprint": entry.card.get("fingerprint"), "path": str(entry.path)})
         return

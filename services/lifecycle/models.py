@@ -9,7 +9,8 @@ import logging
 from typing import Any
 
 from encoders import registry
-from encoders.towers import SentenceTransformerTowers, model_fingerprint, resolve_model_path
+from encoders.onnx_towers import Backend
+from encoders.towers import DualEncoder, model_fingerprint, resolve_model_path
 from services.errors import ModelMismatch
 from services.lifecycle.state import ReembedState
 from services.settings import Settings
@@ -17,10 +18,13 @@ from services.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def towers_by_fingerprint(settings: Settings, fingerprint: str) -> SentenceTransformerTowers:
-    """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), from the one tower cache."""
+def towers_by_fingerprint(settings: Settings, fingerprint: str, backend: Backend | None = None) -> DualEncoder:
+    """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), from the one tower cache, on
+    ``backend`` (default ``encoder.backend``) when its vectors agree."""
     try:
-        return registry.towers_for(fingerprint, settings.models_dir, device=settings.encoder.device)
+        return registry.towers_for(fingerprint, settings.models_dir, device=settings.encoder.device,
+                                   backend=backend or settings.encoder.backend, threads=settings.encoder.threads,
+                                   cache_dir=settings.onnx_cache_dir)
     except registry.ModelNotFound as e:
         raise ModelMismatch(str(e)) from e
 

@@ -1,0 +1,226 @@
+"""Export a sentence-transformers model's towers to ONNX (fp32, and int8 by dynamic quantisation), once per model.
+
+Where torch is (``dpr train``, ``dpr models activate``, the first use of an onnx backend): each tower's transformer
+goes to ONNX with dynamic batch and sequence axes; what its other modules declare (pooling, normalisation, prompt,
+max length) is read from the loaded model into the manifest, which ``encoders.onnx_towers`` applies with numpy.
+Both variants are measured against torch on a fixed probe set; a variant whose cosines clear its thresholds
+(``AGREEMENT``) keeps the model's fingerprint, any other gets ``-<backend>`` appended. The export of a trained
+model lives in ``<model>/onnx/``; that of a model elsewhere (the base model in site-packages) under the data dir's
+cache (``encoders.onnx_towers.export_dir_for``). The manifest is written last: no manifest, no export.
+
+torch and sentence_transformers are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from encoders.onnx_towers import (
+    FORMAT,
+    MANIFEST,
+    VARIANT_FILES,
+    ExportMissing,
+    OnnxBackend,
+    OnnxTowers,
+    read_current_manifest,
+)
+from encoders.towers import SentenceTransformerTowers, model_files_key, model_fingerprint
+
+log = logging.getLogger(__name__)
+
+# A variant keeps the model's fingerprint when its cosine to torch clears these on the probes, in both towers:
+# fp32 on every probe; int8 (per-channel weights, dynamic activations: noise that short inputs average out least)
+# on the mean, with a floor for the worst probe. Measured on all-MiniLM-L6-v2: fp32 1.0000, int8 mean 0.992.
+AGREEMENT: dict[OnnxBackend, dict[str, float]] = {"onnx": {"min": 0.999}, "onnx-int8": {"mean": 0.99, "min": 0.95}}
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_SENTENCES = [
+    "", "a", "What is the capital of France?", "Paris is the capital and most populous city of France.",
+    "how do vaccines train the immune system", "Mitochondria are the powerhouse of the cell.",
+    "The quick brown fox jumps over the lazy dog.", "DNA replication is semi-conservative.",
+    "Which protein binds oxygen in red blood cells?", "Hemoglobin carries oxygen from the lungs to the tissues.",
+    "ÜBER naïve café — résumé façade, 東京 and Москва", "1234 5678 90 3.14159 e=mc^2",
+    "Smoking increases the risk of lung cancer by damaging the airways and alveoli.",
+    "The Treaty of Westphalia in 1648 ended the Thirty Years' War.", "   leading and trailing spaces   ",
+    "COVID-19 is caused by SARS-CoV-2, a coronavirus.", "why is the sky blue", "Rayleigh scattering.",
+    "What causes tides on Earth?", "The gravitational pull of the Moon and the Sun causes tides.",
+    "Insulin regulates blood glucose.", "who wrote pride and prejudice", "Jane Austen wrote Pride and Prejudice.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+]
+PROBES = _SENTENCES + [
+    " ".join(_SENTENCES[2:]),  # ~250 tokens: truncated by a short query tower
+    " ".join(_SENTENCES[2:] * 4),  # beyond any max length: truncated the same way by both
+    "word " * 600,
+]
+
+
+def ensure_export(model_path: Path, export_dir: Path) -> dict[str, Any]:
+    """The current export's manifest, exporting first when there is none or the model changed (one exporter at a
+    time per directory; the others wait and read its result)."""
+    try:
+        return read_current_manifest(export_dir, model_path)
+    except ExportMissing:
+        pass
+    export_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(export_dir.parent / f".{export_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return read_current_manifest(export_dir, model_path)
+        except ExportMissing as e:
+            log.info("exporting towers to ONNX", extra={"model_path": str(model_path), "reason": str(e)})
+            return export(model_path, export_dir)
+
+
+def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
+    """Export ``model_path`` into ``export_dir`` (replaced as a whole), measure both variants, write the manifest."""
+    started = time.perf_counter()
+    files, fingerprint = model_files_key(model_path), model_fingerprint(model_path)
+    reference = SentenceTransformerTowers(model_path)
+    model = reference.model
+    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        towers = {role: _tower_spec(model, role) for role in ("query", "document")}
+        for directory, transformer in {spec.pop("_directory"): spec.pop("_transformer")
+                                       for spec in towers.values()}.items():
+            _export_transformer(transformer, staging / directory)
+        towers["document"]["max_passage_tokens"] = reference.max_passage_tokens
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "model_path": str(model_path), "model_fingerprint": fingerprint,
+            "model_files": [list(e) for e in files], "dim": reference.dim, "similarity": reference.similarity,
+            "towers": towers, "agreement": AGREEMENT,
+            "variants": {b: {"fingerprint": f"{fingerprint}-{b}"} for b in VARIANT_FILES},  # until measured
+        }
+        _write_manifest(staging, manifest)  # the measurement below loads the export through OnnxTowers
+        manifest["variants"] = _measure(reference, staging, model_path, fingerprint)
+        manifest["seconds"] = round(time.perf_counter() - started, 1)
+        _write_manifest(staging, manifest)
+        _replace_dir(staging, export_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported towers to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
+    return manifest
+
+
+def _tower_spec(model: Any, role: str) -> dict[str, Any]:
+    """What the modules of one tower (a Router route, or the whole model) declare."""
+    modules = list(model)
+    router = next((m for m in modules if type(m).__name__ == "Router"), None)
+    if router is not None:
+        route = router._resolve_route(task=role, modality="text")
+        modules = [*router.sub_modules[route], *modules[modules.index(router) + 1:]]
+    kinds = [type(m).__name__ for m in modules]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise ValueError(
+            f"the {role} tower is {' -> '.join(kinds)}; the ONNX towers reproduce Transformer -> Pooling "
+            "[-> Normalize] only: use DPR_ENCODER__BACKEND=torch for this model"
+        )
+    transformer, pooling = modules[0], modules[1]
+    prompt = model._resolve_prompt(None, role if role in model.prompts else None) or ""
+    mode = pooling.pooling_mode
+    return {
+        "directory": route if router is not None else "shared",
+        "max_seq_length": int(transformer.max_seq_length),
+        "pooling": [mode] if isinstance(mode, str) else list(mode),
+        "include_prompt": bool(pooling.include_prompt),
+        "prompt": prompt,
+        "prompt_length": int(transformer._get_prompt_length(prompt) or 0) if prompt else 0,
+        "normalize": kinds[-1] == "Normalize",
+        "_directory": route if router is not None else "shared",
+        "_transformer": transformer,
+    }
+
+
+def _export_transformer(transformer: Any, directory: Path) -> None:
+    """The transformer -> ``model.onnx`` (token embeddings) and ``model.int8.onnx``; its tokenizer.json beside."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    directory.mkdir(parents=True)
+    transformer.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
+    sample = transformer.preprocess(["a probe sentence", "another, a little longer probe sentence"])
+    names = [n for n in INPUTS if n in sample]
+    wrapper = _token_embeddings_module()(transformer.auto_model, names).eval()
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "token_embeddings"]}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(wrapper, tuple(sample[n] for n in names), str(directory / VARIANT_FILES["onnx"]),
+                          input_names=names, output_names=["token_embeddings"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+    quiet = _DropRecordsFrom("onnxruntime")  # the quantiser logs every skipped node on the root logger
+    logging.getLogger().addFilter(quiet)
+    try:
+        quantize_dynamic(directory / VARIANT_FILES["onnx"], directory / VARIANT_FILES["onnx-int8"],
+                         weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
+class _DropRecordsFrom(logging.Filter):
+    def __init__(self, package: str) -> None:
+        super().__init__()
+        self.marker = f"{os.sep}{package}{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.marker not in record.pathname
+
+
+def _token_embeddings_module() -> Any:
+    """A module that maps the tokenizer's tensors to the transformer's token embeddings (built where torch is)."""
+    import torch
+
+    class TokenEmbeddings(torch.nn.Module):
+        def __init__(self, model: Any, names: list[str]) -> None:
+            super().__init__()
+            self.model, self.names = model, names
+
+        def forward(self, *inputs: Any) -> Any:
+            return self.model(**dict(zip(self.names, inputs, strict=True))).last_hidden_state  # (batch, seq, hidden)
+
+    return TokenEmbeddings
+
+
+def _measure(reference: SentenceTransformerTowers, staging: Path, model_path: Path,
+             fingerprint: str) -> dict[str, Any]:
+    """Cosine of each variant against torch on the probes, both towers; the fingerprint each variant carries."""
+    expected = {"query": reference.encode_queries(PROBES), "document": reference.encode_documents(PROBES)}
+    variants: dict[str, Any] = {}
+    for backend in VARIANT_FILES:
+        towers = OnnxTowers(staging, model_path, backend)  # type: ignore[arg-type]
+        got = {"query": towers.encode_queries(PROBES), "document": towers.encode_documents(PROBES)}
+        cosine = {role: _cosines(expected[role], got[role]) for role in got}
+        agrees = all(c[stat] >= bound for c in cosine.values()
+                     for stat, bound in AGREEMENT[backend].items())  # type: ignore[index]
+        variants[backend] = {"fingerprint": fingerprint if agrees else f"{fingerprint}-{backend}",
+                             "agrees_with_torch": agrees, "cosine": cosine}
+    return variants
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return {"min": round(float(cos.min()), 6), "mean": round(float(cos.mean()), 6)}
+
+
+def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Put ``staging`` in place of ``target`` (the old export removed after the rename)."""
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""ONNX towers of the real base model against its torch towers, the re-export of a replaced model, and a `dpr query`
+process that never imports torch, transformers or sentence_transformers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from encoders.onnx_export import PROBES, ensure_export
+from encoders.onnx_towers import OnnxTowers, export_dir_for
+from encoders.towers import SentenceTransformerTowers, base_model_path, model_fingerprint
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = ("Mitochondria are membrane-bound organelles that generate most of the chemical energy needed to power the "
+        "cell's biochemical reactions. Chemical energy produced by the mitochondria is stored in ATP, e.g. 3.5 kJ.")
+
+
+@pytest.fixture(scope="module")
+def base_export(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    data = tmp_path_factory.mktemp("data")
+    export = export_dir_for(base_model_path(), data / "models", data / "cache" / "onnx")
+    yield data, ensure_export(base_model_path(), export)
+
+
+@pytest.fixture(scope="module")
+def torch_towers() -> SentenceTransformerTowers:
+    return SentenceTransformerTowers(base_model_path(), name="base")
+
+
+def _onnx(data: Path, backend: str = "onnx") -> OnnxTowers:
+    export = export_dir_for(base_model_path(), data / "models", data / "cache" / "onnx")
+    return OnnxTowers(export, base_model_path(), backend, name="base")  # type: ignore[arg-type]
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_onnx_matches_torch_on_the_base_model(base_export: tuple[Path, dict[str, Any]],
+                                              torch_towers: SentenceTransformerTowers) -> None:
+    data, manifest = base_export
+    onnx = _onnx(data)
+    texts = [*PROBES, TEXT]
+    for encode in ("encode_queries", "encode_documents"):
+        got, want = getattr(onnx, encode)(texts), getattr(torch_towers, encode)(texts)
+        assert got.shape == want.shape == (len(texts), 384) and got.dtype == np.float32
+        assert _cos(got, want).min() >= 0.999
+    assert onnx.fingerprint == torch_towers.fingerprint == manifest["model_fingerprint"]
+    assert (onnx.dim, onnx.similarity, onnx.max_passage_tokens) == (
+        torch_towers.dim, torch_towers.similarity, torch_towers.max_passage_tokens)
+    assert onnx.passage_token_offsets(TEXT) == torch_towers.passage_token_offsets(TEXT)
+    long = "word " * 600  # truncated to 256 tokens by both
+    np.testing.assert_allclose(onnx.encode_documents([long]), torch_towers.encode_documents([long]), atol=1e-4)
+
+
+def test_int8_is_measured_and_recorded(base_export: tuple[Path, dict[str, Any]],
+                                       torch_towers: SentenceTransformerTowers) -> None:
+    data, manifest = base_export
+    int8 = manifest["variants"]["onnx-int8"]
+    print("int8 cosine vs torch:", json.dumps(int8["cosine"]), "fingerprint:", int8["fingerprint"])
+    assert all(c["mean"] >= 0.98 for c in int8["cosine"].values())
+    fp = manifest["model_fingerprint"]
+    expect = fp if int8["agrees_with_torch"] else f"{fp}-onnx-int8"
+    towers = _onnx(data, "onnx-int8")
+    assert towers.fingerprint == int8["fingerprint"] == expect
+    assert _cos(towers.encode_documents([TEXT]), torch_towers.encode_documents([TEXT]))[0] >= 0.98
+
+
+def test_a_replaced_model_is_exported_again(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    model = models / "m1"
+    shutil.copytree(base_model_path(), model)
+    export = export_dir_for(model, models, tmp_path / "cache")
+    first = ensure_export(model, export)
+    assert export == model / "onnx" and first["model_fingerprint"] == model_fingerprint(model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config, indent=4))  # replaced in place: same model, new bytes
+    second = ensure_export(model, export)
+    assert second["model_fingerprint"] == model_fingerprint(model) != first["model_fingerprint"]
+    assert OnnxTowers(export, model, "onnx").fingerprint == second["model_fingerprint"]
+
+
+def test_dpr_query_never_imports_torch(base_export: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cached, _ = base_export
+    data = tmp_path / "data"
+    shutil.copytree(cached / "cache", data / "cache")  # the base model's export, as a first use leaves it
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "mito.txt").write_text(TEXT)
+    (docs / "tides.txt").write_text("The gravitational pull of the Moon and the Sun causes the tides on Earth.")
+    env = {"DPR_DATA_DIR": str(data), "DPR_ENCODER__BACKEND": "torch", "DPR_ENCODER__QUESTION_BACKEND": "onnx",
+           "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = [sys.executable, "-m", "entrypoints.cli.main"]
+    subprocess.run([*run, "ingest", str(docs), "--json"], env=env, check=True, capture_output=True, timeout=300)
+    probe = (
+        "import sys\nfrom entrypoints.cli.main import app\n"
+        "try:\n    app(['query', 'what stores the energy of mitochondria', '--json', '-k', '1'])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', "
+        "'sentence_transformers')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True,
+                         timeout=120).stdout.splitlines()
+    hits = json.loads(out[0])
+    assert hits[0]["doc_id"].endswith("mito.txt")
+    assert out[1] == "[]"

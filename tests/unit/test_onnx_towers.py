@@ -1,0 +1,191 @@
+"""The ONNX towers over a tiny hand-built export (a lookup-table "transformer", a word-level tokenizer): pooling,
+normalisation, prompts, truncation, batching, stale exports and the fingerprint suffix. No torch, no real model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from encoders.onnx_towers import (
+    FORMAT,
+    MANIFEST,
+    VARIANT_FILES,
+    ExportMissing,
+    OnnxTowers,
+    export_dir_for,
+    pool,
+    split_fingerprint,
+)
+from encoders.towers import ONNX_DIR, model_files_key, model_fingerprint
+
+pytestmark = pytest.mark.unit
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "query:", "alpha", "beta", "gamma", "delta"]
+HIDDEN = 4
+TABLE = np.random.default_rng(0).normal(size=(len(WORDS), HIDDEN)).astype(np.float32)  # token id -> embedding
+
+
+def _write_onnx(path: Path) -> None:
+    """token_embeddings = TABLE[input_ids]: a transformer whose output is known without running one."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["token_embeddings"], axis=0)],
+        "lookup",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [numpy_helper.from_array(TABLE, "table")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def _write_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                                 ("[SEP]", 3)])
+    tok.save(str(path))
+
+
+def _tower(**overrides: Any) -> dict[str, Any]:
+    spec = {"directory": "shared", "max_seq_length": 6, "pooling": ["mean"], "include_prompt": True, "prompt": "",
+            "prompt_length": 0, "normalize": True}
+    return {**spec, **overrides}
+
+
+def make_export(tmp_path: Path, query: dict[str, Any] | None = None, document: dict[str, Any] | None = None,
+                int8_agrees: bool = False) -> tuple[Path, Path]:
+    """A model directory and its export (both variants are the same lookup graph)."""
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "config.json").write_text("{}")
+    export = export_dir_for(model, tmp_path / "models", tmp_path / "cache")
+    (export / "shared").mkdir(parents=True)
+    for name in VARIANT_FILES.values():
+        _write_onnx(export / "shared" / name)
+    _write_tokenizer(export / "shared" / "tokenizer.json")
+    fp = model_fingerprint(model)
+    manifest = {
+        "format": FORMAT, "model_fingerprint": fp, "model_files": [list(e) for e in model_files_key(model)],
+        "dim": HIDDEN, "similarity": "cosine",
+        "towers": {"query": query or _tower(), "document": {**(document or _tower()), "max_passage_tokens": 4}},
+        "variants": {"onnx": {"fingerprint": fp},
+                     "onnx-int8": {"fingerprint": fp if int8_agrees else f"{fp}-onnx-int8"}},
+    }
+    (export / MANIFEST).write_text(json.dumps(manifest))
+    return model, export
+
+
+def expected(words: list[str], mode: str = "mean", normalize: bool = True, skip: int = 0) -> np.ndarray:
+    ids = [WORDS.index(w) for w in words]
+    emb = TABLE[ids][skip:]
+    v = {"mean": emb.mean(axis=0), "cls": emb[0], "max": emb.max(axis=0)}[mode]
+    return v / np.linalg.norm(v) if normalize else v
+
+
+def test_export_lives_in_the_model_dir_and_is_no_part_of_its_fingerprint(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path)
+    assert export == model / ONNX_DIR
+    before = model_fingerprint(model)
+    (export / "extra.json").write_text("{}")
+    assert model_fingerprint(model) == before
+    outside = export_dir_for(tmp_path / "elsewhere", tmp_path / "models", tmp_path / "cache")
+    assert outside.parent == tmp_path / "cache" and outside.name.startswith("elsewhere-")
+
+
+def test_mean_pooling_normalised_like_sentence_transformers(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path)
+    towers = OnnxTowers(export, model, "onnx")
+    got = towers.encode_documents(["alpha beta", "gamma", ""])
+    assert got.shape == (3, HIDDEN) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0], expected(["[CLS]", "alpha", "beta", "[SEP]"]), rtol=1e-5)
+    np.testing.assert_allclose(got[2], expected(["[CLS]", "[SEP]"]), rtol=1e-5)  # empty: the special tokens only
+    assert towers.encode_queries([]).shape == (0, HIDDEN)
+    assert towers.dim == HIDDEN and towers.similarity == "cosine" and towers.max_passage_tokens == 4
+
+
+def test_batches_sorted_by_length_give_the_same_vectors_in_input_order(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path)
+    towers = OnnxTowers(export, model, "onnx")
+    texts = ["alpha", "beta gamma delta", "", "delta delta", "gamma beta"]
+    one_by_one = np.stack([towers.encode_documents([t])[0] for t in texts])
+    np.testing.assert_allclose(towers.encode_documents(texts, batch_size=2), one_by_one, rtol=1e-5, atol=1e-6)
+
+
+def test_truncation_to_the_towers_max_length(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path, query=_tower(max_seq_length=4))
+    towers = OnnxTowers(export, model, "onnx")
+    long, cut = towers.encode_queries(["alpha beta gamma delta delta", "alpha beta"])
+    np.testing.assert_allclose(long, cut, rtol=1e-5)  # [CLS] alpha beta [SEP]
+    assert towers.passage_token_offsets("alpha beta gamma delta delta")[-1] == (23, 28)  # offsets: never truncated
+
+
+@pytest.mark.parametrize("include_prompt", [True, False])
+def test_prompt_prepended_and_excluded_from_pooling_when_declared(tmp_path: Path, include_prompt: bool) -> None:
+    query = _tower(prompt="query: ", prompt_length=2, include_prompt=include_prompt, max_seq_length=16)
+    model, export = make_export(tmp_path, query=query)
+    towers = OnnxTowers(export, model, "onnx")
+    words = ["[CLS]", "query:", "alpha", "[SEP]"]
+    np.testing.assert_allclose(towers.encode_queries(["alpha"])[0],
+                               expected(words, skip=0 if include_prompt else 2), rtol=1e-5)
+    np.testing.assert_allclose(towers.encode_documents(["alpha"])[0], expected(["[CLS]", "alpha", "[SEP]"]),
+                               rtol=1e-5)  # the passage tower declares no prompt
+
+
+@pytest.mark.parametrize("mode", ["cls", "max"])
+def test_other_pooling_modes_without_normalisation(tmp_path: Path, mode: str) -> None:
+    model, export = make_export(tmp_path, document=_tower(pooling=[mode], normalize=False))
+    got = OnnxTowers(export, model, "onnx").encode_documents(["alpha beta", "gamma"], batch_size=2)
+    np.testing.assert_allclose(got[1], expected(["[CLS]", "gamma", "[SEP]"], mode, normalize=False), rtol=1e-5)
+
+
+def test_pool_ignores_padding() -> None:
+    tokens = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)  # (batch, seq, hidden)
+    mask = np.array([[1, 1, 0], [1, 1, 1]], dtype=np.float32)
+    np.testing.assert_allclose(pool("mean", tokens, mask)[0], tokens[0, :2].mean(axis=0))
+    np.testing.assert_allclose(pool("lasttoken", tokens, mask)[0], tokens[0, 1])
+    np.testing.assert_allclose(pool("max", tokens, mask)[0], tokens[0, 1])
+    np.testing.assert_allclose(pool("mean_sqrt_len_tokens", tokens, mask)[1], tokens[1].sum(axis=0) / np.sqrt(3))
+
+
+def test_variant_fingerprints_follow_the_manifest(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path, int8_agrees=False)
+    fp = model_fingerprint(model)
+    assert OnnxTowers(export, model, "onnx").fingerprint == fp
+    int8 = OnnxTowers(export, model, "onnx-int8")
+    assert int8.fingerprint == f"{fp}-onnx-int8" and int8.model_fingerprint == fp
+    assert split_fingerprint(int8.fingerprint) == (fp, "onnx-int8")
+    assert split_fingerprint(fp) == (fp, None)
+
+
+def test_a_changed_model_is_never_served_by_its_old_export(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path)
+    OnnxTowers(export, model, "onnx")
+    (model / "model.safetensors").write_bytes(b"retrained weights")
+    with pytest.raises(ExportMissing, match="another version"):
+        OnnxTowers(export, model, "onnx")
+
+
+def test_a_copied_model_with_the_same_bytes_keeps_its_export(tmp_path: Path) -> None:
+    model, export = make_export(tmp_path)
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched, not changed: hashed, same bytes
+    assert OnnxTowers(export, model, "onnx").fingerprint == model_fingerprint(model)
+
+
+def test_no_export_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ExportMissing, match="no ONNX export"):
+        OnnxTowers(tmp_path / "nowhere", tmp_path, "onnx")
