@@ -22,6 +22,7 @@ from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
 from services.query import QueryOptions, search
 from services.settings import Settings
+from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
 
@@ -221,7 +222,7 @@ class _Serialized:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
-        if not callable(attr):
+        if not callable(attr) or name in SELF_LOCKING:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -99,6 +99,10 @@ class EdgeSettings(BaseModel):
     idle_release: float = Field(
         default=0.5, ge=0, description="Seconds a process keeps the shard open after its last use."
     )
+    index_threshold: int = Field(
+        default=5000, ge=1, description="Points above which a segment gets an HNSW graph: built after an ingest "
+        "job or re-embed leaves this many new points, or by `dpr optimize`; smaller segments are scanned exactly."
+    )
 
 
 class CelerySettings(BaseModel):
@@ -164,6 +168,8 @@ class Settings(BaseSettings):
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL; unset: the embedded engine.")
     qdrant_api_key: SecretStr | None = None
     max_document_bytes: int = Field(default=20_000_000, ge=1, description="Larger documents are refused.")
+    api_url: str | None = None
+    """URL of a running `dpr serve` (http://host:8000): `dpr query` and `dpr status` then ask it over HTTP."""
 
     chunk: ChunkSettings = ChunkSettings()
     encoder: EncoderSettings = EncoderSettings()

@@ -13,6 +13,7 @@ from rich.table import Table
 from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, get_settings
 from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
+from entrypoints.status import collection_status
 from services.errors import ConfigError, TransientError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
@@ -191,23 +192,37 @@ def query(
             rrf_k=rrf_k,
             linear_weight=weight,
         )
-        with Runtime(settings) as runtime:
-            hits = runtime.search(text, options)
+        if settings.api_url:  # a plain HTTP client of `dpr serve`: no model, no store in this process
+            from entrypoints.cli.client import ApiClient
+
+            _refuse_collection_over_api(settings, collection)
+            with ApiClient(settings) as client:
+                hits = client.search(text, options)
+        else:
+            with Runtime(settings) as runtime:
+                hits = [h.to_json() for h in runtime.search(text, options)]
     if as_json:
-        emit_json([h.to_json() for h in hits])
+        emit_json(hits)
         return
     if not hits:
         console.print("no passages matched")
         return
     table = Table("#", "score", "document", "passage", show_lines=True)
     for i, h in enumerate(hits, start=1):
-        p = h.passage
-        snippet = " ".join(p.text.split())
+        snippet = " ".join(h["text"].split())
         table.add_row(
-            str(i), f"{h.score:.4f}", f"{p.doc_id}\n[dim]chunk {p.chunk_index}[/]\n{p.title}",
+            str(i), f"{h['score']:.4f}", f"{h['doc_id']}\n[dim]chunk {h['chunk_index']}[/]\n{h['title']}",
             snippet[:400] + ("..." if len(snippet) > 400 else ""),
         )
     console.print(table)
+
+
+def _refuse_collection_over_api(settings: Settings, collection: str | None) -> None:
+    if collection is not None:
+        raise ConfigError(
+            f"--collection cannot be chosen over DPR_API_URL: the server at {settings.api_url} answers for its own "
+            "collection (DPR_COLLECTION of `dpr serve`); unset DPR_API_URL to use another collection locally"
+        )
 
 
 def status(
@@ -218,33 +233,15 @@ def status(
     """Collection, generation, point count, model fingerprint, queue depth when a broker is configured."""
     settings = _with_collection(ctx, collection)
     with cli_errors():
-        with Runtime(settings) as runtime:
-            info = runtime.store.info()
-        from encoders.towers import model_fingerprint, resolve_model_path
+        if settings.api_url:  # the running server's view (its collection, model and queue)
+            from entrypoints.cli.client import ApiClient
 
-        model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
-        data: dict[str, Any] = {
-            "collection": info.alias,
-            "backend": info.backend,
-            "exists": info.active is not None,
-            "generation": info.active.name if info.active else None,
-            "points": info.active.count if info.active else 0,
-            "model": info.active.spec.model if info.active else None,
-            "dim": info.active.spec.dim if info.active else None,
-            "sparse": info.active.spec.sparse if info.active else None,
-            "search_settings": info.active.spec.settings if info.active else {},
-            "generations": [
-                {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active}
-                for g in info.generations
-            ],
-            "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
-            "broker": settings.broker_url is not None,
-        }
-        data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
-        if settings.broker_url:
-            from workers.executor import queue_depth
-
-            data["queue_depth"] = queue_depth(settings)
+            _refuse_collection_over_api(settings, collection)
+            with ApiClient(settings) as client:
+                data = client.status()
+        else:
+            with Runtime(settings) as runtime:
+                data = collection_status(settings, runtime.store.info())
     if as_json:
         emit_json(data)
         return
@@ -252,7 +249,8 @@ def status(
     table.add_row("generation", str(data["generation"] or "(none: ingest something first)"))
     table.add_row("points", f"{data['points']:,}")
     table.add_row("model", f"{data['model']}")
-    table.add_row("configured model", f"{model_name} ({data['configured_model']['fingerprint']})"
+    configured = data["configured_model"]
+    table.add_row("configured model", f"{configured['name']} ({configured['fingerprint']})"
                   + ("" if data["model_matches"] else "  [red]differs: run `dpr reembed`[/]"))
     table.add_row("vectors", "-" if data["dim"] is None else
                   f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))

@@ -1,4 +1,4 @@
-"""Model lifecycle commands: reembed, rollback, gc, beat."""
+"""Model lifecycle and store upkeep commands: reembed, rollback, gc, beat, optimize."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
     app.command("rollback")(rollback)
     app.command("gc")(gc)
     app.command("beat")(beat)
+    app.command("optimize")(optimize)
 
 
 def _settings(ctx: typer.Context, collection: str | None) -> Settings:
@@ -204,3 +205,34 @@ def beat(
         from workers.beat import run_beat
 
         run_beat(settings, loglevel=loglevel)
+
+
+def optimize(
+    ctx: typer.Context,
+    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Build the HNSW index of the active generation now (and vacuum deleted points); queries keep answering.
+
+    The embedded engine does this by itself after an ingest or re-embed that adds DPR_EDGE__INDEX_THRESHOLD points;
+    a Qdrant server indexes in the background and has nothing to do here."""
+    settings = _settings(ctx, collection)
+    with cli_errors():
+        from services.store import open_store
+
+        with open_store(settings) as store:
+            started = time.monotonic()
+            changed = store.optimize()
+            seconds = time.monotonic() - started
+            result = {"collection": store.alias, "backend": store.backend, "changed": changed,
+                      "seconds": round(seconds, 3)} | store.index_info()
+    if as_json:
+        emit_json(result)
+        return
+    what = "index rebuilt" if changed else "already optimal, nothing changed"
+    if result["backend"] != "edge":
+        what = "the Qdrant server indexes in the background by itself; nothing to do"
+    graphs = (f", {result['hnsw_segments']} with an HNSW graph (segments under {result['index_threshold']:,} points "
+              "are scanned exactly)" if "hnsw_segments" in result else "")
+    console.print(f"{result['generation']}: {result['points']:,} points in {result['segments']} segments{graphs}; "
+                  f"{what} in {seconds:.1f} s", highlight=False)

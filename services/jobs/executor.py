@@ -128,6 +128,7 @@ class LocalExecutor:
                 self.on_batch(report)
 
         submit_job(self.jobs, submitted, items, batch_documents=c_docs, batch_bytes=c_bytes, hand_over=run_now)
+        pipeline.store.maybe_optimize()  # HNSW once enough new points arrived (edge; off the lease, see store)
         if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
             self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))
         return submitted

@@ -89,6 +89,7 @@ def finalize(
         copied += len(d.stale)
         if len(d.stale) + len(d.extra) <= small:
             break
+    store.maybe_optimize(state.target)  # the new generation's HNSW, before the fence and the swap
     decision = gate() if gate is not None else None
     if decision is not None and not decision.promote:
         state = replace(state, status="rejected", finished=now_iso(), gate=decision.to_json())

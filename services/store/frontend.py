@@ -20,8 +20,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from typing import Any
 
-from services.errors import ConfigError, DprError, StoreUnavailable
+from services.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
 from services.store.common import (
     DocStateGroups,
     Scored,
@@ -64,6 +65,9 @@ ACTIVE_MAX_AGE = 5.0  # seconds an unchanged version token keeps the cached acti
 _STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at", "job"]
 _SCAN_BATCH = 1024
 _CREATE_ATTEMPTS = 5
+# Store methods that take the engine only for short spans and run long outside it (the edge index build): a wrapper
+# that serialises a process's store calls (``services.runtime``) must let them through, or every search would wait.
+SELF_LOCKING = frozenset({"optimize", "maybe_optimize"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,9 +202,22 @@ class Store:
 
     def optimize(self, generation: str | None = None) -> bool:
         with self._use(generation) as (name, _):
-            changed = self.engine.optimize(name)
+            pass  # resolve under the lease; the engine takes it again only for the short ends of the build
+        changed = self.engine.optimize(name)
         log.info("optimized generation", extra={"alias": self.alias, "generation": name, "changed": changed})
         return changed
+
+    def maybe_optimize(self, generation: str | None = None) -> bool:
+        try:
+            with self._use(generation) as (name, _):
+                due = self.engine.needs_index(name)
+        except CollectionNotFound:
+            return False  # a job that stored nothing: no collection to index
+        return self.optimize(name) if due else False
+
+    def index_info(self, generation: str | None = None) -> dict[str, Any]:
+        with self._use(generation) as (name, _):
+            return {"generation": name} | self.engine.index_info(name)
 
     # -- data -----------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None) -> None:
@@ -288,10 +305,13 @@ class Store:
         depth = max(request.candidates, request.k)
         if request.fusion == "rrf":
             return self.engine.query_rrf(name, branches, request.k, depth, request.rrf_k, where)
-        results = self.engine.query_batch(name, branches, depth, where)
+        # scores only for the candidates of both branches; payloads only for the k that survive the fusion
+        results = self.engine.query_batch(name, branches, depth, where, with_payload=False)
         dense_hits, sparse_hits = results[0], (results[1] if len(results) > 1 else [])
         higher = spec.distance != "euclid"
-        return linear_fusion(dense_hits, sparse_hits, request.linear_weight, request.k, dense_higher_is_better=higher)
+        fused = linear_fusion(dense_hits, sparse_hits, request.linear_weight, request.k, dense_higher_is_better=higher)
+        payloads = self.engine.payloads(name, [pid for pid, _, _ in fused]) if fused else {}
+        return [(pid, score, payloads[pid]) for pid, score, _ in fused if pid in payloads]
 
     def close(self) -> None:
         """Release the engine now (edge: flush, close the shards, unlock; server: close a client it owns)."""

@@ -86,6 +86,10 @@ class ShardLease:
             self._shards[generation] = shard
         return shard
 
+    def opened(self, generation: str) -> EdgeShard | None:
+        """The shard of ``generation`` if this process has it open (never loads it)."""
+        return self._shards.get(generation)
+
     def adopt(self, generation: str, shard: EdgeShard) -> None:
         self._shards[generation] = shard
 

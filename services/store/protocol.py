@@ -81,8 +81,18 @@ class VectorStore(Protocol):
         ...
 
     def optimize(self, generation: str | None = None) -> bool:
-        """Build indexes / merge and vacuum segments now (blocking). True if anything changed. The edge engine
-        only indexes here; a server optimizes in the background by itself and reports False."""
+        """Build indexes / merge and vacuum segments now (blocking the caller, not the readers). True if anything
+        changed. The edge engine only indexes here; a server optimizes in the background by itself and reports
+        False."""
+        ...
+
+    def maybe_optimize(self, generation: str | None = None) -> bool:
+        """``optimize`` if enough points arrived since the last index build (edge: ``DPR_EDGE__INDEX_THRESHOLD``);
+        called once at the end of an ingest job or a re-embed. False if nothing was done."""
+        ...
+
+    def index_info(self, generation: str | None = None) -> dict[str, Any]:
+        """What the engine says about the generation's index (points, segments, graphs), for `dpr optimize`."""
         ...
 
     # --- data ------------------------------------------------------------------------------------------
@@ -159,7 +169,15 @@ class Engine(Protocol):
         """Delete a generation; False if it does not exist."""
         ...
 
-    def optimize(self, generation: str) -> bool: ...
+    def optimize(self, generation: str) -> bool:
+        """Takes its own sessions: the edge holds the lease only to copy the shard and to swap the result in."""
+        ...
+
+    def needs_index(self, generation: str) -> bool:
+        """Enough points arrived since the last index build to build again (server: never, it does it itself)."""
+        ...
+
+    def index_info(self, generation: str) -> dict[str, Any]: ...
 
     # --- points -------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None: ...
@@ -179,8 +197,14 @@ class Engine(Protocol):
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]: ...
 
     def query_batch(
-        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None
-    ) -> list[list[Scored]]: ...
+        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
+    ) -> list[list[Scored]]:
+        """One result list per branch; without payloads (``{}``) when ``with_payload`` is False."""
+        ...
+
+    def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Point id -> payload for ``ids`` (missing ids are left out)."""
+        ...
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None

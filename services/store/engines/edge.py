@@ -11,7 +11,9 @@ Every call runs under the directory's ``ShardLease`` (``services/store/lease.py`
 opened lazily and released when idle). The pointer and the spec files are written atomically, so ``version()``
 and ``read_pointer()`` read them without the lease.
 
-HNSW graphs are built only by ``optimize()``; before that searches are an exact scan (fine below ~100k points).
+HNSW graphs are built only by ``optimize()``, on a copy in a child process, with the lease held only to copy and
+to swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan. ``needs_index`` says
+whether ``index_threshold`` points arrived since the last build (``Store.maybe_optimize`` at the end of a job).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from qdrant_edge import (
     CountRequest,
     Distance,
     EdgeConfig,
+    EdgeOptimizersConfig,
     EdgeShard,
     EdgeSparseVectorParams,
     EdgeVectorParams,
@@ -53,6 +56,7 @@ from qdrant_edge import SparseVector as EdgeSparseVector
 from services.errors import ConfigError
 from services.fsutil import write_atomic
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
+from services.store.engines import edge_index
 from services.store.lease import ShardLease, lease_for
 from services.store.points import DENSE, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
@@ -71,9 +75,20 @@ class EdgeEngine:
     backend = "edge"
     upsert_batch = 512
 
-    def __init__(self, store_dir: Path | str, alias: str, *, lock_timeout: float = 120.0, idle_release: float = 0.5):
+    def __init__(
+        self,
+        store_dir: Path | str,
+        alias: str,
+        *,
+        lock_timeout: float = 120.0,
+        idle_release: float = 0.5,
+        index_threshold: int = 5000,
+    ):
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
+        if index_threshold < 1:
+            raise ConfigError(f"edge index_threshold must be at least 1 point, got {index_threshold}")
+        self.index_threshold = index_threshold
         self.alias = alias
         self.root = Path(store_dir) / alias
         self.lock_timeout = lock_timeout
@@ -87,6 +102,7 @@ class EdgeEngine:
             settings.collection,
             lock_timeout=settings.edge.lock_timeout,
             idle_release=settings.edge.idle_release,
+            index_threshold=settings.edge.index_threshold,
         )
 
     def __repr__(self) -> str:
@@ -101,7 +117,9 @@ class EdgeEngine:
         return self._generations_dir / generation / "spec.json"
 
     def _shard(self, generation: str) -> EdgeShard:
-        return self._lease.shard(generation, self._generations_dir / generation / "shard")
+        if self._lease.opened(generation) is None:
+            edge_index.recover_swap(self._generations_dir / generation)
+        return self._lease.shard(generation, self._generations_dir / generation / edge_index.SHARD)
 
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
@@ -153,7 +171,7 @@ class EdgeEngine:
             (self._generations_dir / generation).mkdir(parents=True)
         except FileExistsError:
             return False  # a generation, or a half-made one a crash left behind
-        shard = EdgeShard.create(str(self._generations_dir / generation / "shard"), _edge_config(spec))
+        shard = EdgeShard.create(str(self._generations_dir / generation / "shard"), edge_config(spec))
         self._lease.adopt(generation, shard)
         for key in INDEXED_KEYWORDS:
             shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
@@ -173,10 +191,64 @@ class EdgeEngine:
         return True
 
     def optimize(self, generation: str) -> bool:
+        """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
+        the shard and to swap the built copy in; False if nothing changed, another process is building, or a
+        write arrived during the build (the copy is then dropped)."""
+        gen_dir = self._generations_dir / generation
+        with edge_index.build_lock(gen_dir) as mine:
+            if not mine:
+                log.info("another process is building this generation's index", extra={"generation": generation})
+                return False
+            try:
+                with self.session():
+                    token, points, spec = self._copy_for_build(generation)
+                kb = edge_index.threshold_kb(self.index_threshold, spec.dim)
+                changed = edge_index.build(gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb)
+                swapped = False
+                with self.session():
+                    if changed and self._unchanged_since(generation, token):
+                        self._lease.forget(generation)
+                        edge_index.swap_in(gen_dir)
+                        swapped = True
+                    if not changed or swapped:
+                        edge_index.record_build(gen_dir, points)
+            finally:
+                for leftover in (edge_index.OLD, edge_index.BUILD):
+                    shutil.rmtree(gen_dir / leftover, ignore_errors=True)
+        log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped})
+        return swapped
+
+    def _copy_for_build(self, generation: str) -> tuple[object, int, CollectionSpec]:
+        gen_dir = self._generations_dir / generation
         shard = self._shard(generation)
-        changed = shard.optimize()
         shard.flush()
-        return bool(changed)
+        edge_index.clear_leftovers(gen_dir)
+        token = edge_index.write_token(gen_dir / edge_index.SHARD)
+        shutil.copytree(gen_dir / edge_index.SHARD, gen_dir / edge_index.BUILD)
+        return token, shard.info().points_count, self.read_spec(generation)
+
+    def _unchanged_since(self, generation: str, token: object) -> bool:
+        shard = self._lease.opened(generation)
+        if shard is not None:
+            shard.flush()
+        if edge_index.write_token(self._generations_dir / generation / edge_index.SHARD) == token:
+            return True
+        log.info("a write arrived during the index build; keeping the shard as it is", extra={"generation": generation})
+        return False
+
+    def needs_index(self, generation: str) -> bool:
+        """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
+        points = self._shard(generation).info().points_count
+        return points - edge_index.indexed_points(self._generations_dir / generation) >= self.index_threshold
+
+    def index_info(self, generation: str) -> dict[str, Any]:
+        kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
+        return {
+            "points": self._shard(generation).info().points_count,
+            "segments": len(kinds),
+            "hnsw_segments": kinds.count("hnsw"),
+            "index_threshold": self.index_threshold,
+        }
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
@@ -204,10 +276,14 @@ class EdgeEngine:
         return _scored(self._shard(generation).query(_request(branch, limit, where)))
 
     def query_batch(
-        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None
+        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        requests = [_request(b, limit, where) for b in branches]
+        requests = [_request(b, limit, where, with_payload) for b in branches]
         return [_scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
+
+    def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=False)
+        return {str(r.id): dict(r.payload or {}) for r in records}
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
@@ -228,10 +304,15 @@ class EdgeEngine:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _edge_config(spec: CollectionSpec) -> EdgeConfig:
+def edge_config(spec: CollectionSpec, indexing_threshold_kb: int | None = None) -> EdgeConfig:
+    """The shard's config; with ``indexing_threshold_kb`` (the index build), segments above it get HNSW."""
+    optimizers = None
+    if indexing_threshold_kb is not None:
+        optimizers = EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb)
     return EdgeConfig(
         vectors={DENSE: EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])},
         sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)} if spec.sparse else None,
+        optimizers=optimizers,
     )
 
 
@@ -261,8 +342,8 @@ def _nearest(branch: Branch) -> Query:
     return Query.Nearest(_vector(vector), using=name)
 
 
-def _request(branch: Branch, limit: int, where: Where | None) -> QueryRequest:
-    return QueryRequest(limit=limit, query=_nearest(branch), filter=_filter(where), with_payload=True)
+def _request(branch: Branch, limit: int, where: Where | None, with_payload: bool = True) -> QueryRequest:
+    return QueryRequest(limit=limit, query=_nearest(branch), filter=_filter(where), with_payload=with_payload)
 
 
 def _fields(fields: Sequence[str] | bool) -> Any:

@@ -189,6 +189,18 @@ class ServerEngine:
         self.read_spec(generation)
         return False
 
+    def needs_index(self, generation: str) -> bool:
+        return False  # the server indexes in the background
+
+    def index_info(self, generation: str) -> dict[str, Any]:
+        with self._engine("read the collection", generation):
+            info = self.client.get_collection(generation)
+        return {
+            "points": info.points_count or 0,
+            "segments": info.segments_count,
+            "indexed_vectors": info.indexed_vectors_count or 0,
+        }
+
     def _exists(self, name: str) -> bool:
         with self._engine("check a collection"):
             return bool(self.client.collection_exists(name))
@@ -270,16 +282,21 @@ class ServerEngine:
         return _scored(response.points)
 
     def query_batch(
-        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None
+        self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
         flt = _filter(where)
         requests = [
-            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=True)
+            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload)
             for u, v in branches
         ]
         with self._engine("search", generation):
             responses = self.client.query_batch_points(generation, requests=requests)
         return [_scored(r.points) for r in responses]
+
+    def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        with self._engine("retrieve points", generation):
+            records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=False)
+        return {str(r.id): dict(r.payload or {}) for r in records}
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None

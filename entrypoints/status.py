@@ -1,0 +1,39 @@
+"""What `dpr status` reports, built once for the CLI and for GET /v1/status (so `dpr status` over DPR_API_URL prints
+the same thing the local command does)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.settings import Settings
+from services.store.points import CollectionInfo
+
+
+def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any]:
+    """Collection, active generation, point counts, model fingerprints, and the queue depth with a broker."""
+    from encoders.towers import model_fingerprint, resolve_model_path
+
+    model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
+    active = info.active
+    data: dict[str, Any] = {
+        "collection": info.alias,
+        "backend": info.backend,
+        "exists": active is not None,
+        "generation": active.name if active else None,
+        "points": active.count if active else 0,
+        "model": active.spec.model if active else None,
+        "dim": active.spec.dim if active else None,
+        "sparse": active.spec.sparse if active else None,
+        "search_settings": active.spec.settings if active else {},
+        "generations": [
+            {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active} for g in info.generations
+        ],
+        "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
+        "broker": settings.broker_url is not None,
+    }
+    data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
+    if settings.broker_url:
+        from workers.executor import queue_depth
+
+        data["queue_depth"] = queue_depth(settings)
+    return data
