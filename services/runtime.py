@@ -22,6 +22,7 @@ from services.query import QueryOptions, search
 from services.settings import Settings
 from services.store.points import Hit
 from services.store.protocol import VectorStore
+from services.threads import threads_per_process
 
 T = TypeVar("T")
 
@@ -83,7 +84,7 @@ class Runtime:
         with m.lock:
             if m.towers is None:
                 s = self.settings
-                configure_threads(s.encoder.threads)
+                configure_threads(threads_per_process(s.encoder.threads))  # services.threads: the policy
                 m.towers = load_towers(s.encoder.model, s.models_dir, device=s.encoder.device)
             return m.towers
 
