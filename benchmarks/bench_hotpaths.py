@@ -155,15 +155,22 @@ def bench_bucketing(towers: Any, groups: list[list[tuple[str, int]]]) -> dict[st
                                                   ("token buckets (after)", by_tokens))}
 
 
+# Run from a small launcher: Linux carries the parent's RSS high-water mark across fork + exec, so a child forked
+# straight from this (large) process would report at least this process's RSS as its peak.
+_LAUNCHER = (
+    "import os, subprocess, sys, time; t0 = time.perf_counter(); "
+    "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); _, st, ru = os.wait4(p.pid, 0); "
+    "print(time.perf_counter() - t0, ru.ru_maxrss, os.waitstatus_to_exitcode(st))"
+)
+
+
 def peak_run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall s, peak RSS MiB) of one child process."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd[:3])} failed: {p.stderr.read().decode()[-800:] if p.stderr else ''}")
-    return wall, usage.ru_maxrss / 1024
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], env=env, capture_output=True, text=True)
+    wall, kib, code = done.stdout.split()
+    if done.returncode != 0 or code != "0":
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed: {done.stderr[-800:]}")
+    return float(wall), int(kib) / 1024
 
 
 def median_runs(cmd: list[str], env: dict[str, str], runs: int = 5) -> str:
