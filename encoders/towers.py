@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -109,13 +110,27 @@ def _fingerprint_cached(path: str, files: tuple[tuple[str, int, int], ...]) -> s
     return h.hexdigest()[:16]
 
 
+_intra_op_threads: int | None = None  # this process's towers' intra-op threads, once configured
+
+
 def configure_threads(threads: int | None) -> None:
-    """Set torch's intra-op threads (one worker per core wants 1 each)."""
+    """Set the intra-op threads of this process's towers (``services.threads`` decides the number).
+
+    torch's pool is process-wide: it is set now if torch is loaded, else when a torch tower loads, so a process
+    whose towers run on onnxruntime never imports torch. onnxruntime sessions read ``intra_op_threads()`` when
+    they are created. ``None`` leaves the libraries' defaults."""
+    global _intra_op_threads
     if threads is None:
         return
-    import torch
+    _intra_op_threads = threads
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
 
-    torch.set_num_threads(threads)
+
+def intra_op_threads() -> int | None:
+    """The threads ``configure_threads`` set for this process's towers (None: not configured)."""
+    return _intra_op_threads
 
 
 class SentenceTransformerTowers:
@@ -142,6 +157,7 @@ class SentenceTransformerTowers:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             from sentence_transformers import SentenceTransformer
 
+            configure_threads(_intra_op_threads)  # torch is loaded now
             log.info("loading towers", extra={"model_path": str(self.path)})
             self._model = SentenceTransformer(str(self.path), device=self._device, local_files_only=True)
         return self._model

@@ -30,6 +30,7 @@ class Chunk:
     title: str  # the (possibly shortened) title carried with it
     start: int = 0  # character span of ``text`` in the document
     end: int = 0
+    tokens: int = 0  # passage-tower tokens of ``encoder_text`` (title + text, no special tokens): length bucketing
 
     @property
     def encoder_text(self) -> str:
@@ -88,7 +89,8 @@ def chunk_text(
         stripped = piece.strip()
         if stripped:
             a += len(piece) - len(piece.lstrip())
-            chunks.append(Chunk(index=len(chunks), text=stripped, title=title, start=a, end=a + len(stripped)))
+            chunks.append(Chunk(index=len(chunks), text=stripped, title=title, start=a, end=a + len(stripped),
+                                tokens=end - start + title_tokens))
         if end >= n:
             break
         nxt = max(end - overlap, start + 1)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
@@ -26,6 +26,9 @@ from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
 from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
 from services.store.protocol import VectorStore
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +219,8 @@ def _encode_and_store(
     """Encode every planned chunk in one passage-tower call, upsert the points, then drop stale chunks."""
     texts = [c.encoder_text for _, chunks in planned for c in chunks]
     t0 = time.perf_counter()
-    vectors = towers.encode_documents(texts, batch_size=batch_size)  # (n_passages, dim)
+    lengths = [c.tokens for _, chunks in planned for c in chunks]
+    vectors = encode_by_length(towers, texts, lengths, batch_size)  # (n_passages, dim)
     report.encode_seconds = time.perf_counter() - t0
     sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
     now = datetime.now(UTC).isoformat(timespec="seconds")
@@ -238,6 +242,27 @@ def _encode_and_store(
         store.delete_stale(doc.doc_id, doc.doc_hash, len(chunks), generation=generation)
     report.documents += len(planned)
     report.chunks += len(points)
+
+
+def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int], batch_size: int) -> np.ndarray:
+    """The passage tower over ``texts`` in batches of similar token length, vectors back in the input order.
+
+    A batch pads to its longest passage, so the passages of the whole ingest batch (every document in it) are
+    sorted by ``lengths`` (longest first) and cut into ``batch_size`` slices; each backend gets batches it cannot
+    pad much, whether or not it sorts on its own."""
+    import numpy as np
+
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    parts = [
+        towers.encode_documents([texts[i] for i in order[a : a + batch_size]], batch_size=batch_size)
+        for a in range(0, len(order), batch_size)
+    ]  # each (<= batch_size, dim)
+    if not parts:
+        return towers.encode_documents([], batch_size=batch_size)
+    ordered = np.concatenate(parts)  # (n, dim), longest first
+    vectors = np.empty_like(ordered)
+    vectors[order] = ordered
+    return vectors
 
 
 ProgressFn = Callable[[IngestReport], None]

@@ -25,6 +25,7 @@ from services.settings import Settings
 from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
+from services.threads import threads_per_process
 
 T = TypeVar("T")
 
@@ -109,10 +110,10 @@ class Runtime:
 
     def _load(self, backend: Backend) -> DualEncoder:
         s = self.settings
-        if backend == "torch":
-            configure_threads(s.encoder.threads)
+        threads = threads_per_process(s.encoder.threads)  # services.threads: the policy
+        configure_threads(threads)
         return load_towers(s.encoder.model, s.models_dir, device=s.encoder.device, backend=backend,
-                           threads=s.encoder.threads, cache_dir=s.onnx_cache_dir)
+                           threads=threads, cache_dir=s.onnx_cache_dir)
 
     @property
     def sparse(self) -> SparseEncoder:

@@ -55,7 +55,9 @@ class EncoderSettings(BaseModel):
     batch_size: int = Field(default=32, ge=1, le=4096)
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:N, mps, ...")
     threads: int | None = Field(
-        default=None, ge=1, description="intra-op threads (torch or onnxruntime); default: all cores."
+        default=None, ge=1,
+        description="Intra-op threads of the towers (torch, onnxruntime); default (services/threads.py): the usable "
+        "cores (affinity, cgroup quota), split between a worker's pool processes; `dpr serve`: 1."
     )
     backend: Literal["torch", "onnx", "onnx-int8"] = Field(
         default="torch",

@@ -12,13 +12,13 @@ timeout must exceed the longest task, or a slow task would be delivered a second
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import Celery
 
 from services.errors import ConfigError
 from services.settings import Settings
+from services.threads import resolve_threads
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +91,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def torch_threads(settings: Settings, concurrency: int, cores: int | None = None) -> int:
-    """Intra-op threads per pool process: ``settings.encoder.threads`` if set, else cores // concurrency."""
-    if settings.encoder.threads is not None:
-        return settings.encoder.threads
-    cores = cores or os.cpu_count() or 1
-    return max(1, cores // max(1, concurrency))
-
-
-def worker_settings(settings: Settings, concurrency: int) -> Settings:
-    """The settings a worker runs with: torch threads split between its pool processes."""
-    encoder = settings.encoder.model_copy(update={"threads": torch_threads(settings, concurrency)})
-    return settings.model_copy(update={"encoder": encoder})
+def worker_settings(settings: Settings, concurrency: int, cores: int | None = None) -> Settings:
+    """The settings a worker runs with: the usable cores split between its ``concurrency`` pool processes
+    (``services.threads``: an explicit ``DPR_ENCODER__THREADS`` wins)."""
+    return resolve_threads(settings, processes=concurrency, cores=cores)
 
 
 def create_app(settings: Settings) -> DprCelery:

@@ -20,6 +20,7 @@ from rich.progress import (
 )
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from services.threads import threads_per_process
 
 if TYPE_CHECKING:
     from encoders.train import TrainResult
@@ -91,7 +92,7 @@ def train(
     config = TrainConfig(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps,
-        train_passage_tokens=train_passage_tokens or None, threads=settings.encoder.threads,
+        train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
     )  # fmt: skip
     with cli_errors():
         try:

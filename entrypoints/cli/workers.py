@@ -16,6 +16,7 @@ from rich.table import Table
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.jobs import Executor, Submitted, follow_job
 from services.jobs.follow import Source
+from services.threads import available_cores
 
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 
@@ -28,7 +29,7 @@ def register(app: typer.Typer) -> None:
 def worker(
     ctx: typer.Context,
     concurrency: Annotated[
-        int | None, typer.Option("--concurrency", "-c", min=1, help="Pool processes (default: the CPU count).")
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Pool processes (default: the usable cores).")
     ] = None,
     queues: Annotated[
         str, typer.Option("--queues", "-Q", help="Queues to consume, comma-separated.")
@@ -40,7 +41,7 @@ def worker(
     settings = get_settings(ctx)
     if not settings.broker_url:
         fail(f"DPR_BROKER_URL is not set; {BROKER_HINT}", code=EXIT_USAGE)
-    processes = concurrency or os.cpu_count() or 1
+    processes = concurrency or available_cores()
     with cli_errors():
         from workers.app import create_app, worker_settings
 

@@ -24,7 +24,7 @@ from services.settings import CelerySettings, EncoderSettings, Settings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from workers import tasks
-from workers.app import celery_config, create_app, torch_threads, worker_settings
+from workers.app import celery_config, create_app, worker_settings
 
 pytestmark = pytest.mark.unit
 
@@ -62,12 +62,12 @@ def test_app_needs_a_broker(tmp_path: Path) -> None:
         create_app(Settings(data_dir=tmp_path))
 
 
-def test_torch_threads_split_cores_between_pool_processes(tmp_path: Path) -> None:
+def test_worker_threads_split_cores_between_pool_processes(tmp_path: Path) -> None:
     s = settings(tmp_path)
-    assert torch_threads(s, concurrency=2, cores=8) == 4
-    assert torch_threads(s, concurrency=4, cores=2) == 1
+    assert worker_settings(s, 2, cores=8).encoder.threads == 4
+    assert worker_settings(s, 4, cores=2).encoder.threads == 1
     pinned = s.model_copy(update={"encoder": EncoderSettings(threads=3)})
-    assert torch_threads(pinned, concurrency=2, cores=8) == 3
+    assert worker_settings(pinned, 2, cores=8).encoder.threads == 3
     assert worker_settings(s, 1).encoder.threads is not None
 
 
