@@ -29,6 +29,7 @@ from encoders.towers import (
     SentenceTransformerTowers,
     base_model_path,
     model_fingerprint,
+    newest_version,
     read_model_card,
     resolve_model_path,
 )
@@ -80,7 +81,8 @@ def active_name(models_dir: Path) -> str:
 
 def activate(models_dir: Path, name: str) -> ModelEntry:
     """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
-    entry = show_model(models_dir, name)  # raises ModelNotFound
+    entry = show_model(models_dir, name)  # raises ModelNotFound; a bare name means its newest version
+    name = entry.name
     if name != "base" and not (entry.path / "modules.json").is_file():
         raise ModelNotFound(f"{entry.path} holds no sentence-transformers model (no modules.json); retrain it")
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -122,6 +124,9 @@ def show_model(models_dir: Path, name: str) -> ModelEntry:
         card = {"name": "base", "base": str(path), "fingerprint": model_fingerprint(path), "towers": "shared"}
         return ModelEntry("base", path, active_name(models_dir) == "base", card)
     path = models_dir / name
+    if not path.is_dir():
+        name = newest_version(models_dir, name) or name  # `dpr train --name ict` made ict-<time>
+        path = models_dir / name
     if not path.is_dir() or name.startswith(".") or "/" in name:
         known = ", ".join(e.name for e in list_models(models_dir)) or "none"
         raise ModelNotFound(f"no model {name!r} under {models_dir} (known: {known}); see `dpr models list`")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -222,7 +223,8 @@ def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
     """Turn a model setting into (directory, name).
 
     ``base``: the wheel's all-MiniLM-L6-v2. ``active``: the model named in ``models_dir/ACTIVE`` if any,
-    else the base. A bare name: ``models_dir/<name>``. Anything else: a path.
+    else the base. A bare name: ``models_dir/<name>``, else the newest ``<name>-<YYYYmmdd-HHMMSS>`` that `dpr train
+    --name <name>` made. Anything else: a path.
     """
     if spec == "active":
         active = models_dir / "ACTIVE"
@@ -236,6 +238,9 @@ def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
     candidate = models_dir / spec
     if candidate.is_dir():
         return candidate, spec
+    newest = newest_version(models_dir, spec)
+    if newest is not None:
+        return models_dir / newest, newest
     path = Path(spec).expanduser()
     if path.is_dir():
         return path, path.name
@@ -244,6 +249,15 @@ def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
         f"model {spec!r} not found: not 'base', not under {models_dir} (known: {', '.join(known) or 'none'}), "
         "and not a directory; train one with `dpr train` or set DPR_ENCODER__MODEL=base"
     )
+
+
+def newest_version(models_dir: Path, name: str) -> str | None:
+    """The newest ``<name>-<YYYYmmdd-HHMMSS>`` directory under ``models_dir`` (what `dpr train --name` makes)."""
+    if not name or "/" in name or not models_dir.is_dir():
+        return None
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}")
+    versions = [p.name for p in models_dir.iterdir() if p.is_dir() and pattern.fullmatch(p.name)]
+    return max(versions) if versions else None
 
 
 def read_model_card(path: Path) -> dict[str, Any]:

@@ -59,3 +59,20 @@ def test_activate_replaces_the_active_pointer(tmp_path: Path) -> None:
     assert registry.active_name(tmp_path) == "m1"
     with pytest.raises(registry.ModelNotFound, match="dpr models list"):
         registry.activate(tmp_path, "nope")
+
+
+def test_the_name_given_to_dpr_train_means_its_newest_version_everywhere(tmp_path: Path) -> None:
+    from encoders.towers import resolve_model_path
+
+    models = tmp_path / "models"
+    for name in ("ict-20261101-090000", "ict-20261123-120000", "ictx-20261201-000000"):
+        fake_model(models, name)
+    assert resolve_model_path("ict", models) == (models / "ict-20261123-120000", "ict-20261123-120000")
+    assert resolve_model_path("ict-20261101-090000", models)[1] == "ict-20261101-090000"  # an exact pick
+    assert registry.show_model(models, "ict").name == "ict-20261123-120000"
+    assert registry.activate(models, "ict").name == "ict-20261123-120000"
+    assert registry.active_name(models) == "ict-20261123-120000"  # pinned to the version activated
+    with pytest.raises(registry.ModelNotFound):
+        registry.show_model(models, "ic")
+    with pytest.raises(FileNotFoundError):
+        resolve_model_path("ic", models)
