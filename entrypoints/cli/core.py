@@ -192,6 +192,7 @@ def query(
             rrf_k=rrf_k,
             linear_weight=weight,
         )
+        mode_used = mode or "the server's default mode"
         if settings.api_url:  # a plain HTTP client of `dpr serve`: no model, no store in this process
             from entrypoints.cli.client import ApiClient
 
@@ -201,6 +202,8 @@ def query(
         else:
             with Runtime(settings) as runtime:
                 hits = [h.to_json() for h in runtime.search(text, options)]
+                active = runtime.store.active()
+                mode_used = mode or (active.spec.settings.get("mode") if active else None) or "dense"
     if as_json:
         emit_json(hits)
         return
@@ -215,6 +218,7 @@ def query(
             snippet[:400] + ("..." if len(snippet) > 400 else ""),
         )
     console.print(table)
+    console.print(f"[dim]{len(hits)} passages; mode {mode_used}; model {hits[0].get('model', '?')}[/]", highlight=False)
 
 
 def _refuse_collection_over_api(settings: Settings, collection: str | None) -> None:

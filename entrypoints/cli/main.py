@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -61,6 +62,8 @@ _register_optional()
 
 
 def main() -> None:
+    # The model loaders' own progress bars ("Loading weights ...") must not leak into dpr's output.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     app()
 
 

@@ -96,6 +96,10 @@ def test_ingest_through_redis_and_two_workers(shared_cluster: Cluster, tmp_path:
     workers = {s["worker"].split(":")[0] for s in JobStore.from_url(shared_cluster.broker_url)
                .started(result["job"]).values()}
     assert workers == {w.name for w in shared_cluster.workers}, "both workers should have taken batches"
+    answer = shared_cluster.dpr("query", "document", "--collection", "two_workers", "-k", "1")
+    assert answer.returncode == 0, answer.stderr
+    assert "mode dense; model " in answer.stdout
+    assert "Loading weights" not in answer.stderr + answer.stdout  # the loaders' own bars never leak into dpr output
 
 
 def test_bad_files_are_reported_and_good_ones_ingested(shared_cluster: Cluster, tmp_path: Path) -> None:
