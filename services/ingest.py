@@ -326,9 +326,6 @@ class IngestPipeline:
         total.seconds = time.perf_counter() - t0
         return total
 
-    def delete(self, doc_ids: Iterable[str]) -> int:
-        return delete_documents(doc_ids, store=self.store, fence=self.fence)
-
 
 def delete_documents(doc_ids: Iterable[str], *, store: VectorStore, fence: WriteFence | None = None) -> int:
     """Remove every passage of each document, under the collection's write fence."""

@@ -159,7 +159,7 @@ def collection_corpus(settings: Settings, collection: str) -> Corpus:
     """Passages of an ingested collection as a corpus (one entry per stored chunk)."""
     from services.store import open_store
 
-    store = open_store(settings.model_copy(update={"collection": collection}))
+    store = open_store(settings.for_collection(collection))
     corpus: Corpus = {}
     try:
         for batch in store.scroll():

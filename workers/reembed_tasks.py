@@ -69,5 +69,5 @@ def reembed_finalize_task(
 def reembed_check_task(self: Task, collection: str | None = None) -> dict[str, Any]:
     settings: Settings = self.app.settings  # type: ignore[attr-defined]
     if collection and collection != settings.collection:
-        settings = settings.model_copy(update={"collection": collection})
+        settings = settings.for_collection(collection)
     return check_and_submit(settings, celery_sender)

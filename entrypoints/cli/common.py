@@ -98,6 +98,14 @@ def _settings_error_line(error: SettingsError) -> str:
     )
 
 
+def settings_for(ctx: typer.Context, collection: str | None) -> Settings:
+    """The command's settings, for ``--collection`` when given (a bad name is a usage error, exit 2)."""
+    try:
+        return get_settings(ctx).for_collection(collection)
+    except DprError as e:
+        fail(f"--{e}", code=EXIT_USAGE)
+
+
 def get_settings(ctx: typer.Context) -> Settings:
     """The Settings built by the main callback (or a fresh one when a command runs on its own)."""
     obj = ctx.find_root().obj if ctx is not None else None

@@ -10,7 +10,15 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import (
+    EXIT_UNAVAILABLE,
+    cli_errors,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    settings_for,
+)
 from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
 from entrypoints.status import collection_status
@@ -30,15 +38,6 @@ def register(app: typer.Typer) -> None:
     app.command("delete")(delete)
 
 
-def _with_collection(ctx: typer.Context, collection: str | None) -> Settings:
-    settings = get_settings(ctx)
-    try:
-        return settings.for_collection(collection)
-    except ConfigError as e:
-        fail(f"--{e}", code=2)
-        raise  # fail() exits; this line is for type checkers
-
-
 def ingest(
     ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Files, folders, JSONL files or BEIR corpus folders.")],
@@ -50,7 +49,7 @@ def ingest(
     """Ingest documents: chunk with the passage tower's tokenizer, embed, upsert into Qdrant."""
     if fmt not in ("auto", "files", "jsonl", "beir"):
         fail(f"--format {fmt!r} is not known; use auto, files, jsonl or beir", code=2)
-    settings = _with_collection(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         for p in paths:
             if not p.exists():
@@ -182,7 +181,7 @@ def query(
         fail(f"--mode {mode!r} is not known; use dense, sparse or hybrid", code=2)
     if fusion is not None and fusion not in ("rrf", "linear"):
         fail(f"--fusion {fusion!r} is not known; use rrf or linear", code=2)
-    settings = _with_collection(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         options = QueryOptions(
             k=k,
@@ -235,7 +234,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Collection, generation, point count, model fingerprint, queue depth when a broker is configured."""
-    settings = _with_collection(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         if settings.api_url:  # the running server's view (its collection, model and queue)
             from entrypoints.cli.client import ApiClient
@@ -296,7 +295,7 @@ def delete(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Delete documents (every passage of each)."""
-    settings = _with_collection(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         with Runtime(settings) as runtime:
             removed = runtime.delete(doc_ids)

@@ -155,7 +155,7 @@ def _hybrid_options(
         from services.query import active_spec
         from services.store import open_store
 
-        store = open_store(settings.model_copy(update={"collection": tuned_from}))
+        store = open_store(settings.for_collection(tuned_from))
         try:
             tuned = dict(active_spec(store).settings.get("hybrid") or {})
         finally:

@@ -9,8 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail
-from entrypoints.cli.core import _with_collection
+from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, settings_for
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +40,7 @@ def tune_hybrid_command(
     from services.readers import DataError
     from services.runtime import Runtime
 
-    settings = _with_collection(ctx, collection)
+    settings = settings_for(ctx, collection)
     kind = detect_dataset_format(data, fmt)
     if kind not in ("beir", "squad"):
         fail(f"--format {kind!r} cannot be tuned on; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from entrypoints.cli.common import EXIT_ERROR, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import (
+    EXIT_ERROR,
+    cli_errors,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    get_settings,
+    settings_for,
+)
 from services import lifecycle
 from services.errors import ConfigError
 from services.settings import Settings
@@ -21,11 +30,6 @@ def register(app: typer.Typer) -> None:
     app.command("gc")(gc)
     app.command("beat")(beat)
     app.command("optimize")(optimize)
-
-
-def _settings(ctx: typer.Context, collection: str | None) -> Settings:
-    settings = get_settings(ctx)
-    return settings if collection is None else settings.model_copy(update={"collection": collection})
 
 
 def _progress_bar() -> Progress:
@@ -51,7 +55,7 @@ def reembed(
     """Re-embed every stored passage with the new passage tower into a new generation, verify, swap the alias.
 
     Resumable: run it again after an interruption and it continues. Without a broker it runs in this process."""
-    settings = _settings(ctx, collection)
+    settings = settings_for(ctx, collection)
     if gate is not None and not gate.exists():
         fail(f"--gate {gate}: no such file or directory", code=2)
     if show:
@@ -168,7 +172,7 @@ def rollback(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Swap the alias back to the previous generation (kept until `dpr gc`); its model becomes ACTIVE again."""
-    settings = _settings(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         data = lifecycle.rollback_collection(settings)
     if as_json:
@@ -186,7 +190,7 @@ def gc(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Drop all but the newest N inactive generations (never the active one, never a re-embed in progress)."""
-    settings = _settings(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         dropped, n = lifecycle.gc_collection(settings, keep)
     if as_json:
@@ -216,7 +220,7 @@ def optimize(
 
     The embedded engine does this by itself after an ingest or re-embed that adds DPR_EDGE__INDEX_THRESHOLD points;
     a Qdrant server indexes in the background and has nothing to do here."""
-    settings = _settings(ctx, collection)
+    settings = settings_for(ctx, collection)
     with cli_errors():
         from services.store import open_store
 

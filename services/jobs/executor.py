@@ -80,11 +80,12 @@ class LocalExecutor:
             return self._run(submitted, items)
         self.jobs.create(submitted.job, collection=collection, executor=self.name)
         materialised = list(items)  # the request's items, already in memory
-        submitted.documents = sum(isinstance(i, Document) for i in materialised)
         with self._lock:
             self._pending += 1
         self._pool.submit(self._run_background, submitted, materialised)
-        return submitted
+        # What the caller sees is its own record: the background thread fills ``submitted`` meanwhile.
+        return Submitted(job=submitted.job, collection=collection, executor=self.name,
+                         documents=sum(isinstance(i, Document) for i in materialised))
 
     def pending(self) -> int:
         with self._lock:
@@ -105,7 +106,6 @@ class LocalExecutor:
     def _run_background(self, submitted: Submitted, items: list[Item]) -> None:
         with self._lock:
             self._pending -= 1
-        submitted.documents = 0
         try:
             self._run(submitted, items)
         except Exception:  # the job's header says what happened; the serving process goes on

@@ -108,9 +108,12 @@ def _lost(executor: Resending, job_id: str, status: dict[str, Any], suspects: di
     held = executor.in_flight(job_id)
     if held is None:
         return set()
-    started = executor.jobs.started(job_id)
+    unheld = pending - held
+    if not unheld and not suspects:
+        return set()  # the common case: every pending batch has its message; no second read of the job
+    started = executor.jobs.started(job_id) if unheld else {}
     now = time.monotonic()
-    quiet = {b for b in pending - held if time.time() - float(started.get(b, {}).get("at", 0)) > settle}
+    quiet = {b for b in unheld if time.time() - float(started.get(b, {}).get("at", 0)) > settle}
     for b in list(suspects):
         if b not in quiet:
             del suspects[b]
