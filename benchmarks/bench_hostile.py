@@ -122,9 +122,9 @@ def summary(out: Path) -> str:
         data = json.loads(out.read_bytes())
     except (ValueError, OSError):
         return "(no JSON)"
-    failed, skipped = data.get("failed", []), data.get("skipped", [])
-    n_failed = failed if isinstance(failed, int) else len(failed)
-    n_skipped = skipped if isinstance(skipped, int) else len(skipped)
+    # the job keeps the first records in full and counts them all (``*_total``)
+    n_failed = int(data.get("failed_total", len(data.get("failed", []))))
+    n_skipped = int(data.get("skipped_total", len(data.get("skipped", []))))
     return (f"{data.get('documents', 0)} written, {n_failed:,} failed, {n_skipped} skipped "
             f"(--json output {out.stat().st_size / 1e6:.1f} MB)")
 
