@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,11 @@ PROBES = _SENTENCES + [
 ]
 
 
-def ensure_export(model_path: Path, export_dir: Path) -> dict[str, Any]:
+def ensure_export(model_path: Path, export_dir: Path,
+                  exporter: Callable[[Path, Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The current export's manifest, exporting first when there is none or the model changed (one exporter at a
-    time per directory; the others wait and read its result)."""
+    time per directory; the others wait and read its result). ``exporter``: ``export`` (the towers) unless given
+    (the reranker's: ``encoders.rerank.export_reranker``)."""
     try:
         return read_current_manifest(export_dir, model_path)
     except ExportMissing:
@@ -77,7 +80,7 @@ def ensure_export(model_path: Path, export_dir: Path) -> dict[str, Any]:
             return read_current_manifest(export_dir, model_path)
         except ExportMissing as e:
             log.info("exporting towers to ONNX", extra={"model_path": str(model_path), "reason": str(e)})
-            return export(model_path, export_dir)
+            return (exporter or export)(model_path, export_dir)
 
 
 def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
@@ -141,21 +144,24 @@ def _tower_spec(model: Any, role: str) -> dict[str, Any]:
     }
 
 
-def _export_transformer(transformer: Any, directory: Path) -> None:
-    """The transformer -> ``model.onnx`` (token embeddings) and ``model.int8.onnx``; its tokenizer.json beside."""
+def _export_transformer(transformer: Any, directory: Path, sample_inputs: list[Any] | None = None,
+                        output: str = "last_hidden_state") -> None:
+    """The transformer -> ``model.onnx`` (its ``output``: the token embeddings of a tower, the logits of a
+    cross-encoder) and ``model.int8.onnx``; its tokenizer.json beside. ``sample_inputs`` trace the graph."""
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     directory.mkdir(parents=True)
     transformer.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
-    sample = transformer.preprocess(["a probe sentence", "another, a little longer probe sentence"])
+    sample = transformer.preprocess(sample_inputs or ["a probe sentence", "another, a little longer probe sentence"])
     names = [n for n in INPUTS if n in sample]
-    wrapper = _token_embeddings_module()(transformer.auto_model, names).eval()
-    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "token_embeddings"]}
+    wrapper = _token_embeddings_module()(transformer.auto_model, names, output).eval()
+    output_name = "token_embeddings" if output == "last_hidden_state" else output
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, output_name]}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(wrapper, tuple(sample[n] for n in names), str(directory / VARIANT_FILES["onnx"]),
-                          input_names=names, output_names=["token_embeddings"], dynamic_axes=axes,
+                          input_names=names, output_names=[output_name], dynamic_axes=axes,
                           opset_version=17, dynamo=False)
     quiet = _DropRecordsFrom("onnxruntime")  # the quantiser logs every skipped node on the root logger
     logging.getLogger().addFilter(quiet)
@@ -176,16 +182,17 @@ class _DropRecordsFrom(logging.Filter):
 
 
 def _token_embeddings_module() -> Any:
-    """A module that maps the tokenizer's tensors to the transformer's token embeddings (built where torch is)."""
+    """A module that maps the tokenizer's tensors to one output of the transformer (built where torch is):
+    ``last_hidden_state`` (batch, seq, hidden) or a cross-encoder's ``logits`` (batch, labels)."""
     import torch
 
     class TokenEmbeddings(torch.nn.Module):
-        def __init__(self, model: Any, names: list[str]) -> None:
+        def __init__(self, model: Any, names: list[str], output: str = "last_hidden_state") -> None:
             super().__init__()
-            self.model, self.names = model, names
+            self.model, self.names, self.output = model, names, output
 
         def forward(self, *inputs: Any) -> Any:
-            return self.model(**dict(zip(self.names, inputs, strict=True))).last_hidden_state  # (batch, seq, hidden)
+            return getattr(self.model(**dict(zip(self.names, inputs, strict=True))), self.output)
 
     return TokenEmbeddings
 

@@ -19,6 +19,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class ModelEntry:
             "trained_at": card.get("finished_at"),
             "data": (card.get("training_data") or {}).get("dataset"),
             "dev_ndcg@10": dev.get("ndcg@10"),
+            "kind": card.get("kind", "towers"),
         }
 
 
@@ -83,6 +85,9 @@ def activate(models_dir: Path, name: str) -> ModelEntry:
     """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
     entry = show_model(models_dir, name)  # raises ModelNotFound; a bare name means its newest version
     name = entry.name
+    if entry.card.get("kind") == "reranker":
+        raise ModelNotFound(f"{name} is a reranker, not towers; rerankers are used by `dpr query --rerank N` "
+                            "(DPR_RERANK__MODEL), not activated")
     if name != "base" and not (entry.path / "modules.json").is_file():
         raise ModelNotFound(f"{entry.path} holds no sentence-transformers model (no modules.json); retrain it")
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +146,8 @@ def model_candidates(models_dir: Path) -> list[tuple[Path, str]]:
     out = [(base_model_path(), "base")]
     if models_dir.is_dir():
         for p in sorted(models_dir.iterdir()):
-            if p.is_dir() and not p.name.startswith(".") and (p / "modules.json").is_file():
+            if (p.is_dir() and not p.name.startswith(".") and (p / "modules.json").is_file()
+                    and read_model_card(p).get("kind") != "reranker"):
                 out.append((p, p.name))
     return out
 
@@ -181,14 +187,17 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
         return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
 
 
-def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None) -> dict[str, Any] | None:
-    """Make the ONNX export of the model at ``path`` now unless a current one exists (after ``dpr train``, on
-    ``dpr models activate``). Returns its manifest; a model the export cannot reproduce is logged and left to torch
-    (``None``): the torch backend never needs the export."""
+def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None,
+                 exporter: Callable[[Path, Path], dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Make the ONNX export of the model at ``path`` now unless a current one exists (after ``dpr train`` and
+    ``dpr train-reranker``, whose ``exporter`` is ``encoders.rerank.export_reranker``, on ``dpr models activate``).
+    Returns its manifest; a model the export cannot reproduce is logged and left to torch (``None``): the torch
+    backend never needs the export."""
     from encoders.onnx_export import ensure_export
 
     try:
-        return ensure_export(path, export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir)))
+        return ensure_export(path, export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir)),
+                             exporter)
     except Exception as e:
         log.warning("no ONNX export of this model; the onnx backends cannot serve it (torch can)",
                     extra={"model_path": str(path), "error": str(e)})

@@ -310,8 +310,10 @@ def _arguments(config: TrainConfig, columns: list[str], output_dir: Path) -> Any
     )
 
 
-def _fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None) -> tuple[int, list[float]]:
-    """Run the trainer; returns (steps, loss per logged step)."""
+def _fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None,
+         trainer_class: Any = None) -> tuple[int, list[float]]:
+    """Run the trainer (``SentenceTransformerTrainer`` unless ``trainer_class`` says otherwise: the reranker's
+    ``CrossEncoderTrainer``); returns (steps, loss per logged step)."""
     from sentence_transformers import SentenceTransformerTrainer
     from transformers import PrinterCallback, TrainerCallback
 
@@ -325,8 +327,8 @@ def _fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | 
             if progress is not None:
                 progress(state.global_step, state.max_steps, losses[-1] if losses else None)
 
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss,
-                                         callbacks=[_Progress()])
+    trainer = (trainer_class or SentenceTransformerTrainer)(model=model, args=args, train_dataset=dataset, loss=loss,
+                                                            callbacks=[_Progress()])
     trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
     trainer.train()
     return int(trainer.state.global_step), losses

@@ -1,4 +1,8 @@
-"""Query: question tower -> vector -> store.search (dense | sparse BM25 | hybrid fusion) -> hits.
+"""Query: question tower -> vector -> store.search (dense | sparse BM25 | hybrid fusion) -> hits [-> reranker].
+
+With a reranker (``QueryOptions.rerank``, else the collection's ``rerank`` setting that `dpr train-reranker` stored
+where its dev split gained), the store returns the top N and a cross-encoder reorders them; hits keep the first
+stage's ``score`` and carry ``rerank_score``.
 
 A question is only ever compared with passages embedded by its own partner tower: the collection's model
 fingerprint, dimension and distance are checked first, and a mismatch is refused with the fix.
@@ -7,8 +11,8 @@ fingerprint, dimension and distance are checked first, and a mismatch is refused
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
@@ -17,7 +21,12 @@ from services.store.common import check_compatible, check_linear_weight, request
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
+if TYPE_CHECKING:
+    from encoders.rerank import Reranker
+
 MAX_K = 1000
+RERANK_KEY = "rerank"  # the collection setting `dpr train-reranker` stores: model, candidates, enabled, dev gain
+RerankerFor = Callable[["str | None"], "Reranker"]  # the collection's recorded reranker name (or None) -> reranker
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,31 @@ class QueryOptions:
     rrf_k: int | None = None
     linear_weight: float | None = None
     candidates: int | None = None
+    rerank: int | None = None  # None: the collection's default; 0: off; N: rerank the first stage's top N
+
+
+def rerank_plan(spec: CollectionSpec, options: QueryOptions) -> tuple[int, str | None]:
+    """(N, the collection's reranker name or None): how many first-stage hits to rerank (0: none)."""
+    stored = dict(spec.settings.get(RERANK_KEY) or {})
+    if options.rerank is None:
+        n = int(stored.get("candidates") or 0) if stored.get("enabled") else 0
+    else:
+        n = options.rerank
+    if not 0 <= n <= MAX_K:
+        raise ConfigError(f"rerank={n} is out of range; use 0 (off) or 1..{MAX_K} first-stage hits")
+    if n and n < options.k:
+        raise ConfigError(f"rerank={n} is below k={options.k}; rerank at least as many hits as you ask for")
+    return n, stored.get("model")
+
+
+def rerank_hits(question: str, hits: list[Hit], reranker: Reranker, k: int, batch_size: int = 32) -> list[Hit]:
+    """``hits`` ordered by the reranker's score of (question, passage text), cut to ``k``; each keeps its first-stage
+    ``score`` and carries ``rerank_score``."""
+    if not hits:
+        return hits
+    scores = reranker.score(question, [h.passage.text for h in hits], batch_size=batch_size)  # (len(hits),)
+    order = sorted(range(len(hits)), key=lambda i: -float(scores[i]))  # stable: ties keep the first stage's order
+    return [replace(hits[i], rerank_score=float(scores[i])) for i in order[:k]]
 
 
 def active_spec(store: VectorStore) -> CollectionSpec:
@@ -75,8 +109,9 @@ def search_many(
     sparse: SparseEncoder | None = None,
     batch_size: int = 32,
     towers_for: Callable[[str], DualEncoder] | None = None,
+    reranker_for: RerankerFor | None = None,
 ) -> list[list[Hit]]:
-    """Answer several questions: one question-tower batch, then one store search each."""
+    """Answer several questions: one question-tower batch, then one store search each (then the reranker)."""
     options = options or QueryOptions()
     for q in questions:
         if not q.strip():
@@ -87,6 +122,12 @@ def search_many(
         active_spec(store)  # raises CollectionNotFound with the fix
     generation, spec = active.name, active.spec  # type: ignore[union-attr]
     base = resolve_request(spec, options, store.alias)
+    n_rerank, rerank_model = rerank_plan(spec, options)
+    reranker = None
+    if n_rerank:
+        if reranker_for is None:
+            raise ConfigError("reranking was asked for but no reranker is configured here; use rerank=0")
+        reranker = reranker_for(rerank_model)
     if base.mode != "sparse":
         if towers_for is not None and spec.model != towers.fingerprint:
             towers = towers_for(spec.model)  # the question tower follows the collection across re-embeds
@@ -97,7 +138,7 @@ def search_many(
     results = []
     for i, q in enumerate(questions):
         request = SearchRequest(
-            k=base.k,
+            k=max(base.k, n_rerank),
             mode=base.mode,
             dense=dense[i].tolist() if base.mode != "sparse" else None,
             sparse=sparse.embed_query(q) if sparse is not None and base.mode != "dense" else None,
@@ -107,7 +148,8 @@ def search_many(
             linear_weight=base.linear_weight,
             candidates=base.candidates,
         )
-        results.append(store.search(request, generation=generation))  # pinned: one generation per answer
+        hits = store.search(request, generation=generation)  # pinned: one generation per answer
+        results.append(rerank_hits(q, hits, reranker, base.k) if reranker is not None else hits)
     return results
 
 
@@ -119,5 +161,7 @@ def search(
     options: QueryOptions | None = None,
     sparse: SparseEncoder | None = None,
     towers_for: Callable[[str], DualEncoder] | None = None,
+    reranker_for: RerankerFor | None = None,
 ) -> list[Hit]:
-    return search_many([question], store=store, towers=towers, options=options, sparse=sparse, towers_for=towers_for)[0]
+    return search_many([question], store=store, towers=towers, options=options, sparse=sparse, towers_for=towers_for,
+                       reranker_for=reranker_for)[0]

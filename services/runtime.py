@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from encoders.onnx_towers import Backend
 from encoders.registry import load_towers
 from encoders.towers import DualEncoder, configure_threads
+from services.errors import ModelMismatch
 from services.ingest import IngestPipeline, SparseEncoder, delete_documents
 from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
@@ -26,6 +27,9 @@ from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
 from services.threads import threads_per_process
+
+if TYPE_CHECKING:
+    from encoders.rerank import Reranker
 
 T = TypeVar("T")
 
@@ -142,6 +146,20 @@ class Runtime:
         """``towers_for`` on the question backend (the query path)."""
         return self.towers_for(fingerprint, self.question_backend)
 
+    def reranker(self, recorded: str | None = None) -> Reranker:
+        """The reranker: ``rerank.model``, else the one the collection recorded (``recorded``), else the newest
+        ``rerank``; on ``rerank.backend`` (default: the question backend). Loaded once per process (the loader's
+        cache, which notices a retrained model)."""
+        from encoders.rerank import RerankerError, load_reranker
+
+        s = self.settings
+        try:
+            return load_reranker(s.rerank.model or recorded or "rerank", s.models_dir,
+                                 s.rerank.backend or self.question_backend,
+                                 threads=threads_per_process(s.encoder.threads), cache_dir=s.onnx_cache_dir)
+        except RerankerError as e:
+            raise ModelMismatch(str(e)) from e
+
     # --- per collection -----------------------------------------------------------------------------------
     @property
     def store(self) -> VectorStore:
@@ -193,7 +211,7 @@ class Runtime:
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
         return search(question, store=self.store, towers=self.question_towers, options=options, sparse=self.sparse,
-                      towers_for=self.question_towers_for)
+                      towers_for=self.question_towers_for, reranker_for=self.reranker)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""

@@ -81,6 +81,20 @@ class EncoderSettings(BaseModel):
         return value
 
 
+class RerankSettings(BaseModel):
+    """The cross-encoder reranker over the first stage's hits (`dpr train-reranker`, `dpr query --rerank N`)."""
+
+    model: str | None = Field(
+        default=None,
+        description="Reranker name under DATA_DIR/models or a path; default: the one the collection recorded, else "
+        "the newest 'rerank' model.",
+    )
+    backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
+        default=None, description="What runs the reranker; default: the question tower's backend."
+    )
+    batch_size: int = Field(default=32, ge=1, le=1024, description="(question, passage) pairs per forward pass.")
+
+
 class QdrantSettings(BaseModel):
     """Server adapter (qdrant-client) options; applied on collection creation."""
 
@@ -175,6 +189,7 @@ class Settings(BaseSettings):
 
     chunk: ChunkSettings = ChunkSettings()
     encoder: EncoderSettings = EncoderSettings()
+    rerank: RerankSettings = RerankSettings()
     qdrant: QdrantSettings = QdrantSettings()
     edge: EdgeSettings = EdgeSettings()
     celery: CelerySettings = CelerySettings()

@@ -120,12 +120,17 @@ class SearchIn(BaseModel):
     rrf_k: int | None = Field(default=None, ge=1, le=10_000)
     linear_weight: float | None = Field(default=None, ge=0.0, le=1.0)
     candidates: int | None = Field(default=None, ge=1, le=10_000)
+    rerank: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Rerank the first stage's top N with the reranker (N >= k); 0: off; default: the collection's.",
+    )
 
 
 class HitOut(BaseModel):
     doc_id: str
     chunk_index: int
     score: float
+    rerank_score: float | None = Field(default=None, description="The reranker's score, when it reordered the hits.")
     title: str
     text: str
     model: str

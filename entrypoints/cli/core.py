@@ -174,9 +174,13 @@ def query(
     weight: Annotated[float | None, typer.Option(help="Linear fusion: weight of the dense score, 0..1")] = None,
     rrf_k: Annotated[int | None, typer.Option(help="RRF constant k")] = None,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE payload filter (repeat)")] = None,
+    rerank: Annotated[
+        int | None, typer.Option(min=0, help="Rerank the first stage's top N with the reranker; 0: off "
+                                 "(default: the collection's, on where its dev split gained)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Answer a question: question tower -> ANN search over the passages."""
+    """Answer a question: question tower -> ANN search over the passages [-> the reranker over the top N]."""
     if mode is not None and mode not in ("dense", "sparse", "hybrid"):
         fail(f"--mode {mode!r} is not known; use dense, sparse or hybrid", code=2)
     if fusion is not None and fusion not in ("rrf", "linear"):
@@ -190,6 +194,7 @@ def query(
             fusion=fusion,  # type: ignore[arg-type]
             rrf_k=rrf_k,
             linear_weight=weight,
+            rerank=rerank,
         )
         mode_used = mode or "the server's default mode"
         if settings.api_url:  # a plain HTTP client of `dpr serve`: no model, no store in this process
@@ -212,8 +217,9 @@ def query(
     table = Table("#", "score", "document", "passage", show_lines=True)
     for i, h in enumerate(hits, start=1):
         snippet = " ".join(h["text"].split())
+        reranked = f"\n[dim]rerank {h['rerank_score']:.3f}[/]" if h.get("rerank_score") is not None else ""
         table.add_row(
-            str(i), f"{h['score']:.4f}", f"{h['doc_id']}\n[dim]chunk {h['chunk_index']}[/]\n{h['title']}",
+            str(i), f"{h['score']:.4f}{reranked}", f"{h['doc_id']}\n[dim]chunk {h['chunk_index']}[/]\n{h['title']}",
             snippet[:400] + ("..." if len(snippet) > 400 else ""),
         )
     console.print(table)

@@ -19,7 +19,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import (
+    EXIT_USAGE,
+    cli_errors,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    get_settings,
+    settings_for,
+)
 from services.threads import threads_per_process
 
 if TYPE_CHECKING:
@@ -30,6 +39,7 @@ log = logging.getLogger(__name__)
 
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
+    app.command("train-reranker")(train_reranker)
 
 
 def train(
@@ -105,6 +115,66 @@ def train(
 
             activate(settings.models_dir, result.name)
     _print_result(result, activate_model, as_json)
+
+
+def train_reranker(
+    ctx: typer.Context,
+    data: Annotated[Path, typer.Argument(help="BEIR folder, SQuAD JSON or labelled pairs JSONL.")],
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad | jsonl")] = "auto",
+    split: Annotated[str, typer.Option(help="BEIR qrels split; SQuAD article split (train | test | all).")] = "train",
+    corpus: Annotated[Path | None, typer.Option(help="Corpus for JSONL pairs that use positive_id.")] = None,
+    max_pairs: Annotated[int | None, typer.Option(help="Cap on training pairs (a seeded sample).")] = None,
+    name: Annotated[str, typer.Option(help="Reranker name; saved as NAME-YYYYmmdd-HHMMSS.")] = "rerank",
+    base: Annotated[str, typer.Option(help="Encoder under the new head: 'base' (MiniLM-L6) or a path.")] = "base",
+    epochs: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Questions per batch.")] = 16,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 2e-5,
+    hard_negatives: Annotated[int, typer.Option(min=0, help="BM25 hard negatives per pair.")] = 3,
+    negative_window: Annotated[str, typer.Option(help="BM25 ranks START:END searched for negatives.")] = "0:30",
+    candidates: Annotated[int, typer.Option(min=1, help="First-stage hits reranked on the dev split (N).")] = 50,
+    first_stage: Annotated[
+        str, typer.Option(help="Dev first stage: bm25, or towers (base, a model name) searched in memory.")
+    ] = "bm25",
+    dev_queries: Annotated[int, typer.Option(help="Queries held out of the training data (dev split).")] = 100,
+    max_steps: Annotated[int, typer.Option(help="Stop after this many steps (overrides --epochs).")] = -1,
+    seed: Annotated[int, typer.Option()] = 42,
+    collection: Annotated[str | None, typer.Option(help="Collection that records the default (if it exists).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and BM25 hard negatives; measure
+    the dev split before/after reranking the first stage's top N; on by default for the collection only on a gain."""
+    from encoders.mining import MiningConfig
+    from encoders.rerank_train import RerankConfig
+    from services.reranking import train_reranker_model
+    from services.training import TrainingData
+
+    settings = settings_for(ctx, collection)
+    start, end = _parse_window(negative_window)
+    what = TrainingData(data=data, fmt=fmt, split=split, corpus=corpus, max_pairs=max_pairs, dev_queries=dev_queries,
+                        seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end))
+    config = RerankConfig(name=name, epochs=epochs, batch_size=batch_size, learning_rate=lr, candidates=candidates,
+                          seed=seed, max_steps=max_steps, threads=threads_per_process(settings.encoder.threads))
+    with cli_errors():
+        try:
+            with _progress_bar(quiet=as_json) as on_step:
+                done = train_reranker_model(settings, what, config, base=base, first_stage=first_stage,
+                                            progress=on_step)
+        except ValueError as e:
+            fail(str(e))
+    card = done.result.card
+    if as_json:
+        emit_json({"model": done.result.name, "path": str(done.result.model_dir), "card": card,
+                   "collection_setting": done.setting, "stored_in": done.stored_in})
+        return
+    console.print(f"saved reranker [bold]{done.result.name}[/] at {done.result.model_dir} "
+                  f"({card['steps']} steps, {card['train_seconds']:.0f} s)")
+    dev = card.get("dev_metrics")
+    if dev:
+        console.print(f"dev ({dev['queries']} queries, {dev['first_stage']} top {dev['candidates']}): nDCG@10 "
+                      f"{dev['before']['ndcg@10']:.3f} -> {dev['after']['ndcg@10']:.3f} (gain {dev['gain']:+.3f})")
+    state = "on" if done.setting["enabled"] else "off (no dev gain)"
+    where = f"collection {done.stored_in!r}" if done.stored_in else f"no collection {settings.collection!r} yet"
+    console.print(f"default reranking: {state}; recorded in {where}; per query: dpr query --rerank N | --rerank 0")
 
 
 def _print_result(result: TrainResult, activated: bool, as_json: bool) -> None:

@@ -172,10 +172,11 @@ class Hit:
     passage: Passage
     score: float
     id: str
+    rerank_score: float | None = None  # the reranker's score when one reordered the hits (services.query)
 
     def to_json(self) -> dict[str, Any]:
         p = self.passage
-        return {
+        out = {
             "doc_id": p.doc_id,
             "chunk_index": p.chunk_index,
             "score": self.score,
@@ -184,6 +185,9 @@ class Hit:
             "model": p.model,
             "source": p.source,
         }
+        if self.rerank_score is not None:
+            out["rerank_score"] = self.rerank_score
+        return out
 
 
 @dataclass(frozen=True)

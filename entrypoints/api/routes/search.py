@@ -14,7 +14,8 @@ from services.query import QueryOptions
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 
 
-@router.post("/search", response_model=schemas.SearchOut, summary="Question tower -> passages")
+@router.post("/search", response_model=schemas.SearchOut, response_model_exclude_none=True,
+             summary="Question tower -> passages [-> reranker]")
 def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     options = QueryOptions(
         k=body.k,
@@ -24,6 +25,7 @@ def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) ->
         rrf_k=body.rrf_k,
         linear_weight=body.linear_weight,
         candidates=body.candidates,
+        rerank=body.rerank,
     )
     t0 = time.perf_counter()
     with state.metrics.time_query(body.mode or "default"):

@@ -1,0 +1,270 @@
+"""A cross-encoder reranker: scores (question, passage) pairs jointly, to reorder a first stage's top N.
+
+Inference on the towers' backends: ``torch`` (a sentence-transformers ``CrossEncoder``) or ONNX Runtime (``onnx``
+fp32, ``onnx-int8``) over the reranker's export (``export_reranker``, made with ``encoders.onnx_export``'s
+machinery, stored in ``<model>/onnx`` and tied to the model's files like the towers' exports). The ONNX path needs
+only onnxruntime + tokenizers + numpy: no torch import here at module level or on that path.
+
+A reranker is a model directory under the models dir whose ``model_card.json`` says ``"kind": "reranker"``
+(``encoders.rerank_train`` makes them). Scores are the classifier's raw logit: higher is more relevant.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from encoders.onnx_towers import (
+    FORMAT,
+    VARIANT_FILES,
+    Backend,
+    ExportMissing,
+    OnnxBackend,
+    export_dir_for,
+    read_current_manifest,
+)
+from encoders.towers import model_fingerprint, read_model_card, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+RERANKER_KIND = "reranker"
+DEFAULT_MAX_LENGTH = 320  # question (<= 64 tokens) + a passage window (256) + specials
+# Pairs the export is checked on (fp32 must agree with torch; int8's agreement is recorded).
+PROBE_PAIRS = [
+    ("What is the capital of France?", "Paris is the capital and most populous city of France."),
+    ("What is the capital of France?", "Mitochondria are the powerhouse of the cell."),
+    ("how do vaccines train the immune system", "Vaccines expose the immune system to an antigen."),
+    ("Which protein binds oxygen in red blood cells?", "Hemoglobin carries oxygen from the lungs to the tissues."),
+    ("why is the sky blue", "Rayleigh scattering."),
+    ("", "an empty question"),
+    ("who wrote pride and prejudice", "Jane Austen wrote Pride and Prejudice. " * 60),  # truncated
+    ("ÜBER naïve café — 東京 and Москва " * 20, "word " * 600),  # both sides truncated
+]
+FP32_MAX_ABS_DIFF = 1e-3  # the fp32 export must reproduce torch's logits this closely on the probes
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order of the encodings' fields below
+
+
+class RerankerError(LookupError):
+    """No usable reranker (none trained, or the model named is not a reranker)."""
+
+
+class Reranker(Protocol):
+    """Scores passages for one question: higher is more relevant."""
+
+    name: str
+    backend: str
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """(n,) float32 scores of ``passages`` for ``question``."""
+        ...
+
+
+class TorchReranker:
+    """A sentence-transformers CrossEncoder directory (loaded on first use)."""
+
+    backend: str = "torch"
+
+    def __init__(self, path: Path, name: str | None = None, max_length: int | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self.max_length = max_length
+        self._fingerprint = model_fingerprint(self.path)
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def model(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                from encoders.train import _offline
+
+                _offline()
+                from sentence_transformers import CrossEncoder
+
+                self._model = CrossEncoder(str(self.path), device="cpu", local_files_only=True,
+                                           max_length=self.max_length)
+            return self._model
+
+    def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return score_with_model(self.model, question, passages, batch_size)
+
+
+def score_with_model(model: Any, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """Raw logits of a CrossEncoder in memory (training's dev evaluation and ``TorchReranker``)."""
+    import torch
+
+    if not passages:
+        return np.zeros(0, dtype=np.float32)
+    scores = model.predict([(question, p) for p in passages], batch_size=batch_size, show_progress_bar=False,
+                           activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+    return np.asarray(scores, dtype=np.float32).reshape(-1)  # (n,)
+
+
+class OnnxReranker:
+    """The reranker's ONNX export on onnxruntime + tokenizers + numpy."""
+
+    def __init__(self, export_dir: Path, model_path: Path, backend: OnnxBackend = "onnx", *,
+                 threads: int | None = None, name: str | None = None) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        if backend not in VARIANT_FILES:
+            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx or onnx-int8")
+        self.path, self.export_dir = Path(model_path), Path(export_dir)
+        self.name = name or self.path.name
+        self.backend: str = backend
+        self.manifest = read_current_manifest(self.export_dir, self.path)  # raises ExportMissing
+        if self.manifest.get("kind") != RERANKER_KIND:
+            raise ExportMissing(f"the ONNX export under {export_dir} is not a reranker's; it is made again")
+        self._fingerprint = str(self.manifest["model_fingerprint"])
+        self.tokenizer = Tokenizer.from_file(str(self.export_dir / "reranker" / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(int(self.manifest["max_length"]), strategy="longest_first")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or 0
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(self.export_dir / "reranker" / VARIANT_FILES[backend]), options,
+                                            providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        if not passages:
+            return np.zeros(0, dtype=np.float32)
+        encodings = self.tokenizer.encode_batch([(question, p) for p in passages])
+        out = np.empty(len(passages), dtype=np.float32)
+        for start in range(0, len(encodings), max(1, batch_size)):
+            batch = encodings[start:start + batch_size]
+            width = max(len(e.ids) for e in batch)
+            feeds = {name: np.zeros((len(batch), width), dtype=np.int64) for name in self.inputs}
+            for row, e in enumerate(batch):
+                n = len(e.ids)
+                for name, values in zip(INPUTS, (e.ids, e.attention_mask, e.type_ids), strict=True):
+                    if name in feeds:
+                        feeds[name][row, :n] = values
+            logits = self.session.run(None, feeds)[0]  # (batch, 1)
+            out[start:start + len(batch)] = logits[:, 0]
+        return out
+
+
+# --- loading --------------------------------------------------------------------------------------------------
+
+
+def reranker_path(spec: str, models_dir: Path) -> tuple[Path, str]:
+    """(directory, name) of a reranker: a name under ``models_dir`` (its newest version) or a path."""
+    try:
+        path, name = resolve_model_path(spec, models_dir)
+    except FileNotFoundError as e:
+        raise RerankerError(
+            f"no reranker {spec!r} under {models_dir}; train one with `dpr train-reranker DATA` "
+            "(or set DPR_RERANK__MODEL to a reranker's name)"
+        ) from e
+    if read_model_card(path).get("kind") != RERANKER_KIND:
+        raise RerankerError(
+            f"model {name!r} is not a reranker (its model card has no kind 'reranker'); name one made by "
+            "`dpr train-reranker` (`dpr models list` shows the kind)"
+        )
+    return path, name
+
+
+_LOADED: dict[tuple[str, str, str], Reranker] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_reranker(spec: str, models_dir: Path, backend: Backend = "torch", *, threads: int | None = None,
+                  cache_dir: Path | None = None) -> Reranker:
+    """The reranker ``spec`` names on ``backend``, loaded once per process (reloaded when its files change); an
+    ONNX backend exports it first when its export is missing or stale (torch is imported for that, once)."""
+    path, name = reranker_path(spec, models_dir)
+    key = (str(path.resolve()), backend, model_fingerprint(path))
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = _build(path, name, backend, threads, models_dir, cache_dir)
+        return _LOADED[key]
+
+
+def _build(path: Path, name: str, backend: Backend, threads: int | None, models_dir: Path,
+           cache_dir: Path | None) -> Reranker:
+    max_length = int(read_model_card(path).get("max_length") or DEFAULT_MAX_LENGTH)
+    if backend == "torch":
+        return TorchReranker(path, name, max_length)
+    export_dir = export_dir_for(path, models_dir, cache_dir or models_dir.parent / "cache" / "onnx")
+    try:
+        return OnnxReranker(export_dir, path, backend, threads=threads, name=name)  # type: ignore[arg-type]
+    except ExportMissing:
+        from encoders.onnx_export import ensure_export
+
+        ensure_export(path, export_dir, exporter=export_reranker)
+        return OnnxReranker(export_dir, path, backend, threads=threads, name=name)  # type: ignore[arg-type]
+
+
+# --- export ---------------------------------------------------------------------------------------------------
+
+
+def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
+    """Export the reranker at ``model_path`` (fp32 and int8) into ``export_dir`` and measure both against torch on
+    ``PROBE_PAIRS``; an fp32 export that does not reproduce torch is refused (the torch backend still serves)."""
+    import time
+
+    from encoders.onnx_export import _export_transformer, _replace_dir, _write_manifest
+    from encoders.towers import model_files_key
+
+    started = time.perf_counter()
+    card = read_model_card(model_path)
+    max_length = int(card.get("max_length") or DEFAULT_MAX_LENGTH)
+    reference = TorchReranker(model_path, max_length=max_length)
+    transformer = reference.model[0]
+    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _export_transformer(transformer, staging / "reranker", sample_inputs=list(PROBE_PAIRS[:2]), output="logits")
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "kind": RERANKER_KIND, "model_path": str(model_path),
+            "model_fingerprint": model_fingerprint(model_path),
+            "model_files": [list(e) for e in model_files_key(model_path)], "max_length": max_length,
+        }
+        _write_manifest(staging, manifest)
+        manifest["variants"] = _measure(reference, staging, model_path)
+        if not manifest["variants"]["onnx"]["agrees_with_torch"]:
+            raise ValueError(f"the ONNX export of reranker {model_path} does not reproduce torch "
+                             f"({manifest['variants']['onnx']}); use DPR_RERANK__BACKEND=torch")
+        manifest["seconds"] = round(time.perf_counter() - started, 1)
+        _write_manifest(staging, manifest)
+        _replace_dir(staging, export_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported reranker to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
+    return manifest
+
+
+def _measure(reference: TorchReranker, staging: Path, model_path: Path) -> dict[str, Any]:
+    expected = np.concatenate([reference.score(q, [p]) for q, p in PROBE_PAIRS])  # (probes,)
+    variants: dict[str, Any] = {}
+    for backend in VARIANT_FILES:
+        onnx = OnnxReranker(staging, model_path, backend)  # type: ignore[arg-type]
+        got = np.concatenate([onnx.score(q, [p]) for q, p in PROBE_PAIRS])
+        diff = float(np.abs(got - expected).max())
+        corr = float(np.corrcoef(got, expected)[0, 1]) if expected.std() > 0 and got.std() > 0 else 1.0
+        variants[backend] = {"max_abs_diff": round(diff, 6), "pearson": round(corr, 6),
+                             "agrees_with_torch": diff <= FP32_MAX_ABS_DIFF}
+    return variants
+

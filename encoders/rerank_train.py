@@ -1,0 +1,197 @@
+"""Train a cross-encoder reranker, in the sentence-transformers order: model, data, loss, evaluator, arguments,
+trainer, evaluate, save.
+
+- Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel) with a fresh one-logit
+  classification head (no pretrained reranker installs here).
+- Data: the towers' rows (``encoders.train.pairs_to_columns``): question, positive, BM25 hard negatives.
+- Loss: the cross-encoder MultipleNegativesRankingLoss (listwise: the positive against the hard negatives and
+  ``in_batch_negatives`` other passages of the batch).
+- Evaluator: the dev queries (carved from the training data): a first stage's top ``candidates`` (``first_stage``:
+  a ``Retriever`` from ``encoders.evaluate``) reranked, nDCG@10 before and after; the gain decides whether the
+  reranker is on by default (``services.reranking``).
+- Save: ``encoders.train._save`` (a versioned directory renamed into place) with ``kind: reranker`` in the card.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
+from encoders.evaluate import Retrieval, Retriever, score_retrieval
+from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, score_with_model
+from encoders.towers import base_model_path, model_fingerprint
+from encoders.train import (
+    ProgressFn,
+    TrainResult,
+    _fit,
+    _offline,
+    _save,
+    pairs_fingerprint,
+    pairs_to_columns,
+    versioned_name,
+)
+
+log = logging.getLogger(__name__)
+
+ScoreFn = Callable[[str, Sequence[str]], Any]  # (question, passages) -> (n,) scores
+
+
+@dataclass
+class RerankConfig:
+    """Hyper-parameters of the reranker; the defaults fit one run in the CPU budget of the towers' recipe."""
+
+    name: str = "rerank"
+    epochs: float = 1.0
+    batch_size: int = 16  # questions per batch
+    in_batch_negatives: int = 3  # other passages of the batch each question is also scored against
+    learning_rate: float = 2e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    scale: float = 10.0
+    max_length: int = DEFAULT_MAX_LENGTH  # tokens of question + passage
+    candidates: int = 50  # first-stage hits reranked on the dev split
+    seed: int = 42
+    max_steps: int = -1
+    threads: int | None = None
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.epochs <= 0 and self.max_steps <= 0:
+            raise ValueError("set epochs > 0 or max_steps > 0")
+        if self.candidates < 1:
+            raise ValueError("candidates must be at least 1: the first-stage hits the reranker reorders")
+
+
+def rerank_retrieval(score: ScoreFn, dataset: RetrievalDataset, first: Retrieval, candidates: int) -> Retrieval:
+    """``first`` with each question's top ``candidates`` reordered by ``score``; the rest keep their order below."""
+    out = Retrieval(run={}, texts={})
+    for qid, hits in first.run.items():
+        ranked = sorted(hits, key=lambda d: -hits[d])
+        head, tail = ranked[:candidates], ranked[candidates:]
+        scores = score(dataset.queries[qid], [dataset.corpus[d].passage for d in head])  # (len(head),)
+        order = [head[i] for i in sorted(range(len(head)), key=lambda i: -float(scores[i]))] + tail
+        out.run[qid] = {d: float(len(order) - r) for r, d in enumerate(order)}  # rank-based: the order is what counts
+        out.texts[qid] = [dataset.corpus[d].passage for d in order]
+    return out
+
+
+def dev_rerank_metrics(score: ScoreFn, dev: RetrievalDataset, first_stage: Retriever,
+                       candidates: int) -> dict[str, Any]:
+    """nDCG@10 (and the other metrics) of the first stage and of its reranked top ``candidates`` on ``dev``."""
+    first = first_stage(dev, max(100, candidates))
+    before, _ = score_retrieval(dev, first)
+    after, _ = score_retrieval(dev, rerank_retrieval(score, dev, first, candidates))
+    return {"candidates": candidates, "queries": len(dev.queries), "before": before, "after": after,
+            "gain": round(after["ndcg@10"] - before["ndcg@10"], 4)}
+
+
+def train_reranker(
+    pairs: Sequence[TrainPair],
+    models_dir: Path,
+    config: RerankConfig | None = None,
+    *,
+    base: Path | None = None,
+    corpus: dict[str, CorpusDoc] | None = None,
+    dev: RetrievalDataset | None = None,
+    first_stage: Retriever | None = None,
+    first_stage_name: str = "bm25",
+    data_info: dict[str, Any] | None = None,
+    progress: ProgressFn | None = None,
+) -> TrainResult:
+    """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card)."""
+    config = config or RerankConfig()
+    config.validate()
+    base = base or base_model_path()
+    _offline()
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer
+    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+    from transformers import set_seed
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    set_seed(config.seed)
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    # 1. model: the base encoder + a fresh one-logit head
+    model = CrossEncoder(str(base), num_labels=1, max_length=config.max_length, device="cpu", local_files_only=True)
+    # 2. data, 3. loss
+    columns = pairs_to_columns(pairs, corpus, config.seed)
+    loss = MultipleNegativesRankingLoss(model, num_negatives=config.in_batch_negatives,
+                                       scale=config.scale)  # type: ignore[arg-type]  # annotated int, used as float
+    # 4. evaluator
+    score: ScoreFn = lambda q, ps: score_with_model(model, q, ps)  # noqa: E731
+    evaluate = dev is not None and bool(dev.queries) and first_stage is not None
+    # 5. arguments, 6. trainer
+    out_tmp = Path(tempfile.mkdtemp(prefix="dpr-rerank-"))
+    try:
+        steps, losses = _fit(model, _arguments(config, out_tmp), Dataset.from_dict(columns), loss, progress,
+                             trainer_class=CrossEncoderTrainer)
+    finally:
+        shutil.rmtree(out_tmp, ignore_errors=True)
+    train_seconds = time.perf_counter() - t0
+    # 7. evaluate
+    model.eval()
+    dev_metrics = (dev_rerank_metrics(score, dev, first_stage, config.candidates)  # type: ignore[arg-type]
+                   if evaluate else None)
+    if dev_metrics is not None:
+        dev_metrics["first_stage"] = first_stage_name
+        log.info("reranker dev metrics", extra={"dev": dev_metrics})
+    # 8. save
+    card: dict[str, Any] = {
+        "kind": RERANKER_KIND,
+        "format": "sentence-transformers cross-encoder",
+        "similarity": None,
+        "max_length": config.max_length,
+        "base": {"path": str(base), "fingerprint": model_fingerprint(base), "head": "fresh 1-logit classifier"},
+        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
+                          "fingerprint": pairs_fingerprint(pairs)},
+        "hyperparameters": {**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
+        "seed": config.seed,
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "train_seconds": round(train_seconds, 1),
+        "steps": steps,
+        "final_loss": losses[-1] if losses else None,
+        "dev_metrics": dev_metrics,
+        "default_on": bool(dev_metrics and dev_metrics["gain"] > 0),
+        "environment": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    return _save(model, models_dir, versioned_name(config.name, started), card, losses)
+
+
+def _arguments(config: RerankConfig, output_dir: Path) -> Any:
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
+
+    return CrossEncoderTrainingArguments(
+        output_dir=str(output_dir),
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
