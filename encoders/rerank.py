@@ -168,8 +168,11 @@ class OnnxReranker:
 # --- loading --------------------------------------------------------------------------------------------------
 
 
-def reranker_path(spec: str, models_dir: Path) -> tuple[Path, str]:
-    """(directory, name) of a reranker: a name under ``models_dir`` (its newest version) or a path."""
+def reranker_path(spec: str | None, models_dir: Path) -> tuple[Path, str]:
+    """(directory, name) of a reranker: a name under ``models_dir`` (its newest version), a path, or (``None``) the
+    newest reranker there."""
+    if spec is None:
+        return newest_reranker(models_dir)
     try:
         path, name = resolve_model_path(spec, models_dir)
     except FileNotFoundError as e:
@@ -185,14 +188,24 @@ def reranker_path(spec: str, models_dir: Path) -> tuple[Path, str]:
     return path, name
 
 
+def newest_reranker(models_dir: Path) -> tuple[Path, str]:
+    found = [(str(card.get("finished_at") or ""), p) for p in (models_dir.iterdir() if models_dir.is_dir() else [])
+             if p.is_dir() and not p.name.startswith(".")
+             and (card := read_model_card(p)).get("kind") == RERANKER_KIND]
+    if not found:
+        raise RerankerError(f"no reranker under {models_dir}; train one with `dpr train-reranker DATA`")
+    path = max(found)[1]
+    return path, path.name
+
+
 _LOADED: dict[tuple[str, str, str], Reranker] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-def load_reranker(spec: str, models_dir: Path, backend: Backend = "torch", *, threads: int | None = None,
+def load_reranker(spec: str | None, models_dir: Path, backend: Backend = "torch", *, threads: int | None = None,
                   cache_dir: Path | None = None) -> Reranker:
-    """The reranker ``spec`` names on ``backend``, loaded once per process (reloaded when its files change); an
-    ONNX backend exports it first when its export is missing or stale (torch is imported for that, once)."""
+    """The reranker ``spec`` names (None: the newest) on ``backend``, loaded once per process (reloaded when its
+    files change); an ONNX backend exports it first when its export is missing or stale (torch is imported once)."""
     path, name = reranker_path(spec, models_dir)
     key = (str(path.resolve()), backend, model_fingerprint(path))
     with _LOAD_LOCK:

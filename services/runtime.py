@@ -148,13 +148,13 @@ class Runtime:
 
     def reranker(self, recorded: str | None = None) -> Reranker:
         """The reranker: ``rerank.model``, else the one the collection recorded (``recorded``), else the newest
-        ``rerank``; on ``rerank.backend`` (default: the question backend). Loaded once per process (the loader's
+        reranker; on ``rerank.backend`` (default: the question backend). Loaded once per process (the loader's
         cache, which notices a retrained model)."""
         from encoders.rerank import RerankerError, load_reranker
 
         s = self.settings
         try:
-            return load_reranker(s.rerank.model or recorded or "rerank", s.models_dir,
+            return load_reranker(s.rerank.model or recorded, s.models_dir,
                                  s.rerank.backend or self.question_backend,
                                  threads=threads_per_process(s.encoder.threads), cache_dir=s.onnx_cache_dir)
         except RerankerError as e:

@@ -87,7 +87,7 @@ class RerankSettings(BaseModel):
     model: str | None = Field(
         default=None,
         description="Reranker name under DATA_DIR/models or a path; default: the one the collection recorded, else "
-        "the newest 'rerank' model.",
+        "the newest reranker.",
     )
     backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
         default=None, description="What runs the reranker; default: the question tower's backend."

@@ -1,0 +1,119 @@
+"""The reranker and two-stage training on tiny randomly initialised models (seconds): `dpr train-reranker`'s service
+registers a reranker with a card and an ONNX export that reproduces torch; `dpr query --rerank N` on the onnx
+backend reranks without importing torch; `--pretrain` runs both stages and records them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kit.tiny_models import tiny_sentence_model
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = ["volcano lava magma", "glacier ice snow", "desert sand dune", "ocean wave tide", "forest tree moss",
+          "city street subway", "river bank delta", "mountain peak ridge"]
+
+
+def _beir(root: Path) -> Path:
+    """A BEIR folder: 8 topics x 2 documents, 3 questions per topic (train qrels)."""
+    root.mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for t, words in enumerate(TOPICS):
+            for j in range(2):
+                f.write(json.dumps({"_id": f"d{t}-{j}", "title": words.split()[0], "text": f"{words} fact {j}"}) + "\n")
+    (root / "qrels").mkdir()
+    with open(root / "queries.jsonl", "w") as q, open(root / "qrels" / "train.tsv", "w") as r:
+        r.write("query-id\tcorpus-id\tscore\n")
+        for t, words in enumerate(TOPICS):
+            for j in range(3):
+                q.write(json.dumps({"_id": f"q{t}-{j}", "text": f"what about {words.split()[j]}"}) + "\n")
+                r.write(f"q{t}-{j}\td{t}-{j % 2}\t1\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("rerank")
+    return tiny_sentence_model(root), _beir(root / "beir"), root / "data"
+
+
+@pytest.fixture(scope="module")
+def trained(setup: tuple[Path, Path, Path]):  # type: ignore[no-untyped-def]
+    from encoders.rerank_train import RerankConfig
+    from services.reranking import train_reranker_model
+    from services.settings import Settings
+    from services.training import TrainingData
+
+    base, beir, data = setup
+    settings = Settings(data_dir=data)
+    config = RerankConfig(name="rr", max_steps=4, batch_size=4, max_length=64, candidates=6)
+    return train_reranker_model(settings, TrainingData(data=beir, dev_queries=4), config, base=str(base))
+
+
+def test_train_reranker_registers_a_model_with_a_card(trained, setup) -> None:  # type: ignore[no-untyped-def]
+    from encoders.registry import ModelNotFound, activate, list_models
+    from encoders.towers import model_fingerprint
+
+    _, _, data = setup
+    result, card = trained.result, trained.result.card
+    assert card["kind"] == "reranker" and card["steps"] == 4 and card["train_seconds"] > 0
+    assert card["fingerprint"] == model_fingerprint(result.model_dir)
+    assert card["training_data"]["pairs"] == 20 and card["training_data"]["dev_queries"] == 4
+    dev = card["dev_metrics"]
+    assert dev["first_stage"] == "bm25" and dev["candidates"] == 6 and dev["queries"] == 4
+    assert dev["gain"] == pytest.approx(dev["after"]["ndcg@10"] - dev["before"]["ndcg@10"], abs=1e-4)
+    assert card["default_on"] == (dev["gain"] > 0) == trained.setting["enabled"]
+    assert trained.stored_in is None  # no collection yet: nothing recorded
+    assert (result.model_dir / "onnx" / "manifest.json").is_file()
+    listed = {e.name: e.summary() for e in list_models(data / "models")}
+    assert listed[result.name]["kind"] == "reranker"
+    with pytest.raises(ModelNotFound, match="is a reranker"):
+        activate(data / "models", result.name)
+
+
+def test_onnx_reranker_scores_match_torch(trained, setup) -> None:  # type: ignore[no-untyped-def]
+    from encoders.rerank import load_reranker
+
+    _, _, data = setup
+    passages = [f"{w} fact {j}" for w in TOPICS for j in range(2)] + ["word " * 300]
+    torch_scores = load_reranker("rr", data / "models", "torch").score("what about lava", passages)
+    onnx = load_reranker("rr", data / "models", "onnx")
+    np.testing.assert_allclose(onnx.score("what about lava", passages, batch_size=5), torch_scores, atol=1e-4)
+    int8 = load_reranker("rr", data / "models", "onnx-int8").score("what about lava", passages)
+    assert int8.shape == torch_scores.shape and np.isfinite(int8).all()
+    assert onnx.manifest["variants"]["onnx"]["agrees_with_torch"]  # type: ignore[attr-defined]
+
+
+def test_dpr_query_rerank_never_imports_torch(trained, setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base, _, data = setup
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for t, words in enumerate(TOPICS):
+        (docs / f"doc{t}.txt").write_text(f"{words} fact")
+    env = {"DPR_DATA_DIR": str(data), "DPR_ENCODER__MODEL": str(base), "DPR_ENCODER__BACKEND": "onnx",
+           "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DPR_COLLECTION": "tiny"}
+    run = [sys.executable, "-m", "entrypoints.cli.main"]
+    subprocess.run([*run, "ingest", str(docs), "--json"], env=env, check=True, capture_output=True, timeout=300)
+    probe = (
+        "import sys\nfrom entrypoints.cli.main import app\n"
+        "for n in ('5', '0'):\n"
+        "    try:\n        app(['query', 'what about lava', '--json', '-k', '3', '--rerank', n])\n"
+        "    except SystemExit as e:\n        assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', "
+        "'sentence_transformers')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    reranked, plain = json.loads(lines[0]), json.loads(lines[1])
+    assert len(reranked) == 3 and all("rerank_score" in h for h in reranked)
+    scores = [h["rerank_score"] for h in reranked]
+    assert scores == sorted(scores, reverse=True)
+    assert len(plain) == 3 and all("rerank_score" not in h for h in plain)
+    assert lines[2] == "[]"

@@ -1,0 +1,93 @@
+"""The rerank step of the query path: the plan (collection default, off, N), the reordering, and a search through a
+real Runtime over hashing towers with a reranker that prefers one word."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from kit.fakes import FakeRuntime
+
+from services.errors import ConfigError
+from services.query import RERANK_KEY, QueryOptions, rerank_plan
+from services.readers.records import Document
+from services.store.points import CollectionSpec
+
+pytestmark = pytest.mark.unit
+
+
+class WordReranker:
+    """Scores a passage by how often ``word`` occurs in it (a stand-in cross-encoder with a known order)."""
+
+    name = "word"
+    backend = "test"
+    fingerprint = "word-reranker"
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+        self.calls: list[tuple[str, int]] = []
+
+    def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        self.calls.append((question, len(passages)))
+        return np.array([p.lower().split().count(self.word) for p in passages], dtype=np.float32)
+
+
+def _spec(**rerank: object) -> CollectionSpec:
+    return CollectionSpec(dim=8, distance="cosine", model="m", settings={RERANK_KEY: rerank} if rerank else {})
+
+
+def test_the_plan_follows_the_collection_unless_asked() -> None:
+    assert rerank_plan(_spec(), QueryOptions()) == (0, None)
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=False), QueryOptions()) == (0, "r1")
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions()) == (30, "r1")
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions(rerank=0)) == (0, "r1")
+    assert rerank_plan(_spec(), QueryOptions(k=5, rerank=20)) == (20, None)
+    with pytest.raises(ConfigError, match="below k=10"):
+        rerank_plan(_spec(), QueryOptions(k=10, rerank=5))
+
+
+def _runtime_with_docs() -> FakeRuntime:
+    runtime = FakeRuntime()
+    docs = [Document(doc_id=f"d{i}", text=f"tides moon {'ocean ' * i}sea number {i}")
+            for i in range(6)]
+    runtime.pipeline.ingest_batch(docs)
+    return runtime
+
+
+def test_rerank_reorders_the_first_stage_top_n_and_returns_k() -> None:
+    runtime = _runtime_with_docs()
+    reranker = WordReranker("ocean")
+    try:
+        first = runtime.search("tides moon sea", QueryOptions(k=6, rerank=0))
+        assert all(h.rerank_score is None for h in first)
+        runtime.reranker = lambda recorded=None: reranker  # type: ignore[method-assign]
+        hits = runtime.search("tides moon sea", QueryOptions(k=3, rerank=6))
+    finally:
+        runtime.close()
+    assert reranker.calls == [("tides moon sea", 6)]  # the first stage's top N, scored once
+    assert [h.passage.doc_id for h in hits] == ["d5", "d4", "d3"]  # by the reranker's score, cut to k
+    assert [h.rerank_score for h in hits] == [5.0, 4.0, 3.0]
+    by_id = {h.passage.doc_id: h.score for h in first}
+    assert [h.score for h in hits] == pytest.approx([by_id[h.passage.doc_id] for h in hits])  # first stage kept
+    assert hits[0].to_json()["rerank_score"] == 5.0 and "rerank_score" not in first[0].to_json()
+
+
+def test_the_collection_default_turns_reranking_on() -> None:
+    runtime = _runtime_with_docs()
+    reranker = WordReranker("ocean")
+    asked: list[str | None] = []
+
+    def reranker_for(recorded: str | None = None) -> WordReranker:
+        asked.append(recorded)
+        return reranker
+
+    try:
+        runtime.reranker = reranker_for  # type: ignore[method-assign]
+        runtime.store.update_settings({RERANK_KEY: {"model": "rr-1", "candidates": 6, "enabled": True}})
+        default = runtime.search("tides moon sea", QueryOptions(k=2))
+        off = runtime.search("tides moon sea", QueryOptions(k=2, rerank=0))
+    finally:
+        runtime.close()
+    assert [h.passage.doc_id for h in default] == ["d5", "d4"] and asked == ["rr-1"]
+    assert all(h.rerank_score is None for h in off) and len(reranker.calls) == 1
