@@ -97,7 +97,8 @@ class TrainResult:
 def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int, device: str = "cpu") -> Any:
     """The towers to train, both initialised from ``base``.
 
-    Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``.
+    Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``; a
+    ``base`` that already has them (``--base`` an earlier model, the second stage of ``--pretrain``) goes on as is.
     Shared: the base model as is (its ``encode_query`` and ``encode_document`` are the same tower).
     """
     _offline()
@@ -106,9 +107,17 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
 
     if shared:
         model = SentenceTransformer(str(base), device=device, local_files_only=True)
+        if any(isinstance(m, Router) for m in model):
+            raise ValueError(f"{base} has separate towers; it cannot be trained as one shared tower (drop --shared)")
         model.max_seq_length = max_passage_tokens
         return model
-    query = SentenceTransformer(str(base), device=device, local_files_only=True)
+    trained = SentenceTransformer(str(base), device=device, local_files_only=True)
+    router: Any = next((m for m in trained if isinstance(m, Router)), None)
+    if router is not None:  # an earlier `dpr train` model: continue from its two towers as they are
+        router.sub_modules["query"][0].max_seq_length = max_query_tokens
+        router.sub_modules["document"][0].max_seq_length = max_passage_tokens
+        return trained
+    query = trained
     document = SentenceTransformer(str(base), device=device, local_files_only=True)
     query_modules: list[Any] = [m for m in query if not isinstance(m, Normalize)]  # [Transformer, Pooling]
     document_modules: list[Any] = [m for m in document if not isinstance(m, Normalize)]
@@ -251,6 +260,7 @@ def train(
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "train_seconds": round(train_seconds, 1),
+        "peak_rss_mib": peak_rss_mib(),
         "steps": steps,
         "final_loss": losses[-1] if losses else None,
         "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
@@ -353,6 +363,13 @@ def _save(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses:
     return TrainResult(
         model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model
     )
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB; Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def versioned_name(name: str, when: datetime | None = None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,9 @@ class TrainingData:
       ingested collection.
     - ``max_pairs``: a cap on pairs (a seeded sample of labelled pairs; self-supervised pairs are shuffled, then cut).
     - ``seed``: shuffles and samples the pairs (the trainer's seed is ``TrainConfig.seed``).
+    - ``pretrain``: two stages in one run (Chang et al. 2020): first self-supervised pairs of the target corpus
+      (``corpus`` if given, else DATA's, else ``from_collection``'s) for ``pretrain_epochs`` (at most
+      ``pretrain_max_pairs`` pairs), then the labelled pairs from the stage-1 model; both stages go into the card.
     """
 
     data: Path | None = None
@@ -50,6 +53,9 @@ class TrainingData:
     dev_queries: int = 100
     seed: int = 42
     mining: MiningConfig = field(default_factory=MiningConfig)
+    pretrain: SelfSupervisedMode | None = None  # stage 1 on ict | title | both pairs of the target corpus
+    pretrain_epochs: float = 1.0
+    pretrain_max_pairs: int | None = None
 
 
 @dataclass
@@ -76,7 +82,10 @@ def train_model(
     from encoders.train import train
 
     base_path, _ = resolve_model_path(base, settings.models_dir)
-    training = build_training_set(settings, data)
+    stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
+    if stage1 is not None:
+        base_path = stage1.model_dir
+    training = build_training_set(settings, replace(data, from_collection=None) if stage1 else data)
     result = train(
         training.pairs,
         settings.models_dir,
@@ -87,8 +96,43 @@ def train_model(
         data_info=training.info,
         progress=progress,
     )
+    if stage1 is not None:
+        record_stages(result, stage1)
     export_model(result.model_dir, settings.models_dir, settings.onnx_cache_dir)  # the ONNX towers, once
     return result
+
+
+def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, base: Path,
+                   progress: ProgressFn | None) -> TrainResult:
+    """Stage 1 of ``--pretrain``: self-supervised pairs of the target corpus (BM25 negatives as configured), saved
+    as ``<name>-pretrain-<time>`` (a model of its own: the benchmark evaluates it too)."""
+    from encoders.train import train
+
+    source = data.corpus or data.data
+    stage = replace(data, data=source if data.from_collection is None else None, self_supervised=data.pretrain,
+                    max_pairs=data.pretrain_max_pairs)
+    training = build_training_set(settings, stage)
+    stage_config = replace(config, name=f"{config.name}-pretrain", epochs=data.pretrain_epochs)
+    log.info("pretraining stage", extra={"pairs": len(training.pairs), "mode": data.pretrain})
+    return train(training.pairs, settings.models_dir, stage_config, base=base, corpus=training.corpus or None,
+                 data_info=training.info, progress=progress)
+
+
+def record_stages(result: TrainResult, stage1: TrainResult) -> None:
+    """Both stages (data, steps, wall time, peak memory) in the fine-tuned model's card (not part of its
+    fingerprint)."""
+    import json
+
+    from encoders.train import MODEL_CARD
+
+    def summary(stage: str, r: TrainResult) -> dict[str, Any]:
+        c = r.card
+        return {"stage": stage, "model": r.name, "data": c.get("training_data"), "steps": c.get("steps"),
+                "epochs": c["hyperparameters"]["epochs"], "train_seconds": c.get("train_seconds"),
+                "peak_rss_mib": c.get("peak_rss_mib"), "final_loss": c.get("final_loss")}
+
+    result.card["stages"] = [summary("pretrain", stage1), summary("finetune", result)]
+    (result.model_dir / MODEL_CARD).write_text(json.dumps(result.card, indent=2) + "\n")
 
 
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:

@@ -60,6 +60,11 @@ def train(
         str | None, typer.Option("--from-collection", help="Self-supervised pairs from an ingested collection.")
     ] = None,
     max_pairs: Annotated[int | None, typer.Option(help="Cap on training pairs (labelled: a seeded sample).")] = None,
+    pretrain: Annotated[
+        str | None, typer.Option(help="Stage 1 first: ict | title | both pairs of the target corpus, then fine-tune.")
+    ] = None,
+    pretrain_epochs: Annotated[float, typer.Option(min=0.01, help="Epochs of the --pretrain stage.")] = 1.0,
+    pretrain_max_pairs: Annotated[int | None, typer.Option(help="Cap on --pretrain pairs.")] = None,
     name: Annotated[str, typer.Option(help="Model name; saved as NAME-YYYYmmdd-HHMMSS.")] = "dpr",
     base: Annotated[
         str, typer.Option(help="Initial towers: 'base' (all-MiniLM-L6-v2), a model name or a model directory.")
@@ -90,14 +95,18 @@ def train(
 
     settings = get_settings(ctx)
     start, end = _parse_window(negative_window)
-    if self_supervised is not None and self_supervised not in ("ict", "title", "both"):
-        fail(f"--self-supervised {self_supervised!r} is not known; use ict, title or both", code=EXIT_USAGE)
+    for flag, value in (("--self-supervised", self_supervised), ("--pretrain", pretrain)):
+        if value is not None and value not in ("ict", "title", "both"):
+            fail(f"{flag} {value!r} is not known; use ict, title or both", code=EXIT_USAGE)
+    if pretrain is not None and self_supervised is not None:
+        fail("--pretrain precedes labelled fine-tuning; drop --self-supervised (or --pretrain)", code=EXIT_USAGE)
     if data is None and from_collection is None:
         fail("give DATA (a dataset or corpus) or --from-collection NAME", code=EXIT_USAGE)
     what = TrainingData(
         data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,  # type: ignore[arg-type]
         from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed,
         mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end),
+        pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
     )  # fmt: skip
     config = TrainConfig(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
@@ -183,6 +192,9 @@ def _print_result(result: TrainResult, activated: bool, as_json: bool) -> None:
         emit_json({"model": result.name, "path": str(result.model_dir), "activated": activated, "card": card})
         return
     console.print(f"saved [bold]{result.name}[/] at {result.model_dir} (fingerprint {result.fingerprint})")
+    for stage in card.get("stages") or []:
+        console.print(f"{stage['stage']}: {stage['model']}, {stage['steps']} steps, {stage['train_seconds']:.0f} s, "
+                      f"peak RSS {stage['peak_rss_mib']:.0f} MiB")
     dev = (card.get("dev_metrics") or {}).get("after")
     if dev:
         console.print("dev: " + ", ".join(f"{k} {v:.3f}" for k, v in dev.items()))

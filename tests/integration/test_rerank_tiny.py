@@ -26,7 +26,10 @@ def _beir(root: Path) -> Path:
     with open(root / "corpus.jsonl", "w") as f:
         for t, words in enumerate(TOPICS):
             for j in range(2):
-                f.write(json.dumps({"_id": f"d{t}-{j}", "title": words.split()[0], "text": f"{words} fact {j}"}) + "\n")
+                w = words.split()
+                text = (f"{words} fact {j} is noted here. The {w[0]} is studied by many people here. Notes on the "
+                        f"{w[1]} follow in this part. Then the {w[2]} comes up again in the end.")
+                f.write(json.dumps({"_id": f"d{t}-{j}", "title": f"The {w[0]} {j}", "text": text}) + "\n")
     (root / "qrels").mkdir()
     with open(root / "queries.jsonl", "w") as q, open(root / "qrels" / "train.tsv", "w") as r:
         r.write("query-id\tcorpus-id\tscore\n")
@@ -117,3 +120,26 @@ def test_dpr_query_rerank_never_imports_torch(trained, setup, tmp_path: Path) ->
     assert scores == sorted(scores, reverse=True)
     assert len(plain) == 3 and all("rerank_score" not in h for h in plain)
     assert lines[2] == "[]"
+
+
+def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from encoders.towers import read_model_card
+    from encoders.train import TrainConfig
+    from services.settings import Settings
+    from services.training import TrainingData, train_model
+
+    base, beir, _ = setup
+    settings = Settings(data_dir=tmp_path / "data")
+    config = TrainConfig(name="two", max_steps=2, batch_size=4, max_query_tokens=32, max_passage_tokens=64)
+    data = TrainingData(data=beir, dev_queries=4, pretrain="both", pretrain_max_pairs=12)
+    result = train_model(settings, data, config, base=str(base))
+    stages = read_model_card(result.model_dir)["stages"]
+    assert [s["stage"] for s in stages] == ["pretrain", "finetune"]
+    assert stages[0]["data"]["self_supervised"] == "both" and stages[0]["data"]["pairs"] == 12
+    assert stages[1]["data"]["pairs"] == 20 and stages[1]["model"] == result.name
+    assert all(s["steps"] == 2 and s["train_seconds"] > 0 and s["peak_rss_mib"] > 0 for s in stages)
+    assert result.card["base"]["path"] == str(settings.models_dir / stages[0]["model"])
+    # --base an earlier model: its two towers go on (no Router inside a Router)
+    again = train_model(settings, TrainingData(data=beir, dev_queries=4), config, base=result.name)
+    assert [type(m).__name__ for m in again.model] == ["Router", "Normalize"]
+    assert again.card["base"]["fingerprint"] == result.fingerprint
