@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.metrics import DEFAULT_ANSWER_KS, DEFAULT_METRICS, answer_accuracy, ir_metrics
+from encoders.metrics import (
+    DEFAULT_ANSWER_KS,
+    DEFAULT_METRICS,
+    answer_accuracy,
+    ir_metrics,
+    paired_randomization,
+    per_query,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,7 @@ class SystemResult:
     metrics: dict[str, float]
     curves: dict[str, dict[int, float]]  # "recall" / "answer" -> {k: value}
     seconds: float
+    run: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)  # for significance tests
 
 
 @dataclass
@@ -50,6 +58,8 @@ class EvalReport:
     documents: int
     results: list[SystemResult]
     notes: list[str] = field(default_factory=list)
+    # system -> reference (bm25, base) -> {"delta", "p", "significant"}: ``add_significance``
+    significance: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +71,7 @@ class EvalReport:
                 for r in self.results
             },
             "notes": self.notes,
+            **({"significance": self.significance} if self.significance else {}),
         }
 
     def metric_names(self) -> list[str]:
@@ -73,10 +84,46 @@ class EvalReport:
 
     def to_markdown_table(self) -> str:
         names = self.metric_names()
-        lines = ["| system | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        refs = self.significance_references()
+        lines = ["| system | " + " | ".join([*names, *(f"vs {r}" for r in refs)]) + " |",
+                 "|---|" + "---|" * (len(names) + len(refs))]
         for r in self.results:
-            lines.append(f"| {r.system} | " + " | ".join(f"{r.metrics.get(m, float('nan')):.3f}" for m in names) + " |")
+            cells = [f"{r.metrics.get(m, float('nan')):.3f}" for m in names]
+            cells += [self.significance_cell(r.system, ref) for ref in refs]
+            lines.append(f"| {r.system} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+    def significance_references(self) -> list[str]:
+        return list(dict.fromkeys(ref for per in self.significance.values() for ref in per))
+
+    def significance_cell(self, system: str, reference: str) -> str:
+        """``+0.048 (p 0.003)*`` (``*``: significant), ``-`` for the reference itself or no test."""
+        test = self.significance.get(system, {}).get(reference)
+        if test is None:
+            return "-"
+        return f"{test['delta']:+.3f} (p {test['p']:.3f})" + ("*" if test["significant"] else "")
+
+    def add_significance(self, qrels: Mapping[str, Mapping[str, int]], references: Sequence[str] = ("bm25", "base"),
+                         metric: str = "ndcg@10", max_p: float = 0.05) -> None:
+        """Each system against each reference present: the difference in ``metric`` and the p-value of a paired
+        randomization test (``encoders.metrics.paired_randomization``) over the same queries."""
+        runs = {r.system: r.run for r in self.results if r.run}
+        refs = [ref for ref in references if ref in runs]
+        if not refs or len(runs) < 2:
+            return
+        scores = {name: per_query(qrels, run, metric) for name, run in runs.items()}  # same judged queries each
+        for system in runs:
+            for ref in refs:
+                if system == ref:
+                    continue
+                a, b = list(scores[system].values()), list(scores[ref].values())
+                p = paired_randomization(a, b)
+                self.significance.setdefault(system, {})[ref] = {
+                    "metric": metric, "delta": round(sum(a) / len(a) - sum(b) / len(b), 4), "p": round(p, 4),
+                    "significant": p < max_p}
+        self.notes.append(f"vs bm25 / vs base: difference in {metric} and the p-value of a paired randomization "
+                          f"test (10,000 sign flips of the per-query differences, ranx per-query scores); "
+                          f"* = p < {max_p}")
 
 
 def score_retrieval(
@@ -103,7 +150,7 @@ def evaluate_systems(dataset: RetrievalDataset, retrievers: Mapping[str, Retriev
         seconds = time.perf_counter() - t0
         metrics, curves = score_retrieval(dataset, retrieval)
         log.info("evaluated", extra={"system": name, "metrics": metrics, "seconds": round(seconds, 1)})
-        results.append(SystemResult(name, metrics, curves, seconds))
+        results.append(SystemResult(name, metrics, curves, seconds, run=retrieval.run))
     return EvalReport(dataset.name, len(dataset.queries), len(dataset.corpus), results)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 # run: query id -> {doc id: score}; qrels: query id -> {doc id: relevance}
 Run = Mapping[str, Mapping[str, float]]
@@ -22,23 +23,58 @@ def ir_metrics(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRICS)
     Names follow ranx (and trec_eval): ``ndcg@k`` uses linear gains, ``mrr@k`` is the reciprocal rank of the first
     relevant document within the top k, ``recall@k`` the fraction of relevant documents within the top k.
     """
+    from ranx import evaluate
+
+    judged, full_run = _ranx_inputs(qrels, run)
+    scores = evaluate(judged, full_run, list(metrics), make_comparable=True)
+    if isinstance(scores, float):  # one metric
+        return {metrics[0]: float(scores)}
+    return {m: float(scores[m]) for m in metrics}
+
+
+def _ranx_inputs(qrels: Qrels, run: Run, name: str | None = None) -> tuple[Any, Any]:
+    """ranx Qrels of the judged queries and a Run with every one of them (a query with no result gets an empty
+    ranking, scored 0)."""
     from ranx import Qrels as RanxQrels
     from ranx import Run as RanxRun
-    from ranx import evaluate
 
     judged = {q: {d: int(r) for d, r in rels.items() if r > 0} for q, rels in qrels.items()}
     judged = {q: rels for q, rels in judged.items() if rels}
     if not judged:
         raise ValueError("no query has a relevant document; nothing to evaluate")
-    # ranx needs every judged query in the run; a query with no result gets an empty ranking.
     full_run: dict[str, dict[str, float]] = {}
     for q in judged:
         ranking = {str(d): float(s) for d, s in (run.get(q) or {}).items()}
         full_run[q] = ranking or {"\x00no-result": -1e9}
-    scores = evaluate(RanxQrels(judged), RanxRun(full_run), list(metrics), make_comparable=True)
-    if isinstance(scores, float):  # one metric
-        return {metrics[0]: float(scores)}
-    return {m: float(scores[m]) for m in metrics}
+    return RanxQrels(judged), RanxRun(full_run, name=name)
+
+
+def per_query(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
+    """``metric`` of each judged query (ranx), in the judged queries' order."""
+    from ranx import evaluate
+
+    judged, full_run = _ranx_inputs(qrels, run)
+    scores = evaluate(judged, full_run, metric, return_mean=False, make_comparable=True)
+    return dict(zip(judged.keys(), (float(x) for x in scores), strict=True))
+
+
+def paired_randomization(a: Sequence[float], b: Sequence[float], n_permutations: int = 10_000,
+                         seed: int = 42) -> float:
+    """Two-sided p-value of the paired randomization test (Fisher; Smucker et al., CIKM 2007) for the mean of
+    ``a - b`` over the same queries: each query's two scores are swapped at random (the sign of its difference
+    flipped), and p is the share of permutations whose mean difference is at least as large as the observed."""
+    import numpy as np
+
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)  # (queries,)
+    if diff.size == 0 or not diff.any():
+        return 1.0
+    rng = np.random.default_rng(seed)
+    observed = abs(diff.mean())
+    count = 0
+    for start in range(0, n_permutations, 1000):  # (1000, queries) sign matrices: bounded memory
+        signs = rng.choice((-1.0, 1.0), size=(min(1000, n_permutations - start), diff.size))
+        count += int((np.abs((signs * diff).mean(axis=1)) >= observed - 1e-12).sum())
+    return count / n_permutations
 
 
 def normalize_answer(text: str) -> str:

@@ -314,6 +314,7 @@ def compare_systems(
         for corpus in corpora:
             corpus.close()
     report.notes.extend(notes)
+    report.add_significance(dataset.qrels)  # each system vs bm25 and vs base: paired randomization test
     return report
 
 

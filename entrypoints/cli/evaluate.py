@@ -90,8 +90,12 @@ def _print_report(result: Any, md: Path | None, as_json: bool) -> None:
     for n in names:
         table.add_column(n, justify="right")
     table.add_column("s", justify="right")
+    refs = result.significance_references()
+    for ref in refs:
+        table.add_column(f"vs {ref}", justify="right")
     for r in result.results:
-        table.add_row(r.system, *[f"{r.metrics.get(n, float('nan')):.3f}" for n in names], f"{r.seconds:.0f}")
+        table.add_row(r.system, *[f"{r.metrics.get(n, float('nan')):.3f}" for n in names], f"{r.seconds:.0f}",
+                      *[result.significance_cell(r.system, ref) for ref in refs])
     console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")
