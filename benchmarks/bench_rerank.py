@@ -1,0 +1,315 @@
+"""Issue 16 on SciFact in one command: BM25, base, fine-tuned, pre-trained + fine-tuned, hybrid, + reranker.
+
+Every choice is made on the dev split (the 100 SciFact train queries `dpr train` holds out, seed 13): which towers
+serve alone and under hybrid (dev nDCG@10 through the store), the hybrid fusion (``services.hybrid.tune_on_corpus``),
+and the reranker's N (20 or 50) and whether it is on at all. The test split is read once, at the end, for every
+system together (nDCG@10, recall@100, and each system against BM25 and base with a paired randomization test).
+
+Training runs as real `dpr train` / `dpr train-reranker` subprocesses (one per model) so each reports its own wall
+time and peak RSS (``os.wait4``); the two stages of ``--pretrain`` are split in its model card. Reranker latency per
+question is measured on the ONNX backend over dev questions' first-stage passages, at N = 20 and 50.
+
+Needs ../shared/data beside the repo. ``--smoke`` runs the same pipeline on a small slice (a few steps, few queries,
+a capped corpus) to prove it works end to end; its figures mean nothing.
+
+Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
+[--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from encoders.data import RetrievalDataset  # noqa: E402
+from encoders.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
+from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_model_path  # noqa: E402
+from services.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
+from services.hybrid import TuneResult, tune_on_corpus  # noqa: E402
+from services.query import QueryOptions, search_many  # noqa: E402
+from services.readers import load_beir  # noqa: E402
+from services.settings import Settings  # noqa: E402
+from services.sparse import default_embedder  # noqa: E402
+from services.training import DEV_SPLIT_SEED  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "beir-scifact"
+RESULTS = REPO / "benchmarks" / "results"
+RERANK_NS = (20, 50)
+log = logging.getLogger("bench_rerank")
+
+
+# --- training (subprocesses: wall time and peak RSS each) -------------------------------------------------------
+
+
+def run_cli(args: list[str], data_dir: Path) -> tuple[dict[str, Any], float, float]:
+    """`dpr ARGS --json` in a child process: (its JSON, wall seconds, peak RSS MiB of that child)."""
+    import tempfile
+
+    env = {**os.environ, "DPR_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "entrypoints.cli.main", *args, "--json"], env=env,
+                                stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode:
+        raise SystemExit(f"dpr {' '.join(args)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1]), round(wall, 1), round(usage.ru_maxrss / 1024, 1)
+
+
+def train_towers(args: argparse.Namespace, name: str, extra: list[str]) -> dict[str, Any]:
+    cli = ["train", str(DATA), "--split", "train", "--name", name, "--dev-queries", str(args.dev_queries), *extra]
+    if args.max_steps > 0:
+        cli += ["--max-steps", str(args.max_steps)]
+    if args.max_pairs:
+        cli += ["--max-pairs", str(args.max_pairs)]
+    print(f"training: dpr {' '.join(cli)}", flush=True)
+    out, wall, rss = run_cli(cli, args.data_dir)
+    card = out["card"]
+    stages = card.get("stages") or [{"stage": "finetune", "model": out["model"], "steps": card["steps"],
+                                     "train_seconds": card["train_seconds"], "peak_rss_mib": card.get("peak_rss_mib"),
+                                     "data": card["training_data"]}]
+    return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "stages": stages,
+            "dev_in_memory": (card.get("dev_metrics") or {}).get("after")}
+
+
+def train_reranker(args: argparse.Namespace) -> dict[str, Any]:
+    cli = ["train-reranker", str(DATA), "--split", "train", "--name", "bench-rerank",
+           "--dev-queries", str(args.dev_queries), "--candidates", str(max(RERANK_NS))]
+    if args.max_steps > 0:
+        cli += ["--max-steps", str(args.max_steps)]
+    if args.max_pairs:
+        cli += ["--max-pairs", str(args.max_pairs)]
+    print(f"training: dpr {' '.join(cli)}", flush=True)
+    out, wall, rss = run_cli(cli, args.data_dir)
+    card = out["card"]
+    return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "steps": card["steps"],
+            "train_seconds": card["train_seconds"], "dev_bm25_first_stage": card.get("dev_metrics")}
+
+
+def existing(settings: Settings, name: str) -> dict[str, Any]:
+    path, full = resolve_model_path(name, settings.models_dir)
+    card = read_model_card(path)
+    return {"model": full, "reused": True, "stages": card.get("stages"), "train_seconds": card.get("train_seconds"),
+            "peak_rss_mib": card.get("peak_rss_mib")}
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+def datasets(args: argparse.Namespace) -> tuple[RetrievalDataset, RetrievalDataset]:
+    """(dev, test) over ONE corpus object, so each model's corpus is ingested once for both."""
+    from encoders.data import split_dev_queries
+
+    train = load_beir(DATA, "train")
+    _, dev_ids = split_dev_queries(sorted(train.queries), args.dev_queries, seed=DEV_SPLIT_SEED)
+    dev = train.subset(dev_ids, name=f"{train.name}-dev{len(dev_ids)}")
+    test = load_beir(DATA, "test")
+    test = RetrievalDataset(test.name, train.corpus, test.queries, test.qrels, test.answers)
+    if args.test_queries:
+        test = test.subset(sorted(test.queries)[: args.test_queries])
+    if args.corpus_cap:
+        dev, test = _capped(dev, test, args.corpus_cap)
+    return dev, test
+
+
+def _capped(dev: RetrievalDataset, test: RetrievalDataset, cap: int) -> tuple[RetrievalDataset, RetrievalDataset]:
+    """A smaller corpus (smoke runs): every judged document of both splits plus a seeded sample of the others."""
+    judged = {d for ds in (dev, test) for rels in ds.qrels.values() for d in rels if d in ds.corpus}
+    others = sorted(set(dev.corpus) - judged)
+    keep = judged | set(random.Random(0).sample(others, max(0, min(len(others), cap - len(judged)))))
+    corpus = {d: dev.corpus[d] for d in sorted(keep)}
+    return (RetrievalDataset(dev.name, corpus, dev.queries, dev.qrels),
+            RetrievalDataset(test.name, corpus, test.queries, test.qrels))
+
+
+# --- reranking through the product's query path -------------------------------------------------------------------
+
+
+def reranked_retriever(corpus: StoreCorpus, options: QueryOptions, reranker: Any, n: int,
+                       latencies: list[float] | None = None) -> Retriever:
+    """The first stage (``options``) with its top ``n`` chunk hits reordered by ``reranker`` (``search_many`` with
+    ``rerank=n``), then the rest of the first stage; documents by first appearance."""
+
+    def run(dataset: RetrievalDataset, k: int) -> Retrieval:
+        store = corpus.prepare(dataset)
+        qids = sorted(dataset.queries)
+        questions = [dataset.queries[q] for q in qids]
+        sparse = default_embedder() if options.mode != "dense" else None
+        depth = min(k * CHUNK_OVERFETCH, 1000)
+        first = search_many(questions, store=store, towers=corpus.towers, options=replace(options, k=depth, rerank=0),
+                            sparse=sparse)
+        timed = _Timed(reranker, latencies)
+        top = search_many(questions, store=store, towers=corpus.towers, options=replace(options, k=n, rerank=n),
+                          sparse=sparse, reranker_for=lambda _: timed)
+        merged = []
+        for head, hits in zip(top, first, strict=True):
+            seen = {h.id for h in head}
+            ordered = head + [h for h in hits if h.id not in seen]
+            merged.append([replace(h, score=float(len(ordered) - i)) for i, h in enumerate(ordered)])
+        return hits_to_retrieval(qids, merged, k)
+
+    return run
+
+
+class _Timed:
+    def __init__(self, reranker: Any, latencies: list[float] | None) -> None:
+        self.reranker, self.latencies = reranker, latencies
+
+    def score(self, question: str, passages: Any, batch_size: int = 32) -> Any:
+        t0 = time.perf_counter()
+        out = self.reranker.score(question, passages, batch_size=batch_size)
+        if self.latencies is not None:
+            self.latencies.append(time.perf_counter() - t0)
+        return out
+
+
+def latency(corpus: StoreCorpus, options: QueryOptions, reranker: Any, dev: RetrievalDataset) -> dict[str, Any]:
+    out = {}
+    for n in RERANK_NS:
+        times: list[float] = []
+        reranked_retriever(corpus, options, reranker, n, times)(dev, n)
+        times.sort()
+        out[f"N={n}"] = {"mean_ms": round(1000 * statistics.mean(times), 1),
+                         "p50_ms": round(1000 * times[len(times) // 2], 1),
+                         "p95_ms": round(1000 * times[int(len(times) * 0.95)], 1), "questions": len(times)}
+    return out
+
+
+# --- the run ------------------------------------------------------------------------------------------------------
+
+
+def ndcg(dataset: RetrievalDataset, retrieval: Retrieval) -> float:
+    return score_retrieval(dataset, retrieval)[0]["ndcg@10"]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings(data_dir=args.data_dir)
+    out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "smoke": args.smoke,
+                           "load_average_start": os.getloadavg(), "cpu": _cpu_flags()}
+    # 1. train (or reuse)
+    training = {
+        "finetuned": existing(settings, args.finetuned_model) if args.finetuned_model
+        else train_towers(args, "bench-ft", []),
+        "pretrained": existing(settings, args.pretrained_model) if args.pretrained_model
+        else train_towers(args, "bench-pt", ["--pretrain", "both", "--pretrain-max-pairs", str(args.pretrain_pairs),
+                                             "--pretrain-epochs", str(args.pretrain_epochs)]),
+        "reranker": existing(settings, args.reranker) if args.reranker else train_reranker(args),
+    }
+    out["training"] = training
+    print(json.dumps(training, indent=1, default=str), flush=True)
+    dev, test = datasets(args)
+    # 2. dev: towers alone, hybrid fusion per towers, reranker N
+    models = {"base": "base", "finetuned": training["finetuned"]["model"],
+              "pretrained+finetuned": training["pretrained"]["model"]}
+    corpora: dict[str, StoreCorpus] = {}
+    tuned: dict[str, TuneResult] = {}
+    try:
+        for label, spec in models.items():
+            path, name = resolve_model_path(spec, settings.models_dir)
+            corpora[label] = StoreCorpus(SentenceTransformerTowers(path, name=name), settings=settings,
+                                         collection="bench", sparse=True)
+            tuned[label] = tune_on_corpus(corpora[label], dev)
+            print(f"dev {label}: dense {tuned[label].dense_score:.3f}, hybrid {tuned[label].dev_score:.3f} "
+                  f"({tuned[label].choice.label()})", flush=True)
+        dense_pick = max(("finetuned", "pretrained+finetuned"), key=lambda m: tuned[m].dense_score)
+        hybrid_pick = max(models, key=lambda m: tuned[m].dev_score)
+        hybrid_options = tuned[hybrid_pick].choice.options()
+        from encoders.rerank import load_reranker
+
+        reranker = load_reranker(training["reranker"]["model"], settings.models_dir, "onnx")
+        rerank_dev = {n: ndcg(dev, reranked_retriever(corpora[hybrid_pick], hybrid_options, reranker, n)(dev, 100))
+                      for n in RERANK_NS}
+        best_n = max(RERANK_NS, key=lambda n: rerank_dev[n])
+        rerank_on = rerank_dev[best_n] > tuned[hybrid_pick].dev_score
+        out["dev"] = {
+            "queries": len(dev.queries),
+            "dense_ndcg@10": {m: round(t.dense_score, 4) for m, t in tuned.items()},
+            "hybrid_ndcg@10": {m: round(t.dev_score, 4) for m, t in tuned.items()},
+            "hybrid_choice": {m: t.choice.to_json() for m, t in tuned.items()},
+            "bm25_store_ndcg@10": round(tuned["base"].sparse_score, 4),
+            "rerank_ndcg@10": {f"N={n}": round(v, 4) for n, v in rerank_dev.items()},
+            "picked": {"towers": dense_pick, "hybrid": hybrid_pick, "rerank_n": best_n, "rerank_on": rerank_on},
+        }
+        print(json.dumps(out["dev"], indent=1), flush=True)
+        out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
+        print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
+        # 3. test, once
+        systems: dict[str, Retriever] = {"bm25": bm25_retriever()}
+        for label in models:
+            systems[label] = corpora[label].retriever(QueryOptions(mode="dense"))
+        systems[f"hybrid ({hybrid_pick})"] = corpora[hybrid_pick].retriever(hybrid_options)
+        systems[f"hybrid ({hybrid_pick}) + rerank N={best_n}"] = reranked_retriever(
+            corpora[hybrid_pick], hybrid_options, reranker, best_n)
+        report = evaluate_systems(test, systems, k=100)
+        report.add_significance(test.qrels)
+        print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")
+        print(report.to_markdown_table(), flush=True)
+        out["test"] = report.to_json()
+        out["test_table"] = report.to_markdown_table()
+    finally:
+        for corpus in corpora.values():
+            corpus.close()
+    out["load_average_end"] = os.getloadavg()
+    return out
+
+
+def _cpu_flags() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    return ",".join(f for f in ("avx512f", "avx512_vnni", "avx2", "fma") if f" {f}" in flags) or "none"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpr-bench-rerank"))
+    parser.add_argument("--shared", type=Path, default=REPO.parent / "shared", help="The ../shared folder.")
+    parser.add_argument("--finetuned-model", help="Reuse a trained model instead of training one.")
+    parser.add_argument("--pretrained-model", help="Reuse a `dpr train --pretrain` model.")
+    parser.add_argument("--reranker", help="Reuse a trained reranker.")
+    parser.add_argument("--dev-queries", type=int, default=100)
+    parser.add_argument("--pretrain-pairs", type=int, default=2000, help="Cap on stage-1 (ICT + title) pairs.")
+    parser.add_argument("--pretrain-epochs", type=float, default=1.0)
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--max-pairs", type=int, default=0)
+    parser.add_argument("--test-queries", type=int, default=0, help="0: all 300")
+    parser.add_argument("--corpus-cap", type=int, default=0, help="0: the whole corpus")
+    parser.add_argument("--smoke", action="store_true", help="A small slice end to end (figures mean nothing).")
+    args = parser.parse_args()
+    global DATA
+    DATA = args.shared / "data" / "beir-scifact"
+    if not DATA.is_dir():
+        raise SystemExit(f"needs ../shared/data beside the repo ({DATA} is missing)")
+    if args.smoke:
+        args.max_steps, args.max_pairs, args.dev_queries = 2, args.max_pairs or 64, 10
+        args.test_queries, args.corpus_cap, args.pretrain_pairs = 10, args.corpus_cap or 200, 32
+    logging.basicConfig(level=logging.WARNING)
+    out = run(args)
+    name = "rerank-smoke" if args.smoke else "rerank"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"\nwrote {RESULTS / (name + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
