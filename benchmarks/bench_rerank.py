@@ -75,14 +75,18 @@ def run_cli(args: list[str], data_dir: Path) -> tuple[dict[str, Any], float, flo
     return json.loads(stdout.strip().splitlines()[-1]), round(wall, 1), round(usage.ru_maxrss / 1024, 1)
 
 
+def run_training(cli: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], float, float]:
+    if args.max_steps > 0:
+        cli = [*cli, "--max-steps", str(args.max_steps)]
+    if args.max_pairs:
+        cli = [*cli, "--max-pairs", str(args.max_pairs)]
+    print(f"training: dpr {' '.join(cli)}", flush=True)
+    return run_cli(cli, args.data_dir)
+
+
 def train_towers(args: argparse.Namespace, name: str, extra: list[str]) -> dict[str, Any]:
     cli = ["train", str(DATA), "--split", "train", "--name", name, "--dev-queries", str(args.dev_queries), *extra]
-    if args.max_steps > 0:
-        cli += ["--max-steps", str(args.max_steps)]
-    if args.max_pairs:
-        cli += ["--max-pairs", str(args.max_pairs)]
-    print(f"training: dpr {' '.join(cli)}", flush=True)
-    out, wall, rss = run_cli(cli, args.data_dir)
+    out, wall, rss = run_training(cli, args)
     card = out["card"]
     stages = card.get("stages") or [{"stage": "finetune", "model": out["model"], "steps": card["steps"],
                                      "train_seconds": card["train_seconds"], "peak_rss_mib": card.get("peak_rss_mib"),
@@ -94,12 +98,7 @@ def train_towers(args: argparse.Namespace, name: str, extra: list[str]) -> dict[
 def train_reranker(args: argparse.Namespace) -> dict[str, Any]:
     cli = ["train-reranker", str(DATA), "--split", "train", "--name", "bench-rerank",
            "--dev-queries", str(args.dev_queries), "--candidates", str(max(RERANK_NS))]
-    if args.max_steps > 0:
-        cli += ["--max-steps", str(args.max_steps)]
-    if args.max_pairs:
-        cli += ["--max-pairs", str(args.max_pairs)]
-    print(f"training: dpr {' '.join(cli)}", flush=True)
-    out, wall, rss = run_cli(cli, args.data_dir)
+    out, wall, rss = run_training(cli, args)
     card = out["card"]
     return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "steps": card["steps"],
             "train_seconds": card["train_seconds"], "dev_bm25_first_stage": card.get("dev_metrics")}

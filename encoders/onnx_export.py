@@ -20,7 +20,8 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +90,7 @@ def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
     files, fingerprint = model_files_key(model_path), model_fingerprint(model_path)
     reference = SentenceTransformerTowers(model_path)
     model = reference.model
-    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staging_dir(export_dir) as staging:
         towers = {role: _tower_spec(model, role) for role in ("query", "document")}
         for directory, transformer in {spec.pop("_directory"): spec.pop("_transformer")
                                        for spec in towers.values()}.items():
@@ -109,10 +107,21 @@ def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
         manifest["seconds"] = round(time.perf_counter() - started, 1)
         _write_manifest(staging, manifest)
         _replace_dir(staging, export_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     log.info("exported towers to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest
+
+
+@contextmanager
+def staging_dir(export_dir: Path) -> Iterator[Path]:
+    """An empty sibling of ``export_dir`` to build an export in (``_replace_dir`` moves it into place); removed on
+    the way out whatever happened."""
+    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _tower_spec(model: Any, role: str) -> dict[str, Any]:

@@ -12,8 +12,6 @@ A reranker is a model directory under the models dir whose ``model_card.json`` s
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -237,7 +235,7 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     ``PROBE_PAIRS``; an fp32 export that does not reproduce torch is refused (the torch backend still serves)."""
     import time
 
-    from encoders.onnx_export import _export_transformer, _replace_dir, _write_manifest
+    from encoders.onnx_export import _export_transformer, _replace_dir, _write_manifest, staging_dir
     from encoders.towers import model_files_key
 
     started = time.perf_counter()
@@ -245,10 +243,7 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     max_length = int(card.get("max_length") or DEFAULT_MAX_LENGTH)
     reference = TorchReranker(model_path, max_length=max_length)
     transformer = reference.model[0]
-    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staging_dir(export_dir) as staging:
         _export_transformer(transformer, staging / "reranker", sample_inputs=list(PROBE_PAIRS[:2]), output="logits")
         manifest: dict[str, Any] = {
             "format": FORMAT, "kind": RERANKER_KIND, "model_path": str(model_path),
@@ -263,8 +258,6 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
         manifest["seconds"] = round(time.perf_counter() - started, 1)
         _write_manifest(staging, manifest)
         _replace_dir(staging, export_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     log.info("exported reranker to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest
 

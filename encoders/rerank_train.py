@@ -33,10 +33,11 @@ from encoders.train import (
     ProgressFn,
     TrainResult,
     _fit,
-    _offline,
     _save,
     pairs_fingerprint,
     pairs_to_columns,
+    start_run,
+    training_arguments,
     versioned_name,
 )
 
@@ -112,18 +113,11 @@ def train_reranker(
     config = config or RerankConfig()
     config.validate()
     base = base or base_model_path()
-    _offline()
+    started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset
-    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
-    from transformers import set_seed
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    set_seed(config.seed)
-    started = datetime.now(UTC)
-    t0 = time.perf_counter()
     # 1. model: the base encoder + a fresh one-logit head
     model = CrossEncoder(str(base), num_labels=1, max_length=config.max_length, device="cpu", local_files_only=True)
     # 2. data, 3. loss
@@ -136,8 +130,8 @@ def train_reranker(
     # 5. arguments, 6. trainer
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-rerank-"))
     try:
-        steps, losses = _fit(model, _arguments(config, out_tmp), Dataset.from_dict(columns), loss, progress,
-                             trainer_class=CrossEncoderTrainer)
+        args = training_arguments(CrossEncoderTrainingArguments, config, out_tmp)
+        steps, losses = _fit(model, args, Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
@@ -170,28 +164,3 @@ def train_reranker(
     }
     return _save(model, models_dir, versioned_name(config.name, started), card, losses)
 
-
-def _arguments(config: RerankConfig, output_dir: Path) -> Any:
-    from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
-
-    return CrossEncoderTrainingArguments(
-        output_dir=str(output_dir),
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
-        warmup_steps=config.warmup_ratio,
-        weight_decay=config.weight_decay,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to="none",
-        seed=config.seed,
-        data_seed=config.seed,
-        disable_tqdm=True,
-        use_cpu=True,
-        dataloader_num_workers=0,
-    )

@@ -137,6 +137,18 @@ def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
     router.sub_modules["document"][0].max_seq_length = tokens
 
 
+def start_run(threads: int | None, seed: int) -> tuple[datetime, float]:
+    """Offline, torch's threads, every seed; returns (start time, perf counter) of the run."""
+    _offline()
+    import torch
+    from transformers import set_seed
+
+    if threads:
+        torch.set_num_threads(threads)
+    set_seed(seed)
+    return datetime.now(UTC), time.perf_counter()
+
+
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -213,16 +225,9 @@ def train(
     config = config or TrainConfig()
     config.validate()
     base = base or base_model_path()
-    _offline()
+    started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset
-    from transformers import set_seed
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    set_seed(config.seed)
-    started = datetime.now(UTC)
-    t0 = time.perf_counter()
 
     # 1. model
     model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
@@ -293,20 +298,27 @@ def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[st
 
 def _arguments(config: TrainConfig, columns: list[str], output_dir: Path) -> Any:
     from sentence_transformers import SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
 
     router_mapping = {} if config.shared else {c: ("query" if c == "question" else "document") for c in columns}
-    return SentenceTransformerTrainingArguments(
+    return training_arguments(SentenceTransformerTrainingArguments, config, output_dir,
+                              lr_scheduler_type=config.scheduler, router_mapping=router_mapping)
+
+
+def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:
+    """The trainer arguments the towers and the reranker share (``cls``: sentence-transformers' or the
+    cross-encoder's arguments class), from a config with epochs, max_steps, batch_size, learning_rate,
+    warmup_ratio, weight_decay and seed; ``extra`` on top."""
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    return cls(
         output_dir=str(output_dir),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps,
         per_device_train_batch_size=config.batch_size,
         learning_rate=config.learning_rate,
         warmup_steps=config.warmup_ratio,  # transformers 5: a float below 1 is a fraction of the steps
-        lr_scheduler_type=config.scheduler,
         weight_decay=config.weight_decay,
         batch_sampler=BatchSamplers.NO_DUPLICATES,
-        router_mapping=router_mapping,
         save_strategy="no",
         eval_strategy="no",
         logging_strategy="steps",
@@ -317,6 +329,7 @@ def _arguments(config: TrainConfig, columns: list[str], output_dir: Path) -> Any
         disable_tqdm=True,
         use_cpu=True,
         dataloader_num_workers=0,
+        **extra,
     )
 
 
