@@ -9,8 +9,9 @@ Training runs as real `dpr train` / `dpr train-reranker` subprocesses (one per m
 time and peak RSS (``os.wait4``); the two stages of ``--pretrain`` are split in its model card. Reranker latency per
 question is measured on the ONNX backend over dev questions' first-stage passages, at N = 20 and 50.
 
-Needs ../shared/data beside the repo. ``--smoke`` runs the same pipeline on a small slice (a few steps, few queries,
-a capped corpus) to prove it works end to end; its figures mean nothing.
+Needs ../shared/data beside the repo (``--shared``). ``--smoke`` runs the same pipeline on a small BEIR slice of
+SciFact (60 train queries, 10 test queries, ~200 documents; 2 steps per training) to prove it works end to end; its
+figures mean nothing.
 
 Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
 [--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME]``
@@ -123,21 +124,33 @@ def datasets(args: argparse.Namespace) -> tuple[RetrievalDataset, RetrievalDatas
     dev = train.subset(dev_ids, name=f"{train.name}-dev{len(dev_ids)}")
     test = load_beir(DATA, "test")
     test = RetrievalDataset(test.name, train.corpus, test.queries, test.qrels, test.answers)
-    if args.test_queries:
-        test = test.subset(sorted(test.queries)[: args.test_queries])
-    if args.corpus_cap:
-        dev, test = _capped(dev, test, args.corpus_cap)
     return dev, test
 
 
-def _capped(dev: RetrievalDataset, test: RetrievalDataset, cap: int) -> tuple[RetrievalDataset, RetrievalDataset]:
-    """A smaller corpus (smoke runs): every judged document of both splits plus a seeded sample of the others."""
-    judged = {d for ds in (dev, test) for rels in ds.qrels.values() for d in rels if d in ds.corpus}
-    others = sorted(set(dev.corpus) - judged)
-    keep = judged | set(random.Random(0).sample(others, max(0, min(len(others), cap - len(judged)))))
-    corpus = {d: dev.corpus[d] for d in sorted(keep)}
-    return (RetrievalDataset(dev.name, corpus, dev.queries, dev.qrels),
-            RetrievalDataset(test.name, corpus, test.queries, test.qrels))
+def write_slice(source: Path, target: Path, train_queries: int, test_queries: int, others: int) -> Path:
+    """A small BEIR folder (smoke runs): the first train and test queries, their judged documents and a seeded
+    sample of other documents; every step of the benchmark then runs on it in minutes."""
+    train, test = load_beir(source, "train"), load_beir(source, "test")
+    queries = {**{q: train.queries[q] for q in sorted(train.queries)[:train_queries]},
+               **{q: test.queries[q] for q in sorted(test.queries)[:test_queries]}}
+    qrels = {"train": {q: train.qrels[q] for q in queries if q in train.qrels},
+             "test": {q: test.qrels[q] for q in queries if q in test.qrels}}
+    judged = {d for split in qrels.values() for rels in split.values() for d in rels if d in train.corpus}
+    rest = sorted(set(train.corpus) - judged)
+    keep = sorted(judged | set(random.Random(0).sample(rest, min(others, len(rest)))))
+    (target / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(target / "corpus.jsonl", "w") as f:
+        for d in keep:
+            doc = train.corpus[d]
+            f.write(json.dumps({"_id": d, "title": doc.title, "text": doc.text}) + "\n")
+    with open(target / "queries.jsonl", "w") as f:
+        for q, text in queries.items():
+            f.write(json.dumps({"_id": q, "text": text}) + "\n")
+    for split, rels in qrels.items():
+        with open(target / "qrels" / f"{split}.tsv", "w") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            f.writelines(f"{q}\t{d}\t{r}\n" for q, docs in rels.items() for d, r in docs.items())
+    return target
 
 
 # --- reranking through the product's query path -------------------------------------------------------------------
@@ -291,17 +304,15 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=float, default=1.0)
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--max-pairs", type=int, default=0)
-    parser.add_argument("--test-queries", type=int, default=0, help="0: all 300")
-    parser.add_argument("--corpus-cap", type=int, default=0, help="0: the whole corpus")
     parser.add_argument("--smoke", action="store_true", help="A small slice end to end (figures mean nothing).")
     args = parser.parse_args()
     global DATA
     DATA = args.shared / "data" / "beir-scifact"
     if not DATA.is_dir():
         raise SystemExit(f"needs ../shared/data beside the repo ({DATA} is missing)")
-    if args.smoke:
-        args.max_steps, args.max_pairs, args.dev_queries = 2, args.max_pairs or 64, 10
-        args.test_queries, args.corpus_cap, args.pretrain_pairs = 10, args.corpus_cap or 200, 32
+    if args.smoke:  # 60 train queries (10 of them dev), 10 test queries, ~200 documents, 2 steps per training
+        DATA = write_slice(DATA, args.data_dir / "scifact-slice", 60, 10, 150)
+        args.max_steps, args.max_pairs, args.dev_queries, args.pretrain_pairs = 2, 64, 10, 32
     logging.basicConfig(level=logging.WARNING)
     out = run(args)
     name = "rerank-smoke" if args.smoke else "rerank"

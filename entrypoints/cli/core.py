@@ -223,7 +223,9 @@ def query(
             snippet[:400] + ("..." if len(snippet) > 400 else ""),
         )
     console.print(table)
-    console.print(f"[dim]{len(hits)} passages; mode {mode_used}; model {hits[0].get('model', '?')}[/]", highlight=False)
+    reranked = "; reranked" if hits[0].get("rerank_score") is not None else ""
+    console.print(f"[dim]{len(hits)} passages; mode {mode_used}{reranked}; model {hits[0].get('model', '?')}[/]",
+                  highlight=False)
 
 
 def _refuse_collection_over_api(settings: Settings, collection: str | None) -> None:
