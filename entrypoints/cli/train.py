@@ -137,6 +137,9 @@ def train_reranker(
     base: Annotated[str, typer.Option(help="Encoder under the new head: 'base' (MiniLM-L6) or a path.")] = "base",
     epochs: Annotated[float, typer.Option(min=0.01)] = 1.0,
     batch_size: Annotated[int, typer.Option(min=1, help="Questions per batch.")] = 16,
+    mini_batch_size: Annotated[
+        int, typer.Option(min=0, help="(question, passage) pairs per forward pass (cached loss); 0: a whole batch.")
+    ] = 16,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 2e-5,
     hard_negatives: Annotated[int, typer.Option(min=0, help="BM25 hard negatives per pair.")] = 3,
     negative_window: Annotated[str, typer.Option(help="BM25 ranks START:END searched for negatives.")] = "0:30",
@@ -161,7 +164,8 @@ def train_reranker(
     start, end = _parse_window(negative_window)
     what = TrainingData(data=data, fmt=fmt, split=split, corpus=corpus, max_pairs=max_pairs, dev_queries=dev_queries,
                         seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end))
-    config = RerankConfig(name=name, epochs=epochs, batch_size=batch_size, learning_rate=lr, candidates=candidates,
+    config = RerankConfig(name=name, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
+                          learning_rate=lr, candidates=candidates,
                           seed=seed, max_steps=max_steps, threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
         try:
