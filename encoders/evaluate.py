@@ -94,7 +94,9 @@ class EvalReport:
         return "\n".join(lines)
 
     def significance_references(self) -> list[str]:
-        return list(dict.fromkeys(ref for per in self.significance.values() for ref in per))
+        """The references tested against, in the systems' order (bm25 before base as they run)."""
+        refs = {ref for per in self.significance.values() for ref in per}
+        return [r.system for r in self.results if r.system in refs]
 
     def significance_cell(self, system: str, reference: str) -> str:
         """``+0.048 (p 0.003)*`` (``*``: significant), ``-`` for the reference itself or no test."""

@@ -40,5 +40,5 @@ def test_a_clear_gain_is_significant_and_a_copy_is_not() -> None:
     assert same["delta"] == 0.0 and not same["significant"] and same["p"] > 0.5
     assert "bm25" not in report.significance or "bm25" not in report.significance["bm25"]
     table = report.to_markdown_table()
-    assert "vs bm25" in table and "vs base" in table and "*" in table.splitlines()[-1]
+    assert "| vs bm25 | vs base |" in table and "*" in table.splitlines()[-1]
     assert report.to_json()["significance"]["trained:x"]["base"]["significant"] is True
