@@ -175,10 +175,10 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
     try:
         return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
     except ExportMissing:
-        from encoders.onnx_export import ensure_export
-
-        ensure_export(path, export_dir)
-        return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
+        pass
+    if export_model(path, models_dir, cache_dir) is None:  # logged there; torch serves what it cannot export
+        return SentenceTransformerTowers(path, device=device, name=name)
+    return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
 
 
 def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None) -> dict[str, Any] | None:

@@ -59,6 +59,9 @@ def ingest(
 
         with Runtime(settings) as runtime:
             result = _ingest(runtime, source, wait=wait, as_json=as_json)
+            if not settings.broker_url and (seconds := runtime.prepare_queries()) > 1 and not as_json:
+                err_console.print(f"question tower exported to ONNX in {seconds:.0f} s (once per model): "
+                                  "`dpr query` runs without torch", highlight=False)
     _print_ingest(result, as_json)
     if result.get("failed") and result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged")
