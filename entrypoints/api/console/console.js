@@ -348,8 +348,18 @@ async function followJob(card, accepted) {
   const started = performance.now();
   let last = { t: started, chunks: 0 };
   let rate = null;
+  let misses = 0;
   for (;;) {
-    const job = await apiJson(`/v1/jobs/${encodeURIComponent(accepted.job)}`);
+    let job;
+    try {
+      job = await apiJson(`/v1/jobs/${encodeURIComponent(accepted.job)}`);
+      misses = 0;
+    } catch (e) {
+      // the store or broker busy for a moment (503), or the connection dropped: the job goes on, so ask again
+      if ((e.status && e.status !== 503) || ++misses > 20) throw e;
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS * 2));
+      continue;
+    }
     const now = performance.now();
     const finished = job.state === "done" || job.state === "failed";
     if (finished) rate = job.chunks / Math.max((now - started) / 1000, job.seconds || 0.001);
