@@ -18,6 +18,7 @@ from entrypoints.api.errors import ApiError
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "console"
 ASSETS = {
+    "api.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
 }
