@@ -56,7 +56,8 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_the_towers_reproduce_the_wheels_engine_with_its_prompts(towers: SentenceTransformerTowers, engine: Any) -> None:
+def test_the_towers_reproduce_the_wheels_engine_with_its_prompts(towers: SentenceTransformerTowers,
+                                                                 engine: Any) -> None:
     queries, passages = towers.encode_queries(TEXTS), towers.encode_documents(TEXTS)
     assert _cosines(queries, np.stack([engine.query(t) for t in TEXTS])).min() >= 0.999
     assert _cosines(passages, np.stack([engine.passage(t) for t in TEXTS])).min() >= 0.999
@@ -107,7 +108,8 @@ def test_offsets_cover_korean_text_for_chunking(towers: SentenceTransformerTower
 
 
 KO = {
-    "seoul.txt": "서울특별시는 대한민국의 수도이자 최대 도시이다. 조선 시대부터 한양이라 불렸으며 한강이 도시를 가로지른다.",
+    "seoul.txt": "서울특별시는 대한민국의 수도이자 최대 도시이다. 조선 시대부터 한양이라 불렸으며 "
+                 "한강이 도시를 가로지른다.",
     "kimchi.txt": "김치는 배추와 무를 소금에 절이고 고춧가루, 마늘, 젓갈로 양념하여 발효시킨 한국의 전통 음식이다.",
     "sejong.txt": "세종대왕은 조선의 제4대 왕으로, 1443년에 백성을 위하여 훈민정음을 창제하였다.",
 }
