@@ -206,7 +206,7 @@ class Settings(BaseSettings):
     def _check_model_dir(self) -> Settings:
         """A model setting that names a directory must name a model (not, say, the data folder)."""
         spec = self.encoder.model
-        if spec in ("active", "base"):
+        if spec in ("active", "base", "multilingual"):  # built-in names (encoders.registry.BUILTIN)
             return self
         for path in (self.models_dir / spec, Path(spec).expanduser()):
             if path.is_dir() and not any((path / name).is_file() for name in MODEL_FILES):
