@@ -4,6 +4,7 @@ real Runtime over hashing towers with a reranker that prefers one word."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +92,21 @@ def test_the_collection_default_turns_reranking_on() -> None:
         runtime.close()
     assert [h.passage.doc_id for h in default] == ["d5", "d4"] and asked == ["rr-1"]
     assert all(h.rerank_score is None for h in off) and len(reranker.calls) == 1
+
+
+def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from entrypoints.api.app import create_app
+    from services.settings import Settings
+
+    runtime = _runtime_with_docs()
+    runtime.reranker = lambda recorded=None: WordReranker("ocean")  # type: ignore[method-assign]
+    app = create_app(Settings(data_dir=tmp_path), runtime=runtime, warm_model=False)
+    with TestClient(app) as c:
+        reranked = c.post("/v1/search", json={"question": "tides moon sea", "k": 2, "rerank": 6}).json()["hits"]
+        plain = c.post("/v1/search", json={"question": "tides moon sea", "k": 2, "rerank": 0}).json()["hits"]
+        below = c.post("/v1/search", json={"question": "tides moon sea", "k": 5, "rerank": 2})
+    assert [h["doc_id"] for h in reranked] == ["d5", "d4"] and [h["rerank_score"] for h in reranked] == [5.0, 4.0]
+    assert all("rerank_score" not in h for h in plain)
+    assert below.status_code == 400 and "below k=5" in below.text
