@@ -25,6 +25,7 @@ from entrypoints.status import collection_status
 from services.errors import ConfigError, TransientError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
+from services.language import LANGUAGE_HELP, prepare_collection
 from services.query import QueryOptions
 from services.readers import iter_documents
 from services.runtime import Runtime
@@ -45,6 +46,7 @@ def ingest(
     collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With a broker: follow the job until it ends.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    language: Annotated[str, typer.Option(help=LANGUAGE_HELP)] = "auto",
 ) -> None:
     """Ingest documents: chunk with the passage tower's tokenizer, embed, upsert into Qdrant."""
     if fmt not in ("auto", "files", "jsonl", "beir"):
@@ -58,6 +60,7 @@ def ingest(
             return iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
 
         with Runtime(settings) as runtime:
+            prepare_collection(runtime.store, lambda: runtime.towers, language, source())  # BM25 language
             result = _ingest(runtime, source, wait=wait, as_json=as_json)
     _print_ingest(result, as_json)
     if result.get("failed") and result.get("state") in TERMINAL and not (
