@@ -21,6 +21,7 @@ instance; one short passage takes well under a millisecond).
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 KEPT_TAGS = frozenset({"NNG", "NNP", "NR", "VV", "VA", "XR", "SL", "SN", "SH"})
@@ -40,7 +41,9 @@ def _analyser() -> Any:
             raise RuntimeError(
                 "Korean BM25 needs kiwipiepy and its model: pip install kiwipiepy==0.24.1 kiwipiepy-model==0.24.0"
             ) from e
-        _kiwi = Kiwi(num_workers=0)  # single-threaded: the callers' threads are the parallelism
+        with warnings.catch_warnings():  # num_workers=0 warns that it means single-threaded since 0.21: wanted
+            warnings.filterwarnings("ignore", message="behavior of `num_workers=0`", category=DeprecationWarning)
+            _kiwi = Kiwi(num_workers=0)  # single-threaded: the callers' threads are the parallelism
     return _kiwi
 
 
