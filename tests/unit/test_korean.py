@@ -242,3 +242,38 @@ def test_eval_detects_korean_and_tokenises_its_bm25_baseline_so() -> None:
     assert report.results[0].metrics["mrr@10"] == pytest.approx(1.0)
     english = compare_systems(ds, settings=make_settings(), models=[], k=3, language="en")
     assert english.results[0].metrics["mrr@10"] < 1.0
+
+
+def _shared_data() -> Path | None:
+    """../shared/data beside the checkout (or a worktree's parents); None when absent."""
+    return next((p / "shared" / "data" for p in Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),
+                None)
+
+
+def test_korquad_folder_reads_with_an_article_split() -> None:
+    """Needs ../shared/data/korquad-v1.0-dev (skipped without it): the folder reads as SQuAD, the article split
+    gives disjoint paragraphs, and every question's own paragraph holds its answer under the Korean matching."""
+    from services.readers import load_dataset
+
+    shared = _shared_data()
+    folder = shared / "korquad-v1.0-dev" if shared else None
+    if folder is None or not folder.is_dir():
+        pytest.skip("needs ../shared/data/korquad-v1.0-dev")
+    full, train, test = (load_dataset(folder, split, "squad") for split in ("all", "train", "test"))
+    assert (len({d.rsplit("#", 1)[0] for d in full.corpus}), len(full.corpus), len(full.queries)) == (140, 964, 5774)
+    assert not set(train.corpus) & set(test.corpus)
+    assert len(train.queries) + len(test.queries) == 5774 and len(train.corpus) + len(test.corpus) == 964
+    found = sum(has_answer(full.corpus[next(iter(r))].passage, full.answers[q]) for q, r in full.qrels.items())
+    assert found / len(full.qrels) > 0.99
+
+
+def test_a_squad_folder_must_hold_one_json(tmp_path: Path) -> None:
+    from services.errors import DataError
+    from services.readers import load_squad
+
+    with pytest.raises(DataError, match="exactly one .json"):
+        load_squad(tmp_path)
+    qa = {"id": "1", "question": "수도는?", "answers": [{"text": "서울"}]}
+    data = {"data": [{"title": "T", "paragraphs": [{"context": "서울은 수도이다.", "qas": [qa]}]}]}
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    assert load_squad(tmp_path).queries == {"1": "수도는?"}
