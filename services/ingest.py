@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
 from services.errors import CollectionNotFound, DocumentError
+from services.language import for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
@@ -155,10 +156,11 @@ def ingest_batch(
     # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
     with (fence or NoFence()).shared():
         if generation is None:
-            active = store.active() if towers_for is not None else None
+            active = store.active()
             if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
                 towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
-            generation = store.ensure_collection(collection_spec(towers, sparse))
+            creating = sparse if active is not None else for_new_collection(sparse, docs.values())  # its language
+            generation = store.ensure_collection(collection_spec(towers, creating))
         if sparse is not None:  # the collection's stored BM25 configuration wins over this process's default
             sparse = for_spec(_spec_of(store, generation), sparse)
         _write_documents(docs, report, store=store, towers=towers, chunking=chunking, sparse=sparse,

@@ -8,8 +8,10 @@ choice, used by ingest (CLI and API), ``dpr eval``'s BM25 baseline, hard-negativ
 - ``resolve_language``: an existing collection keeps the language it was created with (its stored BM25
   configuration); ``auto`` (the default) detects on creation; an explicit language that contradicts the stored
   one is refused with the collection's name and the fix.
-- ``prepare_collection``: ingest's entry points call it before they hand batches over, so a new collection is
-  created with its language in its spec whichever process (this one or a worker) writes the first batch.
+- ``for_new_collection`` (in ``services.ingest``): the batch that creates a collection with no language chosen
+  detects it on its documents; ``prepare_collection`` (the ingest entry points, before batches are handed over):
+  an explicit ``--language`` is checked against an existing collection, or creates the new collection with it,
+  so a worker that writes the first batch uses it too. ``auto`` costs the entry point nothing (no store, no model).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from encoders.data import CorpusDoc
 from encoders.korean import is_hangul
@@ -94,29 +96,39 @@ def corpus_language(requested: str | None, corpus: Mapping[str, CorpusDoc]) -> s
     return resolve_language(requested, stored=None, sample=(d.passage for d in corpus.values()))
 
 
+def for_new_collection(sparse: Any, docs: Iterable[Document]) -> Any:
+    """The sparse encoder a collection created now by ``docs`` gets: a chosen one as it is; for ``AutoBm25`` (no
+    language chosen) the one for the language detected on the first documents."""
+    from services.sparse import AutoBm25, embedder_for
+
+    if not isinstance(sparse, AutoBm25):
+        return sparse
+    return embedder_for(detect_language(f"{d.title} {d.text}" for d in docs))
+
+
 def prepare_collection(
     store: VectorStore, towers: Callable[[], DualEncoder], requested: str | None, items: Iterable[Item]
 ) -> str | None:
-    """Settle the collection's BM25 language before ingest hands batches over: an existing collection's (checked
-    against an explicit ``requested``), or, for a new one, ``requested`` / detected on the first documents of
-    ``items``, and the collection created with it (``items`` and ``towers()`` are used only then). Returns it;
-    None when the store is unavailable (the batches then meet the same error and report it, as before)."""
+    """Settle an explicit ``--language`` before ingest hands batches over: against an existing collection's (a
+    contradiction is refused), or, for a new collection, by creating it with that language now (``towers()``
+    and the first document of ``items`` are used only then), so workers that write its first batch use it too.
+    ``auto`` does nothing here: the first batch detects the language when it creates the collection
+    (``for_new_collection``). Returns the language when settled; None for ``auto`` or when the store is
+    unavailable (the batches then meet the same error and report it, as before)."""
     from services.ingest import collection_spec
     from services.sparse import embedder_for, spec_language
 
-    check_choice(requested)
+    choice = check_choice(requested)
+    if choice == "auto":
+        return None
     try:
         active = store.active()
     except TransientError as e:  # the job reports the store's state per batch, as it always did
         log.warning("cannot settle the collection's language now: %s", e, extra={"alias": store.alias})
         return None
     if active is not None:
-        return resolve_language(requested, stored=spec_language(active.spec), collection=store.alias)
-    docs = (f"{i.title} {i.text}" for i in items if isinstance(i, Document))
-    sample = list(itertools.islice(docs, SAMPLE_DOCUMENTS))
-    language = resolve_language(requested, stored=None, sample=sample, collection=store.alias)
-    if not sample:  # nothing to ingest: no collection either (as before)
-        return language
-    store.ensure_collection(collection_spec(towers(), embedder_for(language)))
-    log.info("collection language", extra={"alias": store.alias, "language": language})
-    return language
+        return resolve_language(choice, stored=spec_language(active.spec), collection=store.alias)
+    if any(isinstance(i, Document) for i in items):  # nothing to ingest: no collection either (as before)
+        store.ensure_collection(collection_spec(towers(), embedder_for(choice)))
+        log.info("collection language", extra={"alias": store.alias, "language": choice})
+    return choice

@@ -27,7 +27,8 @@ A text made only of stopwords embeds to an empty vector; adapters store such a p
 Documents and queries must go through the *same* configuration, otherwise query tokens hash to indices no
 document carries: the configuration is stored with the collection (``CollectionSpec.settings["bm25"]``, written
 by ``services.ingest.collection_spec``) and ``for_spec`` gives the embedder a collection was built with; ingest,
-query and re-embed all go through it.
+query and re-embed all go through it. ``default_embedder()`` (what a Runtime uses) has no language chosen: the
+collection it creates gets the detected one.
 """
 
 from __future__ import annotations
@@ -112,9 +113,16 @@ class Bm25Embedder:
         return _convert(self._bm25.embed_query(self._text(text)))
 
 
+class AutoBm25(Bm25Embedder):
+    """The English defaults, with the language not chosen: a collection created through it gets the language
+    detected on the documents that create it (``services.language.for_new_collection``); an existing collection's
+    stored language wins as always (``for_spec``)."""
+
+
+@functools.cache
 def default_embedder() -> Bm25Embedder:
-    """One embedder with the default (English) configuration per process."""
-    return embedder_for(None)
+    """The process's embedder when no language was chosen (``AutoBm25``: English; detection on creation)."""
+    return AutoBm25()
 
 
 def embedder_for(config: Mapping[str, Any] | str | None) -> Bm25Embedder:

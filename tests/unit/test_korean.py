@@ -106,25 +106,34 @@ def _ko_items() -> list[Document]:
 
 def test_a_new_collection_gets_its_detected_language_and_sparse_search_finds_korean() -> None:
     with FakeRuntime() as runtime:
-        assert prepare_collection(runtime.store, lambda: runtime.towers, "auto", _ko_items()) == "ko"
+        assert prepare_collection(runtime.store, lambda: pytest.fail("auto needs no model"), "auto", []) is None
+        assert runtime.store.active() is None  # auto: the first batch decides, whoever runs it
+        runtime.pipeline.ingest(_ko_items())  # the runtime's default embedder has no language chosen: detected
         spec = runtime.store.active().spec  # type: ignore[union-attr]
         assert spec.settings["bm25"]["language"] == "ko" and spec_language(spec) == "ko"
-        runtime.pipeline.ingest(_ko_items())  # the runtime's (English) default embedder is swapped for the spec's
         hits = runtime.search("학생이 공부하는 곳은?", QueryOptions(mode="sparse", k=1))
         assert hits[0].passage.doc_id == "school"
         hits = search("서울의 강", store=runtime.store, towers=runtime.towers, sparse=default_embedder(),
                       options=QueryOptions(mode="sparse", k=1))
         assert hits[0].passage.doc_id == "river"
         # an existing collection keeps its language; an explicit other one is refused
-        assert prepare_collection(runtime.store, lambda: pytest.fail("no towers needed"), "auto", []) == "ko"
+        assert prepare_collection(runtime.store, lambda: pytest.fail("no towers needed"), "ko", []) == "ko"
         with pytest.raises(ConfigError, match="collection 'passages' tokenises BM25 as 'ko'"):
             prepare_collection(runtime.store, lambda: runtime.towers, "en", [])
 
 
-def test_nothing_to_ingest_creates_nothing_and_a_down_store_is_left_to_the_job() -> None:
+def test_an_explicit_language_creates_the_collection_before_any_batch() -> None:
     with FakeRuntime() as runtime:
         assert prepare_collection(runtime.store, lambda: runtime.towers, "ko", []) == "ko"
-        assert runtime.store.active() is None
+        assert runtime.store.active() is None  # nothing to ingest: nothing created
+        english = [Document(doc_id="e", title="", text=ENGLISH[0], source="t")]
+        assert prepare_collection(runtime.store, lambda: runtime.towers, "ko", english) == "ko"
+        assert spec_language(runtime.store.active().spec) == "ko"  # type: ignore[union-attr]
+        runtime.pipeline.ingest(english)  # a batch of English text does not change the chosen language
+        assert spec_language(runtime.store.active().spec) == "ko"  # type: ignore[union-attr]
+
+
+def test_a_down_store_is_left_to_the_job() -> None:
 
     class DownStore:
         alias = "passages"
