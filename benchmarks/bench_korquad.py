@@ -121,6 +121,11 @@ def data_facts(data: Path) -> dict[str, Any]:
     return facts
 
 
+def shown(data: Path) -> str:
+    """``../shared/data/...`` as the README writes it, for the default data; else the path given."""
+    return "../shared/data/korquad-v1.0-dev" if data == DATA else str(data)
+
+
 def evaluate(data: Path, extra: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
     return dpr(["eval", str(data), "--format", "squad", "--split", "test", "--json", *extra], env)
 
@@ -188,7 +193,8 @@ def report(facts: dict[str, Any], rows: list[dict[str, Any]], trained: list[dict
         "# KorQuAD v1.0 dev: Korean retrieval (`benchmarks/bench_korquad.py`)",
         "",
         f"Machine: {env_info['cpu']} ({', '.join(env_info['flags'])}; {env_info['cores']} usable cores), commit "
-        f"{env_info['commit']}, load average {' / '.join(f'{x:.1f}' for x in env_info['load'])} at the end, "
+        f"{env_info['commit']}, load average {' / '.join(f'{x:.1f}' for x in env_info['load'])} (1/5/15 min) "
+        f"at the end, "
         f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
         "",
         "## Data",
@@ -232,21 +238,21 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for language in ("ko", "en"):
         out, seconds = evaluate(args.data, ["--bm25", "--language", language], env)
-        commands.append(f"dpr eval {args.data} --format squad --split test --bm25 --language {language}")
+        commands.append(f"dpr eval {shown(args.data)} --format squad --split test --bm25 --language {language}")
         rows.append({"system": f"BM25 ({language} tokenisation)", "metrics": out["systems"]["bm25"]["metrics"],
                      "seconds": seconds})
     trained, names = [], {}
     for base in args.train:
         t = train_system(args.data, base, shlex.split(args.train_args), env)
-        commands.append(f"dpr train {args.data} --format squad --split train --base {base} {args.train_args}")
+        commands.append(f"dpr train {shown(args.data)} --format squad --split train --base {base} {args.train_args}")
         trained.append(t)
         names[f"trained:{base}"] = t["model"]
     for name in [*args.model, *(t["model"] for t in trained)]:
         rows.append(model_system(args.data, name, env))
-        commands.append(f"dpr eval {args.data} --format squad --split test --model {name}")
+        commands.append(f"dpr eval {shown(args.data)} --format squad --split test --model {name}")
     for name in args.hybrid:
         rows.append(hybrid_system(args.data, names.get(name, name), settings, args.dev_queries, env))
-        commands.append(f"dpr eval {args.data} --format squad --split test --model {names.get(name, name)} "
+        commands.append(f"dpr eval {shown(args.data)} --format squad --split test --model {names.get(name, name)} "
                         "--mode hybrid --fusion ... (tuned on the dev split)")
     print(table(rows))
     md = report(facts, rows, trained, machine(), commands)
