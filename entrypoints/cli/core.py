@@ -60,7 +60,8 @@ def ingest(
             return iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
 
         with Runtime(settings) as runtime:
-            prepare_collection(runtime.store, lambda: runtime.towers, language, source())  # BM25 language
+            docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+            prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
             result = _ingest(runtime, source, wait=wait, as_json=as_json)
     _print_ingest(result, as_json)
     if result.get("failed") and result.get("state") in TERMINAL and not (
