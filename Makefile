@@ -7,7 +7,7 @@ DEMO_QUESTION ?= How do I read a file line by line?
 # The demo corpus: part of the Python 3.11 documentation (Debian's python3.11-doc). DOCS=all ingests all of it.
 DOCS ?= tutorial howto faq reference glossary.rst.txt
 
-.PHONY: install demo test test-unit test-integration test-slow lint typecheck bench clean
+.PHONY: install chromium demo test test-unit test-integration test-slow lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,7 +27,16 @@ demo: $(STAMP)
 	$(BIN)/dpr status && \
 	$(BIN)/dpr query "$(DEMO_QUESTION)" -k 5
 
-test: $(STAMP)
+# The console's browser test needs Debian's chromium: installed here when we are root with apt-get, else the test
+# skips with its reason. Quiet, and nothing to do once /usr/bin/chromium exists.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (apt-get) for the console's browser test"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+			|| echo "chromium not installed; the browser test will skip"; \
+	fi
+
+test: $(STAMP) chromium
 	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -m "unit or integration" -q
@@ -35,7 +44,7 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m unit -q
 
-test-integration: $(STAMP)
+test-integration: $(STAMP) chromium
 	$(BIN)/pytest -m integration -q
 
 test-slow: $(STAMP)

@@ -11,7 +11,7 @@ Systems, each one `dpr eval ... --format squad --split test --json` run (the com
 - always: BM25 with Korean morphemes (``--language ko``) and BM25 with the English tokenisation
   (``--language en``: what every collection got before languages) -- the point of Korean BM25;
 - ``--model NAME`` (repeat): dense towers through the real store (``base`` = all-MiniLM-L6-v2, ``multilingual``
-  once that model is merged, a trained model's name or path);
+  = multilingual-e5-small, a trained model's name or path);
 - ``--train BASE`` (repeat): `dpr train DATA --format squad --split train --base BASE` first (extra flags with
   ``--train-args``), wall time and the children's peak RSS recorded, then evaluated like ``--model``;
 - ``--hybrid NAME`` (repeat; a ``--model``/``--train`` name, or ``trained:BASE`` for the model ``--train BASE``

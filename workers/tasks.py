@@ -31,7 +31,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from services.errors import TransientError
-from services.jobs import JobStore, batch_failure, run_batch
+from services.jobs import TERMINAL, JobStore, batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
 from services.runtime import Runtime
 from services.settings import Settings
@@ -126,7 +126,18 @@ def ingest_batch_task(
         _record_failure(runtime.jobs, job_id, batch,
                         batch_failure(job_id, items, "batch_error", f"{type(e).__name__}: {e}"))
         return {"job": job_id, "batch": batch, "state": "failed"}
+    _index_when_the_job_ends(runtime, job_id)
     return {"job": job_id, "batch": batch, "state": "done"}
+
+
+def _index_when_the_job_ends(runtime: Runtime, job_id: str) -> None:
+    """The worker that records a job's last batch asks the store for its HNSW index (built once enough new points
+    arrived: ``DPR_EDGE__INDEX_THRESHOLD``), as an in-process ingest does at its end. Never fails the batch."""
+    try:
+        if runtime.jobs.status(job_id)["state"] in TERMINAL:
+            runtime.store.maybe_optimize()
+    except Exception as e:
+        log.warning("index build after the job failed; `dpr optimize` builds it (%s)", e, extra={"job": job_id})
 
 
 def _retry_or_fail(

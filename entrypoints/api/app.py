@@ -25,7 +25,7 @@ from entrypoints.api.auth import auth_dependencies
 from entrypoints.api.errors import install_error_handlers
 from entrypoints.api.metrics import ApiMetrics
 from entrypoints.api.middleware import BodyLimit, HttpMetrics
-from entrypoints.api.routes import documents, health, jobs, search, status
+from entrypoints.api.routes import console, documents, health, jobs, reports, search, status
 from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
 from services.jobs import Executor
@@ -87,9 +87,10 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_request_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics)
     auth = auth_dependencies(settings)
-    for module in (documents, jobs, search, status):
+    for module in (documents, jobs, search, status, reports):
         app.include_router(module.router, dependencies=auth, responses=ERROR_RESPONSES)
     app.include_router(health.router)
+    app.include_router(console.router)  # the page and its assets hold no data: no key (the routes it calls need it)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -74,8 +74,10 @@ def evaluate(
         md = None
         if report is not None:
             from encoders.evaluate import write_report
+            from services.eval_reports import keep_latest
 
             md = write_report(result, report)
+            keep_latest(settings, report)  # the copy `dpr serve`'s console shows
     _print_report(result, md, as_json)
 
 

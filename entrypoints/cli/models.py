@@ -1,4 +1,5 @@
-"""`dpr models list|show|activate`: the trained towers under DATA_DIR/models."""
+"""`dpr models list|show|activate`: the built-in towers (base, multilingual) and the trained ones under
+DATA_DIR/models."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 models_app = typer.Typer(name="models", help="Trained towers: list, show, activate.", no_args_is_help=True)
 
 
-Name = Annotated[str, typer.Argument(help="Model name, or 'base'.")]
+Name = Annotated[str, typer.Argument(help="Model name, 'base' or 'multilingual'.")]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
 
@@ -30,21 +31,24 @@ def register(app: typer.Typer) -> None:
 
 @models_app.command("list")
 def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
-    """Trained models under DATA_DIR/models, newest first."""
-    from encoders.registry import active_name, list_models
+    """The built-in models (base, multilingual), then the trained models under DATA_DIR/models, newest first."""
+    from encoders.registry import active_name, builtin_models, list_models
 
     settings = get_settings(ctx)
+    builtin = builtin_models(settings.models_dir)
     entries = list_models(settings.models_dir)
     active = active_name(settings.models_dir)
     if as_json:
-        emit_json({"active": active, "models": [e.summary() for e in entries]})
+        emit_json({"active": active, "models": [e.summary() for e in entries],
+                   "builtin": [e.summary() for e in builtin]})
         return
     table = Table(title=f"models in {settings.models_dir} (active: {active})")
     for col in ("", "name", "towers", "data", "dev nDCG@10", "fingerprint", "trained"):
         table.add_column(col)
-    for e in entries:
+    for e in [*builtin, *entries]:
         s = e.summary()
         dev = s["dev_ndcg@10"]
+        built_in = "built in" if s["fingerprint"] else "built in, not converted yet"
         table.add_row(
             "*" if e.active else "",
             e.name,
@@ -52,7 +56,7 @@ def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
             str(s["data"] or ""),
             f"{dev:.3f}" if isinstance(dev, float) else "",
             str(s["fingerprint"] or ""),
-            str(s["trained_at"] or ""),
+            built_in if e in builtin else str(s["trained_at"] or ""),
         )
     console.print(table)
     if not entries:

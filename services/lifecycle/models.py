@@ -40,7 +40,7 @@ def model_name_for(settings: Settings, fingerprint: str) -> str:
 def promote_model(settings: Settings, state: ReembedState) -> None:
     """After the swap the new model becomes ACTIVE (the desired model), so the beat check does not undo it."""
     models_dir = settings.models_dir
-    if state.model_name == "base" or (models_dir / state.model_name).is_dir():
+    if state.model_name in registry.BUILTIN or (models_dir / state.model_name).is_dir():
         registry.activate(models_dir, state.model_name)
     else:
         log.warning("re-embedded with a model outside the models directory; ACTIVE unchanged",

@@ -13,7 +13,7 @@ from services.lifecycle.models import model_name_for
 from services.lifecycle.state import ACTIVATED_KEY, PREVIOUS_KEY, ReembedBusy, ReembedState, now_iso
 from services.locks import NoFence, WriteFence
 from services.settings import Settings
-from services.store.points import GenerationInfo
+from services.store.points import CollectionInfo, GenerationInfo
 from services.store.protocol import VectorStore
 
 log = logging.getLogger(__name__)
@@ -29,20 +29,30 @@ class Rollback:
         return {"from": self.from_generation, "to": self.to_generation, "model": self.model}
 
 
-def rollback_target(store: VectorStore) -> tuple[GenerationInfo, GenerationInfo]:
-    info = store.info()
-    if info.active is None:
-        raise CollectionNotFound(f"collection {store.alias!r} does not exist yet")
+def previous_generation(info: CollectionInfo) -> GenerationInfo | None:
+    """The generation `dpr rollback` would go back to (kept until `dpr gc`), or None (also with no collection)."""
     current = info.active
+    if current is None:
+        return None
     by_name = {g.name: g for g in info.generations}
     previous = current.spec.settings.get(PREVIOUS_KEY)
     if isinstance(previous, str) and previous in by_name:
-        return current, by_name[previous]
+        return by_name[previous]
     # no record: the newest other generation that is complete (not an unfinished or rejected re-embed)
     for g in reversed(info.generations):
         st = ReembedState.from_generation(g)
         if g.name != current.name and (st is None or st.status == "active"):
-            return current, g
+            return g
+    return None
+
+
+def rollback_target(store: VectorStore) -> tuple[GenerationInfo, GenerationInfo]:
+    info = store.info()
+    if info.active is None:
+        raise CollectionNotFound(f"collection {store.alias!r} does not exist yet")
+    previous = previous_generation(info)
+    if previous is not None:
+        return info.active, previous
     raise ConfigError(
         f"collection {store.alias!r} has no previous generation to roll back to (generations kept: "
         f"{', '.join(g.name for g in info.generations)})"

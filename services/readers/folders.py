@@ -36,13 +36,18 @@ _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCH
             (stat.S_ISBLK, "a block device"))
 
 
+def id_prefix(root: Path) -> PurePosixPath:
+    """What the ids of the documents read under ``root`` start with: its name (``docs`` -> ``docs/a.md``)."""
+    try:
+        return PurePosixPath(root.resolve().relative_to(root.parent.resolve()).as_posix())
+    except ValueError:  # root is a link to a folder elsewhere: ids start at the name given
+        return PurePosixPath(root.name)
+
+
 def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None) -> Iterator[Item]:
     """Every entry under ``root`` (or ``root`` itself). Doc id: path relative to root's parent, as spelled."""
     ledger = IdLedger() if ledger is None else ledger
-    try:
-        prefix = PurePosixPath(root.resolve().relative_to(root.parent.resolve()).as_posix())
-    except ValueError:  # root is a link to a folder elsewhere: ids start at the name given
-        prefix = PurePosixPath(root.name)
+    prefix = id_prefix(root)
     if not root.is_dir():
         yield from _entry(root, prefix, max_bytes, ledger, given=True)
         return

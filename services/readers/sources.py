@@ -3,6 +3,8 @@ train or evaluate on (``load_dataset``)."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -10,6 +12,7 @@ from typing import Literal
 from encoders.data import RetrievalDataset
 from services.errors import ConfigError
 from services.readers.beir import beir_corpus_path, load_beir
+from services.readers.files import TEXT_SUFFIXES
 from services.readers.folders import iter_files
 from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import IdLedger, Item
@@ -54,6 +57,49 @@ def iter_documents(
             yield from iter_jsonl(corpus, max_bytes, ledger)
         else:  # pragma: no cover - typer validates the choice
             raise ConfigError(f"unknown format {fmt!r}; use auto, files, jsonl or beir")
+
+
+def count_documents(paths: Iterable[str | Path], fmt: InputFormat = "auto", budget_s: float = 2.0) -> int | None:
+    """About how many documents ``iter_documents`` will yield (text files; lines of plain records files), for a
+    progress estimate only: None when a compressed file makes it unknowable cheaply or the look takes longer
+    than ``budget_s``. Reads no document."""
+    deadline = time.monotonic() + budget_s
+    total = 0
+    try:
+        for raw in paths:
+            path = Path(raw)
+            kind = detect_format(path) if fmt == "auto" else fmt
+            if kind == "beir":
+                path = (beir_corpus_path(path) if path.is_dir() else path) or path
+            candidates = [path] if not path.is_dir() else (
+                Path(d) / f for d, dirs, files in os.walk(path) for f in files if not f.startswith("."))
+            for candidate in candidates:
+                name = candidate.name.lower()
+                if name.endswith(RECORD_SUFFIXES):
+                    total += _count_lines(candidate, deadline)
+                elif candidate.suffix.lower() in TEXT_SUFFIXES:
+                    total += 1
+                if time.monotonic() > deadline:
+                    return None
+    except (OSError, _TooSlow):
+        return None
+    return total
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _count_lines(path: Path, deadline: float) -> int:
+    if path.name.lower().endswith(".gz"):
+        raise _TooSlow
+    lines = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            lines += chunk.count(b"\n")
+            if time.monotonic() > deadline:
+                raise _TooSlow
+    return lines
 
 
 def dataset_format(path: Path, fmt: str = "auto") -> DatasetFormat:

@@ -273,6 +273,15 @@ class Store:
         for records in self._pages(name, batch_size):
             yield [Passage.from_payload(payload) for _, payload in records]
 
+    def documents(self, generation: str | None = None) -> dict[str, str]:
+        with self._use(generation) as (name, _):
+            pass
+        found: dict[str, str] = {}
+        for records in self._pages(name, 1024, fields=("doc_id", "source")):
+            for _, payload in records:
+                found.setdefault(str(payload.get("doc_id", "")), str(payload.get("source", "")))
+        return found
+
     def _pages(
         self, name: str, limit: int, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> Iterator[list[Record]]:

@@ -27,7 +27,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture
-def make_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable[[], Cluster]]:
+def make_cluster(redis_server: RedisServer, tmp_path: Path, onnx_cache: Path) -> Iterator[Callable[[], Cluster]]:
     """A factory of clusters for one test; every worker they start is terminated at teardown."""
     clusters: list[Cluster] = []
 
@@ -36,7 +36,7 @@ def make_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable
         root.mkdir()
         data = root / "data"
         url = redis_server.fresh_broker_url()
-        cluster = Cluster(broker_url=url, data_dir=data, root=root, env=cluster_env(url, data))
+        cluster = Cluster(broker_url=url, data_dir=data, root=root, env=cluster_env(url, data, onnx_cache))
         clusters.append(cluster)
         return cluster
 
@@ -48,11 +48,13 @@ def make_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable
 
 
 @pytest.fixture(scope="module")
-def shared_cluster(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def shared_cluster(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, onnx_cache: Path
+                   ) -> Iterator[Cluster]:
     """Two real workers (one pool process each) shared by the tests of a module; each test uses its own collection."""
     root = tmp_path_factory.mktemp("cluster")
     url = redis_server.fresh_broker_url()
-    cluster = Cluster(broker_url=url, data_dir=root / "data", root=root, env=cluster_env(url, root / "data"))
+    cluster = Cluster(broker_url=url, data_dir=root / "data", root=root,
+                      env=cluster_env(url, root / "data", onnx_cache))
     try:
         cluster.start_worker()
         cluster.start_worker()

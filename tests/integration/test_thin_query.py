@@ -26,10 +26,9 @@ TEXT = ("Mitochondria are membrane-bound organelles that generate most of the ch
 
 
 @pytest.fixture(scope="module")
-def base_export(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    data = tmp_path_factory.mktemp("data")
-    export = export_dir_for(base_model_path(), data / "models", data / "cache" / "onnx")
-    yield data, ensure_export(base_model_path(), export)
+def base_export(onnx_cache: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The base model's export in the session's cache (made here if no earlier test made it)."""
+    yield onnx_cache, ensure_export(base_model_path(), export_dir_for(base_model_path(), onnx_cache, onnx_cache))
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +36,8 @@ def torch_towers() -> SentenceTransformerTowers:
     return SentenceTransformerTowers(base_model_path(), name="base")
 
 
-def _onnx(data: Path, backend: str = "onnx") -> OnnxTowers:
-    export = export_dir_for(base_model_path(), data / "models", data / "cache" / "onnx")
+def _onnx(cache: Path, backend: str = "onnx") -> OnnxTowers:
+    export = export_dir_for(base_model_path(), cache, cache)
     return OnnxTowers(export, base_model_path(), backend, name="base")  # type: ignore[arg-type]
 
 
@@ -90,18 +89,19 @@ def test_a_replaced_model_is_exported_again(tmp_path: Path) -> None:
     assert OnnxTowers(export, model, "onnx").fingerprint == second["model_fingerprint"]
 
 
-def test_dpr_query_never_imports_torch(base_export: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    cached, _ = base_export
+def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
+    """On the defaults, from a fresh data dir: the first ingest leaves the question tower's export behind (no
+    cache shared with other tests here), so the first query already runs without torch."""
     data = tmp_path / "data"
-    shutil.copytree(cached / "cache", data / "cache")  # the base model's export, as a first use leaves it
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "mito.txt").write_text(TEXT)
     (docs / "tides.txt").write_text("The gravitational pull of the Moon and the Sun causes the tides on Earth.")
-    env = {"DPR_DATA_DIR": str(data), "DPR_ENCODER__BACKEND": "torch", "DPR_ENCODER__QUESTION_BACKEND": "onnx",
-           "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"DPR_DATA_DIR": str(data), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     run = [sys.executable, "-m", "entrypoints.cli.main"]
     subprocess.run([*run, "ingest", str(docs), "--json"], env=env, check=True, capture_output=True, timeout=300)
+    manifests = list((data / "cache" / "onnx").glob("*/manifest.json"))
+    assert len(manifests) == 1 and (manifests[0].parent / "shared" / "model.onnx.data").is_file()
     probe = (
         "import sys\nfrom entrypoints.cli.main import app\n"
         "try:\n    app(['query', 'what stores the energy of mitochondria', '--json', '-k', '1'])\n"

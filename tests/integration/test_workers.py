@@ -213,6 +213,7 @@ def test_a_fresh_workers_first_batch_does_not_pay_for_the_model_load(
     fresh worker passes on its first attempt under a soft time limit (5 s) shorter than loading the model."""
     cluster = make_cluster()
     cluster.env["DPR_CELERY__TASK_TIME_LIMIT"] = "10"  # soft limit 5 s
+    cluster.env["DPR_EDGE__INDEX_THRESHOLD"] = "2"  # and the worker that ends the job builds the HNSW index
     cluster.start_worker()  # "ready." comes before the pool process has loaded the model: the batch waits for it
     folder = tmp_path / "fresh"
     write_corpus(folder, 3)
@@ -223,3 +224,12 @@ def test_a_fresh_workers_first_batch_does_not_pay_for_the_model_load(
     assert (result["documents"], result["failed"]) == (3, [])
     started = JobStore.from_url(cluster.broker_url).started(result["job"])
     assert [s["attempt"] for s in started.values()] == [0], "the first batch needed a retry"
+
+    def indexed() -> bool:
+        store = open_store(Settings(data_dir=cluster.data_dir, collection="fresh"))
+        try:
+            return bool(store.index_info()["hnsw_segments"])
+        finally:
+            store.close()
+
+    wait_until(indexed, 60, "the HNSW index the last batch's worker builds after the job")

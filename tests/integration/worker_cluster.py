@@ -196,9 +196,11 @@ class Cluster:
             worker.stop()
 
 
-def cluster_env(broker_url: str, data_dir: Path) -> dict[str, str]:
+def cluster_env(broker_url: str, data_dir: Path, onnx_cache: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
     env.update(WORKER_ENV)
+    if onnx_cache is not None:  # the session's export cache: the question tower is exported once, not per cluster
+        env["DPR_ONNX_CACHE"] = str(onnx_cache)
     env["DPR_BROKER_URL"] = broker_url
     env["DPR_DATA_DIR"] = str(data_dir)
     return env

@@ -92,7 +92,7 @@ class FakeRuntime(Runtime):
 
     def use_towers(self, towers: Any) -> None:
         """Swap the model (e.g. a question tower that is not the passage tower's partner)."""
-        self._models.towers = towers
+        self._models.towers = self._models.question_towers = towers
 
     def close(self) -> None:
         self.closed = True

@@ -273,3 +273,18 @@ def test_a_duplicate_id_in_one_request_fails_and_the_first_is_kept(client: TestC
     assert [(f["reason"], f["source"]) for f in job["failed"]] == [("duplicate_id", "request.documents[1]")]
     hit = client.post("/v1/search", json={"question": "version", "k": 1}).json()["hits"][0]
     assert hit["text"].endswith("first version")
+
+
+def test_sync_prefix_lists_stale_documents_and_prune_removes_them(client: TestClient) -> None:
+    docs = [{"id": f"site/{n}", "text": f"page {n} about rivers"} for n in ("a", "b", "c")]
+    ingest(client, [*docs, {"id": "other", "text": "outside the prefix"}])
+    kept = docs[:2]
+    r = client.post("/v1/documents?sync_prefix=site/", json={"documents": kept})
+    assert r.status_code == 202 and (r.json()["stale"], r.json()["pruned"]) == (["site/c"], 0)
+    wait_job(client, r.json()["job"])
+    r = client.post("/v1/documents?sync_prefix=site/&prune=true", json={"documents": kept})
+    assert r.status_code == 202 and (r.json()["stale"], r.json()["pruned"]) == (["site/c"], 1)
+    wait_job(client, r.json()["job"])
+    hits = client.post("/v1/search", json={"question": "rivers outside", "k": 10}).json()["hits"]
+    assert sorted({h["doc_id"] for h in hits}) == ["other", "site/a", "site/b"]
+    assert_error(client.post("/v1/documents?prune=true", json={"documents": kept}), 400, "bad_request")

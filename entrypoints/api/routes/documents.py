@@ -7,9 +7,9 @@ to the executor the settings chose (in-process on a background thread, or Celery
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,6 +23,7 @@ from services.errors import DocumentError
 from services.language import LANGUAGE_CHOICES, prepare_collection
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
 from services.readers.records import duplicate
+from services.sync import SeenDocuments, SyncScope, sync
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 
@@ -96,8 +97,18 @@ def _documents_request_body() -> dict[str, Any]:
     summary="Ingest a batch of documents (JSON) or one uploaded file (multipart); returns a job id",
     openapi_extra={"requestBody": _documents_request_body()},
 )
-async def post_documents(request: Request) -> JSONResponse:
+async def post_documents(
+    request: Request,
+    sync_prefix: Annotated[str | None, Query(
+        min_length=1, max_length=MAX_ID_CHARS,
+        description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored folder): documents "
+        "stored under it that the request does not hold are listed as stale")] = None,
+    prune: Annotated[bool, Query(description="With sync_prefix: remove the stale documents")] = False,
+) -> JSONResponse:
     state = api_state(request)
+    if prune and not sync_prefix:
+        raise ApiError(400, "bad_request", "prune needs sync_prefix: the id prefix this request replaces in full, "
+                       "e.g. ?sync_prefix=docs/&prune=true")
     settings, limits = state.settings, state.settings.api
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
@@ -120,6 +131,8 @@ async def post_documents(request: Request) -> JSONResponse:
     accepted = await run_in_threadpool(
         lambda: state.executor.submit(items, collection=settings.collection).to_json()
     )
+    if sync_prefix:
+        accepted = accepted | await run_in_threadpool(_sync, state, items, sync_prefix, prune)
     state.metrics.jobs.labels(state.executor.name).inc()
     job_id = str(accepted.get("job"))
     body = dict(accepted) | {
@@ -129,6 +142,13 @@ async def post_documents(request: Request) -> JSONResponse:
         "status_url": f"/v1/jobs/{job_id}",
     }
     return JSONResponse(body, status_code=202, headers={"Location": f"/v1/jobs/{job_id}"})
+
+
+def _sync(state: ApiState, items: list[Item], prefix: str, prune: bool) -> dict[str, Any]:
+    seen = SeenDocuments()
+    for _ in seen.watch(items):
+        pass
+    return sync(state.runtime, SyncScope.of_prefix(prefix), seen, prune=prune)
 
 
 @router.delete(
