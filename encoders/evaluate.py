@@ -160,7 +160,8 @@ def evaluate_systems(dataset: RetrievalDataset, retrievers: Mapping[str, Retriev
 
 
 def bm25_retriever(config: Any = None) -> Retriever:
-    """BM25 (bm25s; English stopwords, Snowball stemming, k1 1.5, b 0.75 by default) over title + text."""
+    """BM25 (bm25s; English stopwords, Snowball stemming, k1 1.5, b 0.75 by default; ``BM25Config.for_language
+    ("ko")`` for Korean morphemes) over title + text."""
 
     def run(dataset: RetrievalDataset, k: int) -> Retrieval:
         from encoders.mining import BM25Index

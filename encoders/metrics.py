@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from encoders.korean import has_hangul
 
 # run: query id -> {doc id: score}; qrels: query id -> {doc id: relevance}
 Run = Mapping[str, Mapping[str, float]]
@@ -89,13 +92,33 @@ _PUNCT = set(string.punctuation)
 
 
 def has_answer(passage: str, answers: Sequence[str]) -> bool:
-    """True when a normalised gold answer occurs in the normalised passage as a whole-token sequence."""
-    norm = f" {normalize_answer(passage)} "
+    """True when a normalised gold answer occurs in the normalised passage as a whole-token sequence.
+
+    Korean text (a passage or an answer with Hangul in it) is matched as it is written: particles and endings
+    attach to the end of a word ("서울" is the answer in "서울에서", "BTV" in "BTV를"), so the answer must start a
+    token (``normalize_korean``) but may end inside one. Text without Hangul keeps the SQuAD rule, unchanged."""
+    korean_passage = has_hangul(passage)
+    norm = korean = ""
     for answer in answers:
+        if korean_passage or has_hangul(answer):
+            korean = korean or f" {normalize_korean(passage)}"
+            a = normalize_korean(answer)
+            if a and f" {a}" in korean:
+                return True
+            continue
+        norm = norm or f" {normalize_answer(passage)} "
         a = normalize_answer(answer)
         if a and f" {a} " in norm:
             return True
     return False
+
+
+def normalize_korean(text: str) -> str:
+    """For Hangul answers: NFC, lower case, every Unicode punctuation or symbol character (brackets such as
+    「」《》, quotes, the middle dot, ASCII punctuation) becomes a space, whitespace collapsed. No article removal."""
+    text = unicodedata.normalize("NFC", text).lower()
+    text = "".join(" " if unicodedata.category(ch)[0] in "PS" else ch for ch in text)
+    return " ".join(text.split())
 
 
 def answer_accuracy(

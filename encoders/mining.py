@@ -1,5 +1,9 @@
 """BM25 (bm25s) over a corpus: the lexical baseline and the source of hard negatives.
 
+Tokenisation follows ``BM25Config.language``: ``en`` (English stopwords, Snowball stemming) or ``ko`` (Kiwi content
+morphemes, ``encoders.korean``: particles and endings dropped, no stopword list, no stemming); the caller decides
+the language (``services.language``).
+
 Hard negatives for a question are BM25's top-ranked passages inside a rank window that are not labelled relevant,
 are not the positive itself and (for SQuAD-style data) do not contain a gold answer.
 """
@@ -22,6 +26,21 @@ class BM25Config:
     b: float = 0.75
     stopwords: str | None = "en"
     stemmer: str | None = "english"  # Snowball via PyStemmer; None: no stemming
+    language: str = "en"  # "ko": Kiwi morphemes instead of word tokens (stopwords and stemmer are not used)
+
+    @classmethod
+    def for_language(cls, language: str) -> BM25Config:
+        """The defaults for ``en``, or Korean morphemes for ``ko``."""
+        if language == "ko":
+            return cls(stopwords=None, stemmer=None, language="ko")
+        if language != "en":
+            raise ValueError(f"BM25 language {language!r} is not supported here; use en or ko")
+        return cls()
+
+    def describe(self) -> str:
+        words = "Kiwi content morphemes" if self.language == "ko" else (
+            f"word tokens, stopwords {self.stopwords or 'none'}, Snowball stemming {self.stemmer or 'off'}")
+        return f"bm25s ({self.language}: {words}), k1 {self.k1:g}, b {self.b:g}"
 
 
 class BM25Index:
@@ -35,7 +54,12 @@ class BM25Index:
             raise ValueError("BM25 needs at least one document")
         self.config = config or BM25Config()
         self.doc_ids = [d.doc_id for d in docs]
-        self._tokenizer = Tokenizer(stopwords=self.config.stopwords or [], stemmer=_stemmer(self.config.stemmer))
+        if self.config.language == "ko":
+            from encoders.korean import korean_terms
+
+            self._tokenizer = Tokenizer(lower=False, splitter=korean_terms, stopwords=[], stemmer=None)
+        else:
+            self._tokenizer = Tokenizer(stopwords=self.config.stopwords or [], stemmer=_stemmer(self.config.stemmer))
         corpus_tokens = self._tokenizer.tokenize(
             [d.passage for d in docs], update_vocab=True, return_as="tuple", show_progress=False
         )

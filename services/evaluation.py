@@ -27,8 +27,10 @@ from encoders.evaluate import (
     evaluate_systems,
     towers_in_memory_retriever,
 )
+from encoders.mining import BM25Config
 from encoders.towers import DualEncoder, SentenceTransformerTowers, resolve_model_path
 from services.ingest import IngestPipeline, IngestReport
+from services.language import corpus_language
 from services.query import QueryOptions, search_many
 from services.readers import Document
 from services.settings import Settings
@@ -171,8 +173,12 @@ class StoreCorpus:
         sparse: bool = True,
         progress: Callable[[int, int], None] | None = None,
         store: VectorStore | None = None,
+        language: str | None = None,
     ) -> None:
+        """``language``: the BM25 tokenisation of a new temporary collection (``en`` | ``ko``; None or ``auto``:
+        detected on the corpus, ``services.language``); an existing collection keeps its own."""
         self.towers = _QueryCache(towers)
+        self.language = language
         self.settings = settings or Settings()
         self.collection = collection
         self.workdir = workdir
@@ -204,10 +210,11 @@ class StoreCorpus:
         cfg = eval_settings(self.settings, self._tmp, self.collection)
         self._store = open_store(cfg)
         docs = dataset_documents(dataset)
-        from services.sparse import default_embedder
+        from services.sparse import embedder_for
 
+        self.language = corpus_language(self.language, dataset.corpus)
         pipeline = IngestPipeline.from_settings(
-            cfg, store=self._store, towers=self.towers, sparse=default_embedder() if self.sparse else None
+            cfg, store=self._store, towers=self.towers, sparse=embedder_for(self.language) if self.sparse else None
         )
         self.ingest_report = pipeline.ingest(docs, progress=_counting(self.progress, len(docs)))
         if self.ingest_report.failed:
@@ -228,7 +235,7 @@ class StoreCorpus:
             store=store,
             towers=self.towers,
             options=replace(options, k=min(k * CHUNK_OVERFETCH, 1000)),
-            sparse=default_embedder() if options.mode != "dense" else None,
+            sparse=default_embedder() if options.mode != "dense" else None,  # the collection's language wins
             batch_size=self.settings.encoder.batch_size,
         )
         return hits_to_retrieval(qids, hits, k)
@@ -246,7 +253,6 @@ class StoreCorpus:
             self._tmp = None
 
 
-BM25_NOTE = "bm25: bm25s, English stopwords, Snowball stemming, k1 1.5, b 0.75, over title + text"
 STORE_NOTE = (
     "dense systems: ingested into a temporary embedded collection (chunked by the passage tower) and queried "
     "through the product's query path; chunk hits -> documents by max score"
@@ -266,6 +272,7 @@ def compare_systems(
     hybrid: QueryOptions | None = None,
     hybrid_note: str = "",
     cache_dir: Path | None = None,
+    language: str | None = None,
 ) -> EvalReport:
     """BM25 and each model (``base``, a name under the models dir, or a path) on one dataset, in one run.
 
@@ -274,13 +281,17 @@ def compare_systems(
     vectors and asked in every mode: ``<label>`` (dense), ``<label>+hybrid`` (fusion from ``hybrid``, else the
     defaults: rrf k=60), and once ``bm25-store`` (the BM25 sparse vectors through Qdrant).
     ``cache_dir`` (dense mode): reuse retrievals of the same dataset, towers and chunk settings from earlier runs.
+    ``language`` (``en`` | ``ko``; None or ``auto``: detected on the corpus) tokenises both BM25s, the baseline and
+    the store's sparse vectors, so a Korean evaluation never compares against an English-tokenised BM25.
     """
     systems: dict[str, Retriever] = {}
-    notes = []
+    lang = corpus_language(language, dataset.corpus)
+    notes = [f"language: {lang}" + (" (detected on the corpus)" if language in (None, "auto") else "")]
     corpora: list[StoreCorpus] = []
     if bm25:
-        systems["bm25"] = bm25_retriever()
-        notes.append(BM25_NOTE)
+        config = BM25Config.for_language(lang)
+        systems["bm25"] = bm25_retriever(config)
+        notes.append(f"bm25: {config.describe()}, over title + text")
     store_modes = [m for m in ("dense", "sparse", "hybrid") if m in modes]
     if store_modes != ["dense"] and in_memory:
         raise ValueError("sparse and hybrid modes run through the store; drop --in-memory")
@@ -294,7 +305,7 @@ def compare_systems(
             systems[label] = store_retriever(towers, settings=settings, collection="eval", cache_dir=cache_dir)
         else:
             towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
-            corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True)
+            corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True, language=lang)
             corpora.append(corpus)
             if "dense" in store_modes:
                 systems[label] = corpus.retriever(QueryOptions(mode="dense"))
@@ -305,7 +316,7 @@ def compare_systems(
     if models:
         notes.append(MEMORY_NOTE if in_memory else STORE_NOTE)
     if corpora:
-        notes.append(SPARSE_NOTE)
+        notes.append(SPARSE_NOTE + (SPARSE_KO if lang == "ko" else SPARSE_EN))
         if "hybrid" in store_modes:
             notes.append("hybrid: " + (hybrid_note or describe_fusion(_hybrid_options(hybrid))))
     try:
@@ -319,10 +330,11 @@ def compare_systems(
 
 
 SPARSE_NOTE = (
-    "store modes: each model's corpus ingested once with dense + BM25 sparse vectors (qdrant-edge Bm25: word "
-    "tokens, lower case, English stopwords, Snowball stemming; IDF from the collection); bm25-store = the sparse "
-    "vectors alone through Qdrant; the first store system's seconds include the ingest"
+    "store modes: each model's corpus ingested once with dense + BM25 sparse vectors; bm25-store = the sparse "
+    "vectors alone through Qdrant; the first store system's seconds include the ingest; sparse tokenisation: "
 )
+SPARSE_EN = "qdrant-edge Bm25, word tokens, lower case, English stopwords, Snowball stemming, IDF from the collection"
+SPARSE_KO = "Kiwi content morphemes hashed by qdrant-edge Bm25 (whitespace tokens), IDF from the collection"
 
 
 def _hybrid_options(hybrid: QueryOptions | None) -> QueryOptions:

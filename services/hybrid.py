@@ -26,9 +26,11 @@ from encoders.evaluate import score_retrieval
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import StoreCorpus, dataset_documents
+from services.language import resolve_language
 from services.query import QueryOptions
 from services.readers import load_beir, load_squad
 from services.settings import Settings
+from services.sparse import spec_language
 from services.store.common import require_sparse
 from services.store.points import Fusion
 from services.store.protocol import VectorStore
@@ -263,25 +265,33 @@ def tune_hybrid(
     workdir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     on_point: Callable[[str, dict[str, float]], None] | None = None,
+    language: str | None = None,
 ) -> TuneResult:
     """Tune on ``dev`` and, when ``target`` is given, merge the choice into its settings (``mode: hybrid``).
 
     ``target`` is reused as the dev corpus when it already holds it (``holds_corpus``); otherwise the dev corpus is
-    ingested into a temporary embedded collection, deleted afterwards.
+    ingested into a temporary embedded collection, deleted afterwards, with the BM25 language of ``target`` (an
+    explicit ``language`` that contradicts it is refused), else ``language`` / detected on the dev corpus.
     """
     reuse = False
+    stored = None
     if target is not None:
         check_target(target)
         reuse = holds_corpus(target, dev, towers)
+        stored = spec_language(target.active().spec)  # type: ignore[union-attr]
+    lang = resolve_language(language, stored=stored, sample=(d.passage for d in dev.corpus.values()),
+                            collection=target.alias if target is not None else "")
     if reuse and target is not None:
         corpus = StoreCorpus.existing(target, towers, settings)
     else:
-        corpus = StoreCorpus(towers, settings=settings, collection="tune", workdir=workdir, progress=progress)
+        corpus = StoreCorpus(towers, settings=settings, collection="tune", workdir=workdir, progress=progress,
+                             language=lang)
     try:
         result = tune_on_corpus(corpus, dev, grid, k=k, on_point=on_point)
     finally:
         corpus.close()
     result.reused_collection = reuse
+    result.tuned_on["language"] = lang
     result.tuned_on["corpus"] = f"collection {target.alias}" if reuse and target else "temporary collection"
     if target is not None:
         target.update_settings(result.settings())

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
-from services.errors import DocumentError
+from services.errors import CollectionNotFound, DocumentError
+from services.language import for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
+from services.sparse import BM25_KEY, for_spec
 from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
 from services.store.protocol import VectorStore
 
@@ -85,8 +87,13 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def collection_spec(towers: DualEncoder, sparse: bool) -> CollectionSpec:
-    return CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint, sparse=sparse)
+def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) -> CollectionSpec:
+    """The spec a new collection is created with; a sparse encoder's BM25 configuration (its language) is stored
+    in it (``settings["bm25"]``) so every later ingest, query and re-embed tokenises the same way."""
+    config = getattr(sparse, "config", None)
+    settings = {BM25_KEY: config()} if callable(config) else {}
+    return CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint,
+                          sparse=sparse not in (None, False), settings=settings)
 
 
 def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) -> tuple[list[Chunk], bool]:
@@ -149,10 +156,13 @@ def ingest_batch(
     # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
     with (fence or NoFence()).shared():
         if generation is None:
-            active = store.active() if towers_for is not None else None
+            active = store.active()
             if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
                 towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
-            generation = store.ensure_collection(collection_spec(towers, sparse is not None))
+            creating = sparse if active is not None else for_new_collection(sparse, docs.values())  # its language
+            generation = store.ensure_collection(collection_spec(towers, creating))
+        if sparse is not None:  # the collection's stored BM25 configuration wins over this process's default
+            sparse = for_spec(_spec_of(store, generation), sparse)
         _write_documents(docs, report, store=store, towers=towers, chunking=chunking, sparse=sparse,
                          batch_size=batch_size, generation=generation)
     log.info(
@@ -160,6 +170,16 @@ def ingest_batch(
         extra={"job": job, "documents": report.documents, "chunks": report.chunks, "unchanged": report.unchanged},
     )
     return report
+
+
+def _spec_of(store: VectorStore, generation: str) -> CollectionSpec:
+    active = store.active()
+    if active is not None and active.name == generation:
+        return active.spec
+    for g in store.info().generations:
+        if g.name == generation:
+            return g.spec
+    raise CollectionNotFound(f"collection {store.alias!r} has no generation {generation!r}; ingest without it")
 
 
 def _write_documents(

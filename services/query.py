@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
 from services.ingest import SparseEncoder
+from services.sparse import for_spec
 from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
@@ -135,6 +136,7 @@ def search_many(
         dense = towers.encode_queries(list(questions), batch_size=batch_size)  # (n, dim)
     if base.mode != "dense" and sparse is None:
         raise ConfigError(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
+    sparse = for_spec(spec, sparse)  # tokenise as the collection's passages were (its stored BM25 language)
     results = []
     for i, q in enumerate(questions):
         request = SearchRequest(

@@ -17,6 +17,7 @@ from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labell
 from encoders.mining import MiningConfig
 from encoders.pairs import SelfSupervisedMode, self_supervised_pairs
 from services.errors import ConfigError
+from services.language import corpus_language
 from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl
 from services.settings import Settings
 
@@ -41,6 +42,8 @@ class TrainingData:
     - ``pretrain``: two stages in one run (Chang et al. 2020): first self-supervised pairs of the target corpus
       (``corpus`` if given, else DATA's, else ``from_collection``'s) for ``pretrain_epochs`` (at most
       ``pretrain_max_pairs`` pairs), then the labelled pairs from the stage-1 model; both stages go into the card.
+    - ``language``: the BM25 tokenisation for hard-negative mining (``en`` | ``ko``; None or ``auto``: detected on
+      the corpus by ``services.language``); recorded in the model card's ``training_data``.
     """
 
     data: Path | None = None
@@ -56,6 +59,7 @@ class TrainingData:
     pretrain: SelfSupervisedMode | None = None  # stage 1 on ict | title | both pairs of the target corpus
     pretrain_epochs: float = 1.0
     pretrain_max_pairs: int | None = None
+    language: str | None = None
 
 
 @dataclass
@@ -146,12 +150,15 @@ def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
     else:
         training = _labelled_set(data.data, data)
     mining = data.mining
+    info: dict[str, Any] = {"bm25": "bm25s", **mining.__dict__}
+    if training.corpus:
+        training.info["language"] = info["language"] = corpus_language(data.language, training.corpus)
     if mining.num_negatives and training.corpus:
-        from encoders.mining import BM25Index, mine_hard_negatives
+        from encoders.mining import BM25Config, BM25Index, mine_hard_negatives
 
-        index = BM25Index(list(training.corpus.values()))
+        index = BM25Index(list(training.corpus.values()), BM25Config.for_language(info["language"]))
         training.pairs = mine_hard_negatives(training.pairs, index, training.corpus, mining)
-    training.info["mining"] = {"bm25": "bm25s", **mining.__dict__}
+    training.info["mining"] = info
     return training
 
 

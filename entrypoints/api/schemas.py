@@ -80,6 +80,10 @@ class DocumentsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1, description="The batch (at most DPR_API__MAX_DOCUMENTS).")
+    language: Literal["auto", "en", "ko"] = Field(
+        "auto", description="BM25 tokenisation: a new collection keeps it (auto: detected on the first documents); "
+        "an existing collection keeps its own, and a different explicit value is refused (400).",
+    )
 
 
 class JobAccepted(BaseModel):

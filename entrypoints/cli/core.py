@@ -26,6 +26,7 @@ from entrypoints.status import collection_status
 from services.errors import ConfigError, TransientError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
+from services.language import LANGUAGE_HELP, prepare_collection
 from services.query import QueryOptions
 from services.readers import iter_documents
 from services.readers.sources import count_documents, detect_format
@@ -51,6 +52,7 @@ def ingest(
     prune: Annotated[bool, typer.Option(
         "--prune", help="Remove the documents stored from these folders that are no longer there (without it they "
         "are listed as stale).")] = False,
+    language: Annotated[str, typer.Option(help=LANGUAGE_HELP)] = "auto",
 ) -> None:
     """Ingest documents: chunk with the passage tower's tokenizer, embed, upsert into Qdrant."""
     if fmt not in ("auto", "files", "jsonl", "beir"):
@@ -72,6 +74,8 @@ def ingest(
             return items
 
         with Runtime(settings) as runtime:
+            docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+            prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
             result = _ingest(runtime, source, wait=wait, as_json=as_json, total=_count_hint(paths, fmt))
             if scope is not None and seen.complete:
                 result |= sync(runtime, scope, seen, prune=prune)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
 from services.errors import ConfigError
+from services.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset
 from services.settings import Settings
 
@@ -49,6 +50,7 @@ def evaluate(
     fusion: Annotated[str | None, typer.Option(help="Hybrid fusion: rrf | linear (overrides --tuned-from).")] = None,
     weight: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Linear fusion: dense weight.")] = None,
     rrf_k: Annotated[int | None, typer.Option(min=1, help="RRF constant k.")] = None,
+    language: Annotated[str, typer.Option(help="BM25 tokenisation: auto (detected on the corpus) | en | ko.")] = "auto",
 ) -> None:
     """Compare BM25, the base model and the trained model on one dataset (nDCG@10, MRR@10, recall@k, answer@k)."""
     settings = get_settings(ctx)
@@ -65,7 +67,7 @@ def evaluate(
         try:
             result = run_evaluation(
                 settings, data, kind, split, model, bm25_only, no_base, in_memory, max_queries, k,
-                modes=modes, hybrid=hybrid,
+                modes=modes, hybrid=hybrid, language=check_choice(language),
             )  # fmt: skip
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
@@ -126,6 +128,7 @@ def run_evaluation(
     k: int,
     modes: tuple[str, ...] = ("dense",),
     hybrid: tuple[Any, str] | None = None,
+    language: str | None = None,
 ) -> Any:
     """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store."""
     from encoders.towers import resolve_model_path
@@ -144,7 +147,7 @@ def run_evaluation(
     options, note = hybrid if hybrid is not None else (None, "")
     return compare_systems(
         dataset, settings=settings, models=models, in_memory=in_memory, k=k, modes=modes, hybrid=options,
-        hybrid_note=note,
+        hybrid_note=note, language=language,
     )  # fmt: skip
 
 

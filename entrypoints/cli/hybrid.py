@@ -29,6 +29,9 @@ def tune_hybrid_command(
     ] = None,
     collection: Annotated[str | None, typer.Option(help="Collection that receives the tuned choice.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    language: Annotated[
+        str, typer.Option(help="BM25 tokenisation: auto (the collection's) | en | ko; must match the collection.")
+    ] = "auto",
 ) -> None:
     """Pick RRF or linear fusion and its parameters on a DEV split; store the choice in the collection's settings.
 
@@ -74,7 +77,8 @@ def tune_hybrid_command(
                         err_console.print(f"  {label}: {metric} {metrics[metric]:.3f}", highlight=False)
 
                 result = tune_hybrid(
-                    dev, towers=towers, settings=settings, target=store, progress=on_ingest, on_point=on_point
+                    dev, towers=towers, settings=settings, target=store, progress=on_ingest, on_point=on_point,
+                    language=language,
                 )
     out = result.to_json()
     out["collection"] = settings.collection

@@ -86,11 +86,15 @@ def train(
     max_steps: Annotated[int, typer.Option(help="Stop after this many steps (overrides --epochs).")] = -1,
     seed: Annotated[int, typer.Option()] = 42,
     activate_model: Annotated[bool, typer.Option("--activate", help="Activate the model when done.")] = False,
+    language: Annotated[
+        str, typer.Option(help="BM25 tokenisation for hard negatives: auto (detected on the corpus) | en | ko.")
+    ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Train DPR towers (MNRL with in-batch and BM25 hard negatives) into a versioned model directory."""
     from encoders.mining import MiningConfig
     from encoders.train import TrainConfig
+    from services.language import check_choice
     from services.training import TrainingData, train_model
 
     settings = get_settings(ctx)
@@ -105,7 +109,7 @@ def train(
     what = TrainingData(
         data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,  # type: ignore[arg-type]
         from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed,
-        mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end),
+        mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end), language=language,
         pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
     )  # fmt: skip
     config = TrainConfig(
@@ -114,6 +118,7 @@ def train(
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
     )  # fmt: skip
     with cli_errors():
+        check_choice(language)
         try:
             with _progress_bar(quiet=as_json) as on_step:
                 result = train_model(settings, what, config, base=base, progress=on_step)

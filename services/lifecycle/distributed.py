@@ -29,6 +29,7 @@ from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, cu
 from services.lifecycle.swap import finalize
 from services.locks import Lease, WriteFence
 from services.settings import Settings
+from services.sparse import for_spec
 from services.store.points import Passage
 from services.store.protocol import VectorStore
 
@@ -151,7 +152,7 @@ def copy_sent_batch(
         return {"batch": batch_id, "state": "skipped"}
     n = copy_batch(
         store, state, [Passage.from_payload(p) for p in passages], encoders.towers_for(state.model),
-        encoders.sparse if spec.sparse else None, settings.encoder.batch_size,
+        for_spec(spec, encoders.sparse) if spec.sparse else None, settings.encoder.batch_size,
     )
     progress.done(batch_id, n)
     if state.lock_token:
@@ -181,7 +182,7 @@ def finalize_sent(
     gate_fn = promotion_gate(settings, store, state, towers, gate, encoders.towers_for)
     try:
         result = finalize(
-            store, state, towers, encoders.sparse if spec.sparse else None, fence=fence, gate=gate_fn,
+            store, state, towers, for_spec(spec, encoders.sparse) if spec.sparse else None, fence=fence, gate=gate_fn,
             on_activated=lambda s: promote_model(settings, s),
         )
         out = result.to_json()

@@ -14,6 +14,7 @@ from services.lifecycle.models import promote_model
 from services.lifecycle.state import ReembedBusy
 from services.lifecycle.swap import run_in_process
 from services.settings import Settings
+from services.sparse import for_spec
 
 
 def reembed_in_process(
@@ -37,7 +38,8 @@ def reembed_in_process(
         state = plan(store, towers, model_name=towers.name)
         if state is None:
             return {"outcome": "nothing_to_do", "model": towers.fingerprint, "model_name": towers.name}
-        sparse = runtime.sparse if store.info().active.spec.sparse else None  # type: ignore[union-attr]
+        source_spec = store.info().active.spec  # type: ignore[union-attr]
+        sparse = for_spec(source_spec, runtime.sparse) if source_spec.sparse else None  # its BM25 language
         result = run_in_process(
             store, state, towers, sparse, batch_size=settings.reembed.batch_size,
             encode_batch_size=settings.encoder.batch_size, fence=runtime.fence,

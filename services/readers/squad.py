@@ -1,4 +1,5 @@
-"""SQuAD v1.1 JSON (``.json`` or ``.json.gz``) -> an ``encoders.data.RetrievalDataset``.
+"""SQuAD v1.1 JSON (``.json`` or ``.json.gz``, or a folder holding one) -> an ``encoders.data.RetrievalDataset``.
+KorQuAD v1.0 has the same layout (Korean Wikipedia articles) and reads the same way.
 
 Every question's positive is its own paragraph. Articles are split deterministically (by a hash of the article
 title) so train and test never share a paragraph. A malformed file raises ``DataError`` naming the file and the fix.
@@ -35,7 +36,7 @@ def load_squad(path: Path | str, split: SquadSplit = "all", test_fraction: float
     Queries: the split's questions; the positive is the question's own paragraph; answers are kept for top-k
     answer accuracy.
     """
-    path = Path(path)
+    path = squad_file(Path(path))
     articles = _articles(path)
     assignment = squad_article_split([a["title"] for a in articles], test_fraction) if split != "all" else {}
     ds = RetrievalDataset(name=f"{path.name.split('.')[0]}/{split}", corpus={}, queries={}, qrels={}, answers={})
@@ -45,6 +46,18 @@ def load_squad(path: Path | str, split: SquadSplit = "all", test_fraction: float
     if not ds.queries:
         raise DataError(f"{path}: no questions in split {split!r}; {FIX}")
     return ds
+
+
+def squad_file(path: Path) -> Path:
+    """``path`` itself, or for a folder (``../shared/data/korquad-v1.0-dev``) the one ``.json`` / ``.json.gz`` in it."""
+    if not path.is_dir():
+        return path
+    found = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith((".json", ".json.gz")))
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise DataError(f"{path}: a SQuAD folder must hold exactly one .json or .json.gz file (found: {names}); "
+                        "pass the file itself")
+    return found[0]
 
 
 def _articles(path: Path) -> list[dict[str, Any]]:

@@ -108,7 +108,9 @@ def test_labelled_training_set_holds_dev_out_and_mines_negatives(tmp_path: Path)
     assert len(train_questions) == 4 and not train_questions & set(training.dev.queries.values())
     assert all(len(p.negatives) == 1 and p.negatives[0] != p.positive for p in training.pairs)
     assert training.info["format"] == "beir" and training.info["train_queries"] == 4
-    assert training.info["mining"] == {"bm25": "bm25s", "num_negatives": 1, "rank_start": 0, "rank_end": 6}
+    assert training.info["mining"] == {
+        "bm25": "bm25s", "num_negatives": 1, "rank_start": 0, "rank_end": 6, "language": "en"
+    }
 
 
 def test_pairs_file_and_self_supervised_training_sets(tmp_path: Path) -> None:

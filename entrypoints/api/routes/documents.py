@@ -20,6 +20,7 @@ from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, too_many
 from services.errors import DocumentError
+from services.language import LANGUAGE_CHOICES, prepare_collection
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
 from services.readers.records import duplicate
 from services.sync import SeenDocuments, SyncScope, sync
@@ -80,6 +81,7 @@ def _documents_request_body() -> dict[str, Any]:
                                  "description": "A .jsonl file (one {id, text, title?} per line) or one text file "
                                  "(.txt .md .rst .html)."},
                         "format": {"type": "string", "enum": list(UPLOAD_FORMATS), "default": "auto"},
+                        "language": {"type": "string", "enum": list(LANGUAGE_CHOICES), "default": "auto"},
                     },
                 }
             },
@@ -114,14 +116,18 @@ async def post_documents(
         if len(batch.documents) > limits.max_documents:
             raise too_many(limits.max_documents)
         items = await run_in_threadpool(_parse_batch, batch, settings.max_document_bytes)
+        language: str = batch.language
     elif content_type == "multipart/form-data":
         items = await read_upload(request, settings)
+        language = str((await request.form()).get("language") or "auto")  # the parsed form, cached by starlette
     else:
         raise ApiError(
             415, "unsupported_media_type",
             f"Content-Type {content_type or '(none)'!r} is not accepted; send application/json "
             "({\"documents\": [...]}) or multipart/form-data with a 'file' field",
         )
+    runtime = state.runtime
+    await run_in_threadpool(prepare_collection, runtime.store, lambda: runtime.towers, language, items)
     accepted = await run_in_threadpool(
         lambda: state.executor.submit(items, collection=settings.collection).to_json()
     )
