@@ -65,6 +65,10 @@ class TrainConfig:
     seed: int = 42
     max_steps: int = -1  # > 0 overrides epochs (tests)
     threads: int | None = None
+    # word embeddings left as they are: None (auto) freezes them for a large vocabulary (multilingual's 250k pieces
+    # are 96M of its 118M parameters: their gradients and AdamW state dominate a CPU step, and a few thousand
+    # pairs cannot move most rows anyway)
+    freeze_embeddings: bool | None = None
 
     @property
     def cached(self) -> bool:
@@ -126,6 +130,24 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
     router = Router.for_query_document(query_modules=query_modules, document_modules=document_modules)
     model = SentenceTransformer(modules=[router, Normalize()], device=device, similarity_fn_name="cosine")
     return model
+
+
+LARGE_VOCABULARY = 100_000  # freeze_embeddings=None freezes word embeddings at or above this many rows
+
+
+def freeze_word_embeddings(model: Any, freeze: bool | None) -> int:
+    """Stop training the towers' word embeddings (``freeze``; None: only for a vocabulary of ``LARGE_VOCABULARY``
+    rows or more). Returns the parameters frozen."""
+    frozen = 0
+    for module in model.modules():
+        table = getattr(module, "word_embeddings", None)
+        weight = getattr(table, "weight", None)
+        if weight is None or not weight.requires_grad:
+            continue
+        if freeze or (freeze is None and weight.shape[0] >= LARGE_VOCABULARY):
+            weight.requires_grad_(False)
+            frozen += weight.numel()
+    return frozen
 
 
 def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
@@ -233,6 +255,7 @@ def train(
     model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
     train_tokens = min(config.train_passage_tokens or config.max_passage_tokens, config.max_passage_tokens)
     set_passage_tokens(model, train_tokens, config.shared)
+    frozen = freeze_word_embeddings(model, config.freeze_embeddings)
     # 2. data
     columns = pairs_to_columns(pairs, corpus, config.seed)
     # 3. loss
@@ -260,7 +283,8 @@ def train(
         "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
         "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
                           "fingerprint": pairs_fingerprint(pairs)},
-        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates"},
+        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
+                            "frozen_embedding_parameters": frozen},
         "seed": config.seed,
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),

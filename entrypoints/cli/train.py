@@ -84,6 +84,10 @@ def train(
         int, typer.Option(help="Queries held out of the training data for dev metrics (0: none).")
     ] = 100,
     max_steps: Annotated[int, typer.Option(help="Stop after this many steps (overrides --epochs).")] = -1,
+    freeze_embeddings: Annotated[bool | None, typer.Option(
+        "--freeze-embeddings/--train-embeddings",
+        help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
+    ] = None,
     seed: Annotated[int, typer.Option()] = 42,
     activate_model: Annotated[bool, typer.Option("--activate", help="Activate the model when done.")] = False,
     language: Annotated[
@@ -116,6 +120,7 @@ def train(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
+        freeze_embeddings=freeze_embeddings,
     )  # fmt: skip
     with cli_errors():
         check_choice(language)
