@@ -313,7 +313,7 @@ def process_rows(work: Path, backends: list[str], question: str, points: int) ->
     env = {**os.environ, "DPR_DATA_DIR": str(work / "query"), "DPR_COLLECTION": "bench", "DPR_ENCODER__MODEL": "base"}
     rows = []
     for b in backends:
-        benv = {**env, "DPR_ENCODER__BACKEND": b} if b != "torch" else env
+        benv = {**env, "DPR_ENCODER__BACKEND": b, "DPR_ENCODER__QUESTION_BACKEND": b}  # both sides on b
         try:
             value = median_runs([DPR, "query", question, "--json"], benv)
         except RuntimeError as e:

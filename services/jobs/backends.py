@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
-import redis.exceptions
-
 from services.errors import TransientError
 from services.fsutil import write_atomic
 
@@ -80,6 +77,8 @@ class RedisHashes:
 
     @classmethod
     def from_url(cls, url: str) -> RedisHashes:
+        import redis  # here, not at import: an embedded `dpr query` never loads redis-py (~19 MiB)
+
         client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
         return cls(client, url=url)
 
@@ -87,6 +86,8 @@ class RedisHashes:
         return f"Redis at {redact_url(self.url)}"
 
     def _run(self, fn: Callable[[], T]) -> T:
+        import redis.exceptions
+
         try:
             return fn()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
