@@ -115,9 +115,10 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
     write_corpus(folder, 48)
     # Many small batches, so that the kill below lands while most of them are still to do (with a handful of
     # batches a fast run finished, swapped included, before the kill).
-    cluster.env["DPR_REEMBED__BATCH_SIZE"] = "3"
-    victim = start_worker(cluster)
+    cluster.env["DPR_REEMBED__BATCH_SIZE"] = "2"
+    ingester = start_worker(cluster)
     assert cluster.dpr_json("ingest", str(folder), "--collection", "k", "--wait")["failed"] == []
+    ingester.stop()  # the re-embed's batches wait in the queue for the victim: none runs before we watch
     before = snapshot(cluster, "k")
     source = before["active"]
     source_ids = before["generations"][source]["ids"]
@@ -125,6 +126,7 @@ def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_gener
 
     first = cluster.dpr_json("reembed", "--model", "v2", "--collection", "k")
     assert first["outcome"] == "submitted" and first["source"] == source and first["batches"] >= 4
+    victim = start_worker(cluster)  # (with a worker already up, a quick run once finished before the kill)
     target = first["target"]
     progress = ReembedProgress(JobStore.from_url(cluster.broker_url), "k", target)
     assert first["job"] == progress.job
