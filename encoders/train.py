@@ -128,8 +128,10 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
     query_modules[0].max_seq_length = max_query_tokens
     document_modules[0].max_seq_length = max_passage_tokens
     router = Router.for_query_document(query_modules=query_modules, document_modules=document_modules)
-    model = SentenceTransformer(modules=[router, Normalize()], device=device, similarity_fn_name="cosine")
-    return model
+    prompts = {k: v or "" for k, v in trained.prompts.items()}
+    model = SentenceTransformer(modules=[router, Normalize()], device=device, similarity_fn_name="cosine",
+                                prompts=prompts, default_prompt_name=trained.default_prompt_name)
+    return model  # the base's prompts kept (multilingual-e5: "query: " / "passage: "), in training and after
 
 
 LARGE_VOCABULARY = 100_000  # freeze_embeddings=None freezes word embeddings at or above this many rows
@@ -269,7 +271,7 @@ def train(
     # 5. arguments, 6. trainer
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
     try:
-        args = _arguments(config, list(columns), out_tmp)
+        args = _arguments(config, list(columns), out_tmp, dict(model.prompts or {}))
         steps, losses = _fit(model, args, Dataset.from_dict(columns), loss, progress)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
@@ -320,12 +322,16 @@ def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[st
     return metrics
 
 
-def _arguments(config: TrainConfig, columns: list[str], output_dir: Path) -> Any:
+def _arguments(config: TrainConfig, columns: list[str], output_dir: Path, prompts: dict[str, str]) -> Any:
+    """``prompts``: the model's own (``query`` / ``document``), put before each column's texts as at inference."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    router_mapping = {} if config.shared else {c: ("query" if c == "question" else "document") for c in columns}
+    roles = {c: ("query" if c == "question" else "document") for c in columns}
+    router_mapping = {} if config.shared else roles
+    column_prompts = {c: prompts.get(role, "") for c, role in roles.items()}
     return training_arguments(SentenceTransformerTrainingArguments, config, output_dir,
-                              lr_scheduler_type=config.scheduler, router_mapping=router_mapping)
+                              lr_scheduler_type=config.scheduler, router_mapping=router_mapping,
+                              prompts=column_prompts if any(column_prompts.values()) else None)
 
 
 def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:

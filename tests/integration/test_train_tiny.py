@@ -53,7 +53,8 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.save_pretrained(str(hf_dir))
     transformer = Transformer(str(hf_dir), processing_kwargs={"text": {"max_length": 64}})
     transformer.max_seq_length = 64
-    model = SentenceTransformer(modules=[transformer, Pooling(32, "mean"), Normalize()], device="cpu")
+    model = SentenceTransformer(modules=[transformer, Pooling(32, "mean"), Normalize()], device="cpu",
+                                prompts={"query": "query: ", "document": "passage: "})  # as multilingual-e5
     base = root / "base"
     model.save(str(base), create_model_card=False)
     return base
@@ -110,6 +111,7 @@ def test_separate_towers_train_save_reload(tiny_base: Path, tmp_path: Path) -> N
     np.testing.assert_allclose(reloaded.encode_document(texts, convert_to_numpy=True), d_mem, atol=1e-6)
     assert not np.allclose(q_mem, d_mem, atol=1e-3)  # two towers, trained apart
 
+    assert reloaded.prompts == {"query": "query: ", "document": "passage: "}  # the base's prompts kept
     card = result.card
     assert card["fingerprint"] == model_fingerprint(result.model_dir) == result.fingerprint
     assert card["towers"].startswith("separate")
@@ -130,7 +132,7 @@ def test_shared_tower_is_one_tower(tiny_base: Path, tmp_path: Path) -> None:
     result = _train(tiny_base, tmp_path, shared=True)
     texts = ["tell me about the desert"]
     q = result.model.encode_query(texts, convert_to_numpy=True)
-    d = result.model.encode_document(texts, convert_to_numpy=True)
+    d = result.model.encode_document(texts, prompt="query: ", convert_to_numpy=True)  # same text, same tower
     np.testing.assert_allclose(q, d, atol=1e-6)
     assert result.card["towers"] == "shared"
 
