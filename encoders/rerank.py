@@ -88,9 +88,9 @@ class TorchReranker:
     def model(self) -> Any:
         with self._lock:
             if self._model is None:
-                from encoders.train import _offline
+                from encoders.training_run import offline
 
-                _offline()
+                offline()
                 from sentence_transformers import CrossEncoder
 
                 self._model = CrossEncoder(str(self.path), device="cpu", local_files_only=True,

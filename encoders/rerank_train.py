@@ -9,7 +9,8 @@ trainer, evaluate, save.
 - Evaluator: the dev queries (carved from the training data): a first stage's top ``candidates`` (``first_stage``:
   a ``Retriever`` from ``encoders.evaluate``) reranked, nDCG@10 before and after; the gain decides whether the
   reranker is on by default (``services.reranking``).
-- Save: ``encoders.train._save`` (a versioned directory renamed into place) with ``kind: reranker`` in the card.
+- Save: ``encoders.training_run.save_model`` (a versioned directory renamed into place), ``kind: reranker`` in
+  the card.
 """
 
 from __future__ import annotations
@@ -29,14 +30,13 @@ from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.evaluate import Retrieval, Retriever, score_retrieval
 from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, score_with_model
 from encoders.towers import base_model_path, model_fingerprint
-from encoders.train import (
+from encoders.train import pairs_fingerprint, pairs_to_columns
+from encoders.training_run import (
     ProgressFn,
     TrainResult,
-    _fit,
-    _save,
-    pairs_fingerprint,
-    pairs_to_columns,
+    fit,
     peak_rss_mib,
+    save_model,
     start_run,
     training_arguments,
     versioned_name,
@@ -143,7 +143,7 @@ def train_reranker(
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-rerank-"))
     try:
         args = training_arguments(CrossEncoderTrainingArguments, config, out_tmp)
-        steps, losses = _fit(model, args, Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer)
+        steps, losses = fit(model, args, Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
@@ -175,5 +175,5 @@ def train_reranker(
         "default_on": bool(dev_metrics and dev_metrics["gain"] > 0),
         "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    return _save(model, models_dir, versioned_name(config.name, started), card, losses)
+    return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 

@@ -17,30 +17,33 @@ torch, datasets and sentence_transformers are imported inside functions.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import platform
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.towers import base_model_path, model_fingerprint
+from encoders.training_run import (
+    ProgressFn,
+    TrainResult,
+    fit,
+    offline,
+    peak_rss_mib,
+    save_model,
+    start_run,
+    training_arguments,
+    versioned_name,
+)
 
 log = logging.getLogger(__name__)
-
-# step, total steps, latest training loss (None before the first log)
-ProgressFn = Callable[[int, int, float | None], None]
-
-MODEL_CARD = "model_card.json"
-METRICS_FILE = "metrics.json"
 
 
 @dataclass
@@ -85,16 +88,6 @@ class TrainConfig:
             raise ValueError("warmup_ratio must lie in [0, 1)")
 
 
-@dataclass
-class TrainResult:
-    model_dir: Path
-    name: str
-    fingerprint: str
-    card: dict[str, Any]
-    losses: list[float] = field(default_factory=list)
-    model: Any = None  # the trained SentenceTransformer, still in memory
-
-
 # --- model ----------------------------------------------------------------------------------------------------
 
 
@@ -105,7 +98,7 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
     ``base`` that already has them (``--base`` an earlier model, the second stage of ``--pretrain``) goes on as is.
     Shared: the base model as is (its ``encode_query`` and ``encode_document`` are the same tower).
     """
-    _offline()
+    offline()
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Router
 
@@ -159,26 +152,6 @@ def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
         return
     router = model[0]
     router.sub_modules["document"][0].max_seq_length = tokens
-
-
-def start_run(threads: int | None, seed: int) -> tuple[datetime, float]:
-    """Offline, torch's threads, every seed; returns (start time, perf counter) of the run."""
-    _offline()
-    import torch
-    from transformers import set_seed
-
-    if threads:
-        torch.set_num_threads(threads)
-    set_seed(seed)
-    return datetime.now(UTC), time.perf_counter()
-
-
-def _offline() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("WANDB_DISABLED", "true")
 
 
 # --- data -----------------------------------------------------------------------------------------------------
@@ -272,7 +245,7 @@ def train(
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
     try:
         args = _arguments(config, list(columns), out_tmp, dict(model.prompts or {}))
-        steps, losses = _fit(model, args, Dataset.from_dict(columns), loss, progress)
+        steps, losses = fit(model, args, Dataset.from_dict(columns), loss, progress)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
@@ -297,7 +270,7 @@ def train(
         "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
         "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    return _save(model, models_dir, versioned_name(config.name, started), card, losses)
+    return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 
 
 def _loss(model: Any, config: TrainConfig) -> Any:
@@ -332,98 +305,3 @@ def _arguments(config: TrainConfig, columns: list[str], output_dir: Path, prompt
     return training_arguments(SentenceTransformerTrainingArguments, config, output_dir,
                               lr_scheduler_type=config.scheduler, router_mapping=router_mapping,
                               prompts=column_prompts if any(column_prompts.values()) else None)
-
-
-def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:
-    """The trainer arguments the towers and the reranker share (``cls``: sentence-transformers' or the
-    cross-encoder's arguments class), from a config with epochs, max_steps, batch_size, learning_rate,
-    warmup_ratio, weight_decay and seed; ``extra`` on top."""
-    from sentence_transformers.base.sampler import BatchSamplers
-
-    return cls(
-        output_dir=str(output_dir),
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
-        warmup_steps=config.warmup_ratio,  # transformers 5: a float below 1 is a fraction of the steps
-        weight_decay=config.weight_decay,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to="none",
-        seed=config.seed,
-        data_seed=config.seed,
-        disable_tqdm=True,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        **extra,
-    )
-
-
-def _fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None,
-         trainer_class: Any = None) -> tuple[int, list[float]]:
-    """Run the trainer (``SentenceTransformerTrainer`` unless ``trainer_class`` says otherwise: the reranker's
-    ``CrossEncoderTrainer``); returns (steps, loss per logged step)."""
-    from sentence_transformers import SentenceTransformerTrainer
-    from transformers import PrinterCallback, TrainerCallback
-
-    losses: list[float] = []
-
-    class _Progress(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
-                log.info("step", extra={"step": state.global_step, "loss": logs["loss"]})
-            if progress is not None:
-                progress(state.global_step, state.max_steps, losses[-1] if losses else None)
-
-    trainer = (trainer_class or SentenceTransformerTrainer)(model=model, args=args, train_dataset=dataset, loss=loss,
-                                                            callbacks=[_Progress()])
-    trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
-    trainer.train()
-    return int(trainer.state.global_step), losses
-
-
-def _save(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses: list[float]) -> TrainResult:
-    """Save to a temporary sibling with the model card, then rename into place."""
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = models_dir / f".staging-{name}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    model.save(str(staging), create_model_card=False)
-    fingerprint = model_fingerprint(staging)
-    card = {"name": name, "format": "sentence-transformers",
-            "sentence_transformers_version": _version("sentence_transformers"), "fingerprint": fingerprint,
-            "similarity": "cosine", **card}
-    (staging / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=False) + "\n")
-    (staging / METRICS_FILE).write_text(json.dumps({"losses": losses, "dev": card["dev_metrics"]}, indent=2) + "\n")
-    final = models_dir / name
-    os.replace(staging, final)
-    log.info("saved model", extra={"model": name, "path": str(final), "fingerprint": fingerprint})
-    return TrainResult(
-        model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model
-    )
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident memory so far (MiB; Linux reports KiB)."""
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def versioned_name(name: str, when: datetime | None = None) -> str:
-    when = when or datetime.now(UTC)
-    return f"{name}-{when.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _version(module: str) -> str:
-    try:
-        from importlib.metadata import version
-
-        return version(module.replace("_", "-"))
-    except Exception:  # pragma: no cover
-        return "unknown"

@@ -20,7 +20,7 @@ from services.training import TrainingData, build_training_set
 if TYPE_CHECKING:
     from encoders.evaluate import Retriever
     from encoders.rerank_train import RerankConfig
-    from encoders.train import ProgressFn, TrainResult
+    from encoders.training_run import ProgressFn, TrainResult
 
 log = logging.getLogger(__name__)
 

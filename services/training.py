@@ -22,7 +22,8 @@ from services.readers import dataset_format, load_corpus, load_dataset, load_pai
 from services.settings import Settings
 
 if TYPE_CHECKING:
-    from encoders.train import ProgressFn, TrainConfig, TrainResult
+    from encoders.train import TrainConfig
+    from encoders.training_run import ProgressFn, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def record_stages(result: TrainResult, stage1: TrainResult) -> None:
     fingerprint)."""
     import json
 
-    from encoders.train import MODEL_CARD
+    from encoders.training_run import MODEL_CARD
 
     def summary(stage: str, r: TrainResult) -> dict[str, Any]:
         c = r.card

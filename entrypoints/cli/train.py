@@ -32,7 +32,7 @@ from entrypoints.cli.common import (
 from services.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from encoders.train import TrainResult
+    from encoders.training_run import TrainResult
 
 log = logging.getLogger(__name__)
 
