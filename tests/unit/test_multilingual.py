@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from encoders import multilingual, registry
+from encoders.multilingual_tokenizer import precompiled_charsmap
 from encoders.towers import resolve_model_path
 
 pytestmark = pytest.mark.unit
@@ -32,7 +33,7 @@ def test_the_charsmap_maps_exactly_the_given_codepoints_and_nothing_else() -> No
     from tokenizers import normalizers
 
     table = {0x09: " ", 0x01: "", 0xFF21: "A", 0x3000: " ", 0x1D400: "A", 0x2460: "1", 0x00A0: " ", 0xFB01: "fi"}
-    charsmap = multilingual.precompiled_charsmap(table)
+    charsmap = precompiled_charsmap(table)
     (trie_bytes,) = struct.unpack_from("<I", charsmap)
     assert trie_bytes % 4 == 0 and len(charsmap) > 4 + trie_bytes
     normalizer = normalizers.Precompiled(charsmap)
