@@ -76,7 +76,8 @@ def ingest(
         with Runtime(settings) as runtime:
             docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
             prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
-            result = _ingest(runtime, source, wait=wait, as_json=as_json, total=_count_hint(paths, fmt))
+            total = count_documents(paths, fmt)  # type: ignore[arg-type]  # a quick look, for the ETA
+            result = _ingest(runtime, source, wait=wait, as_json=as_json, total=total)
             if scope is not None and seen.complete:
                 result |= sync(runtime, scope, seen, prune=prune)
             if not settings.broker_url and (seconds := runtime.prepare_queries()) > 1 and not as_json:
@@ -98,11 +99,6 @@ def _sync_scope(paths: list[Path], fmt: str, prune: bool) -> SyncScope | None:
         return SyncScope.of_paths(paths, fmt)
     folders = [p for p in paths if p.is_dir() and fmt in ("auto", "files") and detect_format(p) == "files"]
     return SyncScope.of_paths(folders, fmt) if folders else None
-
-
-def _count_hint(paths: list[Path], fmt: str) -> int | None:
-    """How many documents the input holds, when a quick look can tell (for the ETA): None if unknown."""
-    return count_documents(paths, fmt, budget_s=2.0)  # type: ignore[arg-type]
 
 
 def _ingest(runtime: Runtime, source: Any, *, wait: bool, as_json: bool, total: int | None = None
