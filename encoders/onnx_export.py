@@ -172,6 +172,7 @@ def _export_transformer(transformer: Any, directory: Path, sample_inputs: list[A
         torch.onnx.export(wrapper, tuple(sample[n] for n in names), str(directory / VARIANT_FILES["onnx"]),
                           input_names=names, output_names=[output_name], dynamic_axes=axes,
                           opset_version=17, dynamo=False)
+    _simplify_attention(directory / VARIANT_FILES["onnx"])
     quiet = _DropRecordsFrom("onnxruntime")  # the quantiser logs every skipped node on the root logger
     logging.getLogger().addFilter(quiet)
     try:
@@ -181,6 +182,54 @@ def _export_transformer(transformer: Any, directory: Path, sample_inputs: list[A
         logging.getLogger().removeFilter(quiet)
     for variant in VARIANT_FILES.values():
         _weights_beside(directory / variant)
+
+
+def _simplify_attention(path: Path) -> None:
+    """Remove what the traced SDPA attention spends on rows that cannot occur, in place.
+
+    Each layer's softmax output goes through ``Where(IsNaN(p), 0, p)``: a guard for a query row whose keys are all
+    masked, which never happens here (a tokenizer's special tokens leave every sequence at least one key; the
+    export's probes include the empty string). Each layer also turns the same boolean mask into the same additive
+    0 / -inf mask again. The guards go (their consumers read the softmax) and the mask is made once. Measured on
+    all-MiniLM-L6-v2, 2 cores: fp32 23 -> 32 passages/s, int8 34 -> 58, outputs unchanged (cosine 1.0). ``_measure``
+    checks every export against torch afterwards, this rewrite included."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    constants.update({t.name: numpy_helper.to_array(t) for t in graph.initializer})
+    rename: dict[str, str] = {}
+    dropped: set[int] = set()
+    first_mask: dict[tuple[str, bytes, bytes], str] = {}
+    for node in graph.node:
+        if node.op_type != "Where" or not all(i in constants for i in node.input[1:2]):
+            continue
+        guard = producer.get(node.input[0])
+        if (guard is not None and guard.op_type == "IsNaN" and guard.input[0] == node.input[2]
+                and not constants[node.input[1]].any()):
+            rename[node.output[0]] = node.input[2]
+            dropped.update((id(node), id(guard)))
+        elif node.input[2] in constants:
+            key = (node.input[0], constants[node.input[1]].tobytes(), constants[node.input[2]].tobytes())
+            if key in first_mask:
+                rename[node.output[0]] = first_mask[key]
+                dropped.add(id(node))
+            else:
+                first_mask[key] = node.output[0]
+    if not dropped:
+        return
+    kept = [n for n in graph.node if id(n) not in dropped]
+    for node in kept:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    kept = [n for n in kept if n.op_type != "Constant" or n.output[0] in used]
+    del graph.node[:]
+    graph.node.extend(kept)
+    onnx.save_model(model, str(path))
 
 
 def _weights_beside(path: Path) -> None:
