@@ -28,7 +28,8 @@ from encoders.evaluate import (
     towers_in_memory_retriever,
 )
 from encoders.mining import BM25Config
-from encoders.towers import DualEncoder, SentenceTransformerTowers, resolve_model_path
+from encoders.registry import load_towers
+from encoders.towers import DualEncoder, resolve_model_path
 from services.ingest import IngestPipeline, IngestReport
 from services.language import corpus_language
 from services.query import QueryOptions, search_many
@@ -37,6 +38,7 @@ from services.settings import Settings
 from services.store import open_store
 from services.store.points import Hit
 from services.store.protocol import VectorStore
+from services.threads import threads_per_process
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,8 @@ def store_retriever(
         cache = None
         if cache_dir is not None:
             chunking = (settings or Settings()).chunk.model_dump_json()
-            key = f"{dataset.fingerprint()}|{towers.fingerprint}|{chunking}|{k}|{CHUNK_OVERFETCH}"
+            backend = getattr(towers, "backend", "torch")  # an int8 export can keep the model's fingerprint
+            key = f"{dataset.fingerprint()}|{towers.fingerprint}|{backend}|{chunking}|{k}|{CHUNK_OVERFETCH}"
             cache = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
             if cache.is_file():
                 saved = json.loads(cache.read_text())
@@ -260,6 +263,14 @@ STORE_NOTE = (
 MEMORY_NOTE = "dense systems: exact in-memory scan of whole documents (truncated to the passage tower's length)"
 
 
+def _served_towers(settings: Settings, spec: str) -> DualEncoder:
+    """The model ``spec`` names on the configured passage backend (``DPR_ENCODER__BACKEND``), both sides: what the
+    store would serve, measured."""
+    return load_towers(spec, settings.models_dir, device=settings.encoder.device,
+                       backend=settings.encoder.backend, threads=threads_per_process(settings.encoder.threads),
+                       cache_dir=settings.onnx_cache_dir)
+
+
 def compare_systems(
     dataset: RetrievalDataset,
     *,
@@ -301,10 +312,10 @@ def compare_systems(
         if in_memory:
             systems[label] = towers_in_memory_retriever(path)
         elif store_modes == ["dense"]:
-            towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
+            towers = _served_towers(settings, spec)
             systems[label] = store_retriever(towers, settings=settings, collection="eval", cache_dir=cache_dir)
         else:
-            towers = SentenceTransformerTowers(path, device=settings.encoder.device, name=name)
+            towers = _served_towers(settings, spec)
             corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True, language=lang)
             corpora.append(corpus)
             if "dense" in store_modes:
@@ -314,7 +325,7 @@ def compare_systems(
             if "hybrid" in store_modes:
                 systems[f"{label}+hybrid"] = corpus.retriever(_hybrid_options(hybrid))
     if models:
-        notes.append(MEMORY_NOTE if in_memory else STORE_NOTE)
+        notes.append(MEMORY_NOTE if in_memory else f"{STORE_NOTE}; towers on {settings.encoder.backend}")
     if corpora:
         notes.append(SPARSE_NOTE + (SPARSE_KO if lang == "ko" else SPARSE_EN))
         if "hybrid" in store_modes:

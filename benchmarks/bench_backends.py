@@ -1,0 +1,130 @@
+"""Quality per inference backend: SciFact test nDCG@10 through the store, base and trained towers, on torch, onnx
+(fp32) and onnx-int8, one run (issue 13: int8 may lose at most 0.005).
+
+Needs ../shared/data/beir-scifact (exits with a message without it) and, for the trained row, a model trained on
+SciFact train under ``--data-dir``/models (``--model``; e.g. ``DPR_DATA_DIR=/tmp/bk/data dpr train
+../shared/data/beir-scifact --split train --name scifact``); without one, base only.
+
+Each backend's towers ingest the test corpus into a temporary embedded collection and answer the 300 test claims
+through the product's query path (``services.evaluation.compare_systems`` with ``DPR_ENCODER__BACKEND``): the
+passages and the questions both run on the backend measured. Beside nDCG@10: recall@100, MRR@10, the cosine of
+each backend's passage vectors to torch's on a sample, and the paired randomization test of each backend against
+torch (the same claims, the same model).
+
+Usage: ``.venv/bin/python benchmarks/bench_backends.py --data-dir /tmp/bk/data [--model scifact]``; writes
+``benchmarks/results/backends.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import numpy as np  # noqa: E402
+from bench_hostile import commit  # noqa: E402
+from bench_hotpaths import machine, scifact_dir  # noqa: E402
+
+from encoders.metrics import paired_randomization, per_query  # noqa: E402
+from encoders.registry import Backend, load_towers  # noqa: E402
+from services.evaluation import compare_systems  # noqa: E402
+from services.readers import load_beir  # noqa: E402
+from services.settings import EncoderSettings, Settings  # noqa: E402
+
+BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
+RESULTS = REPO / "benchmarks" / "results" / "backends.md"
+FLOOR = 0.005  # the most nDCG@10 int8 may lose against torch
+
+
+def settings_for(data_dir: Path, backend: Backend) -> Settings:
+    return Settings(data_dir=data_dir, collection="bench-backends",
+                    encoder=EncoderSettings(model="base", backend=backend, question_backend=backend))
+
+
+def cosines(data_dir: Path, spec: str, texts: list[str]) -> dict[str, float]:
+    """Mean / min cosine of each backend's passage vectors to torch's, same texts."""
+    s = settings_for(data_dir, "torch")
+    ref = load_towers(spec, s.models_dir, backend="torch").encode_documents(texts)
+    out: dict[str, float] = {}
+    for backend in BACKENDS[1:]:
+        got = load_towers(spec, s.models_dir, backend=backend, cache_dir=s.onnx_cache_dir).encode_documents(texts)
+        cos = (ref * got).sum(axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+        out[backend] = float(cos.mean())
+        out[f"{backend} min"] = float(cos.min())
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--model", default="scifact", help="trained model under --data-dir/models (or a path)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    scifact = scifact_dir()
+    if scifact is None:
+        print("bench_backends: needs ../shared/data/beir-scifact beside the repo; nothing measured")
+        return 0
+    m = machine()
+    test = load_beir(scifact, "test")
+    specs = ["base"]
+    if (args.data_dir / "models" / args.model).is_dir() or Path(args.model).is_dir():
+        specs.append(args.model)
+    else:
+        print(f"no trained model {args.model!r} under {args.data_dir / 'models'}: base only", flush=True)
+    load_start = os.getloadavg()[0]
+    rows: list[tuple[str, str, dict[str, float], float]] = []
+    runs: dict[tuple[str, str], dict[str, float]] = {}
+    for backend in BACKENDS:
+        for spec in specs:
+            started = time.perf_counter()
+            report = compare_systems(test, settings=settings_for(args.data_dir, backend), models=[spec], bm25=False)
+            (system,) = report.results
+            runs[(spec, backend)] = per_query(test.qrels, system.run, "ndcg@10")
+            rows.append((spec, backend, system.metrics, time.perf_counter() - started))
+            print(f"{spec:10s} {backend:10s} nDCG@10 {system.metrics['ndcg@10']:.4f} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+    sample = [d.passage for d in list(test.corpus.values())[:200]]
+    cos = {spec: cosines(args.data_dir, spec, sample) for spec in specs}
+    write(args.out, m, rows, runs, cos, load_start, len(test.queries))
+    print(args.out.read_text())
+    return 0
+
+
+def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, dict[str, float], float]],
+          runs: dict[tuple[str, str], dict[str, float]], cos: dict[str, dict[str, float]],
+          load_start: float, queries: int) -> None:
+    torch = {spec: metrics["ndcg@10"] for spec, backend, metrics, _ in rows if backend == "torch"}
+    lines = [
+        "# Quality per inference backend (issue 13)", "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+        f"{m['cores']} cores; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end. BEIR SciFact "
+        f"test ({queries} claims), dense through a temporary embedded collection; passages and questions on the "
+        "backend of the row. p: paired randomization test against torch, same model (10,000 permutations).", "",
+        "| model | backend | nDCG@10 | delta vs torch | p | recall@100 | MRR@10 | passage cosine to torch "
+        "(mean / min, 200 abstracts) | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for spec, backend, metrics, seconds in rows:
+        delta = metrics["ndcg@10"] - torch[spec]
+        if backend == "torch":
+            p, cosine, verdict = "", "1", ""
+        else:
+            ref, got = runs[(spec, "torch")], runs[(spec, backend)]
+            p = f"{paired_randomization([got[q] for q in ref], [ref[q] for q in ref]):.3f}"
+            cosine = f"{cos[spec][backend]:.4f} / {cos[spec][backend + ' min']:.4f}"
+            verdict = "" if delta >= -FLOOR else " (over the 0.005 floor)"
+        lines.append(f"| {spec} | {backend} | {metrics['ndcg@10']:.4f} | {delta:+.4f}{verdict} | {p} | "
+                     f"{metrics['recall@100']:.4f} | {metrics['mrr@10']:.4f} | {cosine} | {seconds:.0f} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
