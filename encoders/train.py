@@ -72,6 +72,7 @@ class TrainConfig:
     # are 96M of its 118M parameters: their gradients and AdamW state dominate a CPU step, and a few thousand
     # pairs cannot move most rows anyway)
     freeze_embeddings: bool | None = None
+    dev_baseline: bool = False  # also measure the dev split before training (the card gets both)
 
     @property
     def cached(self) -> bool:
@@ -212,12 +213,11 @@ def train(
     dev: RetrievalDataset | None = None,
     data_info: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
-    evaluate_base_on_dev: bool = False,
 ) -> TrainResult:
     """Train towers on ``pairs`` and save them under ``models_dir``; returns the new model directory.
 
     ``dev``: held-out queries (carved from the training data) evaluated in memory after training (and before, with
-    ``evaluate_base_on_dev``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
+    ``config.dev_baseline``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
     """
     config = config or TrainConfig()
     config.validate()
@@ -237,7 +237,7 @@ def train(
     loss = _loss(model, config)
     # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
     dev_before = None
-    if evaluate_base_on_dev:
+    if config.dev_baseline:
         set_passage_tokens(model, config.max_passage_tokens, config.shared)
         dev_before = _dev_metrics(model, dev, "before")
         set_passage_tokens(model, train_tokens, config.shared)

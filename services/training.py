@@ -103,7 +103,9 @@ def train_model(
     )
     if stage1 is not None:
         record_stages(result, stage1)
-    export_model(result.model_dir, settings.models_dir, settings.onnx_cache_dir)  # the ONNX towers, once
+    encoder = settings.encoder
+    if {encoder.backend, encoder.question_backend or encoder.backend} != {"torch"}:  # what the backends will read
+        export_model(result.model_dir, settings.models_dir, settings.onnx_cache_dir)  # the ONNX towers, once
     return result
 
 

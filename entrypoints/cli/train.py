@@ -77,6 +77,9 @@ def train(
     ] = 0,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 3e-5,
     warmup: Annotated[float, typer.Option(help="Warm-up fraction of the steps.")] = 0.1,
+    scale: Annotated[float, typer.Option(
+        min=1.0, help="MNRL scale: logits = scale x cosine (1 / temperature; e5 models were trained at 100).")
+    ] = 20.0,
     hard_negatives: Annotated[int, typer.Option(min=0, help="BM25 hard negatives per pair.")] = 1,
     negative_window: Annotated[str, typer.Option(help="BM25 ranks START:END searched for negatives.")] = "0:30",
     train_passage_tokens: Annotated[int, typer.Option(help="Passage length while training (0: full).")] = 128,
@@ -88,6 +91,9 @@ def train(
         "--freeze-embeddings/--train-embeddings",
         help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
     ] = None,
+    dev_baseline: Annotated[
+        bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the card).")
+    ] = False,
     seed: Annotated[int, typer.Option()] = 42,
     activate_model: Annotated[bool, typer.Option("--activate", help="Activate the model when done.")] = False,
     language: Annotated[
@@ -118,9 +124,9 @@ def train(
     )  # fmt: skip
     config = TrainConfig(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
-        learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps,
+        learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
-        freeze_embeddings=freeze_embeddings,
+        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline,
     )  # fmt: skip
     with cli_errors():
         check_choice(language)
@@ -209,9 +215,9 @@ def _print_result(result: TrainResult, activated: bool, as_json: bool) -> None:
     for stage in card.get("stages") or []:
         console.print(f"{stage['stage']}: {stage['model']}, {stage['steps']} steps, {stage['train_seconds']:.0f} s, "
                       f"peak RSS {stage['peak_rss_mib']:.0f} MiB")
-    dev = (card.get("dev_metrics") or {}).get("after")
-    if dev:
-        console.print("dev: " + ", ".join(f"{k} {v:.3f}" for k, v in dev.items()))
+    for when, dev in (card.get("dev_metrics") or {}).items():
+        if dev:
+            console.print(f"dev {when}: " + ", ".join(f"{k} {v:.3f}" for k, v in dev.items()))
     if activated:
         console.print(f"activated {result.name}")
     else:
