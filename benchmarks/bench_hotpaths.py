@@ -1,8 +1,10 @@
 """Issue 13's hot paths in one run, ratios side by side (needs ../shared/data/beir-scifact; skips without it).
 
-Subsets, so the run ends in under ~20 minutes on a 2-core machine: the first ``--docs`` SciFact abstracts
+Subsets, so the run ends in about half an hour on a 2-core machine: the first ``--docs`` SciFact abstracts
 (default 160, ~300 passages) chunked by the passage tower's tokenizer with the default chunk settings; query
-latency over ``--points`` (10,000) passages: those real ones plus synthetic copies as in ``bench_ingest.py``.
+latency over ``--points`` (10,000) and ``--big-points`` (100,000) passages: those real ones plus synthetic copies as
+in ``bench_ingest.py``. Every process of the run reads one ONNX export of the model (``DPR_ONNX_CACHE`` in the work
+dir), made before anything is timed. Floors are reported (PASS / FAIL in the notes), never asserted.
 
 1. Raw passage tower per backend (torch; onnx and onnx-int8 when ``DPR_ENCODER__BACKEND`` accepts them, else a
    note): passages/s, tokens/s (real tokens, special tokens included, padding excluded), and the fraction of the
@@ -10,17 +12,30 @@ latency over ``--points`` (10,000) passages: those real ones plus synthetic copi
    x 2 (AVX-512: 2x16x2 = 64; AVX2+FMA: 2x8x2 = 32; else 16). FLOPs of a passage of T tokens =
    2 x (per-token matmul parameters: layers x (4 d^2 + 2 d ffn)) x T + layers x 4 T^2 d (attention scores and
    mix), d, ffn and layers from the model's config.json. The raw tower reads the passages sorted by length.
-2. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
+2. In-process ingest (a recorded in-process job, as ``dpr ingest`` without a broker) / raw tower, per backend; and
+   / the peer (``benchmarks/peer_plain.py``: sentence-transformers + faiss-cpu, numpy without faiss).
+3. The default backends: what ``Settings().encoder`` gives (passage ``backend``, ``question_backend``; the code's
+   defaults unless ``DPR_ENCODER__*`` is set), named in a row, and their in-process ingest / the peer (floor 1.5).
+4. Redis scale-out: the same documents through a Redis-compatible server (valkey) and ``dpr worker`` processes
+   (concurrency 1, the default passage backend, ~10 ingest tasks so two workers get the same share; a warm-up job
+   first loads the model in every worker): (a) 1 worker, 1 thread; (b) 2 workers, 1 thread each; (c) 2 workers on
+   the default thread policy (``DPR_ENCODER__THREADS`` unset: each worker takes usable cores // concurrency, i.e.
+   all the cores, since workers do not know of each other). Ratios b / a (floor 1.7: the scale-out a second
+   machine gives) and c / in-process ingest on the same backend (floor 0.9).
+5. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
    not sort gets), as one ``encode_documents`` call per ingest batch (the code before this change:
    sentence-transformers sorts by characters inside the call), and with ``services.ingest.encode_by_length``.
-3. In-process ingest (a recorded in-process job, as ``dpr ingest`` without a broker) / raw tower, per backend; and
-   / the peer (``benchmarks/peer_plain.py``: sentence-transformers + faiss-cpu, numpy without faiss).
-4. ``dpr query`` process wall and peak RSS (median of 5) over the embedded ``--points`` collection, per backend,
-   beside the peer's query process over the same vectors.
-5. Query p50 / p95 in-process (encode + search, k=10), dense and hybrid, at ``--points`` passages.
+6. ``dpr query`` process wall and peak RSS (median of 5) over the embedded ``--points`` collection, per backend;
+   the same command as a client of ``dpr serve`` over the same data dir (``DPR_API_URL``; the server on the default
+   backends, 1 encoder thread, no API key, answered one untimed search first); the peer's query process over the
+   same vectors.
+7. Query p50 / p95 in-process (encode + search, k=10), dense and hybrid, with the default question tower
+   (``Runtime(settings).question_towers``), at ``--points`` and ``--big-points`` passages; each store is optimized
+   after it is built (HNSW on segments of at least ``index_threshold`` points, as an ingest job that leaves that
+   many points builds it). Floors: hybrid p50 <= 1.3 x dense p50; dense p50 <= 15 ms at 100,000 passages.
 
-Usage: ``.venv/bin/python benchmarks/bench_hotpaths.py [--docs 160] [--points 10000] [--queries 50]``; writes
-``benchmarks/results/hotpaths.md``.
+Usage: ``.venv/bin/python benchmarks/bench_hotpaths.py [--docs 160] [--points 10000] [--big-points 100000]
+[--queries 50]`` (``--big-points 0`` skips the second size); writes ``benchmarks/results/hotpaths.md``.
 """
 
 from __future__ import annotations
@@ -48,13 +63,22 @@ from bench_hostile import commit, cpu_model  # noqa: E402
 from services.ingest import chunk_document, encode_by_length  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.settings import EncoderSettings, Settings  # noqa: E402
-from services.threads import available_cores  # noqa: E402
+from services.threads import available_cores, threads_per_process  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "hotpaths.md"
 DPR = str(Path(sys.executable).with_name("dpr"))
 PEER = REPO / "benchmarks" / "peer_plain.py"
 BACKENDS = ("torch", "onnx", "onnx-int8")
 BATCH = 32
+WORKER_TASKS = 10  # ingest tasks of a scale-out run: two workers get five each
+Row = tuple[str, str, str]  # measure, result, notes
+
+# Floors (reported in the notes, never asserted)
+PEER_FLOOR = 1.5  # default-backend in-process ingest / the peer
+SCALE_OUT_FLOOR = 1.7  # 2 workers / 1 worker, 1 thread each: the scale-out a second machine gives
+SHARED_CORES_FLOOR = 0.9  # 2 workers on the default thread policy / in-process ingest, same backend
+DENSE_P50_MS = 15.0  # dense query p50 at 100,000 passages
+HYBRID_OVER_DENSE = 1.3  # hybrid query p50 / dense query p50
 
 
 def scifact_dir() -> Path | None:
@@ -104,13 +128,34 @@ def available_backends() -> tuple[list[str], list[str]]:
     return ok, notes
 
 
-def runtime_for(backend: str, data_dir: Path) -> Any:
+def default_backends() -> tuple[str, str]:
+    """(passage backend, question backend) of ``Settings().encoder``: the code's defaults unless DPR_ENCODER__*
+    says otherwise (an empty question backend is the passage backend)."""
+    encoder = Settings().encoder
+    passage = str(getattr(encoder, "backend", "torch"))
+    return passage, str(getattr(encoder, "question_backend", None) or passage)
+
+
+def runtime_for(backend: str, data_dir: Path, onnx_cache: Path) -> Any:
     from services.runtime import Runtime
 
     encoder: dict[str, Any] = {"model": "base", "batch_size": BATCH}
     if backend != "torch":
         encoder["backend"] = backend
-    return Runtime(Settings(data_dir=data_dir, collection="bench", encoder=EncoderSettings(**encoder)))
+    return Runtime(Settings(data_dir=data_dir, onnx_cache=onnx_cache, collection="bench",
+                            encoder=EncoderSettings(**encoder)))
+
+
+def make_export(onnx_cache: Path) -> str | None:
+    """The base model's ONNX export in ``onnx_cache``, made now (once, ~20 s; every process of the run reads it)
+    so no timed step pays for it. A note when the model cannot be exported."""
+    from encoders.registry import export_model
+    from encoders.towers import base_model_path
+
+    settings = Settings(data_dir=onnx_cache.parent, onnx_cache=onnx_cache)
+    if export_model(base_model_path(), settings.models_dir, onnx_cache) is None:
+        return "no ONNX export of the base model (see the log): the onnx backends fall back or fail"
+    return None
 
 
 def timed(fn: Any) -> float:
@@ -123,9 +168,9 @@ def bench_backend(backend: str, docs: list[Document], texts: list[str], work: Pa
     """Raw tower (length-sorted input) and in-process ingest of the same documents, one backend."""
     from entrypoints.compose import executor_for
 
-    with runtime_for(backend, work / f"ingest-{backend}") as runtime:
+    with runtime_for(backend, work / f"ingest-{backend}", work / "onnx") as runtime:
         towers = runtime.towers
-        towers.encode_documents(texts[:8], batch_size=BATCH)  # warm up (and export, for onnx)
+        towers.encode_documents(texts[:8], batch_size=BATCH)  # warm up
         raw = timed(lambda: towers.encode_documents(texts, batch_size=BATCH))
         t0 = time.perf_counter()
         job = executor_for(runtime).submit(docs, collection="bench").job
@@ -179,33 +224,117 @@ def median_runs(cmd: list[str], env: dict[str, str], runs: int = 5) -> str:
             f"peak RSS {statistics.median(r[1] for r in results):.0f} MiB")
 
 
-def build_collection(data_dir: Path, texts: list[str], points: int, peer_dir: Path) -> Any:
-    """``points`` passages (real + synthetic) in the embedded store ``bench`` and the same vectors for the peer."""
-    with runtime_for("torch", data_dir) as runtime:
-        towers = runtime.towers
-        vectors = towers.encode_documents(texts, batch_size=BATCH)  # (n, dim)
-        all_vectors = np.stack([v for _, _, v in bi.synthetic_points(vectors, points)]).astype(np.float32)
-        store = bi.build_query_store(towers, vectors, texts, points, data_dir / "store")
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def bench_scale_out(docs: list[Document], work: Path, backend: str) -> dict[str, tuple[float, str] | str]:
+    """Section 4: passages/s and a note per worker set (a, b, c), or why it failed; the export is made already."""
+    env = {"DPR_ENCODER__MODEL": "base", "DPR_ENCODER__BACKEND": backend, "DPR_ONNX_CACHE": str(work / "onnx")}
+    per_task = -(-len(docs) // WORKER_TASKS)
+    out: dict[str, tuple[float, str] | str] = {}
+    for key, workers, threads in (("a", 1, 1), ("b", 2, 1), ("c", 2, None)):
+        try:
+            seconds, status, profile = bi.bench_workers(docs, work, workers, threads, per_task, env)
+            if status["state"] != "done":
+                raise RuntimeError(f"job ended {status['state']}: {json.dumps(status)[:300]}")
+        except Exception as e:  # noqa: BLE001 - a worker set that fails is a row, not a crash
+            out[key] = f"failed ({type(e).__name__}: {str(e)[:200]})"
+        else:
+            busy = profile["busy_seconds"] / (workers * seconds)
+            out[key] = (int(status["chunks"]) / seconds,
+                        f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} documents; workers busy "
+                        f"{busy:.0%} of {workers} x wall")
+        print(f"scale-out {key}: {out[key]}", flush=True)
+    return out
+
+
+def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_process: float | None) -> list[Row]:
+    cores = available_cores()
+    policy = threads_per_process(None, processes=1, cores=cores)  # one worker at concurrency 1 (workers/app.py)
+    sets = {
+        "a": ("1 worker, 1 thread", "DPR_ENCODER__THREADS=1"),
+        "b": ("2 workers, 1 thread each", "DPR_ENCODER__THREADS=1"),
+        "c": ("2 workers, default thread policy",
+              f"DPR_ENCODER__THREADS unset: services/threads.py gives each worker usable cores // concurrency = "
+              f"{policy} threads (workers do not know of each other): {2 * policy} threads on {cores} cores"),
+    }
+    rows: list[Row] = []
+    rates: dict[str, float] = {}
+    for key, (label, threads) in sets.items():
+        result = scale[key]
+        name = f"ingest via Redis + {label} ({key}), {backend}"
+        if isinstance(result, str):
+            rows.append((name, result, f"concurrency 1; {threads}"))
+            continue
+        rates[key] = result[0]
+        rows.append((name, f"{result[0]:.2f} passages/s", f"concurrency 1; {threads}; {result[1]}"))
+    if "a" in rates and "b" in rates:
+        ratio = rates["b"] / rates["a"]
+        rows.append(("Redis scale-out b / a (2 workers / 1, 1 thread each)", f"{ratio:.2f}",
+                     f"floor {SCALE_OUT_FLOOR} (the scale-out a second machine gives): "
+                     f"{verdict(ratio >= SCALE_OUT_FLOOR)}"))
+    if "c" in rates and in_process:
+        ratio = rates["c"] / in_process
+        rows.append((f"Redis 2 workers on the default thread policy (c) / in-process ingest, {backend}",
+                     f"{ratio:.2f}", f"floor {SHARED_CORES_FLOOR}: {verdict(ratio >= SHARED_CORES_FLOOR)}"))
+    return rows
+
+
+def build_collection(towers: Any, vectors: np.ndarray, texts: list[str], points: int,
+                     data_dir: Path) -> dict[str, Any]:
+    """``points`` passages (real + synthetic) in the embedded store ``bench`` under ``data_dir``, then
+    ``optimize()``: HNSW on the segments of at least ``index_threshold`` points, as an ingest job that leaves that
+    many points builds it. Returns the store's ``index_info()``."""
+    store = bi.build_query_store(towers, vectors, texts, points, data_dir / "store")
+    try:
+        store.optimize()
+        return dict(store.index_info())
+    finally:
         store.close()
-    peer_dir.mkdir(parents=True, exist_ok=True)
-    np.save(peer_dir / "vectors.npy", all_vectors)
-    return towers
 
 
-def query_latency(data_dir: Path, questions: list[str]) -> dict[str, str]:
+def index_note(info: dict[str, Any]) -> str:
+    """What ``optimize()`` left: HNSW on how many segments, or an exact scan."""
+    if not info.get("hnsw_segments"):
+        return (f"optimized, exact scan: no segment reached index_threshold {info.get('index_threshold')} "
+                f"(segments: {info.get('segments')})")
+    return f"HNSW built (on {info['hnsw_segments']} of {info['segments']} segments)"
+
+
+def query_latency(data_dir: Path, questions: list[str], onnx_cache: Path) -> tuple[str, dict[str, tuple[float, str]]]:
+    """(question backend, mode -> (p50 ms, result)) of in-process queries with the default question tower."""
+    from services.runtime import Runtime
     from services.store import open_store
 
-    settings = Settings(data_dir=data_dir, collection="bench", encoder=EncoderSettings(model="base"))
-    with runtime_for("torch", data_dir) as runtime:
+    encoder = Settings().encoder.model_copy(update={"model": "base", "batch_size": BATCH})  # default backends
+    settings = Settings(data_dir=data_dir, onnx_cache=onnx_cache, collection="bench", encoder=encoder)
+    with Runtime(settings) as runtime:
+        towers = runtime.question_towers
         store = open_store(settings)
         try:
             out = {}
             for mode in ("dense", "hybrid"):
-                p50, p95, enc, search = bi.bench_queries(runtime.towers, store, questions, mode)
-                out[mode] = f"p50 {p50:.1f} ms, p95 {p95:.1f} ms (p50 encode {enc:.1f} + search {search:.1f})"
+                p50, p95, enc, search = bi.bench_queries(towers, store, questions, mode)
+                out[mode] = (p50, f"p50 {p50:.1f} ms, p95 {p95:.1f} ms (p50 encode {enc:.1f} + search {search:.1f})")
         finally:
             store.close()
-    return out
+        return str(runtime.question_backend), out
+
+
+def latency_rows(points: int, info: dict[str, Any], backend: str, latency: dict[str, tuple[float, str]],
+                 queries: int, largest: bool) -> list[Row]:
+    rows: list[Row] = [(f"query in-process, {mode}, {points:,} passages", value,
+                        f"{queries} SciFact test claims, k=10, {index_note(info)}, {backend} question tower (default)")
+                       for mode, (_, value) in latency.items()]
+    dense, hybrid = latency["dense"][0], latency["hybrid"][0]
+    notes = f"floor {HYBRID_OVER_DENSE}x: {verdict(hybrid <= HYBRID_OVER_DENSE * dense)}"
+    if largest:
+        at = "" if points == 100_000 else f"; measured at {points:,}"
+        notes += (f"; dense p50 {dense:.1f} ms, floor {DENSE_P50_MS:.0f} ms at 100,000{at}: "
+                  f"{verdict(dense <= DENSE_P50_MS)}")
+    rows.append((f"query hybrid / dense p50, {points:,} passages", f"{hybrid / dense:.2f}x", notes))
+    return rows
 
 
 def load_inputs(scifact: Path, n_docs: int, n_queries: int) -> tuple[list[Document], list[list[tuple[str, int]]],
@@ -231,6 +360,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=160)
     parser.add_argument("--points", type=int, default=10_000)
+    parser.add_argument("--big-points", type=int, default=100_000, help="Second query-latency size; 0 skips it.")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -244,7 +374,7 @@ def main() -> int:
     texts, tokens = [t for t, _ in passages], [k for _, k in passages]
     flops = passage_flops(tokens) / len(texts)
     load0 = os.getloadavg()[0]
-    rows: list[tuple[str, str, str]] = []
+    rows: list[Row] = []
     say = print
     say(f"{m['cpu']}; flags {' '.join(m['flags'])}; {m['cores']} usable cores x {m['flop_per_cycle']} FLOP/cycle x "
         f"{m['ghz']:.2f} GHz = {m['ceiling'] / 1e9:.0f} GFLOP/s fp32; {len(docs)} abstracts -> {len(texts)} "
@@ -252,6 +382,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dpr-hotpaths-") as tmp:
         work = Path(tmp)
         backends, notes = available_backends()
+        passage_default, question_default = default_backends()
+        if {*backends, passage_default, question_default} - {"torch"}:
+            t0 = time.perf_counter()
+            if (note := make_export(work / "onnx")) is not None:
+                notes.append(note)
+            say(f"ONNX export: {time.perf_counter() - t0:.1f} s", flush=True)
         per: dict[str, dict[str, float]] = {}
         for b in backends:
             try:
@@ -263,16 +399,33 @@ def main() -> int:
                                   capture_output=True, text=True, check=True).stdout
         peer = json.loads(peer_out.strip().splitlines()[-1])
         peer_rate = peer["passages"] / peer["seconds"]
-        torch_towers = build_collection(work / "query", texts, args.points, work / "peer")
+        scale = bench_scale_out(docs, work, passage_default)
+        default_ingest = per.get(passage_default, {}).get("ingest")
+        rows += backend_rows(per, m, flops, float(np.mean(tokens)), peer_rate)
+        rows += default_rows(passage_default, question_default, default_ingest, peer_rate)
+        rows += scale_out_rows(scale, passage_default, default_ingest)
+        with runtime_for("torch", work / "query", work / "onnx") as runtime:
+            torch_towers = runtime.towers
+        vectors = torch_towers.encode_documents(texts, batch_size=BATCH)  # (n, dim)
+        (work / "peer").mkdir(parents=True, exist_ok=True)
+        np.save(work / "peer" / "vectors.npy",
+                np.stack([v for _, _, v in bi.synthetic_points(vectors, args.points)]).astype(np.float32))
+        sizes = {args.points: work / "query", **({args.big_points: work / "query-big"} if args.big_points else {})}
+        index: dict[int, dict[str, Any]] = {}
+        for n, data_dir in sizes.items():
+            t0 = time.perf_counter()
+            index[n] = build_collection(torch_towers, vectors, texts, n, data_dir)
+            say(f"store of {n:,} passages built and optimized in {time.perf_counter() - t0:.0f} s: {index[n]}",
+                flush=True)
         bucket = bench_bucketing(torch_towers, groups)
         say(f"bucketing: {bucket}", flush=True)
-        rows += backend_rows(per, m, flops, float(np.mean(tokens)), peer_rate)
         rows += [(f"length bucketing (torch raw tower over the ingest batches): {k}", f"{v:.2f} passages/s",
                   f"{v / bucket['one call (before)']:.2f}x before") for k, v in bucket.items()]
         rows += process_rows(work, backends, questions[0], args.points)
-        latency = query_latency(work / "query", questions)
-        rows += [(f"query in-process, {mode}, {args.points:,} passages", v, f"{len(questions)} SciFact test claims, "
-                  "k=10, exact scan, torch question tower") for mode, v in latency.items()]
+        for n, data_dir in sizes.items():
+            question_backend, latency = query_latency(data_dir, questions, work / "onnx")
+            rows += latency_rows(n, index[n], question_backend, latency, len(questions), n == max(sizes))
+            say(*rows[-3:], sep="\n", flush=True)
     rows.append(("load average (1 min) at start / end", f"{load0:.1f} / {os.getloadavg()[0]:.1f}",
                  f"{m['cores']} cores, shared with other work"))
     write(args.out, m, rows, notes, len(docs), len(texts))
@@ -286,7 +439,7 @@ def _dump(work: Path, texts: list[str]) -> Path:
 
 
 def backend_rows(per: dict[str, dict[str, float]], m: dict[str, Any], flops: float, mean_tokens: float,
-                 peer_rate: float) -> list[tuple[str, str, str]]:
+                 peer_rate: float) -> list[Row]:
     rows = []
     base = per.get("torch", {}).get("raw")
     for b, r in per.items():
@@ -301,6 +454,18 @@ def backend_rows(per: dict[str, dict[str, float]], m: dict[str, Any], flops: flo
     return rows
 
 
+def default_rows(passage: str, question: str, ingest: float | None, peer_rate: float) -> list[Row]:
+    """Section 3: the backends ``Settings()`` gives, and their in-process ingest / the peer."""
+    shown = f"{ingest:.2f} passages/s in-process ingest" if ingest else "in-process ingest not measured"
+    rows = [(f"default backends (passage {passage}, question {question})", shown,
+             "Settings().encoder: what `dpr ingest`, `dpr worker` and `dpr query` run on unless DPR_ENCODER__* is set")]
+    if ingest:
+        ratio = ingest / peer_rate
+        rows.append((f"default-backend in-process ingest ({passage}) / peer", f"{ratio:.2f}",
+                     f"floor {PEER_FLOOR}: {verdict(ratio >= PEER_FLOOR)}"))
+    return rows
+
+
 def _peer_index() -> str:
     try:
         import faiss  # noqa: F401
@@ -309,22 +474,70 @@ def _peer_index() -> str:
     return "faiss-cpu"
 
 
-def process_rows(work: Path, backends: list[str], question: str, points: int) -> list[tuple[str, str, str]]:
-    env = {**os.environ, "DPR_DATA_DIR": str(work / "query"), "DPR_COLLECTION": "bench", "DPR_ENCODER__MODEL": "base"}
-    rows = []
+def process_rows(work: Path, backends: list[str], question: str, points: int) -> list[Row]:
+    """Section 6: embedded `dpr query` per backend, then `dpr query` over `dpr serve` (the server holds the shard, so
+    it comes after), then the peer's query process."""
+    env = {k: v for k, v in os.environ.items() if k != "DPR_API_URL" and not k.startswith("DPR_API__")}  # no key
+    env.update({"DPR_DATA_DIR": str(work / "query"), "DPR_COLLECTION": "bench", "DPR_ENCODER__MODEL": "base",
+                "DPR_ONNX_CACHE": str(work / "onnx")})
+    cmd = [DPR, "query", question, "--json"]
+    rows: list[Row] = []
     for b in backends:
         benv = {**env, "DPR_ENCODER__BACKEND": b, "DPR_ENCODER__QUESTION_BACKEND": b}  # both sides on b
         try:
-            value = median_runs([DPR, "query", question, "--json"], benv)
+            value = median_runs(cmd, benv)
         except RuntimeError as e:
             value = f"failed: {str(e)[:200]}"
         rows.append((f"`dpr query` process, embedded, {b}", value, f"median of 5, {points:,} passages"))
+    name = f"`dpr query` process, client of `dpr serve` (question {default_backends()[1]})"
+    server = None
+    try:
+        port = bi.free_port()
+        server = start_server(env, port, work / "serve.log")
+        served = {**env, "DPR_API_URL": f"http://127.0.0.1:{port}"}
+        peak_run(cmd, served)  # untimed: the server's first search
+        value = median_runs(cmd, served)
+        rows.append((name, value, f"median of 5, {points:,} passages; the server (default backends, 1 encoder "
+                     f"thread, no API key) peaked at {peak_rss_mib(server.pid):.0f} MiB RSS"))
+    except RuntimeError as e:
+        rows.append((name, f"failed: {str(e)[:200]}", f"{points:,} passages"))
+    finally:
+        if server is not None:
+            bi.stop_process_group(server)
     peer = median_runs([sys.executable, str(PEER), "query", str(work / "peer"), question], dict(os.environ))
     rows.append((f"peer query process ({_peer_index()})", peer, f"median of 5, same {points:,} vectors"))
     return rows
 
 
-def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, str]], notes: list[str], docs: int,
+def start_server(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """`dpr serve` on 127.0.0.1:``port`` in its own process group, returned once GET /v1/status answers 200."""
+    import httpx
+
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen([DPR, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=5).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            bi.stop_process_group(process)
+            raise RuntimeError(f"dpr serve did not answer GET /v1/status: {log_path.read_text()[-600:]}")
+        time.sleep(0.2)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM of a running process (exec starts a fresh one, so it is that process's own peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def write(out: Path, m: dict[str, Any], rows: list[Row], notes: list[str], docs: int,
           passages: int) -> None:
     head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
             f"{m['cores']} usable cores at {m['ghz']:.2f} GHz: fp32 ceiling {m['cores']} x {m['flop_per_cycle']} x "

