@@ -17,11 +17,11 @@ dir), made before anything is timed. Floors are reported (PASS / FAIL in the not
 3. The default backends: what ``Settings().encoder`` gives (passage ``backend``, ``question_backend``; the code's
    defaults unless ``DPR_ENCODER__*`` is set), named in a row, and their in-process ingest / the peer (floor 1.5).
 4. Redis scale-out: the same documents through a Redis-compatible server (valkey) and ``dpr worker`` processes
-   (concurrency 1, the default passage backend, ~10 ingest tasks so two workers get the same share; a warm-up job
-   first loads the model in every worker): (a) 1 worker, 1 thread; (b) 2 workers, 1 thread each; (c) 2 workers on
-   the default thread policy (``DPR_ENCODER__THREADS`` unset: each worker takes usable cores // concurrency, i.e.
-   all the cores, since workers do not know of each other). Ratios b / a (floor 1.7: the scale-out a second
-   machine gives) and c / in-process ingest on the same backend (floor 0.9).
+   (the default passage backend, ~10 ingest tasks so two workers get the same share; a warm-up job first loads
+   the model in every worker): (a) 1 worker, concurrency 1, 1 thread; (b) 2 workers, 1 thread each; (c) one
+   worker with 2 pool processes sharing the cores on the default thread policy (``DPR_ENCODER__THREADS`` unset:
+   usable cores // concurrency each). Ratios b / a (floor 1.7: the scale-out a second machine gives) and c /
+   in-process ingest on the same backend (floor 0.9).
 5. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
    not sort gets), as one ``encode_documents`` call per ingest batch (the code before this change:
    sentence-transformers sorts by characters inside the call), and with ``services.ingest.encode_by_length``.
@@ -233,31 +233,31 @@ def bench_scale_out(docs: list[Document], work: Path, backend: str) -> dict[str,
     env = {"DPR_ENCODER__MODEL": "base", "DPR_ENCODER__BACKEND": backend, "DPR_ONNX_CACHE": str(work / "onnx")}
     per_task = -(-len(docs) // WORKER_TASKS)
     out: dict[str, tuple[float, str] | str] = {}
-    for key, workers, threads in (("a", 1, 1), ("b", 2, 1), ("c", 2, None)):
+    for key, workers, concurrency, threads in (("a", 1, 1, 1), ("b", 2, 1, 1), ("c", 1, 2, None)):
         try:
-            seconds, status, profile = bi.bench_workers(docs, work, workers, threads, per_task, env)
+            seconds, status, profile = bi.bench_workers(docs, work, workers, threads, per_task, env, concurrency)
             if status["state"] != "done":
                 raise RuntimeError(f"job ended {status['state']}: {json.dumps(status)[:300]}")
         except Exception as e:  # noqa: BLE001 - a worker set that fails is a row, not a crash
             out[key] = f"failed ({type(e).__name__}: {str(e)[:200]})"
         else:
-            busy = profile["busy_seconds"] / (workers * seconds)
+            busy = profile["busy_seconds"] / (workers * concurrency * seconds)
             out[key] = (int(status["chunks"]) / seconds,
-                        f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} documents; workers busy "
-                        f"{busy:.0%} of {workers} x wall")
+                        f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} documents; pool "
+                        f"processes busy {busy:.0%} of {workers * concurrency} x wall")
         print(f"scale-out {key}: {out[key]}", flush=True)
     return out
 
 
 def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_process: float | None) -> list[Row]:
     cores = available_cores()
-    policy = threads_per_process(None, processes=1, cores=cores)  # one worker at concurrency 1 (workers/app.py)
+    policy = threads_per_process(None, processes=2, cores=cores)  # a worker at concurrency 2 (workers/app.py)
     sets = {
-        "a": ("1 worker, 1 thread", "DPR_ENCODER__THREADS=1"),
-        "b": ("2 workers, 1 thread each", "DPR_ENCODER__THREADS=1"),
-        "c": ("2 workers, default thread policy",
-              f"DPR_ENCODER__THREADS unset: services/threads.py gives each worker usable cores // concurrency = "
-              f"{policy} threads (workers do not know of each other): {2 * policy} threads on {cores} cores"),
+        "a": ("1 worker, 1 thread", "concurrency 1; DPR_ENCODER__THREADS=1"),
+        "b": ("2 workers, 1 thread each", "concurrency 1 each; DPR_ENCODER__THREADS=1"),
+        "c": ("2 pool processes sharing the cores (`dpr worker --concurrency 2`)",
+              f"DPR_ENCODER__THREADS unset: services/threads.py gives each pool process usable cores // concurrency "
+              f"= {policy} thread(s): {2 * policy} on {cores} cores"),
     }
     rows: list[Row] = []
     rates: dict[str, float] = {}
@@ -265,10 +265,10 @@ def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_p
         result = scale[key]
         name = f"ingest via Redis + {label} ({key}), {backend}"
         if isinstance(result, str):
-            rows.append((name, result, f"concurrency 1; {threads}"))
+            rows.append((name, result, threads))
             continue
         rates[key] = result[0]
-        rows.append((name, f"{result[0]:.2f} passages/s", f"concurrency 1; {threads}; {result[1]}"))
+        rows.append((name, f"{result[0]:.2f} passages/s", f"{threads}; {result[1]}"))
     if "a" in rates and "b" in rates:
         ratio = rates["b"] / rates["a"]
         rows.append(("Redis scale-out b / a (2 workers / 1, 1 thread each)", f"{ratio:.2f}",
@@ -276,7 +276,7 @@ def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_p
                      f"{verdict(ratio >= SCALE_OUT_FLOOR)}"))
     if "c" in rates and in_process:
         ratio = rates["c"] / in_process
-        rows.append((f"Redis 2 workers on the default thread policy (c) / in-process ingest, {backend}",
+        rows.append((f"Redis, 2 pool processes sharing the cores (c) / in-process ingest, {backend}",
                      f"{ratio:.2f}", f"floor {SHARED_CORES_FLOOR}: {verdict(ratio >= SHARED_CORES_FLOOR)}"))
     return rows
 

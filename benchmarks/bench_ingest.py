@@ -153,10 +153,11 @@ def start_valkey(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("valkey-server did not start")
 
 
-def start_worker(env: dict[str, str], log_path: Path, name: str) -> subprocess.Popen[bytes]:
+def start_worker(env: dict[str, str], log_path: Path, name: str, concurrency: int = 1) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
-            [DPR, "worker", "--concurrency", "1", "--name", name], env=env, stdout=out, stderr=subprocess.STDOUT,
+            [DPR, "worker", "--concurrency", str(concurrency), "--name", name], env=env, stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     deadline = time.monotonic() + 120
@@ -182,15 +183,16 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> None:
 
 def bench_workers(docs: list[Document], work: Path, workers: int = 2, threads: int | None = 1,
                   batch_documents: int = WORKER_BATCH_DOCUMENTS, env: dict[str, str] | None = None,
-                  ) -> tuple[float, dict[str, Any], dict[str, float]]:
+                  concurrency: int = 1) -> tuple[float, dict[str, Any], dict[str, float]]:
     """Ingest ``docs`` through a fresh Redis-compatible server and ``workers`` ``dpr worker`` processes
-    (concurrency 1, ``threads`` encoder threads each; None: the default thread policy, DPR_ENCODER__THREADS unset),
+    (``concurrency`` pool processes each, ``threads`` encoder threads per pool process; None: the default thread
+    policy, DPR_ENCODER__THREADS unset),
     after a warm-up job that loads the model in every worker. ``env``: more DPR_* variables for the workers (the
     backend, DPR_ONNX_CACHE). Returns (seconds, the job's status, busy / created / sealed times)."""
     from services.jobs import follow_job
     from workers.executor import CeleryExecutor
 
-    root = work / f"workers-{workers}x{threads or 'default'}"
+    root = work / f"workers-{workers}x{concurrency}x{threads or 'default'}"
     root.mkdir(parents=True)
     valkey, url = start_valkey(root)
     worker_env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
@@ -205,7 +207,7 @@ def bench_workers(docs: list[Document], work: Path, workers: int = 2, threads: i
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(workers):
-            processes.append(start_worker(worker_env, root / f"worker{i}.log", f"bench{i}@localhost"))
+            processes.append(start_worker(worker_env, root / f"worker{i}.log", f"bench{i}@localhost", concurrency))
         # warm-up: one-document batches into another collection until every worker has loaded the model
         warm = settings.model_copy(update={"collection": "warmup",
                                            "celery": settings.celery.model_copy(update={"batch_documents": 1})})
