@@ -20,7 +20,8 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,8 +126,11 @@ def train_reranker(
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
-    # 1. model: the base encoder + a fresh one-logit head
-    model = CrossEncoder(str(base), num_labels=1, max_length=config.max_length, device="cpu", local_files_only=True)
+    # 1. model: the base encoder + a fresh one-logit head (the loaders' notes that the head is new and that a
+    # sentence-transformers folder becomes a cross-encoder state the obvious: not for dpr's output)
+    with _quiet_loaders():
+        model = CrossEncoder(str(base), num_labels=1, max_length=config.max_length, device="cpu",
+                             local_files_only=True)
     # 2. data, 3. loss
     columns = pairs_to_columns(pairs, corpus, config.seed)
     loss: Any
@@ -177,3 +181,18 @@ def train_reranker(
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 
+
+@contextmanager
+def _quiet_loaders() -> Iterator[None]:
+    """transformers' load report and sentence-transformers' notes at ERROR level only, for the block."""
+    from transformers.utils import logging as hf_logging
+
+    st = logging.getLogger("sentence_transformers")
+    verbosity, level = hf_logging.get_verbosity(), st.level
+    hf_logging.set_verbosity_error()
+    st.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        st.setLevel(level)
