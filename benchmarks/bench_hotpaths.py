@@ -15,7 +15,7 @@ dir), made before anything is timed. Floors are reported (PASS / FAIL in the not
 2. In-process ingest (a recorded in-process job, as ``dpr ingest`` without a broker) / raw tower, per backend
    (floor 0.9); and / the peer (``benchmarks/peer_plain.py``: sentence-transformers + faiss-cpu, numpy without
    faiss). The same ratio on the demo corpus (``make demo``'s pages of the Python docs, read from
-   ../shared/data/python-3.11-docs; ``--no-demo`` skips it), torch and the default passage backend.
+   ../shared/data/python-3.11-docs; ``--no-demo`` skips it), every backend.
 3. The default backends: what ``Settings().encoder`` gives (passage ``backend``, ``question_backend``; the code's
    defaults unless ``DPR_ENCODER__*`` is set), named in a row, and their in-process ingest / the peer (floor 1.5).
 4. Redis scale-out: the same documents through a Redis-compatible server (valkey) and ``dpr worker`` processes
@@ -424,7 +424,7 @@ def main() -> int:
             say(f"{b}: {per.get(b)}", flush=True)
         demo_per: dict[str, dict[str, float]] = {}
         if demo is not None:
-            for b in dict.fromkeys(("torch", passage_default)):
+            for b in backends:
                 demo_per[b] = bench_backend(b, demo[0], demo[1], work, tag="-demo")
                 say(f"demo corpus, {b}: {demo_per[b]}", flush=True)
         else:
