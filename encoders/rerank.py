@@ -196,35 +196,40 @@ def newest_reranker(models_dir: Path) -> tuple[Path, str]:
     return path, path.name
 
 
-_LOADED: dict[tuple[str, str, str], Reranker] = {}
+_LOADED: dict[tuple[str, str], Reranker] = {}  # (directory, backend) -> the reranker of its current files
 _LOAD_LOCK = threading.Lock()
 
 
 def load_reranker(spec: str | None, models_dir: Path, backend: Backend = "torch", *, threads: int | None = None,
                   cache_dir: Path | None = None) -> Reranker:
-    """The reranker ``spec`` names (None: the newest) on ``backend``, loaded once per process (reloaded when its
-    files change); an ONNX backend exports it first when its export is missing or stale (torch is imported once)."""
+    """The reranker ``spec`` names (None: the newest) on ``backend``, loaded once per process (loaded again, in
+    place of the old one, when its files change); an ONNX backend exports it first when its export is missing or
+    stale (torch is imported once), and a reranker the export cannot reproduce is served by torch."""
     path, name = reranker_path(spec, models_dir)
-    key = (str(path.resolve()), backend, model_fingerprint(path))
+    key = (str(path.resolve()), backend)
     with _LOAD_LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = _build(path, name, backend, threads, models_dir, cache_dir)
-        return _LOADED[key]
+        loaded = _LOADED.get(key)
+        if loaded is None or loaded.fingerprint != model_fingerprint(path):
+            _LOADED[key] = loaded = _build(path, name, backend, threads, models_dir, cache_dir)
+        return loaded
 
 
 def _build(path: Path, name: str, backend: Backend, threads: int | None, models_dir: Path,
            cache_dir: Path | None) -> Reranker:
+    """As ``encoders.registry.build_towers`` does for towers."""
+    from encoders.registry import default_onnx_cache, export_model
+
     max_length = int(read_model_card(path).get("max_length") or DEFAULT_MAX_LENGTH)
     if backend == "torch":
         return TorchReranker(path, name, max_length)
-    export_dir = export_dir_for(path, models_dir, cache_dir or models_dir.parent / "cache" / "onnx")
+    export_dir = export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir))
     try:
         return OnnxReranker(export_dir, path, backend, threads=threads, name=name)  # type: ignore[arg-type]
     except ExportMissing:
-        from encoders.onnx_export import ensure_export
-
-        ensure_export(path, export_dir, exporter=export_reranker)
-        return OnnxReranker(export_dir, path, backend, threads=threads, name=name)  # type: ignore[arg-type]
+        pass
+    if export_model(path, models_dir, cache_dir, exporter=export_reranker) is None:  # logged there
+        return TorchReranker(path, name, max_length)
+    return OnnxReranker(export_dir, path, backend, threads=threads, name=name)  # type: ignore[arg-type]
 
 
 # --- export ---------------------------------------------------------------------------------------------------
