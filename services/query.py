@@ -111,6 +111,7 @@ def search_many(
     batch_size: int = 32,
     towers_for: Callable[[str], DualEncoder] | None = None,
     reranker_for: RerankerFor | None = None,
+    rerank_batch_size: int = 32,
 ) -> list[list[Hit]]:
     """Answer several questions: one question-tower batch, then one store search each (then the reranker)."""
     options = options or QueryOptions()
@@ -151,7 +152,7 @@ def search_many(
             candidates=base.candidates,
         )
         hits = store.search(request, generation=generation)  # pinned: one generation per answer
-        results.append(rerank_hits(q, hits, reranker, base.k) if reranker is not None else hits)
+        results.append(rerank_hits(q, hits, reranker, base.k, rerank_batch_size) if reranker is not None else hits)
     return results
 
 
@@ -164,6 +165,7 @@ def search(
     sparse: SparseEncoder | None = None,
     towers_for: Callable[[str], DualEncoder] | None = None,
     reranker_for: RerankerFor | None = None,
+    rerank_batch_size: int = 32,
 ) -> list[Hit]:
     return search_many([question], store=store, towers=towers, options=options, sparse=sparse, towers_for=towers_for,
-                       reranker_for=reranker_for)[0]
+                       reranker_for=reranker_for, rerank_batch_size=rerank_batch_size)[0]

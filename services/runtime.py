@@ -225,7 +225,8 @@ class Runtime:
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
         return search(question, store=self.store, towers=self.question_towers, options=options, sparse=self.sparse,
-                      towers_for=self.question_towers_for, reranker_for=self.reranker)
+                      towers_for=self.question_towers_for, reranker_for=self.reranker,
+                      rerank_batch_size=self.settings.rerank.batch_size)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""

@@ -28,9 +28,11 @@ class WordReranker:
     def __init__(self, word: str) -> None:
         self.word = word
         self.calls: list[tuple[str, int]] = []
+        self.batch_sizes: list[int] = []
 
     def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
         self.calls.append((question, len(passages)))
+        self.batch_sizes.append(batch_size)
         return np.array([p.lower().split().count(self.word) for p in passages], dtype=np.float32)
 
 
@@ -72,6 +74,19 @@ def test_rerank_reorders_the_first_stage_top_n_and_returns_k() -> None:
     by_id = {h.passage.doc_id: h.score for h in first}
     assert [h.score for h in hits] == pytest.approx([by_id[h.passage.doc_id] for h in hits])  # first stage kept
     assert hits[0].to_json()["rerank_score"] == 5.0 and "rerank_score" not in first[0].to_json()
+
+
+def test_the_runtime_scores_in_batches_of_the_rerank_setting() -> None:
+    runtime = _runtime_with_docs()
+    reranker = WordReranker("ocean")
+    try:
+        rerank = runtime.settings.rerank.model_copy(update={"batch_size": 5})
+        runtime.settings = runtime.settings.model_copy(update={"rerank": rerank})  # DPR_RERANK__BATCH_SIZE=5
+        runtime.reranker = lambda recorded=None: reranker  # type: ignore[method-assign]
+        runtime.search("tides moon sea", QueryOptions(k=3, rerank=6))
+    finally:
+        runtime.close()
+    assert reranker.batch_sizes == [5]
 
 
 def test_the_collection_default_turns_reranking_on() -> None:
