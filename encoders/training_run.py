@@ -124,7 +124,7 @@ def save_model(model: Any, models_dir: Path, name: str, card: dict[str, Any], lo
     card = {"name": name, "format": "sentence-transformers",
             "sentence_transformers_version": _version("sentence_transformers"), "fingerprint": fingerprint,
             "similarity": "cosine", **card}
-    (staging / MODEL_CARD).write_text(json.dumps(card, indent=2, sort_keys=False) + "\n")
+    write_card(staging, card)
     (staging / METRICS_FILE).write_text(json.dumps({"losses": losses, "dev": card["dev_metrics"]}, indent=2) + "\n")
     final = models_dir / name
     os.replace(staging, final)
@@ -132,6 +132,14 @@ def save_model(model: Any, models_dir: Path, name: str, card: dict[str, Any], lo
     return TrainResult(
         model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model
     )
+
+
+def write_card(model_dir: Path, card: dict[str, Any]) -> None:
+    """``model_card.json`` of ``model_dir``, replaced whole (a reader never sees half a card; not part of the
+    model's fingerprint)."""
+    tmp = model_dir / f".{MODEL_CARD}.tmp"
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    os.replace(tmp, model_dir / MODEL_CARD)
 
 
 def peak_rss_mib() -> float:

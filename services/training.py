@@ -128,9 +128,7 @@ def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, 
 def record_stages(result: TrainResult, stage1: TrainResult) -> None:
     """Both stages (data, steps, wall time, peak memory) in the fine-tuned model's card (not part of its
     fingerprint)."""
-    import json
-
-    from encoders.training_run import MODEL_CARD
+    from encoders.training_run import write_card
 
     def summary(stage: str, r: TrainResult) -> dict[str, Any]:
         c = r.card
@@ -139,7 +137,7 @@ def record_stages(result: TrainResult, stage1: TrainResult) -> None:
                 "peak_rss_mib": c.get("peak_rss_mib"), "final_loss": c.get("final_loss")}
 
     result.card["stages"] = [summary("pretrain", stage1), summary("finetune", result)]
-    (result.model_dir / MODEL_CARD).write_text(json.dumps(result.card, indent=2) + "\n")
+    write_card(result.model_dir, result.card)
 
 
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
