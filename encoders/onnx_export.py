@@ -206,7 +206,7 @@ def _simplify_attention(path: Path) -> None:
     dropped: set[int] = set()
     first_mask: dict[tuple[str, bytes, bytes], str] = {}
     for node in graph.node:
-        if node.op_type != "Where" or not all(i in constants for i in node.input[1:2]):
+        if node.op_type != "Where" or node.input[1] not in constants:
             continue
         guard = producer.get(node.input[0])
         if (guard is not None and guard.op_type == "IsNaN" and guard.input[0] == node.input[2]
