@@ -3,8 +3,9 @@
 qdrant-edge lets one process open a shard directory (a second ``load`` fails on the WAL lock). So every call
 of the edge engine goes through a lease: an exclusive ``fcntl.flock`` on ``A/.lock`` (waiting up to
 ``edge.lock_timeout`` seconds, then ``StoreUnavailable``), shards loaded lazily while it is held, and kept open
-for ``edge.idle_release`` seconds after the last call so that a busy process does not reopen per call. A timer
-thread then flushes, closes and unlocks, and the next process gets its turn. A process that keeps the lease
+for ``edge.idle_release`` seconds after the last call so that a busy process does not reopen per call (for
+``_WAITER_GRACE`` only when another process is waiting). A timer thread then flushes, closes and unlocks, and the
+next process gets its turn. A process that keeps the lease
 busy for longer than its fair share yields at the end of the current call when another process is waiting
 (waiters touch ``A/.lock.wait``). In one process every engine of a directory shares one lease (``lease_for``),
 and a re-entrant mutex serialises threads. Around ``os.fork()`` the parent hands everything back and the child
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 _POLL_MIN, _POLL_MAX = 0.005, 0.05  # seconds between flock attempts while waiting
 _MIN_FAIR_SHARE = 0.25  # seconds a busy holder keeps the lease before yielding to a waiter
 _HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to take the lock
+# An idle holder hands the lease to a waiting process after this many seconds without a call, instead of the
+# whole ``idle_release``: calls of one piece of work (a batch's upsert and its stale-chunk deletes) come closer
+# together than this, while the gap a worker spends encoding its next batch is far longer, and holding the lease
+# through it stalled the other process's store calls (and its cores) for up to ``idle_release`` per batch.
+_WAITER_GRACE = 0.05
 
 
 class ShardLease:
@@ -189,7 +195,7 @@ class ShardLease:
             self._release_locked()
             self._yield_until = time.monotonic() + _HANDOFF_WINDOW
         elif self._timer is None:
-            self._start_timer(idle_release)
+            self._start_timer(min(idle_release, _WAITER_GRACE))
 
     def _start_timer(self, delay: float) -> None:
         timer = threading.Timer(delay, self._idle_expired)
@@ -198,18 +204,25 @@ class ShardLease:
         timer.start()
 
     def _idle_expired(self) -> None:
-        """Release once the lease has been idle for ``idle_release``; a busy lease re-arms the timer."""
+        """Release once the lease has been idle for ``idle_release``, or for ``_WAITER_GRACE`` while another
+        process waits for it; until then the timer checks again (every ``_WAITER_GRACE`` at most)."""
         with self._mutex:
             if self._timer is not threading.current_thread():
                 return
             self._timer = None
             if self._fd is None or self._depth > 0:
                 return  # released already, or in use: the end of that use re-arms the timer
-            remaining = self._last_used + self._idle_release - time.monotonic()
-            if remaining > 0:
-                self._start_timer(remaining)
-            else:
+            now = time.monotonic()
+            release_at = self._last_used + self._idle_release
+            waiter_at = self._last_used + _WAITER_GRACE
+            if now >= release_at:
                 self._release_locked()
+            elif now >= waiter_at and self._someone_waiting():
+                log.debug("handing the idle edge lock to a waiting process", extra={"lock": str(self.lock_path)})
+                self._release_locked()
+                self._yield_until = now + _HANDOFF_WINDOW
+            else:
+                self._start_timer(min(release_at, max(waiter_at, now + _WAITER_GRACE)) - now)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

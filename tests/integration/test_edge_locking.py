@@ -17,6 +17,7 @@ import pytest
 from services.errors import StoreUnavailable
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
+from services.store.lease import lease_for
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = pytest.mark.integration
@@ -72,10 +73,35 @@ def _reader(store_dir: str, seconds: float, results: mp.Queue, started: Event) -
 
 
 def _holder(store_dir: str, ready: Event, stop: Event) -> None:
-    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))  # keeps the lease while idle
+    """A process stuck inside a store call: it holds the lease and never reaches the end of the call. (An idle
+    holder hands the lease to a waiter; only one in a call keeps it.)"""
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
     store.count()
-    ready.set()
-    stop.wait(60)
+    with lease_for(Path(store_dir) / ALIAS).held(lock_timeout=30, idle_release=3600):
+        ready.set()
+        stop.wait(60)
+    store.close()
+
+
+def test_an_idle_holder_hands_the_lease_to_a_waiting_process(store_dir: str) -> None:
+    """A process between calls (say, encoding its next batch) keeps the lease for ``idle_release`` only while
+    nobody else wants it: a waiter gets it within a fraction of a second, not after ``idle_release``."""
+    holder = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    holder.upsert(_points(0, 0, 2))
+    results: mp.Queue = CTX.Queue()
+    waiter = CTX.Process(target=_timed_count, args=(store_dir, results))
+    waiter.start()
+    count, seconds = results.get(timeout=60)
+    waiter.join(30)
+    assert count == 2 and seconds < 2.0, (count, seconds)
+    assert holder.count() == 2  # and the holder takes it back when it needs it
+    holder.close()
+
+
+def _timed_count(store_dir: str, results: mp.Queue) -> None:
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0))
+    started = time.monotonic()
+    results.put((store.count(), time.monotonic() - started))
     store.close()
 
 
