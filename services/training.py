@@ -87,6 +87,8 @@ def train_model(
     from encoders.train import train
 
     base_path, _ = resolve_model_path(base, settings.models_dir)
+    if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
+        data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
     stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir
@@ -141,7 +143,8 @@ def record_stages(result: TrainResult, stage1: TrainResult) -> None:
 
 
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
-    """Pairs (labelled or self-supervised) with BM25 hard negatives from their corpus."""
+    """Pairs (labelled or self-supervised) with hard negatives from their corpus: ranked by BM25 or by dense towers
+    (``MiningConfig.source``), optionally denoised by the towers (``MiningConfig.denoise``)."""
     if data.self_supervised is not None or data.from_collection is not None:
         training = _self_supervised_set(settings, data)
     elif data.data is None:
@@ -151,16 +154,34 @@ def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
     else:
         training = _labelled_set(data.data, data)
     mining = data.mining
-    info: dict[str, Any] = {"bm25": "bm25s", **mining.__dict__}
+    info: dict[str, Any] = {**({"bm25": "bm25s"} if mining.source == "bm25" else {}), **{
+        k: v for k, v in mining.__dict__.items() if v is not None and not (k == "source" and v == "bm25")}}
     if training.corpus:
         training.info["language"] = info["language"] = corpus_language(data.language, training.corpus)
     if mining.num_negatives and training.corpus:
-        from encoders.mining import BM25Config, BM25Index, mine_hard_negatives
+        from encoders.mining import BM25Config, BM25Index, DenseIndex, Ranker, mine_hard_negatives
 
-        index = BM25Index(list(training.corpus.values()), BM25Config.for_language(info["language"]))
-        training.pairs = mine_hard_negatives(training.pairs, index, training.corpus, mining)
+        if mining.source not in ("bm25", "dense"):
+            raise ConfigError(f"hard negatives from {mining.source!r}: use bm25 or dense")
+        docs = list(training.corpus.values())
+        dense = None
+        if mining.source == "dense" or mining.denoise is not None:
+            dense = DenseIndex(docs, _mining_towers(settings, mining.model or "base"),
+                               batch_size=settings.encoder.batch_size)
+            info["model_fingerprint"] = dense.towers.fingerprint
+        index: Ranker = dense if mining.source == "dense" and dense is not None else BM25Index(
+            docs, BM25Config.for_language(info["language"]))
+        training.pairs = mine_hard_negatives(training.pairs, index, training.corpus, mining, scorer=dense)
     training.info["mining"] = info
     return training
+
+
+def _mining_towers(settings: Settings, spec: str) -> Any:
+    """The towers that rank or denoise hard-negative candidates, on the configured passage backend."""
+    from encoders.registry import load_towers
+
+    return load_towers(spec, settings.models_dir, backend=settings.encoder.backend,
+                       threads=settings.encoder.threads, cache_dir=settings.onnx_cache_dir)
 
 
 def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:

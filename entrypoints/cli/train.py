@@ -80,8 +80,19 @@ def train(
     scale: Annotated[float, typer.Option(
         min=1.0, help="MNRL scale: logits = scale x cosine (1 / temperature; e5 models were trained at 100).")
     ] = 20.0,
-    hard_negatives: Annotated[int, typer.Option(min=0, help="BM25 hard negatives per pair.")] = 1,
-    negative_window: Annotated[str, typer.Option(help="BM25 ranks START:END searched for negatives.")] = "0:30",
+    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.")] = 1,
+    negative_window: Annotated[str, typer.Option(help="Ranks START:END searched for negatives.")] = "0:30",
+    negatives_from: Annotated[str, typer.Option(
+        help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
+        "trained --base, its own second mining round, as ANCE).")
+    ] = "bm25",
+    negatives_model: Annotated[str | None, typer.Option(
+        help="Towers for --negatives-from dense and --denoise (default: the --base model).")
+    ] = None,
+    denoise: Annotated[float | None, typer.Option(
+        min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
+        "(likely unlabelled positives), e.g. 0.95.")
+    ] = None,
     train_passage_tokens: Annotated[int, typer.Option(help="Passage length while training (0: full).")] = 128,
     dev_queries: Annotated[
         int, typer.Option(help="Queries held out of the training data for dev metrics (0: none).")
@@ -92,7 +103,8 @@ def train(
         help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
     ] = None,
     dev_baseline: Annotated[
-        bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the card).")
+        bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "
+                           "card); --activate then skips a model that scores below the one it started from.")
     ] = False,
     seed: Annotated[int, typer.Option()] = 42,
     activate_model: Annotated[bool, typer.Option("--activate", help="Activate the model when done.")] = False,
@@ -101,7 +113,7 @@ def train(
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Train DPR towers (MNRL with in-batch and BM25 hard negatives) into a versioned model directory."""
+    """Train DPR towers (MNRL with in-batch and mined hard negatives) into a versioned model directory."""
     from encoders.mining import MiningConfig
     from encoders.train import TrainConfig
     from services.language import check_choice
@@ -109,6 +121,8 @@ def train(
 
     settings = get_settings(ctx)
     start, end = _parse_window(negative_window)
+    if negatives_from not in ("bm25", "dense"):
+        fail(f"--negatives-from {negatives_from!r} is not known; use bm25 or dense", code=EXIT_USAGE)
     for flag, value in (("--self-supervised", self_supervised), ("--pretrain", pretrain)):
         if value is not None and value not in ("ict", "title", "both"):
             fail(f"{flag} {value!r} is not known; use ict, title or both", code=EXIT_USAGE)
@@ -119,8 +133,9 @@ def train(
     what = TrainingData(
         data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,  # type: ignore[arg-type]
         from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed,
-        mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end), language=language,
-        pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
+        mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end, source=negatives_from,
+                            model=negatives_model, denoise=denoise),
+        language=language, pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
     )  # fmt: skip
     config = TrainConfig(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
@@ -135,11 +150,26 @@ def train(
                 result = train_model(settings, what, config, base=base, progress=on_step)
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
+        lost = _dev_loss(result.card)
+        if activate_model and lost is not None:
+            err_console.print(f"[yellow]not activated:[/] {lost}")
+            activate_model = False
         if activate_model:
             from encoders.registry import activate
 
             activate(settings.models_dir, result.name)
     _print_result(result, activate_model, as_json)
+
+
+def _dev_loss(card: dict) -> str | None:  # type: ignore[type-arg]
+    """Why the new model must not replace the one it started from: it scores below it on the dev queries
+    (``--dev-baseline`` measured both). None when it gains, ties, or was not compared."""
+    dev = card.get("dev_metrics") or {}
+    before, after = dev.get("before"), dev.get("after")
+    if not before or not after or after.get("ndcg@10", 0.0) >= before.get("ndcg@10", 0.0):
+        return None
+    return (f"dev nDCG@10 {after['ndcg@10']:.4f} is below the starting model's {before['ndcg@10']:.4f}; keep that "
+            f"one (the new model stays saved; dpr models activate {card.get('name', 'NAME')} to use it anyway)")
 
 
 def train_reranker(

@@ -143,3 +143,40 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
     again = train_model(settings, TrainingData(data=beir, dev_queries=4), config, base=result.name)
     assert [type(m).__name__ for m in again.model] == ["Router", "Normalize"]
     assert again.card["base"]["fingerprint"] == result.fingerprint
+
+
+def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`dpr train --negatives-from dense --denoise F`: negatives ranked by the starting towers, none of them labelled
+    relevant, none scored at F x the positive or above; the card says which towers mined them."""
+    from dataclasses import replace
+
+    from encoders.mining import DenseIndex, MiningConfig
+    from encoders.registry import load_towers
+    from encoders.train import TrainConfig
+    from services.settings import Settings
+    from services.training import TrainingData, build_training_set, train_model
+
+    base, beir, _ = setup
+    settings = Settings(data_dir=tmp_path / "data")
+    towers = load_towers(str(base), settings.models_dir)
+    mining = MiningConfig(num_negatives=2, rank_end=8, source="dense", model=str(base))
+    plain = build_training_set(settings, TrainingData(data=beir, dev_queries=4, mining=mining))
+    assert plain.info["mining"]["source"] == "dense" and "bm25" not in plain.info["mining"]
+    assert plain.info["mining"]["model_fingerprint"] == towers.fingerprint
+    scorer = DenseIndex(list(plain.corpus.values()), towers)
+    corpus_ids = {d.passage: i for i, d in plain.corpus.items()}
+    for pair in plain.pairs:  # the towers' top 2 that are not labelled relevant
+        ranked = [d for d, _ in scorer.search([pair.question], k=8)[0] if d not in pair.relevant_ids]
+        assert [corpus_ids[n] for n in pair.negatives] == ranked[:2]
+    denoised = build_training_set(settings, TrainingData(data=beir, dev_queries=4, mining=replace(
+        mining, denoise=0.99)))
+    assert denoised.info["mining"]["denoise"] == 0.99
+    for pair, before in zip(denoised.pairs, plain.pairs, strict=True):
+        ceiling = 0.99 * scorer.scores([pair.question], [pair.positive])[0]
+        assert all(scorer.scores([pair.question], [n])[0] < ceiling for n in pair.negatives)
+        dropped = [n for n in before.negatives if scorer.scores([pair.question], [n])[0] >= ceiling]
+        assert not set(dropped) & set(pair.negatives)
+    config = TrainConfig(name="ance", max_steps=1, batch_size=4, max_query_tokens=32, max_passage_tokens=64)
+    result = train_model(settings, TrainingData(data=beir, dev_queries=4, mining=MiningConfig(
+        num_negatives=1, source="dense")), config, base=str(base))  # the model defaults to --base
+    assert result.card["training_data"]["mining"]["model"] == str(base)

@@ -170,3 +170,21 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     failed = runner.invoke(app, [*data_dir, "train", str(bad), "--base", str(tiny_base)])
     assert failed.exit_code != 0
     assert "bad.jsonl:1: needs 'passage' or 'positive_id'" in failed.stderr
+
+    unknown = runner.invoke(app, [*data_dir, *args, "--negatives-from", "tfidf"])
+    assert unknown.exit_code != 0 and "--negatives-from 'tfidf' is not known; use bm25 or dense" in unknown.stderr
+
+
+def test_activate_skips_a_model_that_lost_on_dev() -> None:
+    """`--activate` with `--dev-baseline`: a model scoring below its starting model on the dev queries stays saved
+    but is not activated (the second mining round, like any switch, is kept only where it gains)."""
+    from entrypoints.cli.train import _dev_loss
+
+    def card(before: float | None, after: float) -> dict:  # type: ignore[type-arg]
+        return {"name": "m-1", "dev_metrics": {"before": None if before is None else {"ndcg@10": before},
+                                               "after": {"ndcg@10": after}}}
+
+    assert _dev_loss(card(0.70, 0.72)) is None and _dev_loss(card(0.70, 0.70)) is None
+    assert _dev_loss(card(None, 0.50)) is None  # not compared: nothing to go by
+    lost = _dev_loss(card(0.72, 0.70))
+    assert lost is not None and "0.7000 is below the starting model's 0.7200" in lost and "activate m-1" in lost
