@@ -11,9 +11,12 @@ passages and the questions both run on the backend measured. Beside nDCG@10: rec
 each backend's passage vectors to torch's on a sample, and the paired randomization test of each backend against
 torch (the same claims, the same model).
 
+``--split train`` runs the same measurement on the 809 SciFact train claims, base model only (a model trained
+on them has seen them): the dev split on which the default backend is chosen; the test split only reports.
+
 Usage: ``.venv/bin/python benchmarks/bench_backends.py --data-dir /tmp/bk/data [--model scifact]
-[--backends torch,onnx-int8]``; writes
-``benchmarks/results/backends.md``.
+[--backends torch,onnx-int8] [--split test|train]``; writes ``benchmarks/results/backends.md`` (test) or
+``backends-train.md``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from services.readers import load_beir  # noqa: E402
 from services.settings import EncoderSettings, Settings  # noqa: E402
 
 BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
-RESULTS = REPO / "benchmarks" / "results" / "backends.md"
+RESULTS = REPO / "benchmarks" / "results"
 FLOOR = 0.005  # the most nDCG@10 int8 may lose against torch
 
 
@@ -69,16 +72,21 @@ def main() -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="Comma-separated, torch first (the reference); onnx (fp32) agrees with torch to cosine "
                         "1.0000 at export, so torch,onnx-int8 answers the int8 question in two thirds of the time.")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--split", choices=("test", "train"), default="test",
+                        help="test (report) or train (the dev split for choosing the default; base model only)")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     scifact = scifact_dir()
     if scifact is None:
         print("bench_backends: needs ../shared/data/beir-scifact beside the repo; nothing measured")
         return 0
     m = machine()
-    test = load_beir(scifact, "test")
+    out = args.out or RESULTS / ("backends.md" if args.split == "test" else f"backends-{args.split}.md")
+    test = load_beir(scifact, args.split)
     specs = ["base"]
-    if (args.data_dir / "models" / args.model).is_dir() or Path(args.model).is_dir():
+    if args.split != "test":
+        print("train split: base model only (a model trained on SciFact train has seen these claims)", flush=True)
+    elif (args.data_dir / "models" / args.model).is_dir() or Path(args.model).is_dir():
         specs.append(args.model)
     else:
         print(f"no trained model {args.model!r} under {args.data_dir / 'models'}: base only", flush=True)
@@ -99,20 +107,21 @@ def main() -> int:
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     sample = [d.passage for d in list(test.corpus.values())[:200]]
     cos = {spec: cosines(args.data_dir, spec, sample, backends[1:]) for spec in specs}
-    write(args.out, m, rows, runs, cos, load_start, len(test.queries))
-    print(args.out.read_text())
+    write(out, m, rows, runs, cos, load_start, len(test.queries), args.split)
+    print(out.read_text())
     return 0
 
 
 def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, dict[str, float], float]],
           runs: dict[tuple[str, str], dict[str, float]], cos: dict[str, dict[str, float]],
-          load_start: float, queries: int) -> None:
+          load_start: float, queries: int, split: str = "test") -> None:
     torch = {spec: metrics["ndcg@10"] for spec, backend, metrics, _ in rows if backend == "torch"}
     lines = [
         "# Quality per inference backend (issue 13)", "",
         f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
         f"{m['cores']} cores; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end. BEIR SciFact "
-        f"test ({queries} claims), dense through a temporary embedded collection; passages and questions on the "
+        f"{split} ({queries} claims{'' if split == 'test' else ': the dev split the default backend is chosen on'}), "
+        "dense through a temporary embedded collection; passages and questions on the "
         "backend of the row. p: paired randomization test against torch, same model (10,000 permutations).", "",
         "| model | backend | nDCG@10 | delta vs torch | p | recall@100 | MRR@10 | passage cosine to torch "
         "(mean / min, 200 abstracts) | seconds |",
