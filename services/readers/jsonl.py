@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.errors import DataError, DocumentError
-from services.readers.files import open_text, oversized
+from services.readers.files import oversized
 from services.readers.lines import CORRUPT, Line, bounded_lines, open_bytes, wide_encoding
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, duplicate, safe_text
 
@@ -196,19 +196,29 @@ def _row_item(line: Line, name: str, max_bytes: int, ledger: IdLedger) -> Item |
     return doc if first is None else duplicate(doc.doc_id, source, first)
 
 
-def iter_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Training and evaluation data: (``path:line``, object) per row; any bad line refuses the file (DataError)."""
+# The longest row training and evaluation data may have (the ingest's default document limit): a longer one, or a
+# decompression bomb of one endless line, refuses the file after at most this much is held in memory.
+MAX_ROW_BYTES = 20_000_000
+
+
+def iter_objects(path: Path, max_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Training and evaluation data: (``path:line``, object) per row; any bad line refuses the file (DataError),
+    and so does a line over ``max_bytes`` (read past in pieces, never held whole)."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     try:
-        with open_text(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    source = f"{path}:{lineno}"
-                    yield source, strict(parse_object, line, source)
+        with open_bytes(path) as f:
+            for line in bounded_lines(f, max_bytes):
+                source = f"{path}:{line.number}"
+                if line.data is None:
+                    raise DataError(f"{source}: a line of {line.size:,} bytes, over the {max_bytes:,}-byte limit "
+                                    "for one row; split the record or drop it")
+                text = line.data.decode("utf-8")
+                if text.strip():
+                    yield source, strict(parse_object, text, source)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8") from e
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, *CORRUPT) as e:
         raise DataError(f"{path}: cannot read ({e}); check the file is complete and, if .gz, valid gzip") from e
 
 

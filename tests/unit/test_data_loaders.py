@@ -17,6 +17,7 @@ from services.readers import (
     load_squad,
     squad_article_split,
 )
+from services.readers.jsonl import iter_objects
 
 pytestmark = pytest.mark.unit
 
@@ -206,6 +207,29 @@ def test_pairs_jsonl_missing_file_and_non_utf8(tmp_path: Path) -> None:
     bad.write_bytes('{"question": "caf\xe9", "passage": "p"}\n'.encode("latin-1"))
     with pytest.raises(DataError, match="not UTF-8"):
         load_pairs_jsonl(bad)
+
+
+def test_an_endless_line_refuses_training_data_without_being_held(tmp_path: Path) -> None:
+    """A gzip bomb of one endless line (tens of MB, a few KB on disk) in training or evaluation data: refused by
+    line and size, and the reader never joins the line (it reads past it in pieces), so memory stays bounded."""
+    import tracemalloc
+
+    def bomb(name: str, size: int) -> Path:
+        path = tmp_path / name
+        with gzip.open(path, "wb") as f:
+            f.write(json.dumps({"_id": "d1", "text": "ok"}).encode() + b"\n")
+            f.write(b'{"_id": "d2", "text": "' + b"a" * size + b'"}\n')
+        return path
+
+    with pytest.raises(DataError, match=r"corpus.jsonl.gz:2: a line of 25,000,025 bytes, over the 20,000,000-byte"):
+        load_corpus(bomb("corpus.jsonl.gz", 25_000_000))
+    big = bomb("big.jsonl.gz", 60_000_000)
+    tracemalloc.start()
+    with pytest.raises(DataError, match="big.jsonl.gz:2: a line of 60,000,025 bytes, over the 1,000,000-byte"):
+        list(iter_objects(big, max_bytes=1_000_000))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 10_000_000, peak  # a few pieces of the limit's size, never the 60 MB line
 
 
 def test_dev_split_is_deterministic_and_disjoint() -> None:
