@@ -144,9 +144,7 @@ def default_backends() -> tuple[str, str]:
 def runtime_for(backend: str, data_dir: Path, onnx_cache: Path) -> Any:
     from services.runtime import Runtime
 
-    encoder: dict[str, Any] = {"model": "base", "batch_size": BATCH}
-    if backend != "torch":
-        encoder["backend"] = backend
+    encoder: dict[str, Any] = {"model": "base", "batch_size": BATCH, "backend": backend}
     return Runtime(Settings(data_dir=data_dir, onnx_cache=onnx_cache, collection="bench",
                             encoder=EncoderSettings(**encoder)))
 

@@ -14,7 +14,9 @@ SciFact (60 train queries, 10 test queries, ~200 documents; 2 steps per training
 figures mean nothing.
 
 Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
-[--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME]``
+[--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME | --no-reranker]``; or, to compare towers
+trained already (any recipe, e.g. a second mining round), ``--towers LABEL=MODEL`` once per model instead of the
+two trainings.
 """
 
 from __future__ import annotations
@@ -218,20 +220,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "smoke": args.smoke,
                            "load_average_start": os.getloadavg(), "cpu": _cpu_flags()}
     # 1. train (or reuse)
-    training = {
-        "finetuned": existing(settings, args.finetuned_model) if args.finetuned_model
-        else train_towers(args, "bench-ft", []),
-        "pretrained": existing(settings, args.pretrained_model) if args.pretrained_model
-        else train_towers(args, "bench-pt", ["--pretrain", "both", "--pretrain-max-pairs", str(args.pretrain_pairs),
-                                             "--pretrain-epochs", str(args.pretrain_epochs)]),
-        "reranker": existing(settings, args.reranker) if args.reranker else train_reranker(args),
-    }
+    if args.towers:
+        trained = {label: existing(settings, model) for label, model in (t.split("=", 1) for t in args.towers)}
+    else:
+        trained = {
+            "finetuned": existing(settings, args.finetuned_model) if args.finetuned_model
+            else train_towers(args, "bench-ft", []),
+            "pretrained+finetuned": existing(settings, args.pretrained_model) if args.pretrained_model
+            else train_towers(args, "bench-pt", ["--pretrain", "both", "--pretrain-max-pairs",
+                                                 str(args.pretrain_pairs), "--pretrain-epochs",
+                                                 str(args.pretrain_epochs)]),
+        }
+    training = dict(trained)
+    if not args.no_reranker:
+        training["reranker"] = existing(settings, args.reranker) if args.reranker else train_reranker(args)
     out["training"] = training
     print(json.dumps(training, indent=1, default=str), flush=True)
     dev, test = datasets(args)
     # 2. dev: towers alone, hybrid fusion per towers, reranker N
-    models = {"base": "base", "finetuned": training["finetuned"]["model"],
-              "pretrained+finetuned": training["pretrained"]["model"]}
+    models = {"base": "base", **{label: t["model"] for label, t in trained.items()}}
     corpora: dict[str, StoreCorpus] = {}
     tuned: dict[str, TuneResult] = {}
     try:
@@ -242,16 +249,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tuned[label] = tune_on_corpus(corpora[label], dev)
             print(f"dev {label}: dense {tuned[label].dense_score:.3f}, hybrid {tuned[label].dev_score:.3f} "
                   f"({tuned[label].choice.label()})", flush=True)
-        dense_pick = max(("finetuned", "pretrained+finetuned"), key=lambda m: tuned[m].dense_score)
+        dense_pick = max(trained, key=lambda m: tuned[m].dense_score)
         hybrid_pick = max(models, key=lambda m: tuned[m].dev_score)
         hybrid_options = tuned[hybrid_pick].choice.options()
         from encoders.rerank import load_reranker
 
-        reranker = load_reranker(training["reranker"]["model"], settings.models_dir, "onnx")
-        rerank_dev = {n: ndcg(dev, reranked_retriever(corpora[hybrid_pick], hybrid_options, reranker, n)(dev, 100))
-                      for n in RERANK_NS}
-        best_n = max(RERANK_NS, key=lambda n: rerank_dev[n])
-        rerank_on = rerank_dev[best_n] > tuned[hybrid_pick].dev_score
+        reranker = None if args.no_reranker else load_reranker(training["reranker"]["model"], settings.models_dir,
+                                                               "onnx")
+        rerank_dev = {} if reranker is None else {
+            n: ndcg(dev, reranked_retriever(corpora[hybrid_pick], hybrid_options, reranker, n)(dev, 100))
+            for n in RERANK_NS}
+        best_n = max(RERANK_NS, key=lambda n: rerank_dev.get(n, 0.0))
+        rerank_on = bool(rerank_dev) and rerank_dev[best_n] > tuned[hybrid_pick].dev_score
         out["dev"] = {
             "queries": len(dev.queries),
             "dense_ndcg@10": {m: round(t.dense_score, 4) for m, t in tuned.items()},
@@ -262,15 +271,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "picked": {"towers": dense_pick, "hybrid": hybrid_pick, "rerank_n": best_n, "rerank_on": rerank_on},
         }
         print(json.dumps(out["dev"], indent=1), flush=True)
-        out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
-        print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
+        if reranker is not None:
+            out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
+            print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
         # 3. test, once
         systems: dict[str, Retriever] = {"bm25": bm25_retriever()}
         for label in models:
             systems[label] = corpora[label].retriever(QueryOptions(mode="dense"))
         systems[f"hybrid ({hybrid_pick})"] = corpora[hybrid_pick].retriever(hybrid_options)
-        systems[f"hybrid ({hybrid_pick}) + rerank N={best_n}"] = reranked_retriever(
-            corpora[hybrid_pick], hybrid_options, reranker, best_n)
+        if reranker is not None:
+            systems[f"hybrid ({hybrid_pick}) + rerank N={best_n}"] = reranked_retriever(
+                corpora[hybrid_pick], hybrid_options, reranker, best_n)
         report = evaluate_systems(test, systems, k=100)
         report.add_significance(test.qrels)
         print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")
@@ -299,6 +310,9 @@ def main() -> None:
     parser.add_argument("--finetuned-model", help="Reuse a trained model instead of training one.")
     parser.add_argument("--pretrained-model", help="Reuse a `dpr train --pretrain` model.")
     parser.add_argument("--reranker", help="Reuse a trained reranker.")
+    parser.add_argument("--no-reranker", action="store_true", help="Towers and hybrid only.")
+    parser.add_argument("--towers", action="append", default=[], metavar="LABEL=MODEL",
+                        help="Trained towers to compare, reused (repeatable); replaces the two trainings.")
     parser.add_argument("--dev-queries", type=int, default=100)
     parser.add_argument("--pretrain-pairs", type=int, default=2000, help="Cap on stage-1 (ICT + title) pairs.")
     parser.add_argument("--pretrain-epochs", type=float, default=1.0)
