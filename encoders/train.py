@@ -73,6 +73,9 @@ class TrainConfig:
     # pairs cannot move most rows anyway)
     freeze_embeddings: bool | None = None
     dev_baseline: bool = False  # also measure the dev split before training (the card gets both)
+    # WiSE-FT (Wortsman et al. 2022): save blend x trained + (1 - blend) x the weights of the pretrained model the
+    # lineage started from (the first model without a dpr training card); keeps more of its out-of-domain quality
+    blend: float | None = None
 
     @property
     def cached(self) -> bool:
@@ -87,6 +90,8 @@ class TrainConfig:
             raise ValueError("learning_rate must be positive")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError("warmup_ratio must lie in [0, 1)")
+        if self.blend is not None and not 0 < self.blend <= 1:
+            raise ValueError(f"blend must lie in (0, 1] (the trained weights' share), got {self.blend}")
 
 
 # --- model ----------------------------------------------------------------------------------------------------
@@ -250,12 +255,14 @@ def train(
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
     set_passage_tokens(model, config.max_passage_tokens, config.shared)
+    blended = blend_with_pretrained(model, pretrained_root(base), config.blend) if config.blend is not None else None
     # 7. evaluate
     dev_after = _dev_metrics(model, dev, "after")
     # 8. save
     card: dict[str, Any] = {
         "towers": "shared" if config.shared else "separate (Router: query, document)",
         "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
+        **({"blended_with": blended} if blended is not None else {}),
         "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
                           "fingerprint": pairs_fingerprint(pairs)},
         "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
@@ -271,6 +278,57 @@ def train(
         "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
+
+
+def pretrained_root(path: Path) -> Path:
+    """The pretrained model a lineage of trained models started from: follow each model card's ``base`` until a
+    model without a card (the base model's wheel, multilingual's conversion)."""
+    seen: set[Path] = set()
+    while path not in seen:
+        seen.add(path)
+        card_file = path / "model_card.json"
+        if not card_file.is_file():
+            return path
+        import json
+
+        parent = (json.loads(card_file.read_text()).get("base") or {}).get("path")
+        if not parent or not Path(parent).is_dir():
+            return path
+        path = Path(parent)
+    return path
+
+
+def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any]:
+    """In place: every transformer of ``model`` becomes ``blend`` x its weights + (1 - blend) x ``root``'s (tensors
+    of the same name and shape; the others stay trained). Returns what the card records."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = root / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"cannot blend with {root}: it has no model.safetensors (a sentence-transformers model "
+                         "saved with safetensors is needed); train without --blend")
+    pretrained = load_file(str(weights))
+    blended = towers = 0
+    done: set[int] = set()  # storage already blended (a tensor tied to another is blended once)
+    with torch.no_grad():
+        for module in model.modules():
+            auto = getattr(module, "auto_model", None)
+            if auto is None:
+                continue
+            towers += 1
+            for name, tensor in auto.state_dict().items():
+                start = pretrained.get(name)
+                if (start is not None and start.shape == tensor.shape and tensor.is_floating_point()
+                        and tensor.data_ptr() not in done):
+                    done.add(tensor.data_ptr())
+                    tensor.mul_(blend).add_(start.to(tensor.dtype), alpha=1 - blend)
+                    blended += 1
+    if not blended:
+        raise ValueError(f"no weight of {root} matches the trained towers; train without --blend")
+    log.info("blended with the pretrained model", extra={"root": str(root), "tensors": blended, "blend": blend})
+    return {"path": str(root), "fingerprint": model_fingerprint(root), "blend": blend, "tensors": blended,
+            "towers": towers}
 
 
 def _loss(model: Any, config: TrainConfig) -> Any:

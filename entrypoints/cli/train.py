@@ -102,6 +102,10 @@ def train(
         "--freeze-embeddings/--train-embeddings",
         help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
     ] = None,
+    blend: Annotated[float | None, typer.Option(
+        min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the pretrained model's "
+        "the lineage started from (keeps more of its quality on other collections), e.g. 0.5.")
+    ] = None,
     dev_baseline: Annotated[
         bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "
                            "card); --activate then skips a model that scores below the one it started from.")
@@ -141,7 +145,7 @@ def train(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
-        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline,
+        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend,
     )  # fmt: skip
     with cli_errors():
         check_choice(language)

@@ -188,3 +188,30 @@ def test_activate_skips_a_model_that_lost_on_dev() -> None:
     assert _dev_loss(card(None, 0.50)) is None  # not compared: nothing to go by
     lost = _dev_loss(card(0.72, 0.70))
     assert lost is not None and "0.7000 is below the starting model's 0.7200" in lost and "activate m-1" in lost
+
+
+def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Path, tmp_path: Path) -> None:
+    """`dpr train --blend F` (WiSE-FT): every transformer tensor saved is F x trained + (1 - F) x the pretrained
+    model the lineage started from, found through the model cards even when training continued a trained model."""
+    from safetensors.torch import load_file
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.train import TrainConfig, blend_with_pretrained, pretrained_root, train
+
+    first = _train(tiny_base, tmp_path, shared=False)
+    assert pretrained_root(first.model_dir) == tiny_base  # its card names the tiny base
+    model = SentenceTransformer(str(first.model_dir), device="cpu", local_files_only=True)
+    trained = load_file(str(first.model_dir / "query_0_Transformer" / "model.safetensors"))
+    pretrained = load_file(str(tiny_base / "model.safetensors"))
+    record = blend_with_pretrained(model, tiny_base, 0.25)
+    assert record["towers"] == 2 and record["tensors"] == 2 * len(pretrained) and record["path"] == str(tiny_base)
+    query_tower = next(m for m in model.modules() if getattr(m, "auto_model", None) is not None).auto_model
+    for name, tensor in query_tower.state_dict().items():
+        expected = 0.25 * trained[name] + 0.75 * pretrained[name]
+        np.testing.assert_allclose(tensor.numpy(), expected.numpy(), atol=1e-6, err_msg=name)
+    # continuing from the trained model with --blend blends with the tiny base, not with the model it continued
+    again = train(_pairs(), tmp_path / "models", TrainConfig(name="again", max_steps=1, batch_size=8, blend=0.5),
+                  base=first.model_dir)
+    assert again.card["blended_with"]["path"] == str(tiny_base) and again.card["blended_with"]["blend"] == 0.5
+    with pytest.raises(ValueError, match="blend must lie in"):
+        TrainConfig(blend=0.0).validate()
