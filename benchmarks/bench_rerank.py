@@ -16,7 +16,8 @@ figures mean nothing.
 Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
 [--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME | --no-reranker]``; or, to compare towers
 trained already (any recipe, e.g. a second mining round), ``--towers LABEL=MODEL`` once per model instead of the
-two trainings.
+two trainings. The run behind ``results/quality16.json``: ``--data-dir /tmp/bk/data --towers
+finetuned=scifact-... --towers finetuned+ance=ance-... --no-reranker --out quality16``.
 """
 
 from __future__ import annotations
@@ -311,6 +312,7 @@ def main() -> None:
     parser.add_argument("--pretrained-model", help="Reuse a `dpr train --pretrain` model.")
     parser.add_argument("--reranker", help="Reuse a trained reranker.")
     parser.add_argument("--no-reranker", action="store_true", help="Towers and hybrid only.")
+    parser.add_argument("--out", default="rerank", help="Results file name under benchmarks/results (NAME.json).")
     parser.add_argument("--towers", action="append", default=[], metavar="LABEL=MODEL",
                         help="Trained towers to compare, reused (repeatable); replaces the two trainings.")
     parser.add_argument("--dev-queries", type=int, default=100)
@@ -329,7 +331,7 @@ def main() -> None:
         args.max_steps, args.max_pairs, args.dev_queries, args.pretrain_pairs = 2, 64, 10, 32
     logging.basicConfig(level=logging.WARNING)
     out = run(args)
-    name = "rerank-smoke" if args.smoke else "rerank"
+    name = "rerank-smoke" if args.smoke else args.out
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {RESULTS / (name + '.json')}")
