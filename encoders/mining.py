@@ -185,8 +185,11 @@ def mine_hard_negatives(
     for n, pair in enumerate(pairs):
         negatives = list(pair.negatives)
         seen = set(negatives)
+        needed = config.num_negatives - len(negatives)
         candidates: list[str] = []
         for doc_id, _score in ranked[pair.question][config.rank_start : config.rank_end]:
+            if ceilings is None and len(candidates) >= needed:
+                break  # without denoising the first allowed ones are the negatives
             if doc_id in pair.relevant_ids or doc_id == pair.positive_id:
                 continue
             text = corpus[doc_id].passage
@@ -199,7 +202,7 @@ def mine_hard_negatives(
             keep = scorer.scores([pair.question] * len(candidates), candidates) < ceilings[n]
             dropped += int((~keep).sum())
             candidates = [c for c, k in zip(candidates, keep, strict=True) if k]
-        negatives += candidates[: max(0, config.num_negatives - len(negatives))]
+        negatives += candidates[: max(0, needed)]
         if len(negatives) < config.num_negatives:
             short += 1
         mined.append(replace(pair, negatives=tuple(negatives)))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.towers import base_model_path, model_fingerprint
+from encoders.towers import base_model_path, model_fingerprint, read_model_card
 from encoders.training_run import (
     ProgressFn,
     TrainResult,
@@ -286,12 +286,7 @@ def pretrained_root(path: Path) -> Path:
     seen: set[Path] = set()
     while path not in seen:
         seen.add(path)
-        card_file = path / "model_card.json"
-        if not card_file.is_file():
-            return path
-        import json
-
-        parent = (json.loads(card_file.read_text()).get("base") or {}).get("path")
+        parent = (read_model_card(path).get("base") or {}).get("path")
         if not parent or not Path(parent).is_dir():
             return path
         path = Path(parent)

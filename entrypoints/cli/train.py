@@ -103,8 +103,8 @@ def train(
         help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
     ] = None,
     blend: Annotated[float | None, typer.Option(
-        min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the pretrained model's "
-        "the lineage started from (keeps more of its quality on other collections), e.g. 0.5.")
+        min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the weights of the "
+        "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.")
     ] = None,
     dev_baseline: Annotated[
         bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "

@@ -171,11 +171,10 @@ def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> No
     denoised = build_training_set(settings, TrainingData(data=beir, dev_queries=4, mining=replace(
         mining, denoise=0.99)))
     assert denoised.info["mining"]["denoise"] == 0.99
-    for pair, before in zip(denoised.pairs, plain.pairs, strict=True):
+    for pair in denoised.pairs:  # exactly: the towers' ranking, minus the relevant, minus those at the ceiling
         ceiling = 0.99 * scorer.scores([pair.question], [pair.positive])[0]
-        assert all(scorer.scores([pair.question], [n])[0] < ceiling for n in pair.negatives)
-        dropped = [n for n in before.negatives if scorer.scores([pair.question], [n])[0] >= ceiling]
-        assert not set(dropped) & set(pair.negatives)
+        ranked = [d for d, s in scorer.search([pair.question], k=8)[0] if d not in pair.relevant_ids and s < ceiling]
+        assert [corpus_ids[n] for n in pair.negatives] == ranked[:2]
     config = TrainConfig(name="ance", max_steps=1, batch_size=4, max_query_tokens=32, max_passage_tokens=64)
     result = train_model(settings, TrainingData(data=beir, dev_queries=4, mining=MiningConfig(
         num_negatives=1, source="dense")), config, base=str(base))  # the model defaults to --base
