@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from encoders.batching import length_slices
 from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,8 @@ class OnnxTower:
     def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         prompt = self.spec.prompt
         encodings = self.tokenizer.encode_batch([prompt + t if prompt else t for t in texts])
-        order = np.argsort([-len(e.ids) for e in encodings], kind="stable")  # similar lengths share a batch
         out: list[np.ndarray] = [np.empty(0)] * len(texts)
-        for start in range(0, len(texts), max(1, batch_size)):
-            chosen = order[start:start + batch_size]
+        for chosen in length_slices([len(e.ids) for e in encodings], batch_size):  # similar lengths share a batch
             vectors = self._run([encodings[i] for i in chosen])
             for i, v in zip(chosen, vectors, strict=True):
                 out[i] = v

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from encoders.batching import length_slices
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_text
 from services.errors import CollectionNotFound, DocumentError
@@ -268,14 +269,15 @@ def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int], 
     """The passage tower over ``texts`` in batches of similar token length, vectors back in the input order.
 
     A batch pads to its longest passage, so the passages of the whole ingest batch (every document in it) are
-    sorted by ``lengths`` (longest first) and cut into ``batch_size`` slices; each backend gets batches it cannot
-    pad much, whether or not it sorts on its own."""
+    sorted by ``lengths`` (longest first) and cut where padding would cost more than another call
+    (``encoders.batching.length_slices``, at most ``batch_size`` rows); each backend gets batches it cannot pad
+    much, whether or not it sorts on its own."""
     import numpy as np
 
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    slices = length_slices(lengths, batch_size)
+    order = [i for s in slices for i in s]
     parts = [
-        towers.encode_documents([texts[i] for i in order[a : a + batch_size]], batch_size=batch_size)
-        for a in range(0, len(order), batch_size)
+        towers.encode_documents([texts[i] for i in s], batch_size=batch_size) for s in slices
     ]  # each (<= batch_size, dim)
     if not parts:
         return towers.encode_documents([], batch_size=batch_size)
