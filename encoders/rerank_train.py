@@ -4,8 +4,10 @@ trainer, evaluate, save.
 - Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel) with a fresh one-logit
   classification head (no pretrained reranker installs here).
 - Data: the towers' rows (``encoders.train.pairs_to_columns``): question, positive, BM25 hard negatives.
-- Loss: the cross-encoder (Cached)MultipleNegativesRankingLoss (listwise: the positive against the hard negatives and
-  ``in_batch_negatives`` other passages of the batch).
+- Loss (``RerankConfig.loss``): ``mnrl``, the cross-encoder (Cached)MultipleNegativesRankingLoss (listwise: the
+  positive against the hard negatives and ``in_batch_negatives`` other passages of the batch); or ``bce``, pointwise
+  binary cross-entropy on (question, positive, 1) and (question, hard negative, 0) rows, the positive weighted by the
+  negatives per question (monoBERT's recipe; memory bounded by ``mini_batch_size`` rows per forward pass).
 - Evaluator: the dev queries (carved from the training data): a first stage's top ``candidates`` (``first_stage``:
   a ``Retriever`` from ``encoders.evaluate``) reranked, nDCG@10 before and after; the gain decides whether the
   reranker is on by default (``services.reranking``).
@@ -63,6 +65,7 @@ class RerankConfig:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     scale: float = 10.0
+    loss: str = "mnrl"  # mnrl (listwise) | bce (pointwise)
     max_length: int = DEFAULT_MAX_LENGTH  # tokens of question + passage
     candidates: int = 50  # first-stage hits reranked on the dev split
     seed: int = 42
@@ -76,6 +79,24 @@ class RerankConfig:
             raise ValueError("set epochs > 0 or max_steps > 0")
         if self.candidates < 1:
             raise ValueError("candidates must be at least 1: the first-stage hits the reranker reorders")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not known; use {' or '.join(LOSSES)}")
+
+
+LOSSES = ("mnrl", "bce")
+
+
+def columns_to_rows(columns: dict[str, list[str]]) -> dict[str, list[Any]]:
+    """The towers' (question, positive, negative_1..n) columns as pointwise (question, passage, label) rows: the
+    positive labelled 1, each negative 0."""
+    rows: dict[str, list[Any]] = {"question": [], "passage": [], "label": []}
+    negatives = [k for k in columns if k.startswith("negative_")]
+    for i, question in enumerate(columns["question"]):
+        for key, label in [("positive", 1.0)] + [(k, 0.0) for k in negatives]:
+            rows["question"].append(question)
+            rows["passage"].append(columns[key][i])
+            rows["label"].append(label)
+    return rows
 
 
 def rerank_retrieval(score: ScoreFn, dataset: RetrievalDataset, first: Retrieval, candidates: int) -> Retrieval:
@@ -123,6 +144,7 @@ def train_reranker(
     from datasets import Dataset
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import (
+        BinaryCrossEntropyLoss,
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
@@ -133,8 +155,20 @@ def train_reranker(
                              local_files_only=True)
     # 2. data, 3. loss
     columns = pairs_to_columns(pairs, corpus, config.seed)
+    n_negatives = len(columns) - 2
     loss: Any
-    if config.mini_batch_size > 0:  # bounded memory: pairs in mini-batches, gradients cached
+    extra: dict[str, Any] = {}
+    if config.loss == "bce":  # rows, not questions: a batch is batch_size questions' rows, mini_batch_size at once
+        rows = columns_to_rows(columns)
+        columns = rows
+        per_question = 1 + n_negatives
+        loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(float(max(1, n_negatives))))
+        total = config.batch_size * per_question
+        step_rows = min(total, config.mini_batch_size) if config.mini_batch_size > 0 else total
+        extra = {"per_device_train_batch_size": step_rows,
+                 "gradient_accumulation_steps": max(1, -(-total // step_rows)),
+                 "batch_sampler": "batch_sampler"}  # rows of one question may share a batch
+    elif config.mini_batch_size > 0:  # bounded memory: pairs in mini-batches, gradients cached
         loss = CachedMultipleNegativesRankingLoss(model, num_negatives=config.in_batch_negatives, scale=config.scale,
                                                   mini_batch_size=config.mini_batch_size)
     else:
@@ -146,7 +180,7 @@ def train_reranker(
     # 5. arguments, 6. trainer
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-rerank-"))
     try:
-        args = training_arguments(CrossEncoderTrainingArguments, config, out_tmp)
+        args = training_arguments(CrossEncoderTrainingArguments, config, out_tmp, **extra)
         steps, losses = fit(model, args, Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
@@ -165,7 +199,7 @@ def train_reranker(
         "similarity": None,
         "max_length": config.max_length,
         "base": {"path": str(base), "fingerprint": model_fingerprint(base), "head": "fresh 1-logit classifier"},
-        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
+        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": n_negatives,
                           "fingerprint": pairs_fingerprint(pairs)},
         "hyperparameters": {**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
         "seed": config.seed,

@@ -66,7 +66,7 @@ def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) ->
     warmup_ratio, weight_decay and seed; ``extra`` on top."""
     from sentence_transformers.base.sampler import BatchSamplers
 
-    return cls(
+    arguments: dict[str, Any] = dict(
         output_dir=str(output_dir),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps,
@@ -85,8 +85,9 @@ def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) ->
         disable_tqdm=True,
         use_cpu=True,
         dataloader_num_workers=0,
-        **extra,
     )
+    arguments.update(extra)  # ``extra`` may replace a shared default (the reranker's pointwise rows: batching)
+    return cls(**arguments)
 
 
 def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None,

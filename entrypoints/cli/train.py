@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+NegativesFrom = Annotated[str, typer.Option(
+    help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
+    "trained --base, its own second mining round, as ANCE).")]
+NegativesModel = Annotated[str | None, typer.Option(
+    help="Towers for --negatives-from dense and --denoise (default: the --base model).")]
+Denoise = Annotated[float | None, typer.Option(
+    min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
+    "(likely unlabelled positives), e.g. 0.95.")]
 
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
@@ -82,17 +90,9 @@ def train(
     ] = 20.0,
     hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.")] = 1,
     negative_window: Annotated[str, typer.Option(help="Ranks START:END searched for negatives.")] = "0:30",
-    negatives_from: Annotated[str, typer.Option(
-        help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
-        "trained --base, its own second mining round, as ANCE).")
-    ] = "bm25",
-    negatives_model: Annotated[str | None, typer.Option(
-        help="Towers for --negatives-from dense and --denoise (default: the --base model).")
-    ] = None,
-    denoise: Annotated[float | None, typer.Option(
-        min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
-        "(likely unlabelled positives), e.g. 0.95.")
-    ] = None,
+    negatives_from: NegativesFrom = "bm25",
+    negatives_model: NegativesModel = None,
+    denoise: Denoise = None,
     train_passage_tokens: Annotated[int, typer.Option(help="Passage length while training (0: full).")] = 128,
     dev_queries: Annotated[
         int, typer.Option(help="Queries held out of the training data for dev metrics (0: none).")
@@ -125,8 +125,7 @@ def train(
 
     settings = get_settings(ctx)
     start, end = _parse_window(negative_window)
-    if negatives_from not in ("bm25", "dense"):
-        fail(f"--negatives-from {negatives_from!r} is not known; use bm25 or dense", code=EXIT_USAGE)
+    _check_negatives_from(negatives_from)
     for flag, value in (("--self-supervised", self_supervised), ("--pretrain", pretrain)):
         if value is not None and value not in ("ict", "title", "both"):
             fail(f"{flag} {value!r} is not known; use ict, title or both", code=EXIT_USAGE)
@@ -191,8 +190,14 @@ def train_reranker(
         int, typer.Option(min=0, help="(question, passage) pairs per forward pass (cached loss); 0: a whole batch.")
     ] = 16,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 2e-5,
-    hard_negatives: Annotated[int, typer.Option(min=0, help="BM25 hard negatives per pair.")] = 3,
-    negative_window: Annotated[str, typer.Option(help="BM25 ranks START:END searched for negatives.")] = "0:30",
+    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.")] = 3,
+    negative_window: Annotated[str, typer.Option(help="Ranks START:END searched for negatives.")] = "0:30",
+    negatives_from: NegativesFrom = "bm25",
+    negatives_model: NegativesModel = None,
+    denoise: Denoise = None,
+    loss: Annotated[str, typer.Option(
+        help="mnrl: listwise (the positive against its negatives and others in the batch); bce: pointwise.")
+    ] = "mnrl",
     candidates: Annotated[int, typer.Option(min=1, help="First-stage hits reranked on the dev split (N).")] = 50,
     first_stage: Annotated[
         str, typer.Option(help="Dev first stage: bm25, or towers (base, a model name) searched in memory.")
@@ -203,7 +208,7 @@ def train_reranker(
     collection: Annotated[str | None, typer.Option(help="Collection that records the default (if it exists).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and BM25 hard negatives; measure
+    """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and mined hard negatives; measure
     the dev split before/after reranking the first stage's top N; on by default for the collection only on a gain."""
     from encoders.mining import MiningConfig
     from encoders.rerank_train import RerankConfig
@@ -212,10 +217,12 @@ def train_reranker(
 
     settings = settings_for(ctx, collection)
     start, end = _parse_window(negative_window)
+    _check_negatives_from(negatives_from)
     what = TrainingData(data=data, fmt=fmt, split=split, corpus=corpus, max_pairs=max_pairs, dev_queries=dev_queries,
-                        seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end))
+                        seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end,
+                                                       source=negatives_from, model=negatives_model, denoise=denoise))
     config = RerankConfig(name=name, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
-                          learning_rate=lr, candidates=candidates,
+                          learning_rate=lr, candidates=candidates, loss=loss,
                           seed=seed, max_steps=max_steps, threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
         try:
@@ -297,3 +304,8 @@ def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], No
         yield on_step
     finally:
         bar.stop()
+
+
+def _check_negatives_from(source: str) -> None:
+    if source not in ("bm25", "dense"):
+        fail(f"--negatives-from {source!r} is not known; use bm25 or dense", code=EXIT_USAGE)

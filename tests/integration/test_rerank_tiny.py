@@ -80,6 +80,30 @@ def test_train_reranker_registers_a_model_with_a_card(trained, setup) -> None:  
         activate(data / "models", result.name)
 
 
+def test_pointwise_reranker_with_dense_negatives(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--loss bce`` trains on (question, passage, label) rows, a batch of questions' rows in mini-batches of
+    rows (gradient accumulation); negatives may come from towers (``--negatives-from dense``)."""
+    from encoders.mining import MiningConfig
+    from encoders.rerank_train import RerankConfig
+    from services.reranking import train_reranker_model
+    from services.settings import Settings
+    from services.training import TrainingData
+
+    base, beir, _ = setup
+    settings = Settings(data_dir=tmp_path / "data")
+    config = RerankConfig(name="bce", loss="bce", max_steps=2, batch_size=4, mini_batch_size=5, max_length=64,
+                          candidates=6)
+    mining = MiningConfig(num_negatives=2, source="dense", model=str(base), denoise=0.95)
+    done = train_reranker_model(settings, TrainingData(data=beir, dev_queries=4, mining=mining), config,
+                                base=str(base))
+    card = done.result.card
+    assert card["hyperparameters"]["loss"] == "cross_encoder.BinaryCrossEntropyLoss"
+    assert card["training_data"]["hard_negatives_per_pair"] == 2
+    assert card["training_data"]["mining"]["source"] == "dense" and card["training_data"]["mining"]["denoise"] == 0.95
+    assert card["steps"] == 2 and np.isfinite(card["final_loss"])
+    assert done.result.card["dev_metrics"]["queries"] == 4
+
+
 def test_onnx_reranker_scores_match_torch(trained, setup) -> None:  # type: ignore[no-untyped-def]
     from encoders.rerank import load_reranker
 

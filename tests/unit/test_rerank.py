@@ -125,3 +125,17 @@ def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
     assert [h["doc_id"] for h in reranked] == ["d5", "d4"] and [h["rerank_score"] for h in reranked] == [5.0, 4.0]
     assert all("rerank_score" not in h for h in plain)
     assert below.status_code == 400 and "below k=5" in below.text
+
+
+def test_pointwise_rows_label_each_positive_and_negative() -> None:
+    from encoders.rerank_train import RerankConfig, columns_to_rows
+
+    columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1a", "n2a"],
+               "negative_2": ["n1b", "n2b"]}
+    rows = columns_to_rows(columns)
+    assert list(zip(rows["question"], rows["passage"], rows["label"], strict=True)) == [
+        ("q1", "p1", 1.0), ("q1", "n1a", 0.0), ("q1", "n1b", 0.0),
+        ("q2", "p2", 1.0), ("q2", "n2a", 0.0), ("q2", "n2b", 0.0),
+    ]
+    with pytest.raises(ValueError, match="loss 'hinge' is not known"):
+        RerankConfig(loss="hinge").validate()
