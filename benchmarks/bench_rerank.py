@@ -36,11 +36,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
+from encoders.rerank import WEIGHTS  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_model_path  # noqa: E402
 from services.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
 from services.hybrid import TuneResult, tune_on_corpus  # noqa: E402
@@ -160,9 +163,9 @@ def write_slice(source: Path, target: Path, train_queries: int, test_queries: in
 
 
 def reranked_retriever(corpus: StoreCorpus, options: QueryOptions, reranker: Any, n: int,
-                       latencies: list[float] | None = None) -> Retriever:
+                       latencies: list[float] | None = None, weight: float = 1.0) -> Retriever:
     """The first stage (``options``) with its top ``n`` chunk hits reordered by ``reranker`` (``search_many`` with
-    ``rerank=n``), then the rest of the first stage; documents by first appearance."""
+    ``rerank=n`` and ``rerank_weight=weight``), then the rest of the first stage; documents by first appearance."""
 
     def run(dataset: RetrievalDataset, k: int) -> Retrieval:
         store = corpus.prepare(dataset)
@@ -173,7 +176,8 @@ def reranked_retriever(corpus: StoreCorpus, options: QueryOptions, reranker: Any
         first = search_many(questions, store=store, towers=corpus.towers, options=replace(options, k=depth, rerank=0),
                             sparse=sparse)
         timed = _Timed(reranker, latencies)
-        top = search_many(questions, store=store, towers=corpus.towers, options=replace(options, k=n, rerank=n),
+        top = search_many(questions, store=store, towers=corpus.towers,
+                          options=replace(options, k=n, rerank=n, rerank_weight=weight),
                           sparse=sparse, reranker_for=lambda _: timed)
         merged = []
         for head, hits in zip(top, first, strict=True):
@@ -183,6 +187,22 @@ def reranked_retriever(corpus: StoreCorpus, options: QueryOptions, reranker: Any
         return hits_to_retrieval(qids, merged, k)
 
     return run
+
+
+class _Memo:
+    """The reranker's score of each (question, passage) computed once: the dev grid over N and the weight reranks
+    the same pairs many times."""
+
+    def __init__(self, reranker: Any) -> None:
+        self.reranker = reranker
+        self.scores: dict[tuple[str, str], float] = {}
+
+    def score(self, question: str, passages: Any, batch_size: int = 32) -> Any:
+        missing = [p for p in dict.fromkeys(passages) if (question, p) not in self.scores]
+        if missing:
+            for p, x in zip(missing, self.reranker.score(question, missing, batch_size=batch_size), strict=True):
+                self.scores[(question, p)] = float(x)
+        return np.array([self.scores[(question, p)] for p in passages], dtype=np.float32)
 
 
 class _Timed:
@@ -257,19 +277,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         reranker = None if args.no_reranker else load_reranker(training["reranker"]["model"], settings.models_dir,
                                                                "onnx")
-        rerank_dev = {} if reranker is None else {
-            n: ndcg(dev, reranked_retriever(corpora[hybrid_pick], hybrid_options, reranker, n)(dev, 100))
-            for n in RERANK_NS}
-        best_n = max(RERANK_NS, key=lambda n: rerank_dev.get(n, 0.0))
-        rerank_on = bool(rerank_dev) and rerank_dev[best_n] > tuned[hybrid_pick].dev_score
+        memo = _Memo(reranker) if reranker is not None else None
+        rerank_dev = {} if memo is None else {
+            (n, w): ndcg(dev, reranked_retriever(corpora[hybrid_pick], hybrid_options, memo, n, weight=w)(dev, 100))
+            for n in RERANK_NS for w in WEIGHTS}
+        best_n, best_w = max(rerank_dev, key=lambda nw: (rerank_dev[nw], nw[1])) if rerank_dev else (RERANK_NS[0], 1.0)
+        rerank_on = bool(rerank_dev) and rerank_dev[(best_n, best_w)] > tuned[hybrid_pick].dev_score
         out["dev"] = {
             "queries": len(dev.queries),
             "dense_ndcg@10": {m: round(t.dense_score, 4) for m, t in tuned.items()},
             "hybrid_ndcg@10": {m: round(t.dev_score, 4) for m, t in tuned.items()},
             "hybrid_choice": {m: t.choice.to_json() for m, t in tuned.items()},
             "bm25_store_ndcg@10": round(tuned["base"].sparse_score, 4),
-            "rerank_ndcg@10": {f"N={n}": round(v, 4) for n, v in rerank_dev.items()},
-            "picked": {"towers": dense_pick, "hybrid": hybrid_pick, "rerank_n": best_n, "rerank_on": rerank_on},
+            "rerank_ndcg@10": {f"N={n} w={w:g}": round(v, 4) for (n, w), v in rerank_dev.items()},
+            "picked": {"towers": dense_pick, "hybrid": hybrid_pick, "rerank_n": best_n, "rerank_weight": best_w,
+                       "rerank_on": rerank_on},
         }
         print(json.dumps(out["dev"], indent=1), flush=True)
         if reranker is not None:
@@ -281,8 +303,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             systems[label] = corpora[label].retriever(QueryOptions(mode="dense"))
         systems[f"hybrid ({hybrid_pick})"] = corpora[hybrid_pick].retriever(hybrid_options)
         if reranker is not None:
-            systems[f"hybrid ({hybrid_pick}) + rerank N={best_n}"] = reranked_retriever(
-                corpora[hybrid_pick], hybrid_options, reranker, best_n)
+            systems[f"hybrid ({hybrid_pick}) + rerank N={best_n} w={best_w:g}"] = reranked_retriever(
+                corpora[hybrid_pick], hybrid_options, reranker, best_n, weight=best_w)
         report = evaluate_systems(test, systems, k=100)
         report.add_significance(test.qrels)
         print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")

@@ -49,6 +49,26 @@ FP32_MAX_ABS_DIFF = 1e-3  # the fp32 export must reproduce torch's logits this c
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order of the encodings' fields below
 
 
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(1, 11))  # the reranker weights a dev split chooses among
+
+
+def fuse_scores(first: Sequence[float], rerank: Sequence[float], weight: float) -> list[float]:
+    """The order a reranked list takes: ``weight`` x the reranker's score + (1 - ``weight``) x the first stage's,
+    each min-max scaled over the candidates (first-stage scores are cosines, fused or BM25 by mode; logits are
+    unbounded). ``weight`` 1: the reranker's scores as they are; a weaker reranker can still add to a strong first
+    stage at a lower weight, chosen on a dev split (``encoders.rerank_train.dev_rerank_metrics``)."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"rerank weight {weight} is out of range; use 0..1 (1: the reranker's order alone)")
+    if weight >= 1.0:
+        return [float(r) for r in rerank]
+
+    def scaled(xs: Sequence[float]) -> list[float]:
+        lo, hi = min(xs, default=0.0), max(xs, default=0.0)
+        return [(float(x) - lo) / (hi - lo) if hi > lo else 0.0 for x in xs]
+
+    return [weight * r + (1.0 - weight) * f for r, f in zip(scaled(rerank), scaled(first), strict=True)]
+
+
 class RerankerError(LookupError):
     """No usable reranker (none trained, or the model named is not a reranker)."""
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from encoders.rerank import Reranker
 
 MAX_K = 1000
-RERANK_KEY = "rerank"  # the collection setting `dpr train-reranker` stores: model, candidates, enabled, dev gain
+RERANK_KEY = "rerank"  # the setting `dpr train-reranker` stores: model, candidates, enabled, weight, dev gain
 RerankerFor = Callable[["str | None"], "Reranker"]  # the collection's recorded reranker name (or None) -> reranker
 
 
@@ -40,10 +40,18 @@ class QueryOptions:
     linear_weight: float | None = None
     candidates: int | None = None
     rerank: int | None = None  # None: the collection's default; 0: off; N: rerank the first stage's top N
+    rerank_weight: float | None = None  # None: the collection's (chosen on its dev split), else 1: reranker alone
 
 
-def rerank_plan(spec: CollectionSpec, options: QueryOptions) -> tuple[int, str | None]:
-    """(N, the collection's reranker name or None): how many first-stage hits to rerank (0: none)."""
+@dataclass(frozen=True)
+class RerankPlan:
+    n: int  # first-stage hits to rerank (0: none)
+    model: str | None  # the collection's reranker name, or None
+    weight: float = 1.0  # the reranker's share of the order (``encoders.rerank.fuse_scores``)
+
+
+def rerank_plan(spec: CollectionSpec, options: QueryOptions) -> RerankPlan:
+    """How many first-stage hits to rerank, with which reranker and weight: the options, else the collection's."""
     stored = dict(spec.settings.get(RERANK_KEY) or {})
     if options.rerank is None:
         n = int(stored.get("candidates") or 0) if stored.get("enabled") else 0
@@ -53,16 +61,24 @@ def rerank_plan(spec: CollectionSpec, options: QueryOptions) -> tuple[int, str |
         raise ConfigError(f"rerank={n} is out of range; use 0 (off) or 1..{MAX_K} first-stage hits")
     if n and n < options.k:
         raise ConfigError(f"rerank={n} is below k={options.k}; rerank at least as many hits as you ask for")
-    return n, stored.get("model")
+    weight = options.rerank_weight if options.rerank_weight is not None else float(stored.get("weight", 1.0))
+    if not 0.0 <= weight <= 1.0:
+        raise ConfigError(f"rerank weight {weight} is out of range; use 0..1 (1: the reranker's order alone)")
+    return RerankPlan(n, stored.get("model"), weight)
 
 
-def rerank_hits(question: str, hits: list[Hit], reranker: Reranker, k: int, batch_size: int = 32) -> list[Hit]:
-    """``hits`` ordered by the reranker's score of (question, passage text), cut to ``k``; each keeps its first-stage
-    ``score`` and carries ``rerank_score``."""
+def rerank_hits(question: str, hits: list[Hit], reranker: Reranker, k: int, batch_size: int = 32,
+                weight: float = 1.0) -> list[Hit]:
+    """``hits`` ordered by the reranker's score of (question, passage text), or by its fusion with the first
+    stage's at ``weight`` < 1 (``encoders.rerank.fuse_scores``), cut to ``k``; each keeps its first-stage
+    ``score`` and carries ``rerank_score`` (the reranker's own)."""
+    from encoders.rerank import fuse_scores
+
     if not hits:
         return hits
     scores = reranker.score(question, [h.passage.text for h in hits], batch_size=batch_size)  # (len(hits),)
-    order = sorted(range(len(hits)), key=lambda i: -float(scores[i]))  # stable: ties keep the first stage's order
+    fused = fuse_scores([h.score for h in hits], [float(x) for x in scores], weight)
+    order = sorted(range(len(hits)), key=lambda i: -fused[i])  # stable: ties keep the first stage's order
     return [replace(hits[i], rerank_score=float(scores[i])) for i in order[:k]]
 
 
@@ -124,12 +140,13 @@ def search_many(
         active_spec(store)  # raises CollectionNotFound with the fix
     generation, spec = active.name, active.spec  # type: ignore[union-attr]
     base = resolve_request(spec, options, store.alias)
-    n_rerank, rerank_model = rerank_plan(spec, options)
+    plan = rerank_plan(spec, options)
+    n_rerank = plan.n
     reranker = None
     if n_rerank:
         if reranker_for is None:
             raise ConfigError("reranking was asked for but no reranker is configured here; use rerank=0")
-        reranker = reranker_for(rerank_model)
+        reranker = reranker_for(plan.model)
     if base.mode != "sparse":
         if towers_for is not None and spec.model != towers.fingerprint:
             towers = towers_for(spec.model)  # the question tower follows the collection across re-embeds
@@ -152,7 +169,8 @@ def search_many(
             candidates=base.candidates,
         )
         hits = store.search(request, generation=generation)  # pinned: one generation per answer
-        results.append(rerank_hits(q, hits, reranker, base.k, rerank_batch_size) if reranker is not None else hits)
+        results.append(rerank_hits(q, hits, reranker, base.k, rerank_batch_size, plan.weight)
+                       if reranker is not None else hits)
     return results
 
 

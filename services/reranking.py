@@ -79,8 +79,8 @@ def rerank_setting(card: dict[str, Any], name: str) -> dict[str, Any]:
     """The collection setting a reranker's card implies: on by default only with a dev gain."""
     dev = card.get("dev_metrics") or {}
     return {"model": name, "candidates": int(dev.get("candidates") or card["hyperparameters"]["candidates"]),
-            "enabled": bool(card.get("default_on")), "dev_gain_ndcg@10": dev.get("gain"),
-            "first_stage": dev.get("first_stage")}
+            "enabled": bool(card.get("default_on")), "weight": float(dev.get("weight", 1.0)),
+            "dev_gain_ndcg@10": dev.get("gain"), "first_stage": dev.get("first_stage")}
 
 
 def store_default(settings: Settings, setting: dict[str, Any]) -> str | None:

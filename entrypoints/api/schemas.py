@@ -128,6 +128,11 @@ class SearchIn(BaseModel):
         default=None, ge=0, le=1000,
         description="Rerank the first stage's top N with the reranker (N >= k); 0: off; default: the collection's.",
     )
+    rerank_weight: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="The reranker's share of the order, fused with the first stage's (1: the reranker alone); "
+        "default: the collection's, chosen on its dev split.",
+    )
 
 
 class HitOut(BaseModel):

@@ -46,6 +46,7 @@ class ApiClient:
             "question": question, "k": options.k, "mode": options.mode, "filters": options.filters,
             "fusion": options.fusion, "rrf_k": options.rrf_k, "linear_weight": options.linear_weight,
             "candidates": options.candidates, "rerank": options.rerank,
+            "rerank_weight": options.rerank_weight,
         }
         answer = self._call("POST", "/v1/search", json={k: v for k, v in body.items() if v is not None})
         return list(answer["hits"])

@@ -227,6 +227,10 @@ def query(
         int | None, typer.Option(min=0, help="Rerank the first stage's top N with the reranker; 0: off "
                                  "(default: the collection's, on where its dev split gained)")
     ] = None,
+    rerank_weight: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="The reranker's share of the order, fused with the first "
+                                   "stage's; 1: the reranker alone (default: the collection's, chosen on dev)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Answer a question: question tower -> ANN search over the passages [-> the reranker over the top N]."""
@@ -244,6 +248,7 @@ def query(
             rrf_k=rrf_k,
             linear_weight=weight,
             rerank=rerank,
+            rerank_weight=rerank_weight,
         )
         mode_used = mode or "the server's default mode"
         if settings.api_url:  # a plain HTTP client of `dpr serve`: no model, no store in this process

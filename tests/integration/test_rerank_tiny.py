@@ -72,6 +72,10 @@ def test_train_reranker_registers_a_model_with_a_card(trained, setup) -> None:  
     assert dev["first_stage"] == "bm25" and dev["candidates"] == 6 and dev["queries"] == 4
     assert dev["gain"] == pytest.approx(dev["after"]["ndcg@10"] - dev["before"]["ndcg@10"], abs=1e-4)
     assert card["default_on"] == (dev["gain"] > 0) == trained.setting["enabled"]
+    by_weight = dev["ndcg@10_by_weight"]  # the reranker's weight is chosen on the dev split, recorded with it
+    assert len(by_weight) == 10 and by_weight[f"{dev['weight']:g}"] == max(by_weight.values())
+    assert dev["after"]["ndcg@10"] == pytest.approx(by_weight[f"{dev['weight']:g}"], abs=1e-4)
+    assert trained.setting["weight"] == dev["weight"]
     assert trained.stored_in is None  # no collection yet: nothing recorded
     assert (result.model_dir / "onnx" / "manifest.json").is_file()
     listed = {e.name: e.summary() for e in list_models(data / "models")}

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from kit.fakes import FakeRuntime
 
+from encoders.rerank import fuse_scores
 from services.errors import ConfigError
-from services.query import RERANK_KEY, QueryOptions, rerank_plan
+from services.query import RERANK_KEY, QueryOptions, RerankPlan, rerank_plan
 from services.readers.records import Document
 from services.store.points import CollectionSpec
 
@@ -41,13 +42,44 @@ def _spec(**rerank: object) -> CollectionSpec:
 
 
 def test_the_plan_follows_the_collection_unless_asked() -> None:
-    assert rerank_plan(_spec(), QueryOptions()) == (0, None)
-    assert rerank_plan(_spec(model="r1", candidates=30, enabled=False), QueryOptions()) == (0, "r1")
-    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions()) == (30, "r1")
-    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions(rerank=0)) == (0, "r1")
-    assert rerank_plan(_spec(), QueryOptions(k=5, rerank=20)) == (20, None)
+    assert rerank_plan(_spec(), QueryOptions()) == RerankPlan(0, None, 1.0)
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=False), QueryOptions()) == RerankPlan(0, "r1")
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions()) == RerankPlan(30, "r1")
+    assert rerank_plan(_spec(model="r1", candidates=30, enabled=True), QueryOptions(rerank=0)) == RerankPlan(0, "r1")
+    assert rerank_plan(_spec(), QueryOptions(k=5, rerank=20)) == RerankPlan(20, None)
+    stored = _spec(model="r1", candidates=30, enabled=True, weight=0.4)
+    assert rerank_plan(stored, QueryOptions()) == RerankPlan(30, "r1", 0.4)  # the weight its dev split chose
+    assert rerank_plan(stored, QueryOptions(rerank_weight=1.0)) == RerankPlan(30, "r1", 1.0)
     with pytest.raises(ConfigError, match="below k=10"):
         rerank_plan(_spec(), QueryOptions(k=10, rerank=5))
+    with pytest.raises(ConfigError, match="weight 1.5 is out of range"):
+        rerank_plan(_spec(), QueryOptions(rerank_weight=1.5))
+
+
+def test_fused_scores_mix_the_two_orders_by_weight() -> None:
+    first, rerank = [0.9, 0.8, 0.7, 0.1], [-3.0, 5.0, 1.0, 2.0]
+    assert fuse_scores(first, rerank, 1.0) == rerank  # the reranker alone, raw
+    assert np.argsort(fuse_scores(first, rerank, 0.0))[::-1].tolist() == [0, 1, 2, 3]  # the first stage's order
+    mid = fuse_scores(first, rerank, 0.5)  # scaled: first [1, .875, .75, 0], rerank [0, 1, .5, .625]
+    assert mid == pytest.approx([0.5, 0.9375, 0.625, 0.3125])
+    assert fuse_scores([0.5, 0.5], [1.0, 1.0], 0.3) == [0.0, 0.0]  # nothing to scale: no order from either
+    with pytest.raises(ValueError, match="out of range"):
+        fuse_scores(first, rerank, -0.1)
+
+
+def test_a_weighted_rerank_keeps_a_strong_first_stage_hit() -> None:
+    runtime = _runtime_with_docs()
+    reranker = WordReranker("ocean")
+    runtime.reranker = lambda recorded=None: reranker  # type: ignore[method-assign]
+    try:
+        first = runtime.search("tides moon sea number 0", QueryOptions(k=6, rerank=0))
+        alone = runtime.search("tides moon sea number 0", QueryOptions(k=6, rerank=6))
+        mixed = runtime.search("tides moon sea number 0", QueryOptions(k=6, rerank=6, rerank_weight=0.0))
+    finally:
+        runtime.close()
+    assert [h.passage.doc_id for h in alone][0] == "d5"
+    assert [h.passage.doc_id for h in mixed] == [h.passage.doc_id for h in first]  # weight 0: the first stage
+    assert [h.rerank_score for h in mixed] == [float(h.passage.doc_id[1]) for h in mixed]  # still the reranker's
 
 
 def _runtime_with_docs() -> FakeRuntime:

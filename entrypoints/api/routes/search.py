@@ -26,6 +26,7 @@ def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) ->
         linear_weight=body.linear_weight,
         candidates=body.candidates,
         rerank=body.rerank,
+        rerank_weight=body.rerank_weight,
     )
     t0 = time.perf_counter()
     with state.metrics.time_query(body.mode or "default"):
