@@ -39,6 +39,7 @@ notes), never asserted.
 
 Usage: ``.venv/bin/python benchmarks/bench_hotpaths.py [--docs 800] [--points 10000] [--big-points 100000]
 [--queries 50]`` (``--big-points 0`` skips the second size); writes ``benchmarks/results/hotpaths.md``.
+``--ingest-only`` runs sections 1-3 (a few minutes) into ``benchmarks/results/hotpaths-ingest.md``.
 """
 
 from __future__ import annotations
@@ -387,8 +388,12 @@ def main() -> int:
     parser.add_argument("--big-points", type=int, default=100_000, help="Second query-latency size; 0 skips it.")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--no-demo", dest="demo", action="store_false", help="Skip the demo-corpus rows.")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="Sections 1-3 only (raw tower, in-process ingest, the peer; the demo corpus unless "
+                        "--no-demo); writes results/hotpaths-ingest.md unless --out is given.")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or (RESULTS.with_name("hotpaths-ingest.md") if args.ingest_only else RESULTS)
     scifact = scifact_dir()
     if scifact is None:
         print("SciFact not found (../shared/data/beir-scifact beside the repo); skipped")
@@ -432,7 +437,6 @@ def main() -> int:
                                   capture_output=True, text=True, check=True).stdout
         peer = json.loads(peer_out.strip().splitlines()[-1])
         peer_rate = peer["passages"] / peer["seconds"]
-        scale = bench_scale_out(docs, work, passage_default)
         default_ingest = per.get(passage_default, {}).get("ingest")
         rows += backend_rows(per, m, flops, float(np.mean(tokens)), peer_rate)
         rows += default_rows(passage_default, question_default, default_ingest, peer_rate)
@@ -440,7 +444,12 @@ def main() -> int:
                   f"passages), {b}", f"raw {r['raw']:.2f}, in-process ingest {r['ingest']:.2f} passages/s",
                   f"ingest / raw {r['ingest'] / r['raw']:.2f} (floor {INGEST_OVER_RAW}: "
                   f"{verdict(r['ingest'] / r['raw'] >= INGEST_OVER_RAW)})") for b, r in demo_per.items()]
-        rows += scale_out_rows(scale, passage_default, default_ingest)
+        if args.ingest_only:
+            rows.append(("load average (1 min) at start / end", f"{load0:.1f} / {os.getloadavg()[0]:.1f}",
+                         f"{m['cores']} cores; sections 1-3 only (--ingest-only)"))
+            write(args.out, m, rows, notes, len(docs), len(texts))
+            return 0
+        rows += scale_out_rows(bench_scale_out(docs, work, passage_default), passage_default, default_ingest)
         with runtime_for("torch", work / "query", work / "onnx") as runtime:
             torch_towers = runtime.towers
         vectors = torch_towers.encode_documents(texts, batch_size=BATCH)  # (n, dim)
