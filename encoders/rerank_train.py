@@ -106,23 +106,24 @@ def rerank_retrieval(score: ScoreFn, dataset: RetrievalDataset, first: Retrieval
     return _reranked(_score_heads(score, dataset, first, candidates), dataset, first, weight)
 
 
-Heads = dict[str, tuple[list[str], list[float]]]  # qid -> (the first stage's top N, the reranker's scores)
+Heads = dict[str, tuple[list[str], list[str], list[float]]]  # qid -> (top N, the rest, the reranker's scores)
 
 
 def _score_heads(score: ScoreFn, dataset: RetrievalDataset, first: Retrieval, candidates: int) -> Heads:
+    """Each question's first-stage ranking cut at ``candidates``, the head scored once by the reranker."""
     heads: Heads = {}
     for qid, hits in first.run.items():
-        head = sorted(hits, key=lambda d: -hits[d])[:candidates]
-        heads[qid] = (head, [float(x) for x in score(dataset.queries[qid], [dataset.corpus[d].passage for d in head])])
+        ranked = sorted(hits, key=lambda d: -hits[d])
+        head, tail = ranked[:candidates], ranked[candidates:]
+        scores = score(dataset.queries[qid], [dataset.corpus[d].passage for d in head])  # (len(head),)
+        heads[qid] = (head, tail, [float(x) for x in scores])
     return heads
 
 
 def _reranked(heads: Heads, dataset: RetrievalDataset, first: Retrieval, weight: float) -> Retrieval:
     out = Retrieval(run={}, texts={})
     for qid, hits in first.run.items():
-        head, scores = heads[qid]
-        chosen = set(head)
-        tail = [d for d in sorted(hits, key=lambda d: -hits[d]) if d not in chosen]
+        head, tail, scores = heads[qid]
         fused = fuse_scores([hits[d] for d in head], scores, weight)
         order = [head[i] for i in sorted(range(len(head)), key=lambda i: -fused[i])] + tail
         out.run[qid] = {d: float(len(order) - r) for r, d in enumerate(order)}  # rank-based: the order is what counts
@@ -165,6 +166,7 @@ def train_reranker(
     started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset
+    from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import (
         BinaryCrossEntropyLoss,
@@ -182,15 +184,13 @@ def train_reranker(
     loss: Any
     extra: dict[str, Any] = {}
     if config.loss == "bce":  # rows, not questions: a batch is batch_size questions' rows, mini_batch_size at once
-        rows = columns_to_rows(columns)
-        columns = rows
-        per_question = 1 + n_negatives
+        columns = columns_to_rows(columns)
         loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(float(max(1, n_negatives))))
-        total = config.batch_size * per_question
+        total = config.batch_size * (1 + n_negatives)
         step_rows = min(total, config.mini_batch_size) if config.mini_batch_size > 0 else total
         extra = {"per_device_train_batch_size": step_rows,
                  "gradient_accumulation_steps": max(1, -(-total // step_rows)),
-                 "batch_sampler": "batch_sampler"}  # rows of one question may share a batch
+                 "batch_sampler": BatchSamplers.BATCH_SAMPLER}  # rows of one question may share a batch
     elif config.mini_batch_size > 0:  # bounded memory: pairs in mini-batches, gradients cached
         loss = CachedMultipleNegativesRankingLoss(model, num_negatives=config.in_batch_negatives, scale=config.scale,
                                                   mini_batch_size=config.mini_batch_size)

@@ -141,9 +141,8 @@ def search_many(
     generation, spec = active.name, active.spec  # type: ignore[union-attr]
     base = resolve_request(spec, options, store.alias)
     plan = rerank_plan(spec, options)
-    n_rerank = plan.n
     reranker = None
-    if n_rerank:
+    if plan.n:
         if reranker_for is None:
             raise ConfigError("reranking was asked for but no reranker is configured here; use rerank=0")
         reranker = reranker_for(plan.model)
@@ -158,7 +157,7 @@ def search_many(
     results = []
     for i, q in enumerate(questions):
         request = SearchRequest(
-            k=max(base.k, n_rerank),
+            k=max(base.k, plan.n),
             mode=base.mode,
             dense=dense[i].tolist() if base.mode != "sparse" else None,
             sparse=sparse.embed_query(q) if sparse is not None and base.mode != "dense" else None,

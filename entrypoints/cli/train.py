@@ -40,7 +40,8 @@ NegativesFrom = Annotated[str, typer.Option(
     help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
     "trained --base, its own second mining round, as ANCE).")]
 NegativesModel = Annotated[str | None, typer.Option(
-    help="Towers for --negatives-from dense and --denoise (default: the --base model).")]
+    help="Towers for --negatives-from dense and --denoise (default: dpr train's --base model; for dpr "
+    "train-reranker, the base towers).")]
 Denoise = Annotated[float | None, typer.Option(
     min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
     "(likely unlabelled positives), e.g. 0.95.")]
