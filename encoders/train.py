@@ -20,6 +20,7 @@ import hashlib
 import logging
 import platform
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -324,6 +325,31 @@ def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any
     log.info("blended with the pretrained model", extra={"root": str(root), "tensors": blended, "blend": blend})
     return {"path": str(root), "fingerprint": model_fingerprint(root), "blend": blend, "tensors": blended,
             "towers": towers}
+
+
+def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None) -> TrainResult:
+    """WiSE-FT after training (``dpr models blend``): the trained model at ``path`` blended with the pretrained
+    model its lineage started from, saved as a new model beside it (``path`` stays as it is). Its card is the
+    trained model's with ``base`` = ``path``, ``blended_with`` filled in and no dev metrics (measure it with
+    ``dpr eval``). ``name`` defaults to the trained model's name + ``-blend`` + the blend."""
+    root = pretrained_root(path)
+    if root == path:
+        raise ValueError(f"{path} has no model card naming the model it was trained from, so there is nothing to "
+                         "blend it with; blend a model that `dpr train` made")
+    offline()
+    from sentence_transformers import SentenceTransformer
+
+    started = datetime.now(UTC)
+    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    blended = blend_with_pretrained(model, root, blend)
+    source = read_model_card(path)
+    card = {**source, "base": {"path": str(path), "fingerprint": model_fingerprint(path)},
+            "blended_with": blended, "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    for key in ("name", "fingerprint"):
+        card.pop(key, None)
+    stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or path.name)) + f"-blend{blend:g}"
+    return save_model(model, models_dir, versioned_name(stem, started), card, [])
 
 
 def _loss(model: Any, config: TrainConfig) -> Any:

@@ -82,7 +82,6 @@ def train_model(
     progress: ProgressFn | None = None,
 ) -> TrainResult:
     """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``."""
-    from encoders.registry import export_model
     from encoders.towers import resolve_model_path
     from encoders.train import train
 
@@ -105,9 +104,28 @@ def train_model(
     )
     if stage1 is not None:
         record_stages(result, stage1)
+    export_for_backends(settings, result.model_dir)
+    return result
+
+
+def export_for_backends(settings: Settings, model_dir: Path) -> None:
+    """The ONNX towers of a new model, made once now, unless every configured backend is torch."""
+    from encoders.registry import export_model
+
     encoder = settings.encoder
     if {encoder.backend, encoder.question_backend or encoder.backend} != {"torch"}:  # what the backends will read
-        export_model(result.model_dir, settings.models_dir, settings.onnx_cache_dir)  # the ONNX towers, once
+        export_model(model_dir, settings.models_dir, settings.onnx_cache_dir)
+
+
+def blend_model(settings: Settings, model: str, blend: float, name: str | None = None) -> TrainResult:
+    """``dpr models blend``: WiSE-FT of a trained model after the fact (``encoders.train.blend_saved_model``),
+    saved as a new model under ``models_dir`` with its ONNX towers."""
+    from encoders.towers import resolve_model_path
+    from encoders.train import blend_saved_model
+
+    path, _ = resolve_model_path(model, settings.models_dir)
+    result = blend_saved_model(path, settings.models_dir, blend, name)
+    export_for_backends(settings, result.model_dir)
     return result
 
 

@@ -1,4 +1,4 @@
-"""`dpr models list|show|activate`: the built-in towers (base, multilingual) and the trained ones under
+"""`dpr models list|show|activate|blend`: the built-in towers (base, multilingual) and the trained ones under
 DATA_DIR/models."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-models_app = typer.Typer(name="models", help="Trained towers: list, show, activate.", no_args_is_help=True)
+models_app = typer.Typer(name="models", help="Trained towers: list, show, activate, blend.", no_args_is_help=True)
 
 
 Name = Annotated[str, typer.Argument(help="Model name, 'base' or 'multilingual'.")]
@@ -91,6 +91,36 @@ def models_activate(ctx: typer.Context, name: Name, as_json: AsJson = False) -> 
         return
     console.print(f"active model: [bold]{entry.name}[/] (fingerprint {entry.card.get('fingerprint')})")
     console.print("collections embedded by another model must be re-embedded: `dpr reembed`")
+
+
+@models_app.command("blend")
+def models_blend(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="A model `dpr train` made.")],
+    weight: Annotated[float, typer.Option(
+        "--weight", min=0.01, max=1.0, help="The trained weights' share: WEIGHT x trained + (1 - WEIGHT) x the "
+        "pretrained model its lineage started from (as `dpr train --blend`).")],
+    out: Annotated[str | None, typer.Option("--name", help="Name of the new model (default NAME-blendWEIGHT).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """WiSE-FT after training: save NAME blended with the pretrained model it started from, as a new model.
+
+    Blending buys back quality on collections the model was not trained for, at a price on the one it was. Try a
+    few weights with `dpr eval` on a dev split, then `dpr models activate` the one to serve; NAME is kept."""
+    from services.training import blend_model
+
+    try:
+        result = blend_model(get_settings(ctx), name, weight, out)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    blended = result.card["blended_with"]
+    if as_json:
+        emit_json({"name": result.name, "path": str(result.model_dir), "fingerprint": result.fingerprint,
+                   "blended_with": blended})
+        return
+    console.print(f"saved [bold]{result.name}[/] = {weight:g} x {name} + {1 - weight:g} x {blended['path']} "
+                  f"({blended['tensors']} tensors; fingerprint {result.fingerprint})")
+    console.print(f"measure it (`dpr eval DATA --model {result.name}`), then `dpr models activate {result.name}`")
 
 
 def _entry(ctx: typer.Context, lookup: Callable[[Path, str], ModelEntry], name: str) -> ModelEntry:

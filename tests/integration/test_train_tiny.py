@@ -215,3 +215,42 @@ def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Pat
     assert again.card["blended_with"]["path"] == str(tiny_base) and again.card["blended_with"]["blend"] == 0.5
     with pytest.raises(ValueError, match="blend must lie in"):
         TrainConfig(blend=0.0).validate()
+
+
+def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Path, tmp_path: Path) -> None:
+    """`dpr models blend NAME --weight F`: WiSE-FT after training, as `dpr train --blend` would have saved it; the
+    card names the trained model as its base (so a later blend still finds the pretrained root); a model with no
+    lineage is refused with the fix."""
+    import json
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from encoders.train import pretrained_root
+    from entrypoints.cli.main import app
+
+    first = _train(tiny_base, tmp_path, shared=False)
+    runner = CliRunner()
+    data_dir = ["--data-dir", str(tmp_path)]  # first was saved under tmp_path/models
+    before = load_file(str(first.model_dir / "query_0_Transformer" / "model.safetensors"))
+    result = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--weight", "0.25", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["name"].startswith(first.name.rsplit("-", 2)[0] + "-blend0.25-")
+    blended_dir = Path(out["path"])
+    card = json.loads((blended_dir / "model_card.json").read_text())
+    assert card["base"]["path"] == str(first.model_dir) and card["blended_with"]["blend"] == 0.25
+    assert card["blended_with"]["path"] == str(tiny_base) and card["dev_metrics"] is None
+    assert card["hyperparameters"] == first.card["hyperparameters"] and card["fingerprint"] == out["fingerprint"]
+    assert pretrained_root(blended_dir) == tiny_base
+    pretrained = load_file(str(tiny_base / "model.safetensors"))
+    saved = load_file(str(blended_dir / "query_0_Transformer" / "model.safetensors"))
+    for name, tensor in saved.items():
+        np.testing.assert_allclose(tensor.numpy(), (0.25 * before[name] + 0.75 * pretrained[name]).numpy(),
+                                   atol=1e-6, err_msg=name)
+    after = load_file(str(first.model_dir / "query_0_Transformer" / "model.safetensors"))
+    assert all(bool((after[n] == before[n]).all()) for n in before)  # the trained model is left as it was
+
+    refused = runner.invoke(app, [*data_dir, "models", "blend", str(tiny_base), "--weight", "0.5"])
+    assert refused.exit_code != 0 and "nothing to blend it with" in refused.stderr
+    assert runner.invoke(app, [*data_dir, "models", "blend", "nope", "--weight", "0.5"]).exit_code != 0
