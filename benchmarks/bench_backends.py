@@ -47,9 +47,25 @@ RESULTS = REPO / "benchmarks" / "results"
 FLOOR = 0.005  # the most nDCG@10 int8 may lose against torch
 
 
-def settings_for(data_dir: Path, backend: Backend) -> Settings:
+def settings_for(data_dir: Path, backend: Backend, question: Backend | None = None) -> Settings:
     return Settings(data_dir=data_dir, collection="bench-backends",
-                    encoder=EncoderSettings(model="base", backend=backend, question_backend=backend))
+                    encoder=EncoderSettings(model="base", backend=backend, question_backend=question or backend))
+
+
+def parse_rows(text: str) -> list[tuple[Backend, Backend]]:
+    """``torch,onnx-int8,onnx-int8/onnx`` -> (passage backend, question backend) pairs; ``P`` means ``P/P``."""
+    rows: list[tuple[Backend, Backend]] = []
+    for token in text.split(","):
+        passage, _, question = token.strip().partition("/")
+        for b in (passage, question or passage):
+            if b not in BACKENDS:
+                raise SystemExit(f"--backends: unknown backend {b!r} in {token!r}; use {', '.join(BACKENDS)}")
+        rows.append((passage, question or passage))  # type: ignore[arg-type]
+    return rows
+
+
+def label(passage: str, question: str) -> str:
+    return passage if question == passage else f"{passage} (questions {question})"
 
 
 def cosines(data_dir: Path, spec: str, texts: list[str], backends: list[Backend]) -> dict[str, float]:
@@ -71,7 +87,8 @@ def main() -> int:
     parser.add_argument("--model", default="scifact", help="trained model under --data-dir/models (or a path)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="Comma-separated, torch first (the reference); onnx (fp32) agrees with torch to cosine "
-                        "1.0000 at export, so torch,onnx-int8 answers the int8 question in two thirds of the time.")
+                        "1.0000 at export, so torch,onnx-int8 answers the int8 question in two thirds of the time. "
+                        "P/Q: passages on P, questions on Q (DPR_ENCODER__QUESTION_BACKEND), e.g. onnx-int8/onnx.")
     parser.add_argument("--split", choices=("test", "train"), default="test",
                         help="test (report) or train (the dev split for choosing the default; base model only)")
     parser.add_argument("--out", type=Path, default=None)
@@ -93,20 +110,22 @@ def main() -> int:
     load_start = os.getloadavg()[0]
     rows: list[tuple[str, str, dict[str, float], float]] = []
     runs: dict[tuple[str, str], dict[str, float]] = {}
-    backends = [b for b in BACKENDS if b in args.backends.split(",")]
-    if backends[:1] != ["torch"]:
-        parser.error("--backends must include torch (the reference)")
-    for backend in backends:
+    combos = parse_rows(args.backends)
+    if combos[:1] != [("torch", "torch")]:
+        parser.error("--backends must start with torch (the reference)")
+    for passage, question in combos:
         for spec in specs:
             started = time.perf_counter()
-            report = compare_systems(test, settings=settings_for(args.data_dir, backend), models=[spec], bm25=False)
+            settings = settings_for(args.data_dir, passage, question)
+            report = compare_systems(test, settings=settings, models=[spec], bm25=False)
             (system,) = report.results
-            runs[(spec, backend)] = per_query(test.qrels, system.run, "ndcg@10")
-            rows.append((spec, backend, system.metrics, time.perf_counter() - started))
-            print(f"{spec:10s} {backend:10s} nDCG@10 {system.metrics['ndcg@10']:.4f} "
+            runs[(spec, label(passage, question))] = per_query(test.qrels, system.run, "ndcg@10")
+            rows.append((spec, label(passage, question), system.metrics, time.perf_counter() - started))
+            print(f"{spec:10s} {label(passage, question):10s} nDCG@10 {system.metrics['ndcg@10']:.4f} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     sample = [d.passage for d in list(test.corpus.values())[:200]]
-    cos = {spec: cosines(args.data_dir, spec, sample, backends[1:]) for spec in specs}
+    passage_backends = sorted({p for p, _ in combos[1:] if p != "torch"}, key=BACKENDS.index)
+    cos = {spec: cosines(args.data_dir, spec, sample, passage_backends) for spec in specs}
     write(out, m, rows, runs, cos, load_start, len(test.queries), args.split)
     print(out.read_text())
     return 0
@@ -122,7 +141,8 @@ def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, dict[str, flo
         f"{m['cores']} cores; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end. BEIR SciFact "
         f"{split} ({queries} claims{'' if split == 'test' else ': the dev split the default backend is chosen on'}), "
         "dense through a temporary embedded collection; passages and questions on the "
-        "backend of the row. p: paired randomization test against torch, same model (10,000 permutations).", "",
+        "backend of the row (questions on another where the row says so). p: paired randomization test against "
+        "torch, same model (10,000 permutations).", "",
         "| model | backend | nDCG@10 | delta vs torch | p | recall@100 | MRR@10 | passage cosine to torch "
         "(mean / min, 200 abstracts) | seconds |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -134,7 +154,8 @@ def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, dict[str, flo
         else:
             ref, got = runs[(spec, "torch")], runs[(spec, backend)]
             p = f"{paired_randomization([got[q] for q in ref], [ref[q] for q in ref]):.3f}"
-            cosine = f"{cos[spec][backend]:.4f} / {cos[spec][backend + ' min']:.4f}"
+            passage = backend.split(" ")[0]
+            cosine = f"{cos[spec][passage]:.4f} / {cos[spec][passage + ' min']:.4f}" if passage in cos[spec] else "1"
             verdict = "" if delta >= -FLOOR else " (over the 0.005 floor)"
         lines.append(f"| {spec} | {backend} | {metrics['ndcg@10']:.4f} | {delta:+.4f}{verdict} | {p} | "
                      f"{metrics['recall@100']:.4f} | {metrics['mrr@10']:.4f} | {cosine} | {seconds:.0f} |")

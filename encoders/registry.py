@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from encoders import multilingual
 from encoders.onnx_towers import Backend, ExportMissing, OnnxTowers, export_dir_for, split_fingerprint
@@ -30,12 +30,16 @@ from encoders.towers import (
     MULTILINGUAL,
     DualEncoder,
     SentenceTransformerTowers,
+    Similarity,
     base_model_path,
     model_fingerprint,
     newest_version,
     read_model_card,
     resolve_model_path,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +301,48 @@ def load_towers(spec: str, models_dir: Path, device: str = "cpu", backend: Backe
     (torch, onnx, onnx-int8), loaded once per process. ``threads``: onnxruntime's intra-op threads;
     ``cache_dir``: where exports of models outside ``models_dir`` go (default DATA_DIR/cache/onnx)."""
     return _CACHE.by_name(spec, models_dir, device, backend, threads=threads, cache_dir=cache_dir)
+
+
+class SplitTowers:
+    """One model with its passage tower on one backend and its question tower on another
+    (``DPR_ENCODER__QUESTION_BACKEND``), as one ``DualEncoder``: what ingest and query serve when the two backends
+    differ, so an evaluation measures that pair. Everything but ``encode_queries`` is the passage side's."""
+
+    def __init__(self, passages: DualEncoder, questions: DualEncoder) -> None:
+        if _model_fingerprint_of(passages) != _model_fingerprint_of(questions):
+            raise ValueError("the passage and question towers of a SplitTowers must be one model")
+        self.passages = passages
+        self.questions = questions
+        self.name = passages.name
+        self.backend = f"{getattr(passages, 'backend', 'torch')}+questions:{getattr(questions, 'backend', 'torch')}"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.passages, name)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.passages.fingerprint
+
+    @property
+    def dim(self) -> int:
+        return self.passages.dim
+
+    @property
+    def similarity(self) -> Similarity:
+        return self.passages.similarity
+
+    @property
+    def max_passage_tokens(self) -> int:
+        return self.passages.max_passage_tokens
+
+    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return self.passages.passage_token_offsets(text)
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        return self.questions.encode_queries(questions, batch_size=batch_size)
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
+        return self.passages.encode_documents(passages, batch_size=batch_size)
 
 
 def towers_for(fingerprint: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch", *,

@@ -28,7 +28,7 @@ from encoders.evaluate import (
     towers_in_memory_retriever,
 )
 from encoders.mining import BM25Config
-from encoders.registry import load_towers
+from encoders.registry import Backend, SplitTowers, load_towers
 from encoders.towers import DualEncoder, resolve_model_path
 from services.ingest import IngestPipeline, IngestReport
 from services.language import corpus_language
@@ -264,11 +264,17 @@ MEMORY_NOTE = "dense systems: exact in-memory scan of whole documents (truncated
 
 
 def _served_towers(settings: Settings, spec: str) -> DualEncoder:
-    """The model ``spec`` names on the configured passage backend (``DPR_ENCODER__BACKEND``), both sides: what the
-    store would serve, measured."""
-    return load_towers(spec, settings.models_dir, device=settings.encoder.device,
-                       backend=settings.encoder.backend, threads=threads_per_process(settings.encoder.threads),
-                       cache_dir=settings.onnx_cache_dir)
+    """The model ``spec`` names as the product would serve it, measured: passages on ``DPR_ENCODER__BACKEND``,
+    questions on ``DPR_ENCODER__QUESTION_BACKEND`` (``SplitTowers`` when the two differ)."""
+    encoder = settings.encoder
+
+    def load(backend: Backend) -> DualEncoder:
+        return load_towers(spec, settings.models_dir, device=encoder.device, backend=backend,
+                           threads=threads_per_process(encoder.threads), cache_dir=settings.onnx_cache_dir)
+
+    passages = load(encoder.backend)
+    question = encoder.question_backend or encoder.backend
+    return passages if question == encoder.backend else SplitTowers(passages, load(question))
 
 
 def compare_systems(

@@ -76,3 +76,46 @@ def test_the_name_given_to_dpr_train_means_its_newest_version_everywhere(tmp_pat
         registry.show_model(models, "ic")
     with pytest.raises(FileNotFoundError):
         resolve_model_path("ic", models)
+
+
+def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dpr eval` measures what ingest and query serve: with DPR_ENCODER__QUESTION_BACKEND unlike the passage
+    backend, questions go through the question backend's towers and everything else through the passage ones."""
+    import numpy as np
+
+    import services.evaluation as evaluation
+    from encoders.registry import SplitTowers
+    from services.settings import EncoderSettings
+    from tests.kit.fakes import HashTowers
+    from tests.kit.policy import make_settings
+
+    class Backended(HashTowers):
+        def __init__(self, backend: str, salt: str) -> None:
+            super().__init__(name=salt)
+            self.fingerprint = "one-model"  # both backends of one model keep its fingerprint
+            self.backend = backend
+
+    loaded: list[str] = []
+
+    def fake_load(spec: str, models_dir: object, *, backend: str, **_: object) -> HashTowers:
+        loaded.append(backend)
+        return Backended(backend, salt=backend)
+
+    monkeypatch.setattr(evaluation, "load_towers", fake_load)
+    same = evaluation._served_towers(make_settings(encoder=EncoderSettings(backend="onnx-int8")), "base")
+    assert isinstance(same, Backended) and loaded == ["onnx-int8"]
+    split = evaluation._served_towers(
+        make_settings(encoder=EncoderSettings(backend="onnx-int8", question_backend="onnx")), "base")
+    assert isinstance(split, SplitTowers) and loaded[1:] == ["onnx-int8", "onnx"]
+    passages, questions = split.passages, split.questions
+    text = ["lava flows from the crater"]
+    np.testing.assert_array_equal(split.encode_queries(text), questions.encode_queries(text))
+    np.testing.assert_array_equal(split.encode_documents(text), passages.encode_documents(text))
+    assert not np.allclose(questions.encode_queries(text), passages.encode_queries(text))  # the salts differ
+    assert split.fingerprint == "one-model" and split.dim == passages.dim and split.name == passages.name
+    assert split.backend == "onnx-int8+questions:onnx"
+    assert split.passage_token_offsets("a b") == passages.passage_token_offsets("a b")
+    other = HashTowers(name="another-model")
+    with pytest.raises(ValueError, match="one model"):
+        SplitTowers(passages, other)
