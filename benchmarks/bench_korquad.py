@@ -150,12 +150,11 @@ def train_system(data: Path, base: str, train_args: list[str], env: dict[str, st
 
 def tune(data: Path, name: str, settings: Any, dev_queries: int) -> Any:
     """Fusion chosen on dev questions of the train articles (never test), through a temporary Korean store."""
-    from encoders.towers import load_towers
-    from services.evaluation import StoreCorpus
+    from services.evaluation import StoreCorpus, _served_towers
     from services.hybrid import dev_split, tune_on_corpus
 
     dev = dev_split(data, "squad", "train", dev_queries)
-    towers = load_towers(name, settings.models_dir, device="cpu")
+    towers = _served_towers(settings, name)  # the backends `dpr eval` serves it on (DPR_ENCODER__BACKEND)
     corpus = StoreCorpus(towers, settings=settings, collection="tune")  # language detected: ko
     try:
         return tune_on_corpus(corpus, dev), corpus.language

@@ -10,8 +10,22 @@
    threads, batch 32; tokens per passage as each model's own tokenizer counts them (MiniLM truncates at 256,
    multilingual at 512). One warm-up batch is not timed.
 
-Usage: ``.venv/bin/python benchmarks/bench_multilingual.py [--passages 200] [--threads 1] [--data-dir DIR]``;
-writes ``benchmarks/results/multilingual.md``.
+Section ``quality`` (needs ../shared/data/beir-scifact): what the multilingual towers cost an English user, and
+whether a Korean question finds an English passage. Each model's towers (``--backend``, default the product's
+onnx-int8) ingest the SciFact corpus ONCE through the product (``services.evaluation.StoreCorpus``, English BM25
+sparse vectors beside), then answer:
+
+4. SciFact test (300 English claims): BM25, all-MiniLM-L6-v2 (``base``) and multilingual-e5-small, nDCG@10,
+   recall@100, paired randomization tests against BM25 and base.
+5. Cross-lingual: 40 SciFact test claims (the first 40 by id) asked in English and in Korean, same qrels, same
+   corpus (English abstracts). The Korean claims are ``benchmarks/data/scifact-test-ko.tsv``: translated by this
+   project's developers (gene and drug names kept in Latin script, as Korean papers write them); SciFact is CC
+   BY-NC 2.0 (AllenAI), so these translations are too. BM25 gets the Korean claims through the collection's
+   English tokenisation, as a user of an English collection would.
+
+Usage: ``.venv/bin/python benchmarks/bench_multilingual.py [--sections speed,quality] [--passages 200]
+[--threads 1] [--backend onnx-int8] [--data-dir DIR]``; writes ``benchmarks/results/multilingual.md`` (speed) and
+``benchmarks/results/multilingual-quality.md`` + ``.json`` (quality).
 """
 
 from __future__ import annotations
@@ -81,10 +95,111 @@ def export_agreement(models_dir: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="speed,quality")
     parser.add_argument("--passages", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", default="onnx-int8", help="towers of the quality section")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "bench-multilingual")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    if "quality" in sections:
+        quality(args.data_dir, args.backend)
+    if "speed" in sections:
+        return speed(args)
+    return 0
+
+
+def scifact_folder() -> Path | None:
+    for base in REPO.parents:
+        path = base / "shared" / "data" / "beir-scifact"
+        if path.is_dir():
+            return path
+    return None
+
+
+def korean_claims() -> dict[str, str]:
+    lines = (REPO / "benchmarks" / "data" / "scifact-test-ko.tsv").read_text(encoding="utf-8").splitlines()
+    return dict(line.split("\t", 1) for line in lines if line.strip())
+
+
+def quality(data_dir: Path, backend: str) -> None:
+    from dataclasses import replace
+
+    from encoders.evaluate import EvalReport, bm25_retriever, evaluate_systems
+    from encoders.mining import BM25Config
+    from services.evaluation import StoreCorpus, _served_towers
+    from services.query import QueryOptions
+    from services.readers import load_beir
+    from services.settings import Settings
+
+    folder = scifact_folder()
+    if folder is None:
+        print("quality: needs ../shared/data/beir-scifact beside the repo; nothing measured")
+        return
+    m, load0, started = machine(), os.getloadavg(), time.perf_counter()
+    settings = Settings(data_dir=data_dir)
+    settings = settings.model_copy(update={"encoder": settings.encoder.model_copy(update={"backend": backend})})
+    test = load_beir(folder, split="test")
+    ko = korean_claims()
+    ids = [q for q in sorted(test.queries, key=int) if q in ko]
+    english = test.subset(ids, name="SciFact test, 40 claims in English")
+    korean = replace(english, name="SciFact test, the same 40 claims in Korean",
+                     queries={q: ko[q] for q in ids})
+    datasets = {"test": test, "en": english, "ko": korean}
+    bm25 = bm25_retriever(BM25Config.for_language("en"))
+    systems: dict[str, dict[str, Any]] = {name: {"bm25": bm25} for name in datasets}
+    reports: dict[str, EvalReport] = {}
+    ingest: dict[str, float] = {}
+    corpora = []
+    try:
+        for spec, label in (("base", "base"), ("multilingual", "multilingual")):
+            towers = _served_towers(settings, spec)
+            corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=False, language="en")
+            corpora.append(corpus)
+            t0 = time.perf_counter()
+            corpus.prepare(test)
+            ingest[label] = time.perf_counter() - t0
+            print(f"{label}: SciFact ingested in {ingest[label]:.0f} s", flush=True)
+            for name in datasets:
+                systems[name][label] = corpus.retriever(QueryOptions(mode="dense"))
+        for name, dataset in datasets.items():
+            reports[name] = report = evaluate_systems(dataset, systems[name], k=100)
+            report.add_significance(dataset.qrels)
+            print(report.to_markdown_table(), flush=True)
+    finally:
+        for corpus in corpora:
+            corpus.close()
+    write_quality(m, backend, reports, ingest, (load0[0], os.getloadavg()[0]), time.perf_counter() - started)
+
+
+def write_quality(m: dict[str, Any], backend: str, reports: dict[str, Any], ingest: dict[str, float],
+                  load: tuple[float, float], seconds: float) -> None:
+    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+            f"{m['cores']} usable cores; towers on {backend}; load average (1 min) {load[0]:.1f} at start, "
+            f"{load[1]:.1f} at end; {seconds:.0f} s in all.")
+    lines = ["# The multilingual towers on English, and across languages (issue 14)", "", head, ""]
+    cols = ("ndcg@10", "mrr@10", "recall@5", "recall@100")
+    for report in reports.values():
+        lines += [f"## {report.dataset} ({report.queries} queries, {report.documents} documents)", "",
+                  report.to_markdown_table(), ""]
+    lines += ["## Cross-lingual, side by side", "",
+              "| system | " + " | ".join(f"{c} en / ko" for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    en = {r.system: r.metrics for r in reports["en"].results}
+    for r in reports["ko"].results:
+        lines.append(f"| {r.system} | " + " | ".join(f"{en[r.system][c]:.3f} / {r.metrics[c]:.3f}" for c in cols)
+                     + " |")
+    lines += ["", "Ingest of the SciFact corpus (5,183 abstracts) per model: "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in ingest.items()) + ".", "", *(
+              f"- {note}" for note in reports["test"].notes), "", __doc__ or ""]
+    out = REPO / "benchmarks" / "results" / "multilingual-quality.md"
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(
+        {"machine": m, "backend": backend, "ingest_seconds": ingest,
+         "reports": {k: r.to_json() for k, r in reports.items()}}, indent=1) + "\n")
+    print(out.read_text())
+
+
+def speed(args: argparse.Namespace) -> int:
     texts = korquad_paragraphs(args.passages)
     if texts is None:
         print("needs ../shared/data/korquad-v1.0-dev beside the repo; nothing measured")
