@@ -179,14 +179,13 @@ def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> No
     from dataclasses import replace
 
     from encoders.mining import DenseIndex, MiningConfig
-    from encoders.registry import load_towers
     from encoders.train import TrainConfig
     from services.settings import Settings
-    from services.training import TrainingData, build_training_set, train_model
+    from services.training import TrainingData, _mining_towers, build_training_set, train_model
 
     base, beir, _ = setup
     settings = Settings(data_dir=tmp_path / "data")
-    towers = load_towers(str(base), settings.models_dir)
+    towers = _mining_towers(settings, str(base))  # the backend mining runs on: near-ties rank alike
     mining = MiningConfig(num_negatives=2, rank_end=8, source="dense", model=str(base))
     plain = build_training_set(settings, TrainingData(data=beir, dev_queries=4, mining=mining))
     assert plain.info["mining"]["source"] == "dense" and "bm25" not in plain.info["mining"]
