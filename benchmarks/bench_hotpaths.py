@@ -136,10 +136,9 @@ def available_backends() -> tuple[list[str], list[str]]:
 
 def default_backends() -> tuple[str, str]:
     """(passage backend, question backend) of ``Settings().encoder``: the code's defaults unless DPR_ENCODER__*
-    says otherwise (an empty question backend is the passage backend)."""
+    says otherwise (``EncoderSettings.questions`` decides an unset question backend)."""
     encoder = Settings().encoder
-    passage = str(getattr(encoder, "backend", "torch"))
-    return passage, str(getattr(encoder, "question_backend", None) or passage)
+    return str(encoder.backend), str(encoder.questions)
 
 
 def runtime_for(backend: str, data_dir: Path, onnx_cache: Path) -> Any:

@@ -273,7 +273,7 @@ def _served_towers(settings: Settings, spec: str) -> DualEncoder:
                            threads=threads_per_process(encoder.threads), cache_dir=settings.onnx_cache_dir)
 
     passages = load(encoder.backend)
-    question = encoder.question_backend or encoder.backend
+    question = encoder.questions
     return passages if question == encoder.backend else SplitTowers(passages, load(question))
 
 

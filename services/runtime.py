@@ -111,7 +111,7 @@ class Runtime:
 
     @property
     def question_backend(self) -> Backend:
-        return self.settings.encoder.question_backend or self.settings.encoder.backend
+        return self.settings.encoder.questions
 
     def prepare_queries(self) -> float:
         """Make the question backend's export of the configured model now if it has none (once per model: torch
@@ -162,14 +162,15 @@ class Runtime:
 
     def reranker(self, recorded: str | None = None) -> Reranker:
         """The reranker: ``rerank.model``, else the one the collection recorded (``recorded``), else the newest
-        reranker; on ``rerank.backend`` (default: the question backend). Loaded once per process (the loader's
+        reranker; on ``rerank.backend`` (default: ``encoder.question_backend`` if set, else the passage backend:
+        a reranker reads N passages per question, so it keeps int8's speed). Loaded once per process (the loader's
         cache, which notices a retrained model)."""
         from encoders.rerank import RerankerError, load_reranker
 
         s = self.settings
         try:
             return load_reranker(s.rerank.model or recorded, s.models_dir,
-                                 s.rerank.backend or self.question_backend,
+                                 s.rerank.backend or s.encoder.question_backend or s.encoder.backend,
                                  threads=threads_per_process(s.encoder.threads), cache_dir=s.onnx_cache_dir)
         except RerankerError as e:
             raise ModelMismatch(str(e)) from e

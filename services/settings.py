@@ -68,9 +68,19 @@ class EncoderSettings(BaseModel):
     )
     question_backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
         default=None,
-        description="Backend of the question tower (queries); default: the same as backend. Any onnx backend keeps "
-        "torch out of `dpr query`, which then starts in under a second.",
+        description="Backend of the question tower (queries); default: onnx (fp32) beside onnx-int8 passages, else "
+        "the same as backend (see `questions`). Any onnx backend keeps torch out of `dpr query`, which then starts "
+        "in under a second.",
     )
+
+    @property
+    def questions(self) -> Literal["torch", "onnx", "onnx-int8"]:
+        """The question tower's backend: ``question_backend`` if set; beside ``onnx-int8`` passages, ``onnx``: fp32
+        questions take int8's rounding off one side of every score for a few milliseconds per question (README,
+        Backends); else the passage backend."""
+        if self.question_backend is not None:
+            return self.question_backend
+        return "onnx" if self.backend == "onnx-int8" else self.backend
 
 
     @field_validator("device", mode="after")
@@ -94,7 +104,8 @@ class RerankSettings(BaseModel):
         "the newest reranker.",
     )
     backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
-        default=None, description="What runs the reranker; default: the question tower's backend."
+        default=None, description="What runs the reranker; default: encoder.question_backend if set, else the "
+        "passage backend (int8 by default: it reads N passages per question)."
     )
     batch_size: int = Field(default=32, ge=1, le=1024, description="(question, passage) pairs per forward pass.")
 

@@ -113,7 +113,7 @@ def export_for_backends(settings: Settings, model_dir: Path) -> None:
     from encoders.registry import export_model
 
     encoder = settings.encoder
-    if {encoder.backend, encoder.question_backend or encoder.backend} != {"torch"}:  # what the backends will read
+    if {encoder.backend, encoder.questions} != {"torch"}:  # what the backends will read
         export_model(model_dir, settings.models_dir, settings.onnx_cache_dir)
 
 

@@ -103,10 +103,10 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
         return Backended(backend, salt=backend)
 
     monkeypatch.setattr(evaluation, "load_towers", fake_load)
-    same = evaluation._served_towers(make_settings(encoder=EncoderSettings(backend="onnx-int8")), "base")
+    same = evaluation._served_towers(
+        make_settings(encoder=EncoderSettings(backend="onnx-int8", question_backend="onnx-int8")), "base")
     assert isinstance(same, Backended) and loaded == ["onnx-int8"]
-    split = evaluation._served_towers(
-        make_settings(encoder=EncoderSettings(backend="onnx-int8", question_backend="onnx")), "base")
+    split = evaluation._served_towers(make_settings(), "base")  # the defaults: int8 passages, fp32 questions
     assert isinstance(split, SplitTowers) and loaded[1:] == ["onnx-int8", "onnx"]
     passages, questions = split.passages, split.questions
     text = ["lava flows from the crater"]
@@ -119,3 +119,22 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
     other = HashTowers(name="another-model")
     with pytest.raises(ValueError, match="one model"):
         SplitTowers(passages, other)
+
+
+@pytest.mark.parametrize(("backend", "question", "served"), [
+    ("onnx-int8", None, "onnx"),  # the default: fp32 questions beside int8 passages
+    ("onnx", None, "onnx"),
+    ("torch", None, "torch"),
+    ("onnx-int8", "onnx-int8", "onnx-int8"),  # an explicit choice wins
+    ("onnx", "torch", "torch"),
+])
+def test_question_backend_follows_the_passage_backend_except_fp32_beside_int8(
+        backend: str, question: str | None, served: str) -> None:
+    from services.runtime import Runtime
+    from services.settings import EncoderSettings
+    from tests.kit.policy import make_settings
+
+    encoder = EncoderSettings(backend=backend, question_backend=question)  # type: ignore[arg-type]
+    assert encoder.questions == served
+    assert Runtime(make_settings(encoder=encoder)).question_backend == served
+    assert EncoderSettings().questions == "onnx" and EncoderSettings().backend == "onnx-int8"
