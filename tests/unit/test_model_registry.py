@@ -83,12 +83,12 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
     """`dpr eval` measures what ingest and query serve: with DPR_ENCODER__QUESTION_BACKEND unlike the passage
     backend, questions go through the question backend's towers and everything else through the passage ones."""
     import numpy as np
+    from kit.fakes import HashTowers
+    from kit.policy import make_settings
 
     import services.evaluation as evaluation
     from encoders.registry import SplitTowers
     from services.settings import EncoderSettings
-    from kit.fakes import HashTowers
-    from kit.policy import make_settings
 
     class Backended(HashTowers):
         def __init__(self, backend: str, salt: str) -> None:
@@ -130,9 +130,10 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
 ])
 def test_question_backend_follows_the_passage_backend_except_fp32_beside_int8(
         backend: str, question: str | None, served: str) -> None:
+    from kit.policy import make_settings
+
     from services.runtime import Runtime
     from services.settings import EncoderSettings
-    from kit.policy import make_settings
 
     encoder = EncoderSettings(backend=backend, question_backend=question)  # type: ignore[arg-type]
     assert encoder.questions == served
