@@ -32,8 +32,8 @@ Backend = Literal["torch", "onnx", "onnx-int8"]
 OnnxBackend = Literal["onnx", "onnx-int8"]
 BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
 MANIFEST = "manifest.json"
-FORMAT = 3  # bumped when the export changes: an older export is made again (2: weights in .data files; 3: no
-# softmax NaN guards, one attention mask)
+FORMAT = 4  # bumped when the export changes: an older export is made again (2: weights in .data files; 3: no
+# softmax NaN guards, one attention mask; 4: int8 keeps the most sensitive projections in fp32)
 VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}
 POOLING_MODES = ("cls", "mean", "mean_sqrt_len_tokens", "max", "weightedmean", "lasttoken")
 

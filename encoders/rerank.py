@@ -269,9 +269,10 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     reference = TorchReranker(model_path, max_length=max_length)
     transformer = reference.model[0]
     with staging_dir(export_dir) as staging:
-        _export_transformer(transformer, staging / "reranker", sample_inputs=list(PROBE_PAIRS[:2]), output="logits")
+        keep = _export_transformer(transformer, staging / "reranker", sample_inputs=list(PROBE_PAIRS[:2]),
+                                   output="logits")
         manifest: dict[str, Any] = {
-            "format": FORMAT, "kind": RERANKER_KIND, "model_path": str(model_path),
+            "format": FORMAT, "kind": RERANKER_KIND, "model_path": str(model_path), "int8_fp32_matmuls": keep,
             "model_fingerprint": model_fingerprint(model_path),
             "model_files": [list(e) for e in model_files_key(model_path)], "max_length": max_length,
         }

@@ -79,6 +79,22 @@ def test_the_export_drops_the_attention_guards(base_export: tuple[Path, dict[str
         assert "IsNaN" not in ops and ops.count("Where") <= 2, name
 
 
+def test_int8_keeps_the_sensitive_projections_in_fp32(base_export: tuple[Path, dict[str, Any]]) -> None:
+    """Layer 0's attention output and the FFN output projections of layers 0-2 (of 6) stay fp32 MatMuls in the
+    int8 graph, and the manifest names them; every other projection is quantised."""
+    import onnx
+
+    data, manifest = base_export
+    keep = manifest["int8_fp32_matmuls"]["shared"]
+    assert sorted(keep) == sorted(["/model/encoder/layer.0/attention/output/dense/MatMul",
+                                   *(f"/model/encoder/layer.{i}/output/dense/MatMul" for i in range(3))])
+    graph = onnx.load(str(export_dir_for(base_model_path(), data, data) / "shared" / "model.int8.onnx"),
+                      load_external_data=False).graph
+    plain = {n.name for n in graph.node if n.op_type == "MatMul" and "/dense/" in n.name}
+    assert plain == set(keep)
+    assert sum(n.op_type == "MatMulInteger" for n in graph.node) == 6 * 6 - len(keep)
+
+
 def test_int8_is_measured_and_recorded(base_export: tuple[Path, dict[str, Any]],
                                        torch_towers: SentenceTransformerTowers) -> None:
     data, manifest = base_export

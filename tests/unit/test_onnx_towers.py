@@ -189,3 +189,25 @@ def test_a_copied_model_with_the_same_bytes_keeps_its_export(tmp_path: Path) -> 
 def test_no_export_names_it(tmp_path: Path) -> None:
     with pytest.raises(ExportMissing, match="no ONNX export"):
         OnnxTowers(tmp_path / "nowhere", tmp_path, "onnx")
+
+
+@pytest.mark.parametrize(("layers", "expected"), [
+    (6, ["layer.0/attention/output", "layer.0/output", "layer.1/output", "layer.2/output"]),
+    (12, ["layer.0/attention/output", *(f"layer.{i}/output" for i in range(6))]),
+    (1, ["layer.0/attention/output", "layer.0/output"]),
+    (0, []),  # a graph without BERT-style projections keeps none in fp32
+])
+def test_int8_keeps_layer_0_attention_output_and_the_first_half_of_ffn_outputs(
+        tmp_path: Path, layers: int, expected: list[str]) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from encoders.onnx_export import int8_fp32_matmuls
+
+    names = [f"/model/encoder/layer.{i}/{part}/MatMul" for i in range(layers) for part in (
+        "attention/self/query", "attention/output/dense", "intermediate/dense", "output/dense")] + ["/other/MatMul"]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])
+    nodes = [helper.make_node("MatMul", ["x", "x"], [f"y{i}"], name=n) for i, n in enumerate(names)]
+    outputs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 1]) for i in range(len(names))]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], outputs)), str(tmp_path / "m.onnx"))
+    assert int8_fp32_matmuls(tmp_path / "m.onnx") == [f"/model/encoder/{e}/dense/MatMul" for e in expected]
