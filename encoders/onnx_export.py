@@ -35,7 +35,6 @@ from encoders.onnx_towers import (
     ExportMissing,
     OnnxBackend,
     OnnxTowers,
-    preoptimized_path,
     read_current_manifest,
 )
 from encoders.towers import SentenceTransformerTowers, model_files_key, model_fingerprint
@@ -194,24 +193,7 @@ def _export_transformer(transformer: Any, directory: Path, sample_inputs: list[A
         logging.getLogger().removeFilter(quiet)
     for variant in VARIANT_FILES.values():
         _weights_beside(directory / variant)
-    _preoptimize(directory / VARIANT_FILES["onnx"])
     return keep
-
-
-def _preoptimize(path: Path) -> None:
-    """Save ``path`` with onnxruntime's graph optimisations up to the portable level applied
-    (``encoders.onnx_towers.preoptimized_path``), weights in a ``.data`` file beside: a question tower's session
-    then starts in ~0.08 s instead of ~0.15 s (2 cores, all-MiniLM-L6-v2), outputs identical. fp32 only: the
-    variant the default question tower runs on; passage towers live in long-running processes."""
-    import onnxruntime as ort
-
-    target = preoptimized_path(path)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(target)
-    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{target.name}.data")
-    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def int8_fp32_matmuls(path: Path) -> list[str]:

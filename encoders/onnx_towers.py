@@ -38,15 +38,6 @@ VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.
 POOLING_MODES = ("cls", "mean", "mean_sqrt_len_tokens", "max", "weightedmean", "lasttoken")
 
 
-def preoptimized_path(path: Path) -> Path:
-    """Where the export keeps ``path`` with onnxruntime's portable graph optimisations already applied (fusions, no
-    hardware-specific layout), written by this onnxruntime version: a session on it starts ~40% sooner. Another
-    version of onnxruntime finds none and optimises ``path`` itself."""
-    import onnxruntime as ort
-
-    return path.with_name(f"{path.stem}.ort-{ort.__version__}.onnx")
-
-
 class ExportMissing(LookupError):
     """No current ONNX export for a model (none yet, an older format, or the model changed since)."""
 
@@ -130,9 +121,7 @@ class OnnxTower:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        path = directory / VARIANT_FILES[backend]
-        optimized = preoptimized_path(path)  # the graph optimisations made once at export: a faster start
-        self.session = ort.InferenceSession(str(optimized if optimized.is_file() else path), options,
+        self.session = ort.InferenceSession(str(directory / VARIANT_FILES[backend]), options,
                                             providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
 

@@ -95,24 +95,6 @@ def test_int8_keeps_the_sensitive_projections_in_fp32(base_export: tuple[Path, d
     assert sum(n.op_type == "MatMulInteger" for n in graph.node) == 6 * 6 - len(keep)
 
 
-def test_the_preoptimized_graph_answers_as_the_exported_one(base_export: tuple[Path, dict[str, Any]]) -> None:
-    """The fp32 graph saved with onnxruntime's portable optimisations applied (what the question tower loads, for a
-    faster start) gives the plain graph's token embeddings."""
-    import onnxruntime as ort
-
-    from encoders.onnx_towers import preoptimized_path
-
-    data, _ = base_export
-    plain = export_dir_for(base_model_path(), data, data) / "shared" / "model.onnx"
-    optimized = preoptimized_path(plain)
-    assert optimized.is_file() and (optimized.parent / f"{optimized.name}.data").is_file()
-    feeds = {"input_ids": np.array([[101, 2054, 2003, 1996, 3007, 1997, 2605, 102]]),
-             "attention_mask": np.ones((1, 8), np.int64), "token_type_ids": np.zeros((1, 8), np.int64)}
-    out = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-           for p in (plain, optimized)]
-    np.testing.assert_allclose(out[0], out[1], atol=1e-5)
-
-
 def test_int8_is_measured_and_recorded(base_export: tuple[Path, dict[str, Any]],
                                        torch_towers: SentenceTransformerTowers) -> None:
     data, manifest = base_export
