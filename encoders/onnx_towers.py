@@ -113,9 +113,8 @@ class OnnxTower:
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(spec.max_seq_length)
-        self.raw_tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))  # offsets: no truncation
-        self.raw_tokenizer.no_padding()
-        self.raw_tokenizer.no_truncation()
+        self._tokenizer_path = directory / "tokenizer.json"
+        self._raw_tokenizer: Any = None
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one per core
         options.inter_op_num_threads = 1
@@ -124,6 +123,19 @@ class OnnxTower:
         self.session = ort.InferenceSession(str(directory / VARIANT_FILES[backend]), options,
                                             providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
+
+    @property
+    def raw_tokenizer(self) -> Any:
+        """The tokenizer without truncation (passage offsets), loaded on first use: a question tower never needs
+        it, and loading a tokenizer costs a query process ~30 ms."""
+        if self._raw_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            raw = Tokenizer.from_file(str(self._tokenizer_path))
+            raw.no_padding()
+            raw.no_truncation()
+            self._raw_tokenizer = raw
+        return self._raw_tokenizer
 
     def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         prompt = self.spec.prompt

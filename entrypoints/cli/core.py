@@ -34,12 +34,12 @@ from services.runtime import Runtime
 from services.settings import Settings
 from services.sync import SeenDocuments, SyncScope, sync
 
+COMMANDS = ("ingest", "query", "status", "delete")
+
 
 def register(app: typer.Typer) -> None:
-    app.command("ingest")(ingest)
-    app.command("query")(query)
-    app.command("status")(status)
-    app.command("delete")(delete)
+    for name in COMMANDS:
+        app.command(name)(globals()[name])
 
 
 def ingest(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -12,17 +14,18 @@ import typer
 from entrypoints.cli import core
 from entrypoints.cli.common import load_settings
 
-app = typer.Typer(
-    name="dpr",
-    help="Dense passage retrieval: ingest documents with a DPR passage tower into Qdrant, query with the "
-    "question tower.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+HELP = "Dense passage retrieval: ingest documents with a DPR passage tower into Qdrant, query with the question tower."
+GROUPS = (  # command groups that live in their own modules, beside ``core``
+    "entrypoints.cli.train",
+    "entrypoints.cli.evaluate",
+    "entrypoints.cli.models",
+    "entrypoints.cli.workers",
+    "entrypoints.cli.lifecycle",
+    "entrypoints.cli.serve",
+    "entrypoints.cli.hybrid",
 )
 
 
-@app.callback()
 def _root(
     ctx: typer.Context,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Overrides DPR_DATA_DIR.")] = None,
@@ -33,22 +36,15 @@ def _root(
     ctx.obj = load_settings(data_dir=data_dir)
 
 
-core.register(app)
-
-
-def _register_optional() -> None:
-    """Command groups that live in their own modules."""
+def build_app(groups: Sequence[str] = GROUPS) -> typer.Typer:
+    """The ``dpr`` command: the core commands (ingest, query, status, delete) and those of ``groups``."""
     import importlib
 
-    for module in (
-        "entrypoints.cli.train",
-        "entrypoints.cli.evaluate",
-        "entrypoints.cli.models",
-        "entrypoints.cli.workers",
-        "entrypoints.cli.lifecycle",
-        "entrypoints.cli.serve",
-        "entrypoints.cli.hybrid",
-    ):
+    app = typer.Typer(name="dpr", help=HELP, no_args_is_help=True, pretty_exceptions_enable=False,
+                      add_completion=False)
+    app.callback()(_root)
+    core.register(app)
+    for module in groups:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -56,15 +52,34 @@ def _register_optional() -> None:
                 continue
             raise
         mod.register(app)
+    return app
 
 
-_register_optional()
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (the first word that is not a root option or its value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--data-dir":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``app``: every command, built on first use (``from entrypoints.cli.main import app``)."""
+    if name == "app":
+        globals()["app"] = built = build_app()
+        return built
+    raise AttributeError(name)
 
 
 def main() -> None:
     # The model loaders' own progress bars ("Loading weights ...") must not leak into dpr's output.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    app()
+    # A core command (`dpr query` above all: the thin client) builds only the core commands: the other groups'
+    # modules are not imported and typer turns 4 functions into commands, not 20.
+    build_app(() if _command(sys.argv[1:]) in core.COMMANDS else GROUPS)()
 
 
 if __name__ == "__main__":
