@@ -39,7 +39,8 @@ notes), never asserted.
 
 Usage: ``.venv/bin/python benchmarks/bench_hotpaths.py [--docs 800] [--points 10000] [--big-points 100000]
 [--queries 50]`` (``--big-points 0`` skips the second size); writes ``benchmarks/results/hotpaths.md``.
-``--ingest-only`` runs sections 1-3 (a few minutes) into ``benchmarks/results/hotpaths-ingest.md``.
+``--ingest-only`` runs sections 1-3 (a few minutes) into ``benchmarks/results/hotpaths-ingest.md``;
+``--query-only`` sections 6-7 into ``benchmarks/results/hotpaths-query.md``.
 """
 
 from __future__ import annotations
@@ -390,16 +391,22 @@ def main() -> int:
     parser.add_argument("--ingest-only", action="store_true",
                         help="Sections 1-3 only (raw tower, in-process ingest, the peer; the demo corpus unless "
                         "--no-demo); writes results/hotpaths-ingest.md unless --out is given.")
+    parser.add_argument("--query-only", action="store_true",
+                        help="Sections 6-7 only (the `dpr query` processes and the query latency over the HNSW "
+                        "stores); writes results/hotpaths-query.md unless --out is given.")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    args.out = args.out or (RESULTS.with_name("hotpaths-ingest.md") if args.ingest_only else RESULTS)
+    if args.ingest_only and args.query_only:
+        parser.error("--ingest-only and --query-only exclude each other; give neither for the whole run")
+    args.out = args.out or (RESULTS.with_name("hotpaths-ingest.md") if args.ingest_only
+                            else RESULTS.with_name("hotpaths-query.md") if args.query_only else RESULTS)
     scifact = scifact_dir()
     if scifact is None:
         print("SciFact not found (../shared/data/beir-scifact beside the repo); skipped")
         return 0
     m = machine()
     docs, groups, questions = load_inputs(scifact, args.docs, args.queries)
-    demo = demo_inputs(scifact) if args.demo else None
+    demo = demo_inputs(scifact) if args.demo and not args.query_only else None
     passages = sorted((p for g in groups for p in g), key=lambda p: -p[1])
     texts, tokens = [t for t, _ in passages], [k for _, k in passages]
     flops = passage_flops(tokens) / len(texts)
@@ -418,37 +425,39 @@ def main() -> int:
             if (note := make_export(work / "onnx")) is not None:
                 notes.append(note)
             say(f"ONNX export: {time.perf_counter() - t0:.1f} s", flush=True)
-        per: dict[str, dict[str, float]] = {}
-        for b in backends:
-            try:
-                per[b] = bench_backend(b, docs, texts, work)
-            except Exception as e:  # noqa: BLE001 - a backend that does not load is a note, not a crash
-                notes.append(f"{b}: failed to run ({type(e).__name__}: {str(e)[:200]})")
-            say(f"{b}: {per.get(b)}", flush=True)
-        demo_per: dict[str, dict[str, float]] = {}
-        if demo is not None:
+        if not args.query_only:  # sections 1-4
+            per: dict[str, dict[str, float]] = {}
             for b in backends:
-                demo_per[b] = bench_backend(b, demo[0], demo[1], work, tag="-demo")
-                say(f"demo corpus, {b}: {demo_per[b]}", flush=True)
-        else:
-            notes.append("demo corpus: ../shared/data/python-3.11-docs not found; its rows are missing")
-        peer_out = subprocess.run([sys.executable, str(PEER), "ingest", str(_dump(work, texts)), str(work / "peer")],
-                                  capture_output=True, text=True, check=True).stdout
-        peer = json.loads(peer_out.strip().splitlines()[-1])
-        peer_rate = peer["passages"] / peer["seconds"]
-        default_ingest = per.get(passage_default, {}).get("ingest")
-        rows += backend_rows(per, m, flops, float(np.mean(tokens)), peer_rate)
-        rows += default_rows(passage_default, question_default, default_ingest, peer_rate)
-        rows += [(f"demo corpus ({len(demo[0]) if demo else 0} Python docs pages -> {len(demo[1]) if demo else 0} "
-                  f"passages), {b}", f"raw {r['raw']:.2f}, in-process ingest {r['ingest']:.2f} passages/s",
-                  f"ingest / raw {r['ingest'] / r['raw']:.2f} (floor {INGEST_OVER_RAW}: "
-                  f"{verdict(r['ingest'] / r['raw'] >= INGEST_OVER_RAW)})") for b, r in demo_per.items()]
-        if args.ingest_only:
-            rows.append(("load average (1 min) at start / end", f"{load0:.1f} / {os.getloadavg()[0]:.1f}",
-                         f"{m['cores']} cores; sections 1-3 only (--ingest-only)"))
-            write(args.out, m, rows, notes, len(docs), len(texts))
-            return 0
-        rows += scale_out_rows(bench_scale_out(docs, work, passage_default), passage_default, default_ingest)
+                try:
+                    per[b] = bench_backend(b, docs, texts, work)
+                except Exception as e:  # noqa: BLE001 - a backend that does not load is a note, not a crash
+                    notes.append(f"{b}: failed to run ({type(e).__name__}: {str(e)[:200]})")
+                say(f"{b}: {per.get(b)}", flush=True)
+            demo_per: dict[str, dict[str, float]] = {}
+            if demo is not None:
+                for b in backends:
+                    demo_per[b] = bench_backend(b, demo[0], demo[1], work, tag="-demo")
+                    say(f"demo corpus, {b}: {demo_per[b]}", flush=True)
+            else:
+                notes.append("demo corpus: ../shared/data/python-3.11-docs not found; its rows are missing")
+            peer_cmd = [sys.executable, str(PEER), "ingest", str(_dump(work, texts)), str(work / "peer")]
+            peer_out = subprocess.run(peer_cmd, capture_output=True, text=True, check=True).stdout
+            peer = json.loads(peer_out.strip().splitlines()[-1])
+            peer_rate = peer["passages"] / peer["seconds"]
+            default_ingest = per.get(passage_default, {}).get("ingest")
+            rows += backend_rows(per, m, flops, float(np.mean(tokens)), peer_rate)
+            rows += default_rows(passage_default, question_default, default_ingest, peer_rate)
+            pages, demo_passages = (len(demo[0]), len(demo[1])) if demo else (0, 0)
+            rows += [(f"demo corpus ({pages} Python docs pages -> {demo_passages} passages), {b}",
+                      f"raw {r['raw']:.2f}, in-process ingest {r['ingest']:.2f} passages/s",
+                      f"ingest / raw {r['ingest'] / r['raw']:.2f} (floor {INGEST_OVER_RAW}: "
+                      f"{verdict(r['ingest'] / r['raw'] >= INGEST_OVER_RAW)})") for b, r in demo_per.items()]
+            if args.ingest_only:
+                rows.append(("load average (1 min) at start / end", f"{load0:.1f} / {os.getloadavg()[0]:.1f}",
+                             f"{m['cores']} cores; sections 1-3 only (--ingest-only)"))
+                write(args.out, m, rows, notes, len(docs), len(texts))
+                return 0
+            rows += scale_out_rows(bench_scale_out(docs, work, passage_default), passage_default, default_ingest)
         with runtime_for("torch", work / "query", work / "onnx") as runtime:
             torch_towers = runtime.towers
         vectors = torch_towers.encode_documents(texts, batch_size=BATCH)  # (n, dim)
@@ -462,17 +471,19 @@ def main() -> int:
             index[n] = build_collection(torch_towers, vectors, texts, n, data_dir)
             say(f"store of {n:,} passages built and optimized in {time.perf_counter() - t0:.0f} s: {index[n]}",
                 flush=True)
-        bucket = bench_bucketing(torch_towers, groups)
-        say(f"bucketing: {bucket}", flush=True)
-        rows += [(f"length bucketing (torch raw tower over the ingest batches): {k}", f"{v:.2f} passages/s",
-                  f"{v / bucket['one call (before)']:.2f}x before") for k, v in bucket.items()]
+        if not args.query_only:  # section 5
+            bucket = bench_bucketing(torch_towers, groups)
+            say(f"bucketing: {bucket}", flush=True)
+            rows += [(f"length bucketing (torch raw tower over the ingest batches): {k}", f"{v:.2f} passages/s",
+                      f"{v / bucket['one call (before)']:.2f}x before") for k, v in bucket.items()]
         rows += process_rows(work, backends, questions[0], args.points)
         for n, data_dir in sizes.items():
             question_backend, latency = query_latency(data_dir, questions, work / "onnx")
             rows += latency_rows(n, index[n], question_backend, latency, len(questions), n == max(sizes))
             say(*rows[-3:], sep="\n", flush=True)
     rows.append(("load average (1 min) at start / end", f"{load0:.1f} / {os.getloadavg()[0]:.1f}",
-                 f"{m['cores']} cores, shared with other work"))
+                 f"{m['cores']} cores, shared with other work" + ("; sections 6-7 only (--query-only)"
+                                                                   if args.query_only else "")))
     write(args.out, m, rows, notes, len(docs), len(texts))
     return 0
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
@@ -26,20 +26,14 @@ from services.language import for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
-from services.sparse import BM25_KEY, for_spec
-from services.store.points import CollectionSpec, Passage, PassagePoint, SparseVector
+from services.sparse import BM25_KEY, SparseEncoder, for_spec
+from services.store.points import CollectionSpec, Passage, PassagePoint
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger(__name__)
-
-
-class SparseEncoder(Protocol):
-    def embed_document(self, text: str) -> SparseVector: ...
-
-    def embed_query(self, text: str) -> SparseVector: ...
 
 
 @dataclass

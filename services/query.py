@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
-from services.ingest import SparseEncoder
-from services.sparse import for_spec
+from services.sparse import SparseEncoder, for_spec
 from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore

@@ -5,6 +5,8 @@ shares the loaded models and keeps one store and fence per collection.
 
 Everything is lazy and loads once, under a lock (the API calls in from request threads and its ingest thread),
 so ``dpr status`` never loads a model (a worker's pool process loads it right after the fork: workers.tasks).
+The ingest pipeline's modules (readers, chunking, language detection) are imported when a pipeline or a delete
+is first asked for: `dpr query` never imports them.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from encoders.onnx_towers import Backend
 from encoders.registry import export_model, load_towers
 from encoders.towers import DualEncoder, configure_threads, resolve_model_path
 from services.errors import ModelMismatch
-from services.ingest import IngestPipeline, SparseEncoder, delete_documents
 from services.jobs import FileHashes, JobStore
 from services.locks import WriteFence
 from services.query import QueryOptions, search
 from services.settings import Settings
+from services.sparse import SparseEncoder
 from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
@@ -31,6 +33,7 @@ from services.threads import threads_per_process
 
 if TYPE_CHECKING:
     from encoders.rerank import Reranker
+    from services.ingest import IngestPipeline
 
 T = TypeVar("T")
 
@@ -201,6 +204,8 @@ class Runtime:
     @property
     def pipeline(self) -> IngestPipeline:
         """The collection's ingest pipeline (towers, BM25, store, fence), built once."""
+        from services.ingest import IngestPipeline
+
         return self._part("pipeline", lambda: IngestPipeline.from_settings(
             self.settings, store=self.store, towers=self.towers, sparse=self.sparse, fence=self.fence,
             towers_for=self.towers_for,
@@ -231,6 +236,8 @@ class Runtime:
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""
+        from services.ingest import delete_documents
+
         return delete_documents(doc_ids, store=self.store, fence=self.fence)
 
     def close(self) -> None:

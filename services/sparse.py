@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from services.errors import ConfigError
 from services.store.points import CollectionSpec, SparseVector
@@ -49,6 +49,14 @@ DEFAULT_K = 1.2
 DEFAULT_B = 0.75
 DEFAULT_AVG_LEN = 256.0
 ALIASES = {"english": "en", "korean": "ko"}  # long names accepted, stored as the short code
+
+
+class SparseEncoder(Protocol):
+    """What ingest, query and re-embed need of a sparse encoder (``Bm25Embedder`` is the one the product has)."""
+
+    def embed_document(self, text: str) -> SparseVector: ...
+
+    def embed_query(self, text: str) -> SparseVector: ...
 
 
 def canonical_language(language: str) -> str:

@@ -16,7 +16,8 @@ import redis.exceptions
 
 from services.errors import ConfigError, TransientError
 from services.ingest import new_job_id
-from services.jobs import JobStore, Submitted, redact_url, submit_job, unavailable
+from services.jobs import JobStore, redact_url, unavailable
+from services.jobs.runner import Submitted, submit_job
 from services.readers import Document, Item
 from services.settings import Settings
 from workers.app import INGEST_QUEUE, create_app

@@ -1,4 +1,4 @@
-"""Thin Celery tasks: primitives in, one pipeline call (``services.jobs.run_batch``), the outcome in the job store.
+"""Thin Celery tasks: primitives in, one call (``services.jobs.runner.run_batch``), the outcome in the job store.
 
 Model loading: each prefork pool process builds its one ``Runtime`` and loads the towers and the BM25 embedder
 right after the fork (``worker_process_init``), before it takes its first task, and keeps them for its life.
@@ -31,7 +31,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from services.errors import TransientError
-from services.jobs import TERMINAL, JobStore, batch_failure, run_batch
+from services.jobs import TERMINAL, JobStore
+from services.jobs.runner import batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
 from services.runtime import Runtime
 from services.settings import Settings

@@ -28,7 +28,7 @@ from entrypoints.api.middleware import BodyLimit, HttpMetrics
 from entrypoints.api.routes import console, documents, health, jobs, reports, search, status
 from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
-from services.jobs import Executor
+from services.jobs.executor import Executor
 from services.runtime import Runtime
 from services.settings import Settings
 

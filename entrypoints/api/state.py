@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from entrypoints.api.metrics import ApiMetrics
-from services.jobs import Executor
+from services.jobs.executor import Executor
 from services.runtime import Runtime
 from services.settings import Settings
 

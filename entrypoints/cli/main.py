@@ -11,11 +11,18 @@ from typing import Annotated
 
 import typer
 
-from entrypoints.cli import core
 from entrypoints.cli.common import load_settings
 
 HELP = "Dense passage retrieval: ingest documents with a DPR passage tower into Qdrant, query with the question tower."
-GROUPS = (  # command groups that live in their own modules, beside ``core``
+CORE = {  # the core commands and the module of each: one of them builds only its own module
+    "ingest": "entrypoints.cli.ingest",
+    "query": "entrypoints.cli.core",
+    "status": "entrypoints.cli.core",
+    "delete": "entrypoints.cli.core",
+}
+GROUPS = (  # every module with commands, each with register(app), in the order `dpr --help` lists them
+    "entrypoints.cli.ingest",
+    "entrypoints.cli.core",
     "entrypoints.cli.train",
     "entrypoints.cli.evaluate",
     "entrypoints.cli.models",
@@ -37,13 +44,12 @@ def _root(
 
 
 def build_app(groups: Sequence[str] = GROUPS) -> typer.Typer:
-    """The ``dpr`` command: the core commands (ingest, query, status, delete) and those of ``groups``."""
+    """The ``dpr`` command with the commands of the modules ``groups``."""
     import importlib
 
     app = typer.Typer(name="dpr", help=HELP, no_args_is_help=True, pretty_exceptions_enable=False,
                       add_completion=False)
     app.callback()(_root)
-    core.register(app)
     for module in groups:
         try:
             mod = importlib.import_module(module)
@@ -77,9 +83,11 @@ def __getattr__(name: str) -> typer.Typer:
 def main() -> None:
     # The model loaders' own progress bars ("Loading weights ...") must not leak into dpr's output.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # A core command (`dpr query` above all: the thin client) builds only the core commands: the other groups'
-    # modules are not imported and typer turns 4 functions into commands, not 20.
-    build_app(() if _command(sys.argv[1:]) in core.COMMANDS else GROUPS)()
+    # A core command (`dpr query` above all: the thin client) builds only the module it lives in: the others are
+    # not imported (for `dpr query`: no reader, chunker, job executor or progress bar) and typer turns 3 functions
+    # into commands, not 20.
+    command = _command(sys.argv[1:])
+    build_app((CORE[command],) if command in CORE else GROUPS)()
 
 
 if __name__ == "__main__":

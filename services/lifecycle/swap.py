@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from encoders.towers import DualEncoder
-from services.ingest import SparseEncoder
 from services.lifecycle.copy import check_towers, copy_batch, pending_batches
 from services.lifecycle.gate import Gate, GateDecision
 from services.lifecycle.state import (
@@ -30,6 +29,7 @@ from services.lifecycle.state import (
 )
 from services.lifecycle.verify import Verification, catch_up, verified_by, verify
 from services.locks import NoFence, WriteFence
+from services.sparse import SparseEncoder
 from services.store.protocol import VectorStore
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from encoders.towers import DualEncoder
-from services.ingest import SparseEncoder
 from services.lifecycle.copy import copy_batch, index_of, is_done
 from services.lifecycle.state import ReembedState
+from services.sparse import SparseEncoder
 from services.store.points import Passage
 from services.store.protocol import VectorStore
 

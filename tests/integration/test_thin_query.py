@@ -135,15 +135,24 @@ def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
     subprocess.run([*run, "ingest", str(docs), "--json"], env=env, check=True, capture_output=True, timeout=300)
     manifests = list((data / "cache" / "onnx").glob("*/manifest.json"))
     assert len(manifests) == 1 and (manifests[0].parent / "shared" / "model.onnx.data").is_file()
-    probe = (
-        "import sys\nfrom entrypoints.cli.main import app\n"
-        "try:\n    app(['query', 'what stores the energy of mitochondria', '--json', '-k', '1'])\n"
-        "except SystemExit as e:\n    assert not e.code, e.code\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', "
-        "'sentence_transformers')))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True,
-                         timeout=120).stdout.splitlines()
-    hits = json.loads(out[0])
-    assert hits[0]["doc_id"].endswith("mito.txt")
-    assert out[1] == "[]"
+    question = ["query", "what stores the energy of mitochondria", "--json", "-k", "1"]
+    torch_side = ("torch", "transformers", "sentence_transformers")
+    ingest_side = ("services.ingest", "services.readers", "services.chunking", "services.jobs.executor",
+                   "entrypoints.cli.ingest", "entrypoints.cli.workers", "entrypoints.cli.train", "rich.progress")
+
+    def imported(call: str, watched: tuple[str, ...]) -> list[str]:
+        """Run ``call`` in a fresh interpreter; its hits must name mito.txt; returns the watched modules it loaded
+        (a name or its top-level package)."""
+        probe = (
+            f"import sys\nimport entrypoints.cli.main as cli\nsys.argv = ['dpr', *{question!r}]\n"
+            f"try:\n    {call}\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print(sorted(m for m in sys.modules if m in {watched!r} or m.split('.')[0] in {watched!r}))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True,
+                             timeout=120).stdout.splitlines()
+        assert json.loads(out[0])[0]["doc_id"].endswith("mito.txt")
+        return json.loads(out[1].replace("'", '"'))
+
+    assert imported(f"cli.app({question!r})", torch_side) == []  # every command group built
+    # As `dpr query` runs (main() builds only the module of the command named): not even the ingest side.
+    assert imported("cli.main()", torch_side + ingest_side) == []

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from kit.fake_redis import FakeRedis
 
-from services.jobs import JobStore, JobStoreUnavailable, RedisHashes, Submitted, follow_job, submit_job
+from services.jobs import JobStore, JobStoreUnavailable, RedisHashes
+from services.jobs.follow import follow_job
+from services.jobs.runner import Submitted, submit_job
 from services.readers import Document
 
 pytestmark = pytest.mark.unit
