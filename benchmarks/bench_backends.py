@@ -11,11 +11,12 @@ passages and the questions both run on the backend measured. Beside nDCG@10: rec
 each backend's passage vectors to torch's on a sample, and the paired randomization test of each backend against
 torch (the same claims, the same model).
 
-``--split train`` runs the same measurement on the 809 SciFact train claims, base model only (a model trained
-on them has seen them): the dev split on which the default backend is chosen; the test split only reports.
+``--no-base`` measures the trained model alone (the base rows of an earlier run stand). ``--split train`` runs the
+same measurement on the 809 SciFact train claims, base model only (a model trained on them has seen them): the dev
+split on which the default backend is chosen; the test split only reports.
 
 Usage: ``.venv/bin/python benchmarks/bench_backends.py --data-dir /tmp/bk/data [--model scifact]
-[--backends torch,onnx-int8] [--split test|train]``; writes ``benchmarks/results/backends.md`` (test) or
+[--backends torch,onnx-int8] [--split test|train] [--no-base]``; writes ``benchmarks/results/backends.md`` (test) or
 ``backends-train.md``.
 """
 
@@ -91,6 +92,8 @@ def main() -> int:
                         "P/Q: passages on P, questions on Q (DPR_ENCODER__QUESTION_BACKEND), e.g. onnx-int8/onnx.")
     parser.add_argument("--split", choices=("test", "train"), default="test",
                         help="test (report) or train (the dev split for choosing the default; base model only)")
+    parser.add_argument("--no-base", dest="base", action="store_false",
+                        help="trained model's rows only (the base rows of an earlier run stand; test split)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     scifact = scifact_dir()
@@ -104,7 +107,7 @@ def main() -> int:
     if args.split != "test":
         print("train split: base model only (a model trained on SciFact train has seen these claims)", flush=True)
     elif (args.data_dir / "models" / args.model).is_dir() or Path(args.model).is_dir():
-        specs.append(args.model)
+        specs = [args.model] if not args.base else [*specs, args.model]
     else:
         print(f"no trained model {args.model!r} under {args.data_dir / 'models'}: base only", flush=True)
     load_start = os.getloadavg()[0]
