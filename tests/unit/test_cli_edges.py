@@ -3,6 +3,7 @@ traceback; the exit-code table maps every error class in one place."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from entrypoints.cli.common import (
     EXIT_USAGE,
     exit_code_for,
 )
-from entrypoints.cli.main import app
+from entrypoints.cli.main import CORE, app
 from services.errors import CollectionNotFound, ConfigError, DataError, DocumentError, ModelMismatch, StoreUnavailable
 from services.settings import Settings
 
@@ -88,3 +89,12 @@ def test_exit_code_table() -> None:
                   DocumentError("x", "empty", "empty"), FileNotFoundError("x")):
         assert exit_code_for(error) == EXIT_ERROR
     assert exit_code_for(RuntimeError("a bug")) is None  # bugs are not dressed up as user errors
+
+
+def test_core_map_names_each_modules_own_commands() -> None:
+    """main() builds a core command from ``CORE`` alone (the thin `dpr query`): the map must name exactly the
+    commands each of those modules registers, or a command falls back to the whole tree or is not found."""
+    for module in set(CORE.values()):
+        declared = set(importlib.import_module(module).COMMANDS)
+        assert {c for c, m in CORE.items() if m == module} == declared, module
+        assert {c.name for c in app.registered_commands} >= declared
