@@ -251,10 +251,8 @@ def _encode_and_store(
             points.append(PassagePoint(passage=passage, dense=vectors[i].tolist(),
                                        sparse=sparse_vectors[i] if sparse_vectors is not None else None))
     t0 = time.perf_counter()
-    store.upsert(points, generation=generation)
+    store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks go, in one write
     report.upsert_seconds = time.perf_counter() - t0
-    for doc, chunks in planned:
-        store.delete_stale(doc.doc_id, doc.doc_hash, len(chunks), generation=generation)
     report.documents += len(planned)
     report.chunks += len(points)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from services.errors import CollectionNotFound, ConfigError, ModelMismatch
-from services.store.points import CollectionSpec, DocState, SearchRequest
+from services.store.points import CollectionSpec, DocState, PassagePoint, SearchRequest
 
 GENERATION_FORMAT = "{alias}__g{number:04d}"
 SPEC_METADATA_KEY = "dpr_spec"  # server: key of the spec inside the collection's metadata
@@ -228,6 +228,18 @@ def request_filter(filters: Mapping[str, Any]) -> Where | None:
 
 def documents_filter(doc_ids: Sequence[str]) -> Where:
     return Where(must=(Match("doc_id", tuple(doc_ids), any_of=True),))
+
+
+def document_versions(points: Sequence[PassagePoint]) -> dict[str, tuple[str, int]]:
+    """Each document among ``points`` with the version they hold: (doc hash, chunks), for ``stale_filter``.
+    Refuses points that hold two versions of one document (a caller's bug: which one would be kept?)."""
+    versions: dict[str, tuple[str, int]] = {}
+    for p in points:
+        doc_hash, chunks = versions.get(p.passage.doc_id, (p.passage.doc_hash, 0))
+        if doc_hash != p.passage.doc_hash:
+            raise ConfigError(f"points hold two versions of document {p.passage.doc_id!r}; replace one at a time")
+        versions[p.passage.doc_id] = (doc_hash, max(chunks, p.passage.chunk_index + 1))
+    return versions
 
 
 def stale_filter(doc_id: str, keep_doc_hash: str, keep_chunks: int) -> Where:

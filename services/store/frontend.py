@@ -32,6 +32,7 @@ from services.store.common import (
     check_compatible,
     check_dense_dim,
     doc_states_from,
+    document_versions,
     documents_filter,
     generation_name,
     generation_number,
@@ -220,9 +221,10 @@ class Store:
             return {"generation": name} | self.engine.index_info(name)
 
     # -- data -----------------------------------------------------------------------------------------------
-    def upsert(self, points: Sequence[PassagePoint], generation: str | None = None) -> None:
+    def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
         if not points:
             return
+        versions = document_versions(points) if replace else {}
         with self._use(generation) as (name, spec):
             for p in points:
                 check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
@@ -232,6 +234,8 @@ class Store:
                 self.engine.upsert(
                     name, [(p.passage.id, point_vectors(p, spec.sparse), p.passage.to_payload()) for p in batch]
                 )
+            for doc_id, (doc_hash, chunks) in versions.items():
+                self.engine.delete(name, stale_filter(doc_id, doc_hash, chunks))
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
         wanted = sorted(set(doc_ids))

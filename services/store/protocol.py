@@ -96,8 +96,10 @@ class VectorStore(Protocol):
         ...
 
     # --- data ------------------------------------------------------------------------------------------
-    def upsert(self, points: Sequence[PassagePoint], generation: str | None = None) -> None:
-        """Idempotent: point ids are uuid5(doc id, chunk index)."""
+    def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
+        """Idempotent: point ids are uuid5(doc id, chunk index). ``replace``: ``points`` hold every chunk of their
+        documents' new versions, so each of those documents' other points (another doc hash, or a chunk index
+        beyond them) is deleted in the same write (edge: one lease hold, not one per document)."""
         ...
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:

@@ -266,6 +266,29 @@ class StoreContract:
         assert "other" not in store.doc_states(["other"])
         assert store.count() == 1
 
+    def test_upsert_replace_drops_each_documents_stale_chunks(self, store: VectorStore, vectors: np.ndarray) -> None:
+        store.ensure_collection(SPEC)
+        old = [point(passage("doc", i, f"old chunk {i}", doc_hash="v1"), vectors[i]) for i in range(4)]
+        short = [point(passage("short", i, f"short chunk {i}", doc_hash="s1"), vectors[5 + i]) for i in range(3)]
+        other = [point(passage("other", i, f"other chunk {i}", doc_hash="v1"), vectors[10 + i]) for i in range(2)]
+        store.upsert(old + short + other)
+        new = [point(passage("doc", i, f"new chunk {i}", doc_hash="v2"), vectors[20 + i]) for i in range(2)]
+        same_hash_fewer = [point(passage("short", 0, "short chunk 0", doc_hash="s1"), vectors[5])]
+        store.upsert(new + same_hash_fewer, replace=True)
+        states = store.doc_states(["doc", "short", "other"])
+        assert (states["doc"].doc_hash, states["doc"].chunks) == ("v2", 2)  # chunks 2 and 3 of v1 are gone
+        assert (states["short"].doc_hash, states["short"].chunks) == ("s1", 1)  # the tail beyond the points went
+        assert (states["other"].doc_hash, states["other"].chunks) == ("v1", 2)  # not among the points: untouched
+        assert store.count() == 5
+        # without replace, an upsert only overwrites
+        store.upsert([point(passage("other", 0, "other chunk 0 again", doc_hash="v3"), vectors[10])])
+        assert store.count() == 5
+        two_versions = [point(passage("x", 0, "x", doc_hash="a"), vectors[30]),
+                        point(passage("x", 1, "x", doc_hash="b"), vectors[31])]
+        with pytest.raises(ConfigError, match="two versions of document 'x'"):
+            store.upsert(two_versions, replace=True)
+        assert "x" not in store.doc_states(["x"])  # refused before anything was written
+
     def test_delete_documents(self, store: VectorStore, vectors: np.ndarray) -> None:
         store.ensure_collection(SPEC)
         store.upsert(corpus(vectors) + [point(passage("d0", 1, "second chunk of d0"), vectors[30])])
