@@ -7,7 +7,7 @@ DEMO_QUESTION ?= How do I read a file line by line?
 # The demo corpus: part of the Python 3.11 documentation (Debian's python3.11-doc). DOCS=all ingests all of it.
 DOCS ?= tutorial howto faq reference glossary.rst.txt
 
-.PHONY: install chromium demo test test-unit test-integration test-slow lint typecheck bench clean
+.PHONY: install chromium demo test test-unit test-integration test-slow lint typecheck bench bench-hotpaths clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -58,6 +58,11 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ingest.py
+
+# Issue 13's hot paths in one run (~40 min on 2 cores); the peer script searches with faiss-cpu (the bench extra)
+bench-hotpaths: $(STAMP)
+	$(BIN)/pip install -q -e ".[test,bench]"
+	$(BIN)/python benchmarks/bench_hotpaths.py
 
 clean:
 	rm -rf $(VENV) .dpr .pytest_cache .ruff_cache .mypy_cache

@@ -24,7 +24,10 @@ notes), never asserted.
    the model in every worker): (a) 1 worker, concurrency 1, 1 thread; (b) 2 workers, 1 thread each; (c) one
    worker with 2 pool processes sharing the cores on the default thread policy (``DPR_ENCODER__THREADS`` unset:
    usable cores // concurrency each). Ratios b / a (floor 1.7: the scale-out a second machine gives) and c /
-   in-process ingest on the same backend (floor 0.9).
+   in-process ingest on the same backend (floor 0.9). One run of a set varies by ~5% from the next, so a and b
+   alternate ``--scale-pairs`` times (3) and b / a is the median of the pairs' ratios. Beside it, what the machine
+   itself gives: two raw passage-tower processes at 1 thread each over the same ingest batches / one alone (no
+   queue, no store), the same number of pairs: the ceiling of b / a on this machine.
 5. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
    not sort gets), as one ``encode_documents`` call per ingest batch (the code before this change:
    sentence-transformers sorts by characters inside the call), and with ``services.ingest.encode_by_length``.
@@ -68,6 +71,7 @@ from bench_hostile import commit, cpu_model  # noqa: E402
 
 from services.ingest import chunk_document, encode_by_length  # noqa: E402
 from services.readers import Document  # noqa: E402
+from services.runtime import Runtime  # noqa: E402
 from services.settings import EncoderSettings, Settings  # noqa: E402
 from services.threads import available_cores, threads_per_process  # noqa: E402
 
@@ -143,8 +147,6 @@ def default_backends() -> tuple[str, str]:
 
 
 def runtime_for(backend: str, data_dir: Path, onnx_cache: Path) -> Any:
-    from services.runtime import Runtime
-
     encoder: dict[str, Any] = {"model": "base", "batch_size": BATCH, "backend": backend}
     return Runtime(Settings(data_dir=data_dir, onnx_cache=onnx_cache, collection="bench",
                             encoder=EncoderSettings(**encoder)))
@@ -233,28 +235,71 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def bench_scale_out(docs: list[Document], work: Path, backend: str) -> dict[str, tuple[float, str] | str]:
-    """Section 4: passages/s and a note per worker set (a, b, c), or why it failed; the export is made already."""
+def bench_scale_out(docs: list[Document], work: Path, backend: str,
+                    pairs: int) -> dict[str, list[tuple[float, str]] | str]:
+    """Section 4: passages/s and a note per run of each worker set (a, b, c), or why it failed; the export is made
+    already. a and b alternate ``pairs`` times (one run of each varies by ~5%: the ratio is read per pair)."""
     env = {"DPR_ENCODER__MODEL": "base", "DPR_ENCODER__BACKEND": backend, "DPR_ONNX_CACHE": str(work / "onnx")}
     per_task = -(-len(docs) // WORKER_TASKS)
-    out: dict[str, tuple[float, str] | str] = {}
-    for key, workers, concurrency, threads in (("a", 1, 1, 1), ("b", 2, 1, 1), ("c", 1, 2, None)):
+    runs: dict[str, list[tuple[float, str]]] = {}
+    failed: dict[str, str] = {}
+    sets = {"a": (1, 1, 1), "b": (2, 1, 1), "c": (1, 2, None)}
+    for n, key in enumerate(["a", "b"] * pairs + ["c"]):
+        workers, concurrency, threads = sets[key]
+        if key in failed:
+            continue  # failed once: not again
         try:
-            seconds, status, profile = bi.bench_workers(docs, work, workers, threads, per_task, env, concurrency)
+            seconds, status, profile = bi.bench_workers(docs, work / f"run{n}", workers, threads, per_task, env,
+                                                        concurrency)
             if status["state"] != "done":
                 raise RuntimeError(f"job ended {status['state']}: {json.dumps(status)[:300]}")
         except Exception as e:  # noqa: BLE001 - a worker set that fails is a row, not a crash
-            out[key] = f"failed ({type(e).__name__}: {str(e)[:200]})"
-        else:
-            busy = profile["busy_seconds"] / (workers * concurrency * seconds)
-            out[key] = (int(status["chunks"]) / seconds,
-                        f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} documents; pool "
-                        f"processes busy {busy:.0%} of {workers * concurrency} x wall")
-        print(f"scale-out {key}: {out[key]}", flush=True)
-    return out
+            failed[key] = f"failed ({type(e).__name__}: {str(e)[:200]})"
+            print(f"scale-out {key}: {failed[key]}", flush=True)
+            continue
+        busy = profile["busy_seconds"] / (workers * concurrency * seconds)
+        runs.setdefault(key, []).append((
+            int(status["chunks"]) / seconds, f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} "
+            f"documents; pool processes busy {busy:.0%} of {workers * concurrency} x wall"))
+        print(f"scale-out {key}: {runs[key][-1]}", flush=True)
+    return {**runs, **failed}
 
 
-def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_process: float | None) -> list[Row]:
+def raw_scaling(work: Path, groups: list[list[tuple[str, int]]], backend: str, pairs: int) -> tuple[float, str]:
+    """What the machine itself gives: the raw passage tower at 1 thread over the ingest batches, one process alone
+    and two at once (no queue, no store), alternating ``pairs`` times; the median ratio and each one."""
+    path = work / "groups.json"
+    path.write_text(json.dumps(groups))
+    cmd = [sys.executable, __file__, "--raw-child", str(path), "--backend", backend, "--onnx-cache", str(work / "onnx")]
+
+    def rates(n: int) -> list[float]:
+        children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+        return [float(c.communicate()[0].strip().splitlines()[-1]) for c in children]
+
+    ratios = []
+    for _ in range(pairs):
+        one, two = rates(1)[0], sum(rates(2))
+        ratios.append(two / one)
+    return float(np.median(ratios)), ", ".join(f"{r:.2f}" for r in ratios)
+
+
+def raw_child(groups_path: Path, backend: str, onnx_cache: Path) -> None:
+    """``--raw-child``: the raw tower at 1 thread over the ingest batches (encode_by_length, as a worker batch is
+    encoded); prints passages/s."""
+    groups = json.loads(groups_path.read_text())
+    with tempfile.TemporaryDirectory(prefix="dpr-raw-") as tmp, Runtime(Settings(
+            data_dir=Path(tmp), onnx_cache=onnx_cache, collection="bench",
+            encoder=EncoderSettings(model="base", batch_size=BATCH, backend=backend, threads=1))) as runtime:
+        towers = runtime.towers
+        towers.encode_documents([groups[0][0][0]], batch_size=BATCH)  # warm up
+        t0 = time.perf_counter()
+        for g in groups:
+            encode_by_length(towers, [t for t, _ in g], [n for _, n in g], BATCH)
+        print(sum(len(g) for g in groups) / (time.perf_counter() - t0))
+
+
+def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str, in_process: float | None,
+                   hardware: tuple[float, str] | None) -> list[Row]:
     cores = available_cores()
     policy = threads_per_process(None, processes=2, cores=cores)  # a worker at concurrency 2 (workers/app.py)
     sets = {
@@ -265,22 +310,30 @@ def scale_out_rows(scale: dict[str, tuple[float, str] | str], backend: str, in_p
               f"= {policy} thread(s): {2 * policy} on {cores} cores"),
     }
     rows: list[Row] = []
-    rates: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
     for key, (label, threads) in sets.items():
         result = scale[key]
         name = f"ingest via Redis + {label} ({key}), {backend}"
         if isinstance(result, str):
             rows.append((name, result, threads))
             continue
-        rates[key] = result[0]
-        rows.append((name, f"{result[0]:.2f} passages/s", f"{threads}; {result[1]}"))
-    if "a" in rates and "b" in rates:
-        ratio = rates["b"] / rates["a"]
+        runs[key] = [r for r, _ in result]
+        each = f" (runs: {', '.join(f'{r:.2f}' for r in runs[key])})" if len(result) > 1 else ""
+        rows.append((name, f"{np.median(runs[key]):.2f} passages/s{' median' if each else ''}",
+                     f"{threads}; {result[-1][1]}{each}"))
+    if "a" in runs and "b" in runs:
+        ratios = [b / a for a, b in zip(runs["a"], runs["b"], strict=False)]
+        ratio = float(np.median(ratios))
+        each = f"; pairs run alternately: {', '.join(f'{r:.2f}' for r in ratios)}" if len(ratios) > 1 else ""
         rows.append(("Redis scale-out b / a (2 workers / 1, 1 thread each)", f"{ratio:.2f}",
                      f"floor {SCALE_OUT_FLOOR} (the scale-out a second machine gives): "
-                     f"{verdict(ratio >= SCALE_OUT_FLOOR)}"))
-    if "c" in rates and in_process:
-        ratio = rates["c"] / in_process
+                     f"{verdict(ratio >= SCALE_OUT_FLOOR)}{each}"))
+    if hardware is not None:
+        rows.append(("the machine alone: 2 raw passage-tower processes / 1, 1 thread each, " + backend,
+                     f"{hardware[0]:.2f}", f"no queue, no store, the same ingest batches; pairs: {hardware[1]}: "
+                     "what two cores of this machine give one process each, the ceiling of b / a here"))
+    if "c" in runs and in_process:
+        ratio = float(np.median(runs["c"])) / in_process
         rows.append((f"Redis, 2 pool processes sharing the cores (c) / in-process ingest, {backend}",
                      f"{ratio:.2f}", f"floor {SHARED_CORES_FLOOR}: {verdict(ratio >= SHARED_CORES_FLOOR)}"))
     return rows
@@ -309,7 +362,6 @@ def index_note(info: dict[str, Any]) -> str:
 
 def query_latency(data_dir: Path, questions: list[str], onnx_cache: Path) -> tuple[str, dict[str, tuple[float, str]]]:
     """(question backend, mode -> (p50 ms, result)) of in-process queries with the default question tower."""
-    from services.runtime import Runtime
     from services.store import open_store
 
     encoder = Settings().encoder.model_copy(update={"model": "base", "batch_size": BATCH})  # default backends
@@ -394,8 +446,16 @@ def main() -> int:
     parser.add_argument("--query-only", action="store_true",
                         help="Sections 6-7 only (the `dpr query` processes and the query latency over the HNSW "
                         "stores); writes results/hotpaths-query.md unless --out is given.")
+    parser.add_argument("--scale-pairs", type=int, default=3,
+                        help="Section 4: runs of (a, b), alternating; the b / a ratio is the median over the pairs.")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--raw-child", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="onnx-int8", help=argparse.SUPPRESS)
+    parser.add_argument("--onnx-cache", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.raw_child is not None:
+        raw_child(args.raw_child, args.backend, args.onnx_cache)
+        return 0
     if args.ingest_only and args.query_only:
         parser.error("--ingest-only and --query-only exclude each other; give neither for the whole run")
     args.out = args.out or (RESULTS.with_name("hotpaths-ingest.md") if args.ingest_only
@@ -457,7 +517,10 @@ def main() -> int:
                              f"{m['cores']} cores; sections 1-3 only (--ingest-only)"))
                 write(args.out, m, rows, notes, len(docs), len(texts))
                 return 0
-            rows += scale_out_rows(bench_scale_out(docs, work, passage_default), passage_default, default_ingest)
+            scale = bench_scale_out(docs, work, passage_default, args.scale_pairs)
+            hardware = raw_scaling(work, groups, passage_default, args.scale_pairs)
+            say(f"the machine alone, 2 raw processes / 1: {hardware}", flush=True)
+            rows += scale_out_rows(scale, passage_default, default_ingest, hardware)
         with runtime_for("torch", work / "query", work / "onnx") as runtime:
             torch_towers = runtime.towers
         vectors = torch_towers.encode_documents(texts, batch_size=BATCH)  # (n, dim)
