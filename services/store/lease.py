@@ -33,14 +33,16 @@ from services.locks import flock_until
 
 log = logging.getLogger(__name__)
 
-_POLL_MIN, _POLL_MAX = 0.005, 0.05  # seconds between flock attempts while waiting
+_POLL_MIN, _POLL_MAX = 0.005, 0.02  # seconds between flock attempts while waiting
 _MIN_FAIR_SHARE = 0.25  # seconds a busy holder keeps the lease before yielding to a waiter
 _HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to take the lock
 # An idle holder hands the lease to a waiting process after this many seconds without a call, instead of the
-# whole ``idle_release``: calls of one piece of work (a batch's upsert and its stale-chunk deletes) come closer
-# together than this, while the gap a worker spends encoding its next batch is far longer, and holding the lease
-# through it stalled the other process's store calls (and its cores) for up to ``idle_release`` per batch.
-_WAITER_GRACE = 0.05
+# whole ``idle_release``: consecutive calls of one piece of work (ensure the collection, read its document states)
+# come closer together than this, while the gap a worker spends encoding its next batch is far longer, and holding
+# the lease through it stalled the other process's store calls (and its cores) for up to ``idle_release`` per batch.
+# Two workers hand the lease over twice per batch each, so every millisecond here is paid ~4 times per batch.
+_WAITER_GRACE = 0.01
+_WAITER_POLL = 0.02  # seconds between an idle holder's later looks for a waiter
 
 
 class ShardLease:
@@ -205,7 +207,7 @@ class ShardLease:
 
     def _idle_expired(self) -> None:
         """Release once the lease has been idle for ``idle_release``, or for ``_WAITER_GRACE`` while another
-        process waits for it; until then the timer checks again (every ``_WAITER_GRACE`` at most)."""
+        process waits for it; until then the timer checks again (every ``_WAITER_POLL``)."""
         with self._mutex:
             if self._timer is not threading.current_thread():
                 return
@@ -222,7 +224,7 @@ class ShardLease:
                 self._release_locked()
                 self._yield_until = now + _HANDOFF_WINDOW
             else:
-                self._start_timer(min(release_at, max(waiter_at, now + _WAITER_GRACE)) - now)
+                self._start_timer(min(release_at, max(waiter_at, now + _WAITER_POLL)) - now)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
