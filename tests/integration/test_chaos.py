@@ -5,6 +5,7 @@ Marked slow (minutes): `make test-slow`, or run the script itself for the full-s
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ def _chaos():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("dpr_chaos", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
