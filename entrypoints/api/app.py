@@ -110,7 +110,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 # --- serving ----------------------------------------------------------------------------------------------------
 
-SERVE_IDLE_RELEASE = 5.0
 SERVE_TORCH_THREADS = 1
 
 
@@ -120,17 +119,14 @@ def serving_settings(settings: Settings) -> Settings:
     - ``encoder.threads`` 1: a server gets its parallelism from concurrent requests; torch's intra-op threads on
       a one-question batch only add barrier waits, and on a busy machine they make a question encode ~10x
       slower (measured: p50 24 ms with 1 thread vs 170-280 ms with 2, load average 15 on 2 cores).
-    - ``edge.idle_release`` 5 s: the embedded store's lease closes the shard after ``idle_release`` idle seconds
-      (default 0.5, right for short commands), and reopening a 50k-passage shard costs 0.4-0.7 s, which a
-      server with requests more than 0.5 s apart would pay on most searches. Other processes still get their
-      turn (the lease yields to a waiter after a fair share, or when the API is idle for 5 s).
+
+    The embedded store's lease needs nothing here: it keeps the shard open between requests (``edge.idle_release``,
+    10 s by default; reopening a 50k-passage shard costs 0.4-0.7 s) and hands it to a waiting process ~10 ms
+    after the last request.
     """
-    updates: dict[str, Any] = {}
-    if "threads" not in settings.encoder.model_fields_set:
-        updates["encoder"] = settings.encoder.model_copy(update={"threads": SERVE_TORCH_THREADS})
-    if settings.store_backend == "edge" and "idle_release" not in settings.edge.model_fields_set:
-        updates["edge"] = settings.edge.model_copy(update={"idle_release": SERVE_IDLE_RELEASE})
-    return settings.model_copy(update=updates) if updates else settings
+    if "threads" in settings.encoder.model_fields_set:
+        return settings
+    return settings.model_copy(update={"encoder": settings.encoder.model_copy(update={"threads": SERVE_TORCH_THREADS})})
 
 
 def app_from_env() -> FastAPI:

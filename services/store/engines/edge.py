@@ -81,7 +81,7 @@ class EdgeEngine:
         alias: str,
         *,
         lock_timeout: float = 120.0,
-        idle_release: float = 0.5,
+        idle_release: float = 10.0,  # as EdgeSettings.idle_release
         index_threshold: int = 5000,
     ):
         if lock_timeout <= 0:
