@@ -23,9 +23,10 @@ notes), never asserted.
    (the default passage backend, ~10 ingest tasks so two workers get the same share; a warm-up job first loads
    the model in every worker): (a) 1 worker, concurrency 1, 1 thread; (b) 2 workers, 1 thread each; (c) one
    worker with 2 pool processes sharing the cores on the default thread policy (``DPR_ENCODER__THREADS`` unset:
-   usable cores // concurrency each). Ratios b / a (floor 1.7: the scale-out a second machine gives) and c /
-   in-process ingest on the same backend (floor 0.9). One run of a set varies by ~5% from the next, so a and b
-   alternate ``--scale-pairs`` times (3) and b / a is the median of the pairs' ratios. Beside it, what the machine
+   usable cores // concurrency each); (i) in-process ingest of the same documents (default thread policy). Ratios
+   b / a (floor 1.7: the scale-out a second machine gives) and c / i (floor 0.9). One run of a set varies by ~5-8%
+   from the next (c alone: 93 and 101 passages/s on one machine), so the four run in turn ``--scale-pairs`` times
+   (3) and each ratio is the median of its rounds' ratios (b beside a, c beside i). Beside it, what the machine
    itself gives: two raw passage-tower processes at 1 thread each over the pipeline's ingest batches / one alone (no
    queue, no store), the same number of pairs: the ceiling of b / a on this machine.
 5. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
@@ -173,17 +174,23 @@ def timed(fn: Any) -> float:
 def bench_backend(backend: str, docs: list[Document], texts: list[str], work: Path,
                   tag: str = "") -> dict[str, float]:
     """Raw tower (length-sorted input) and in-process ingest of the same documents, one backend."""
-    from entrypoints.compose import executor_for
-
     with runtime_for(backend, work / f"ingest{tag}-{backend}", work / "onnx") as runtime:
         towers = runtime.towers
         towers.encode_documents(texts[:8], batch_size=BATCH)  # warm up
         raw = timed(lambda: towers.encode_documents(texts, batch_size=BATCH))
-        t0 = time.perf_counter()
-        job = executor_for(runtime).submit(docs, collection="bench").job
-        ingest = time.perf_counter() - t0
-        chunks = int(runtime.jobs.status(job)["chunks"])
-    return {"raw": len(texts) / raw, "ingest": chunks / ingest}
+        return {"raw": len(texts) / raw, "ingest": ingest_rate(runtime, docs)}
+
+
+def ingest_rate(runtime: Any, docs: list[Document]) -> float:
+    """passages/s of one in-process ingest job of ``docs`` (as ``dpr ingest`` without a broker) into ``runtime``'s
+    collection; its towers are loaded (and warm) before the clock starts."""
+    from entrypoints.compose import executor_for
+
+    runtime.towers.encode_documents(["warm-up"], batch_size=1)
+    t0 = time.perf_counter()
+    job = executor_for(runtime).submit(docs, collection="bench").job
+    seconds = time.perf_counter() - t0
+    return int(runtime.jobs.status(job)["chunks"]) / seconds
 
 
 def bench_bucketing(towers: Any, groups: list[list[tuple[str, int]]]) -> dict[str, float]:
@@ -237,18 +244,27 @@ def verdict(ok: bool) -> str:
 
 def bench_scale_out(docs: list[Document], work: Path, backend: str,
                     pairs: int) -> dict[str, list[tuple[float, str]] | str]:
-    """Section 4: passages/s and a note per run of each worker set (a, b, c), or why it failed; the export is made
-    already. a and b alternate ``pairs`` times (one run of each varies by ~5%: the ratio is read per pair)."""
+    """Section 4: passages/s and a note per run of each set (a, b, c: workers; i: in-process ingest of the same
+    documents, default thread policy, as ``dpr ingest`` without a broker), or why it failed; the export is made
+    already. The sets run in turn ``pairs`` times (one run varies by ~5-8% from the next, more than the queue
+    costs: each ratio is read within a round, b beside a and c beside i)."""
     env = {"DPR_ENCODER__MODEL": "base", "DPR_ENCODER__BACKEND": backend, "DPR_ONNX_CACHE": str(work / "onnx")}
     per_task = -(-len(docs) // WORKER_TASKS)
     runs: dict[str, list[tuple[float, str]]] = {}
     failed: dict[str, str] = {}
     sets = {"a": (1, 1, 1), "b": (2, 1, 1), "c": (1, 2, None)}
-    for n, key in enumerate(["a", "b"] * pairs + ["c"]):
-        workers, concurrency, threads = sets[key]
+    for n, key in enumerate(["a", "b", "c", "i"] * pairs):
         if key in failed:
             continue  # failed once: not again
         try:
+            if key == "i":
+                with runtime_for(backend, work / f"run{n}", work / "onnx") as runtime:
+                    rate = ingest_rate(runtime, docs)
+                note = f"{threads_per_process(None)} encoder threads (the default policy)"
+                runs.setdefault(key, []).append((rate, note))
+                print(f"scale-out {key}: {runs[key][-1]}", flush=True)
+                continue
+            workers, concurrency, threads = sets[key]
             seconds, status, profile = bi.bench_workers(docs, work / f"run{n}", workers, threads, per_task, env,
                                                         concurrency)
             if status["state"] != "done":
@@ -316,12 +332,13 @@ def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str
         "c": ("2 pool processes sharing the cores (`dpr worker --concurrency 2`)",
               f"DPR_ENCODER__THREADS unset: services/threads.py gives each pool process usable cores // concurrency "
               f"= {policy} thread(s): {2 * policy} on {cores} cores"),
+        "i": ("in-process ingest, run beside c", "`dpr ingest` without DPR_BROKER_URL, the same documents"),
     }
     rows: list[Row] = []
     runs: dict[str, list[float]] = {}
     for key, (label, threads) in sets.items():
         result = scale[key]
-        name = f"ingest via Redis + {label} ({key}), {backend}"
+        name = f"{label} ({key}), {backend}" if key == "i" else f"ingest via Redis + {label} ({key}), {backend}"
         if isinstance(result, str):
             rows.append((name, result, threads))
             continue
@@ -340,10 +357,13 @@ def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str
         rows.append(("the machine alone: 2 raw passage-tower processes / 1, 1 thread each, " + backend,
                      f"{hardware[0]:.2f}", f"no queue, no store, the pipeline's ingest batches; pairs: {hardware[1]}: "
                      "what two cores of this machine give one process each, the ceiling of b / a here"))
-    if "c" in runs and in_process:
-        ratio = float(np.median(runs["c"])) / in_process
-        rows.append((f"Redis, 2 pool processes sharing the cores (c) / in-process ingest, {backend}",
-                     f"{ratio:.2f}", f"floor {SHARED_CORES_FLOOR}: {verdict(ratio >= SHARED_CORES_FLOOR)}"))
+    if "c" in runs and "i" in runs:
+        ratios = [c / i for c, i in zip(runs["c"], runs["i"], strict=False)]
+        ratio = float(np.median(ratios))
+        earlier = f"; / section 2's in-process run: {np.median(runs['c']) / in_process:.2f}" if in_process else ""
+        rows.append((f"Redis, 2 pool processes sharing the cores (c) / in-process ingest (i), {backend}",
+                     f"{ratio:.2f}", f"floor {SHARED_CORES_FLOOR}: {verdict(ratio >= SHARED_CORES_FLOOR)}; pairs run "
+                     f"in turn: {', '.join(f'{r:.2f}' for r in ratios)}{earlier}"))
     return rows
 
 
