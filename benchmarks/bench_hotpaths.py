@@ -260,25 +260,27 @@ def bench_scale_out(docs: list[Document], work: Path, backend: str,
             if key == "i":
                 with runtime_for(backend, work / f"run{n}", work / "onnx") as runtime:
                     rate = ingest_rate(runtime, docs)
-                note = f"{threads_per_process(None)} encoder threads (the default policy)"
-                runs.setdefault(key, []).append((rate, note))
-                print(f"scale-out {key}: {runs[key][-1]}", flush=True)
-                continue
-            workers, concurrency, threads = sets[key]
-            seconds, status, profile = bi.bench_workers(docs, work / f"run{n}", workers, threads, per_task, env,
-                                                        concurrency)
-            if status["state"] != "done":
-                raise RuntimeError(f"job ended {status['state']}: {json.dumps(status)[:300]}")
-        except Exception as e:  # noqa: BLE001 - a worker set that fails is a row, not a crash
+                run = (rate, f"{threads_per_process(None)} encoder threads (the default policy)")
+            else:
+                run = worker_run(docs, work / f"run{n}", *sets[key], per_task, env)
+        except Exception as e:  # noqa: BLE001 - a set that fails is a row, not a crash
             failed[key] = f"failed ({type(e).__name__}: {str(e)[:200]})"
             print(f"scale-out {key}: {failed[key]}", flush=True)
             continue
-        busy = profile["busy_seconds"] / (workers * concurrency * seconds)
-        runs.setdefault(key, []).append((
-            int(status["chunks"]) / seconds, f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} "
-            f"documents; pool processes busy {busy:.0%} of {workers * concurrency} x wall"))
-        print(f"scale-out {key}: {runs[key][-1]}", flush=True)
+        runs.setdefault(key, []).append(run)
+        print(f"scale-out {key}: {run}", flush=True)
     return {**runs, **failed}
+
+
+def worker_run(docs: list[Document], work: Path, workers: int, concurrency: int, threads: int | None, per_task: int,
+               env: dict[str, str]) -> tuple[float, str]:
+    """(passages/s, note) of one job through ``workers`` x ``concurrency`` pool processes."""
+    seconds, status, profile = bi.bench_workers(docs, work, workers, threads, per_task, env, concurrency)
+    if status["state"] != "done":
+        raise RuntimeError(f"job ended {status['state']}: {json.dumps(status)[:300]}")
+    busy = profile["busy_seconds"] / (workers * concurrency * seconds)
+    return (int(status["chunks"]) / seconds, f"{seconds:.1f} s, {status['batches_total']} tasks of <= {per_task} "
+            f"documents; pool processes busy {busy:.0%} of {workers * concurrency} x wall")
 
 
 def raw_scaling(work: Path, groups: list[list[tuple[str, int]]], backend: str,
@@ -327,9 +329,9 @@ def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str
     cores = available_cores()
     policy = threads_per_process(None, processes=2, cores=cores)  # a worker at concurrency 2 (workers/app.py)
     sets = {
-        "a": ("1 worker, 1 thread", "concurrency 1; DPR_ENCODER__THREADS=1"),
-        "b": ("2 workers, 1 thread each", "concurrency 1 each; DPR_ENCODER__THREADS=1"),
-        "c": ("2 pool processes sharing the cores (`dpr worker --concurrency 2`)",
+        "a": ("ingest via Redis + 1 worker, 1 thread", "concurrency 1; DPR_ENCODER__THREADS=1"),
+        "b": ("ingest via Redis + 2 workers, 1 thread each", "concurrency 1 each; DPR_ENCODER__THREADS=1"),
+        "c": ("ingest via Redis + 2 pool processes sharing the cores (`dpr worker --concurrency 2`)",
               f"DPR_ENCODER__THREADS unset: services/threads.py gives each pool process usable cores // concurrency "
               f"= {policy} thread(s): {2 * policy} on {cores} cores"),
         "i": ("in-process ingest, run beside c", "`dpr ingest` without DPR_BROKER_URL, the same documents"),
@@ -338,7 +340,7 @@ def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str
     runs: dict[str, list[float]] = {}
     for key, (label, threads) in sets.items():
         result = scale[key]
-        name = f"{label} ({key}), {backend}" if key == "i" else f"ingest via Redis + {label} ({key}), {backend}"
+        name = f"{label} ({key}), {backend}"
         if isinstance(result, str):
             rows.append((name, result, threads))
             continue

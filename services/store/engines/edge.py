@@ -55,6 +55,7 @@ from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services.errors import ConfigError
 from services.fsutil import write_atomic
+from services.settings import EdgeSettings
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
 from services.store.engines import edge_index
 from services.store.lease import ShardLease, lease_for
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
+_DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
 
 
 class EdgeEngine:
@@ -80,9 +82,9 @@ class EdgeEngine:
         store_dir: Path | str,
         alias: str,
         *,
-        lock_timeout: float = 120.0,
-        idle_release: float = 10.0,  # as EdgeSettings.idle_release
-        index_threshold: int = 5000,
+        lock_timeout: float = _DEFAULTS.lock_timeout,
+        idle_release: float = _DEFAULTS.idle_release,
+        index_threshold: int = _DEFAULTS.index_threshold,
     ):
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
