@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,8 +64,11 @@ class TrainConfig:
     weight_decay: float = 0.01
     scale: float = 20.0  # MNRL temperature: logits = scale * cosine
     max_query_tokens: int = 64
-    max_passage_tokens: int = 256  # what the saved passage tower reads (inference)
+    max_passage_tokens: int | None = None  # what the saved passage tower reads (inference); None: the base's own
     train_passage_tokens: int | None = 128  # passages are cut to this while training (cost ~ length); None: max
+    # a positive whose answer (SQuAD-style pairs) lies past the training length is cut to a window around the answer
+    # instead of to its start, the title kept: a positive cut before its answer teaches the towers the wrong thing
+    answer_windows: bool = True
     seed: int = 42
     max_steps: int = -1  # > 0 overrides epochs (tests)
     threads: int | None = None
@@ -98,12 +101,14 @@ class TrainConfig:
 # --- model ----------------------------------------------------------------------------------------------------
 
 
-def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int, device: str = "cpu") -> Any:
+def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int | None,
+                device: str = "cpu") -> Any:
     """The towers to train, both initialised from ``base``.
 
     Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``; a
     ``base`` that already has them (``--base`` an earlier model, the second stage of ``--pretrain``) goes on as is.
     Shared: the base model as is (its ``encode_query`` and ``encode_document`` are the same tower).
+    ``max_passage_tokens`` None keeps the base's own passage length (multilingual-e5: 512; MiniLM: 256).
     """
     offline()
     from sentence_transformers import SentenceTransformer
@@ -113,20 +118,23 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
         model = SentenceTransformer(str(base), device=device, local_files_only=True)
         if any(isinstance(m, Router) for m in model):
             raise ValueError(f"{base} has separate towers; it cannot be trained as one shared tower (drop --shared)")
-        model.max_seq_length = max_passage_tokens
+        if max_passage_tokens:
+            model.max_seq_length = max_passage_tokens
         return model
     trained = SentenceTransformer(str(base), device=device, local_files_only=True)
     router: Any = next((m for m in trained if isinstance(m, Router)), None)
     if router is not None:  # an earlier `dpr train` model: continue from its two towers as they are
         router.sub_modules["query"][0].max_seq_length = max_query_tokens
-        router.sub_modules["document"][0].max_seq_length = max_passage_tokens
+        if max_passage_tokens:
+            router.sub_modules["document"][0].max_seq_length = max_passage_tokens
         return trained
     query = trained
     document = SentenceTransformer(str(base), device=device, local_files_only=True)
     query_modules: list[Any] = [m for m in query if not isinstance(m, Normalize)]  # [Transformer, Pooling]
     document_modules: list[Any] = [m for m in document if not isinstance(m, Normalize)]
     query_modules[0].max_seq_length = max_query_tokens
-    document_modules[0].max_seq_length = max_passage_tokens
+    if max_passage_tokens:
+        document_modules[0].max_seq_length = max_passage_tokens
     router = Router.for_query_document(query_modules=query_modules, document_modules=document_modules)
     prompts = {k: v or "" for k, v in trained.prompts.items()}
     model = SentenceTransformer(modules=[router, Normalize()], device=device, similarity_fn_name="cosine",
@@ -161,7 +169,73 @@ def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
     router.sub_modules["document"][0].max_seq_length = tokens
 
 
+def passage_tokenizer(model: Any, shared: bool) -> Any:
+    """The tokenizer of the passage tower (the shared tower's, when there is one)."""
+    return model.tokenizer if shared else model[0].sub_modules["document"][0].tokenizer
+
+
+def passage_tokens(model: Any, shared: bool) -> int:
+    """What the passage tower reads at inference (its max_seq_length)."""
+    return int(model.max_seq_length if shared else model[0].sub_modules["document"][0].max_seq_length)
+
+
+def _prompt_tokens(model: Any, shared: bool) -> int:
+    """Tokens the passage tower spends on its special tokens and its prompt (multilingual-e5: ``passage: ``)."""
+    prompt = (model.prompts or {}).get("document") or ""
+    tokenizer = passage_tokenizer(model, shared)
+    return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
 # --- data -----------------------------------------------------------------------------------------------------
+
+
+def fit_answers(pairs: Sequence[TrainPair], tokenizer: Any, budget: int) -> tuple[list[TrainPair], int]:
+    """Positives whose first answer occurrence ends past ``budget`` tokens, cut to ``budget`` tokens around it.
+
+    Training cuts each passage to its first ``train_passage_tokens`` tokens; a SQuAD or KorQuAD paragraph longer
+    than that often has its answer past the cut (SQuAD dev on MiniLM at 128 tokens: 13% of pairs; KorQuAD on
+    multilingual-e5: 39%), and the question is then taught to match a passage that does not answer it. Such a
+    positive becomes its title line (the text before the first newline, as chunks carry it) and a window of the
+    body with the answer in its middle, which is what a chunk of the ingested paragraph holding the answer looks
+    like. Pairs without answers, or whose answer already fits, stay as they are. Returns the pairs and how many
+    were cut.
+    """
+    out: list[TrainPair] = []
+    cut = 0
+    for pair in pairs:
+        window = _answer_window(pair, tokenizer, budget) if pair.answers else None
+        if window is None:
+            out.append(pair)
+        else:
+            out.append(replace(pair, positive=window))
+            cut += 1
+    if cut:
+        log.info("positives cut around their answers", extra={"pairs": cut, "budget_tokens": budget})
+    return out, cut
+
+
+def _answer_window(pair: TrainPair, tokenizer: Any, budget: int) -> str | None:
+    text = pair.positive
+    spans = [(i, i + len(a)) for a in pair.answers if a and (i := text.find(a)) >= 0]
+    if not spans or budget < 8:
+        return None
+    a_start, a_end = min(spans)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    ends = [e for _, e in offsets]
+    if len(offsets) <= budget or ends[budget - 1] >= a_end:
+        return None  # the whole passage, or the answer, fits in the cut training makes anyway
+    newline = text.find("\n")
+    head = text[: newline + 1] if 0 <= newline < a_start else ""
+    first = sum(1 for e in ends if e <= len(head))  # tokens of the title line
+    room = budget - first
+    answer_tokens = [k for k, (s, e) in enumerate(offsets) if e > a_start and s < a_end]
+    if room < len(answer_tokens) + 2:
+        return None  # no window of the body can hold the answer
+    lo, hi = answer_tokens[0], answer_tokens[-1] + 1
+    start = max(first, min(lo - (room - (hi - lo)) // 2, len(offsets) - room))
+    end = min(len(offsets), start + room)
+    return head + text[offsets[start][0]: offsets[end - 1][1]]
+
 
 
 def pairs_to_columns(
@@ -234,17 +308,23 @@ def train(
 
     # 1. model
     model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
-    train_tokens = min(config.train_passage_tokens or config.max_passage_tokens, config.max_passage_tokens)
+    passage_max = passage_tokens(model, config.shared)
+    config = replace(config, max_passage_tokens=passage_max)  # the card records what the saved tower reads
+    train_tokens = min(config.train_passage_tokens or passage_max, passage_max)
     set_passage_tokens(model, train_tokens, config.shared)
     frozen = freeze_word_embeddings(model, config.freeze_embeddings)
     # 2. data
+    windowed = 0
+    if config.answer_windows:
+        budget = train_tokens - _prompt_tokens(model, config.shared)
+        pairs, windowed = fit_answers(pairs, passage_tokenizer(model, config.shared), budget)
     columns = pairs_to_columns(pairs, corpus, config.seed)
     # 3. loss
     loss = _loss(model, config)
     # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
     dev_before = None
     if config.dev_baseline:
-        set_passage_tokens(model, config.max_passage_tokens, config.shared)
+        set_passage_tokens(model, passage_max, config.shared)
         dev_before = _dev_metrics(model, dev, "before")
         set_passage_tokens(model, train_tokens, config.shared)
     # 5. arguments, 6. trainer
@@ -255,7 +335,7 @@ def train(
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
-    set_passage_tokens(model, config.max_passage_tokens, config.shared)
+    set_passage_tokens(model, passage_max, config.shared)
     blended = blend_with_pretrained(model, pretrained_root(base), config.blend) if config.blend is not None else None
     # 7. evaluate
     dev_after = _dev_metrics(model, dev, "after")
@@ -265,6 +345,7 @@ def train(
         "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
         **({"blended_with": blended} if blended is not None else {}),
         "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
+                          "positives_cut_around_answer": windowed,
                           "fingerprint": pairs_fingerprint(pairs)},
         "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
                             "frozen_embedding_parameters": frozen},

@@ -95,6 +95,9 @@ def train(
     negatives_model: NegativesModel = None,
     denoise: Denoise = None,
     train_passage_tokens: Annotated[int, typer.Option(help="Passage length while training (0: full).")] = 128,
+    answer_windows: Annotated[bool, typer.Option(
+        help="Cut a positive whose answer (SQuAD-style data) lies past the training length to a window around "
+             "the answer, its title kept, instead of to its start.")] = True,
     dev_queries: Annotated[
         int, typer.Option(help="Queries held out of the training data for dev metrics (0: none).")
     ] = 100,
@@ -145,7 +148,7 @@ def train(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
-        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend,
+        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
     )  # fmt: skip
     with cli_errors():
         check_choice(language)

@@ -128,6 +128,27 @@ def test_separate_towers_train_save_reload(tiny_base: Path, tmp_path: Path) -> N
     assert resolve_model_path("active", models_dir) == (result.model_dir, result.name)
 
 
+def test_the_passage_length_defaults_to_the_bases_own_and_answers_are_kept_in_the_training_cut(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.train import TrainConfig, train
+
+    filler = " ".join(f"w{i}" for i in range(80))
+    pairs = [
+        TrainPair(question=f"where is the {name} {r}?", positive=f"{name.title()}\n{filler} {words} {name}",
+                  answers=(name,))
+        for r in range(2) for name, words in TOPICS
+    ]
+    config = TrainConfig(name="len", batch_size=8, max_steps=1, max_query_tokens=32, train_passage_tokens=24)
+    result = train(pairs, tmp_path / "models", config, base=tiny_base)
+    assert result.card["hyperparameters"]["max_passage_tokens"] == 64  # the tiny base's, not a fixed 256
+    assert result.card["training_data"]["positives_cut_around_answer"] == len(pairs)
+    reloaded = SentenceTransformer(str(result.model_dir), device="cpu", local_files_only=True)
+    assert reloaded[0].sub_modules["document"][0].max_seq_length == 64
+
+
 def test_shared_tower_is_one_tower(tiny_base: Path, tmp_path: Path) -> None:
     result = _train(tiny_base, tmp_path, shared=True)
     texts = ["tell me about the desert"]
