@@ -237,7 +237,6 @@ def _answer_window(pair: TrainPair, tokenizer: Any, budget: int) -> str | None:
     return head + text[offsets[start][0]: offsets[end - 1][1]]
 
 
-
 def pairs_to_columns(
     pairs: Sequence[TrainPair], corpus: dict[str, CorpusDoc] | None, seed: int
 ) -> dict[str, list[str]]:
