@@ -20,7 +20,6 @@ import hashlib
 import logging
 import platform
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -30,8 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from encoders.blend import blend_with_pretrained, pretrained_root
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.towers import base_model_path, model_fingerprint, read_model_card
+from encoders.towers import base_model_path, model_fingerprint
 from encoders.training_run import (
     ProgressFn,
     TrainResult,
@@ -160,30 +160,20 @@ def freeze_word_embeddings(model: Any, freeze: bool | None) -> int:
     return frozen
 
 
+def passage_transformer(model: Any, shared: bool) -> Any:
+    """The passage tower's Transformer module (the shared tower's, when there is one): its ``max_seq_length`` is
+    what the tower reads, its ``tokenizer`` how it splits text."""
+    return model[0] if shared else model[0].sub_modules["document"][0]
+
+
 def set_passage_tokens(model: Any, tokens: int, shared: bool) -> None:
-    """Set the passage tower's max length (the shared tower's, when there is one)."""
-    if shared:
-        model.max_seq_length = tokens
-        return
-    router = model[0]
-    router.sub_modules["document"][0].max_seq_length = tokens
-
-
-def passage_tokenizer(model: Any, shared: bool) -> Any:
-    """The tokenizer of the passage tower (the shared tower's, when there is one)."""
-    return model.tokenizer if shared else model[0].sub_modules["document"][0].tokenizer
-
-
-def passage_tokens(model: Any, shared: bool) -> int:
-    """What the passage tower reads at inference (its max_seq_length)."""
-    return int(model.max_seq_length if shared else model[0].sub_modules["document"][0].max_seq_length)
+    passage_transformer(model, shared).max_seq_length = tokens
 
 
 def _prompt_tokens(model: Any, shared: bool) -> int:
     """Tokens the passage tower spends on its special tokens and its prompt (multilingual-e5: ``passage: ``)."""
     prompt = (model.prompts or {}).get("document") or ""
-    tokenizer = passage_tokenizer(model, shared)
-    return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    return len(passage_transformer(model, shared).tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
 # --- data -----------------------------------------------------------------------------------------------------
@@ -307,7 +297,7 @@ def train(
 
     # 1. model
     model = build_model(base, config.shared, config.max_query_tokens, config.max_passage_tokens)
-    passage_max = passage_tokens(model, config.shared)
+    passage_max = int(passage_transformer(model, config.shared).max_seq_length)
     config = replace(config, max_passage_tokens=passage_max)  # the card records what the saved tower reads
     train_tokens = min(config.train_passage_tokens or passage_max, passage_max)
     set_passage_tokens(model, train_tokens, config.shared)
@@ -316,7 +306,7 @@ def train(
     windowed = 0
     if config.answer_windows:
         budget = train_tokens - _prompt_tokens(model, config.shared)
-        pairs, windowed = fit_answers(pairs, passage_tokenizer(model, config.shared), budget)
+        pairs, windowed = fit_answers(pairs, passage_transformer(model, config.shared).tokenizer, budget)
     columns = pairs_to_columns(pairs, corpus, config.seed)
     # 3. loss
     loss = _loss(model, config)
@@ -359,77 +349,6 @@ def train(
         "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
-
-
-def pretrained_root(path: Path) -> Path:
-    """The pretrained model a lineage of trained models started from: follow each model card's ``base`` until a
-    model without a card (the base model's wheel, multilingual's conversion)."""
-    seen: set[Path] = set()
-    while path not in seen:
-        seen.add(path)
-        parent = (read_model_card(path).get("base") or {}).get("path")
-        if not parent or not Path(parent).is_dir():
-            return path
-        path = Path(parent)
-    return path
-
-
-def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any]:
-    """In place: every transformer of ``model`` becomes ``blend`` x its weights + (1 - blend) x ``root``'s (tensors
-    of the same name and shape; the others stay trained). Returns what the card records."""
-    import torch
-    from safetensors.torch import load_file
-
-    weights = root / "model.safetensors"
-    if not weights.is_file():
-        raise ValueError(f"cannot blend with {root}: it has no model.safetensors (a sentence-transformers model "
-                         "saved with safetensors is needed); train without --blend")
-    pretrained = load_file(str(weights))
-    blended = towers = 0
-    done: set[int] = set()  # storage already blended (a tensor tied to another is blended once)
-    with torch.no_grad():
-        for module in model.modules():
-            auto = getattr(module, "auto_model", None)
-            if auto is None:
-                continue
-            towers += 1
-            for name, tensor in auto.state_dict().items():
-                start = pretrained.get(name)
-                if (start is not None and start.shape == tensor.shape and tensor.is_floating_point()
-                        and tensor.data_ptr() not in done):
-                    done.add(tensor.data_ptr())
-                    tensor.mul_(blend).add_(start.to(tensor.dtype), alpha=1 - blend)
-                    blended += 1
-    if not blended:
-        raise ValueError(f"no weight of {root} matches the trained towers; train without --blend")
-    log.info("blended with the pretrained model", extra={"root": str(root), "tensors": blended, "blend": blend})
-    return {"path": str(root), "fingerprint": model_fingerprint(root), "blend": blend, "tensors": blended,
-            "towers": towers}
-
-
-def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None) -> TrainResult:
-    """WiSE-FT after training (``dpr models blend``): the trained model at ``path`` blended with the pretrained
-    model its lineage started from, saved as a new model beside it (``path`` stays as it is). Its card is the
-    trained model's with ``base`` = ``path``, ``blended_with`` filled in and no dev metrics (measure it with
-    ``dpr eval``). ``name`` defaults to the trained model's name + ``-blend`` + the blend."""
-    root = pretrained_root(path)
-    if root == path:
-        raise ValueError(f"{path} has no model card naming the model it was trained from, so there is nothing to "
-                         "blend it with; blend a model that `dpr train` made")
-    offline()
-    from sentence_transformers import SentenceTransformer
-
-    started = datetime.now(UTC)
-    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-    blended = blend_with_pretrained(model, root, blend)
-    source = read_model_card(path)
-    card = {**source, "base": {"path": str(path), "fingerprint": model_fingerprint(path)},
-            "blended_with": blended, "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
-            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    for key in ("name", "fingerprint"):
-        card.pop(key, None)
-    stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or path.name)) + f"-blend{blend:g}"
-    return save_model(model, models_dir, versioned_name(stem, started), card, [])
 
 
 def _loss(model: Any, config: TrainConfig) -> Any:

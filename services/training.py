@@ -118,10 +118,10 @@ def export_for_backends(settings: Settings, model_dir: Path) -> None:
 
 
 def blend_model(settings: Settings, model: str, blend: float, name: str | None = None) -> TrainResult:
-    """``dpr models blend``: WiSE-FT of a trained model after the fact (``encoders.train.blend_saved_model``),
+    """``dpr models blend``: WiSE-FT of a trained model after the fact (``encoders.blend.blend_saved_model``),
     saved as a new model under ``models_dir`` with its ONNX towers."""
+    from encoders.blend import blend_saved_model
     from encoders.towers import resolve_model_path
-    from encoders.train import blend_saved_model
 
     path, _ = resolve_model_path(model, settings.models_dir)
     result = blend_saved_model(path, settings.models_dir, blend, name)

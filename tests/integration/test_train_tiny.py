@@ -217,7 +217,8 @@ def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Pat
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
 
-    from encoders.train import TrainConfig, blend_with_pretrained, pretrained_root, train
+    from encoders.blend import blend_with_pretrained, pretrained_root
+    from encoders.train import TrainConfig, train
 
     first = _train(tiny_base, tmp_path, shared=False)
     assert pretrained_root(first.model_dir) == tiny_base  # its card names the tiny base
@@ -247,7 +248,7 @@ def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Pat
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
-    from encoders.train import pretrained_root
+    from encoders.blend import pretrained_root
     from entrypoints.cli.main import app
 
     first = _train(tiny_base, tmp_path, shared=False)
