@@ -2,13 +2,16 @@
 
 ``blend`` x the trained weights + (1 - ``blend``) x the pretrained ones keeps more of the pretrained model's quality
 on collections unlike the training data. Used by ``dpr train --blend`` (``encoders.train``) and, after the fact, by
-``dpr models blend`` (``blend_saved_model``). torch and sentence_transformers are imported inside functions.
+``dpr models blend`` (``blend_saved_model``). Model soups (``dpr models soup``, ``soup_saved_models``) average
+several fine-tuned models of one lineage with the same code. torch and sentence_transformers are imported inside
+functions.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,10 +35,37 @@ def pretrained_root(path: Path) -> Path:
     return path
 
 
+def towers(model: Any) -> list[Any]:
+    """The transformer modules of a sentence-transformers model, in module order (a Router: query, then document)."""
+    return [module.auto_model for module in model.modules() if getattr(module, "auto_model", None) is not None]
+
+
+def mix_into(target: Sequence[Any], sources: Sequence[Sequence[Mapping[str, Any]]], weights: Sequence[float]) -> int:
+    """In place: each tower ``target[i]`` becomes ``weights[0]`` x its own weights + ``weights[j + 1]`` x
+    ``sources[j][i]``'s, tensor by tensor (floating tensors whose name and shape every source has; the others stay
+    as they are). A tensor tied to another is mixed once. Returns how many tensors were mixed."""
+    import torch
+
+    mixed = 0
+    done: set[int] = set()
+    with torch.no_grad():
+        for i, tower in enumerate(target):
+            for name, tensor in tower.state_dict().items():
+                found = [source[i].get(name) for source in sources]
+                others = [o for o in found if o is not None and o.shape == tensor.shape]
+                if not tensor.is_floating_point() or tensor.data_ptr() in done or len(others) < len(sources):
+                    continue
+                done.add(tensor.data_ptr())
+                tensor.mul_(weights[0])
+                for weight, other in zip(weights[1:], others, strict=True):
+                    tensor.add_(other.to(tensor.dtype), alpha=weight)
+                mixed += 1
+    return mixed
+
+
 def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any]:
     """In place: every transformer of ``model`` becomes ``blend`` x its weights + (1 - blend) x ``root``'s (tensors
     of the same name and shape; the others stay trained). Returns what the card records."""
-    import torch
     from safetensors.torch import load_file
 
     weights = root / "model.safetensors"
@@ -43,26 +73,13 @@ def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any
         raise ValueError(f"cannot blend with {root}: it has no model.safetensors (a sentence-transformers model "
                          "saved with safetensors is needed); train without --blend")
     pretrained = load_file(str(weights))
-    blended = towers = 0
-    done: set[int] = set()  # storage already blended (a tensor tied to another is blended once)
-    with torch.no_grad():
-        for module in model.modules():
-            auto = getattr(module, "auto_model", None)
-            if auto is None:
-                continue
-            towers += 1
-            for name, tensor in auto.state_dict().items():
-                start = pretrained.get(name)
-                if (start is not None and start.shape == tensor.shape and tensor.is_floating_point()
-                        and tensor.data_ptr() not in done):
-                    done.add(tensor.data_ptr())
-                    tensor.mul_(blend).add_(start.to(tensor.dtype), alpha=1 - blend)
-                    blended += 1
+    trained = towers(model)
+    blended = mix_into(trained, [[pretrained] * len(trained)], [blend, 1 - blend])
     if not blended:
         raise ValueError(f"no weight of {root} matches the trained towers; train without --blend")
     log.info("blended with the pretrained model", extra={"root": str(root), "tensors": blended, "blend": blend})
     return {"path": str(root), "fingerprint": model_fingerprint(root), "blend": blend, "tensors": blended,
-            "towers": towers}
+            "towers": len(trained)}
 
 
 def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None) -> TrainResult:
@@ -88,3 +105,43 @@ def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | No
         card.pop(key, None)
     stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or path.name)) + f"-blend{blend:g}"
     return save_model(model, models_dir, versioned_name(stem, started), card, [])
+
+
+def soup_saved_models(paths: Sequence[Path], models_dir: Path, name: str | None = None) -> TrainResult:
+    """A uniform model soup (Wortsman et al. 2022, "Model soups"): the average of the weights of models fine-tuned
+    from one starting model (``dpr models soup``), saved as a new model (the ingredients stay as they are). Every
+    ingredient must have the first one's towers, tensor for tensor. Its card is the first ingredient's with
+    ``base`` = that ingredient, ``soup`` listing all of them and no dev metrics (measure it with ``dpr eval``)."""
+    if len(paths) < 2:
+        raise ValueError("a soup needs at least two models; give two or more trained models of one lineage")
+    if len(set(paths)) < len(paths):
+        raise ValueError("a soup lists each model once; a model given twice would weigh double")
+    offline()
+    from sentence_transformers import SentenceTransformer
+
+    started = datetime.now(UTC)
+    models = [SentenceTransformer(str(p), device="cpu", local_files_only=True) for p in paths]
+    target = towers(models[0])
+    expected = sum(t.is_floating_point() for tower in target for t in tower.state_dict().values())
+    sources = []
+    for path, other in zip(paths[1:], models[1:], strict=True):
+        other_towers = towers(other)
+        shapes = [{k: t.shape for k, t in tower.state_dict().items()} for tower in other_towers]
+        if shapes != [{k: t.shape for k, t in tower.state_dict().items()} for tower in target]:
+            raise ValueError(f"{path} does not have the towers of {paths[0]} (tower count, tensor names or shapes "
+                             "differ); a soup averages models trained from one starting model")
+        sources.append([tower.state_dict() for tower in other_towers])
+    share = 1 / len(paths)
+    mixed = mix_into(target, sources, [share] * len(paths))
+    if mixed != expected:
+        raise ValueError(f"only {mixed} of {expected} tensors could be averaged; the models differ")
+    source = read_model_card(paths[0])
+    card = {**source, "base": {"path": str(paths[0]), "fingerprint": model_fingerprint(paths[0])},
+            "soup": [{"path": str(p), "fingerprint": model_fingerprint(p), "weight": share} for p in paths],
+            "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    for key in ("name", "fingerprint", "blended_with"):
+        card.pop(key, None)
+    stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or paths[0].name)) + f"-soup{len(paths)}"
+    log.info("model soup", extra={"models": [str(p) for p in paths], "tensors": mixed})
+    return save_model(models[0], models_dir, versioned_name(stem, started), card, [])

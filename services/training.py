@@ -129,6 +129,18 @@ def blend_model(settings: Settings, model: str, blend: float, name: str | None =
     return result
 
 
+def soup_models(settings: Settings, models: list[str], name: str | None = None) -> TrainResult:
+    """``dpr models soup``: the uniform average of trained models of one lineage (``encoders.blend``), saved as a
+    new model under ``models_dir`` with its ONNX towers."""
+    from encoders.blend import soup_saved_models
+    from encoders.towers import resolve_model_path
+
+    paths = [resolve_model_path(model, settings.models_dir)[0] for model in models]
+    result = soup_saved_models(paths, settings.models_dir, name)
+    export_for_backends(settings, result.model_dir)
+    return result
+
+
 def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, base: Path,
                    progress: ProgressFn | None) -> TrainResult:
     """Stage 1 of ``--pretrain``: self-supervised pairs of the target corpus (BM25 negatives as configured), saved

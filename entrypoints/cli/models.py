@@ -1,4 +1,4 @@
-"""`dpr models list|show|activate|blend`: the built-in towers (base, multilingual) and the trained ones under
+"""`dpr models list|show|activate|blend|soup`: the built-in towers (base, multilingual) and the trained ones under
 DATA_DIR/models."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-models_app = typer.Typer(name="models", help="Trained towers: list, show, activate, blend.", no_args_is_help=True)
+models_app = typer.Typer(name="models", help="Trained towers: list, show, activate, blend, soup.", no_args_is_help=True)
 
 
 Name = Annotated[str, typer.Argument(help="Model name, 'base' or 'multilingual'.")]
@@ -120,6 +120,33 @@ def models_blend(
         return
     console.print(f"saved [bold]{result.name}[/] = {weight:g} x {name} + {1 - weight:g} x {blended['path']} "
                   f"({blended['tensors']} tensors; fingerprint {result.fingerprint})")
+    console.print(f"measure it (`dpr eval DATA --model {result.name}`), then `dpr models activate {result.name}`")
+
+
+@models_app.command("soup")
+def models_soup(
+    ctx: typer.Context,
+    names: Annotated[list[str], typer.Argument(help="Two or more models `dpr train` made from one starting model.")],
+    out: Annotated[str | None, typer.Option("--name", help="Name of the new model (default FIRST-soupN).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Model soup: save the average of the weights of NAMES (models fine-tuned from one starting model, e.g. rounds
+    or recipes continued from one model) as a new model; NAMES are kept.
+
+    Averaging fine-tunes that share a start often beats each of them (Wortsman et al. 2022). Measure it with
+    `dpr eval` on a dev split before `dpr models activate`."""
+    from services.training import soup_models
+
+    try:
+        result = soup_models(get_settings(ctx), names, out)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        emit_json({"name": result.name, "path": str(result.model_dir), "fingerprint": result.fingerprint,
+                   "soup": result.card["soup"]})
+        return
+    console.print(f"saved [bold]{result.name}[/] = the average of {', '.join(names)} "
+                  f"(fingerprint {result.fingerprint})")
     console.print(f"measure it (`dpr eval DATA --model {result.name}`), then `dpr models activate {result.name}`")
 
 

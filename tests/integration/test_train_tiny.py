@@ -276,3 +276,51 @@ def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Pat
     refused = runner.invoke(app, [*data_dir, "models", "blend", str(tiny_base), "--weight", "0.5"])
     assert refused.exit_code != 0 and "nothing to blend it with" in refused.stderr
     assert runner.invoke(app, [*data_dir, "models", "blend", "nope", "--weight", "0.5"]).exit_code != 0
+
+
+def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: Path) -> None:
+    """`dpr models soup A B`: every tensor of both towers is the mean of A's and B's; the ingredients stay as they
+    were and the card lists them; one model, or models with other towers, are refused with the reason."""
+    import json
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from encoders.train import TrainConfig, train
+    from entrypoints.cli.main import app
+
+    first = _train(tiny_base, tmp_path, shared=False)
+    second = train(_pairs(), tmp_path / "models", TrainConfig(name="second", max_steps=3, batch_size=8,
+                   learning_rate=2e-3, warmup_ratio=0.0, max_passage_tokens=64, seed=5), base=first.model_dir)
+    towers = ("query_0_Transformer", "document_0_Transformer")
+    before = {(m.name, t): load_file(str(m.model_dir / t / "model.safetensors"))
+              for m in (first, second) for t in towers}
+    runner = CliRunner()
+    data_dir = ["--data-dir", str(tmp_path)]
+    result = runner.invoke(app, [*data_dir, "models", "soup", first.name, second.name, "--name", "mix", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    soup_dir = Path(out["path"])
+    assert out["name"].startswith("mix-") and [s["path"] for s in out["soup"]] == [str(first.model_dir),
+                                                                                  str(second.model_dir)]
+    card = json.loads((soup_dir / "model_card.json").read_text())
+    assert card["base"]["path"] == str(first.model_dir) and card["dev_metrics"] is None
+    assert card["soup"][1]["weight"] == 0.5
+    moved = 0
+    for tower in towers:
+        a, b = before[(first.name, tower)], before[(second.name, tower)]
+        saved = load_file(str(soup_dir / tower / "model.safetensors"))
+        for name, tensor in saved.items():
+            if a[name].is_floating_point():
+                np.testing.assert_allclose(tensor.numpy(), ((a[name] + b[name]) / 2).numpy(), atol=1e-6,
+                                           err_msg=f"{tower}/{name}")
+                moved += int(not bool((a[name] == b[name]).all()))
+        after = load_file(str(first.model_dir / tower / "model.safetensors"))
+        assert all(bool((after[n] == a[n]).all()) for n in a)  # the ingredients are left as they were
+    assert moved > 0  # the two ingredients differ, so the mean is a new model
+
+    alone = runner.invoke(app, [*data_dir, "models", "soup", first.name])
+    assert alone.exit_code != 0 and "at least two" in alone.stderr
+    shared = _train(tiny_base, tmp_path, shared=True)
+    other = runner.invoke(app, [*data_dir, "models", "soup", first.name, shared.name])
+    assert other.exit_code != 0 and "does not have the towers" in other.stderr
