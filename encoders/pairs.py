@@ -21,8 +21,10 @@ from encoders.data import CorpusDoc, TrainPair, passage_text
 
 SelfSupervisedMode = Literal["ict", "title", "both"]
 
-# A sentence ends at . ! or ? followed by whitespace and an upper-case letter, digit, quote or bracket.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
+# A sentence ends at . ! or ? followed by whitespace and anything but a lower-case Latin letter or closing
+# punctuation (so "e.g. this" stays whole, while Hangul, other scripts, digits, quotes and brackets start a new
+# sentence: Korean prose has no capitals), or at a CJK full stop, with or without a space after it.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\sa-z,;:)\]])|(?<=[\u3002\uff01\uff1f])\s*(?=\S)")
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+:.])\1{2,}\s*$")
 
@@ -41,7 +43,8 @@ class PairConfig:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Rule-based sentence split (good enough for abstracts and docs prose; no model, no download)."""
+    """Rule-based sentence split (good enough for abstracts, docs prose and Korean Wikipedia; no model, no
+    download)."""
     text = " ".join(text.split())
     if not text:
         return []

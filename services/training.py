@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs, split_dev_queries
 from encoders.mining import MiningConfig
-from encoders.pairs import SelfSupervisedMode, self_supervised_pairs
+from encoders.pairs import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.errors import ConfigError
 from services.language import corpus_language
-from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl
+from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl, load_squad
 from services.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class TrainingData:
     - ``pretrain``: two stages in one run (Chang et al. 2020): first self-supervised pairs of the target corpus
       (``corpus`` if given, else DATA's, else ``from_collection``'s) for ``pretrain_epochs`` (at most
       ``pretrain_max_pairs`` pairs), then the labelled pairs from the stage-1 model; both stages go into the card.
+    - ``pair_config``: how ICT and title pairs are cut (``encoders.pairs.PairConfig``: ICT questions per document,
+      the chance the sentence stays in its passage, ...).
     - ``language``: the BM25 tokenisation for hard-negative mining (``en`` | ``ko``; None or ``auto``: detected on
       the corpus by ``services.language``); recorded in the model card's ``training_data``.
     """
@@ -60,6 +62,7 @@ class TrainingData:
     pretrain: SelfSupervisedMode | None = None  # stage 1 on ict | title | both pairs of the target corpus
     pretrain_epochs: float = 1.0
     pretrain_max_pairs: int | None = None
+    pair_config: PairConfig = field(default_factory=PairConfig)
     language: str | None = None
 
 
@@ -149,7 +152,7 @@ def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, 
 
     source = data.corpus or data.data
     stage = replace(data, data=source if data.from_collection is None else None, self_supervised=data.pretrain,
-                    max_pairs=data.pretrain_max_pairs)
+                    max_pairs=data.pretrain_max_pairs, fmt="auto" if data.corpus else data.fmt)
     training = build_training_set(settings, stage)
     stage_config = replace(config, name=f"{config.name}-pretrain", epochs=data.pretrain_epochs)
     log.info("pretraining stage", extra={"pairs": len(training.pairs), "mode": data.pretrain})
@@ -219,13 +222,24 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
         corpus = collection_corpus(settings, data.from_collection)
         dataset = f"collection:{data.from_collection}"
     elif data.data is not None:
-        corpus = load_corpus(data.data)
+        corpus = _unlabelled_corpus(data.data, data.fmt)
         dataset = str(data.data)
     else:
         raise ConfigError("self-supervised training needs DATA (a corpus) or --from-collection")
     mode = data.self_supervised or "both"
-    pairs = self_supervised_pairs(list(corpus.values()), mode, seed=data.seed, max_pairs=data.max_pairs)
-    return TrainingSet(pairs, corpus, info={"dataset": dataset, "self_supervised": mode})
+    pairs = self_supervised_pairs(list(corpus.values()), mode, data.pair_config, seed=data.seed,
+                                  max_pairs=data.max_pairs)
+    info = {"dataset": dataset, "self_supervised": mode, "documents": len(corpus),
+            **({"pair_config": data.pair_config.__dict__} if data.pair_config != PairConfig() else {})}
+    return TrainingSet(pairs, corpus, info=info)
+
+
+def _unlabelled_corpus(path: Path, fmt: str) -> Corpus:
+    """The documents self-supervised pairs are built from: a BEIR folder's or a corpus JSONL's, or every paragraph
+    of a SQuAD file (all articles: no question is read, as a BEIR corpus serves every split)."""
+    if dataset_format(path, fmt) == "squad":
+        return load_squad(path, "all").corpus
+    return load_corpus(path)
 
 
 def _pairs_file_set(path: Path, data: TrainingData) -> TrainingSet:

@@ -74,6 +74,14 @@ def train(
     ] = None,
     pretrain_epochs: Annotated[float, typer.Option(min=0.01, help="Epochs of the --pretrain stage.")] = 1.0,
     pretrain_max_pairs: Annotated[int | None, typer.Option(help="Cap on --pretrain pairs.")] = None,
+    ict_per_doc: Annotated[int, typer.Option(
+        min=1, help="ICT pairs (--pretrain / --self-supervised): sentences per document that become questions.")] = 1,
+    ict_keep_sentence: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="ICT: chance the question's sentence stays in its passage (ORQA: 0.1; higher "
+        "teaches word overlap).")] = 0.1,
+    ict_context_words: Annotated[int, typer.Option(
+        min=10, help="ICT: words of the passage window around the question's sentence (fit it to "
+        "--train-passage-tokens: about 100 English or 55 Korean words per 128 tokens).")] = 200,
     name: Annotated[str, typer.Option(help="Model name; saved as NAME-YYYYmmdd-HHMMSS.")] = "dpr",
     base: Annotated[
         str, typer.Option(help="Initial towers: 'base' (all-MiniLM-L6-v2), a model name or a model directory.")
@@ -123,6 +131,7 @@ def train(
 ) -> None:
     """Train DPR towers (MNRL with in-batch and mined hard negatives) into a versioned model directory."""
     from encoders.mining import MiningConfig
+    from encoders.pairs import PairConfig
     from encoders.train import TrainConfig
     from services.language import check_choice
     from services.training import TrainingData, train_model
@@ -143,6 +152,8 @@ def train(
         mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end, source=negatives_from,
                             model=negatives_model, denoise=denoise),
         language=language, pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
+        pair_config=PairConfig(ict_per_doc=ict_per_doc, keep_sentence_prob=ict_keep_sentence,
+                               max_context_words=ict_context_words),
     )  # fmt: skip
     config = TrainConfig(
         name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,

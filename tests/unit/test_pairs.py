@@ -29,6 +29,32 @@ def test_split_sentences() -> None:
     ]
 
 
+KOREAN = (
+    "1989년 2월 15일 여의도 농민 폭력 시위를 주도한 혐의로 지명수배되었다. "
+    "같은 해 6월 30일 평양축전에 임수경을 대표로 파견하여 국가보안법위반 혐의가 추가되었다. "
+    "경찰은 서울 경희대학교에서 임종석이 성명 발표를 추진하고 있다는 첩보를 입수했다. "
+    "임종석은 청량리경찰서에서 약 1시간 동안 조사를 받은 뒤 공안분실로 인계되었다."
+)
+
+
+def test_split_sentences_in_scripts_without_capitals() -> None:
+    # Korean sentences start with Hangul, not a capital: the English-only rule left the paragraph whole
+    assert len(split_sentences(KOREAN)) == 4
+    assert split_sentences(KOREAN)[1].startswith("같은 해")
+    assert split_sentences("東京は日本の首都です。人口は多い。") == ["東京は日本の首都です。", "人口は多い。"]
+    assert split_sentences("Il est là. «Oui», dit-il. Über alles.") == ["Il est là.", "«Oui», dit-il.", "Über alles."]
+    assert split_sentences("Salt, pepper, etc. and more. Done") == ["Salt, pepper, etc. and more.", "Done"]
+
+
+def test_ict_pairs_from_korean_paragraphs() -> None:
+    config = PairConfig(min_sentence_words=3, min_context_words=10, keep_sentence_prob=0.0, ict_per_doc=4)
+    pairs = ict_pairs([CorpusDoc("k1", "임종석", KOREAN)], config, seed=3)
+    assert len(pairs) == 4
+    for p in pairs:
+        assert p.question in KOREAN and p.question not in p.positive
+        assert p.positive.startswith("임종석\n")
+
+
 def test_ict_removes_the_question_sentence_from_the_positive() -> None:
     doc = CorpusDoc("d1", "Aspirin trial", ABSTRACT)
     config = PairConfig(min_context_words=10, keep_sentence_prob=0.0, ict_per_doc=2)
@@ -129,6 +155,25 @@ def test_pairs_file_and_self_supervised_training_sets(tmp_path: Path) -> None:
     selfsup = build_training_set(settings, TrainingData(_beir(tmp_path), self_supervised="ict", mining=no_mining))
     assert selfsup.info["self_supervised"] == "ict" and len(selfsup.corpus) == 6
     assert all(p.positive_id in selfsup.corpus for p in selfsup.pairs)
+
+
+def test_self_supervised_pairs_from_a_squad_file_read_every_article(tmp_path: Path) -> None:
+    """`dpr train SQUAD --pretrain ict` builds stage 1 from the paragraphs of the whole file (no question read),
+    as a BEIR folder's corpus serves every split; the pair settings reach the builder and the card."""
+    from encoders.mining import MiningConfig
+    from services.training import TrainingData, build_training_set
+
+    qas = [{"id": "q", "question": "지명수배된 날은?", "answers": [{"text": "1989년 2월 15일", "answer_start": 0}]}]
+    articles = [{"title": f"기사 {i}", "paragraphs": [{"context": KOREAN, "qas": qas}]} for i in range(6)]
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": articles}, ensure_ascii=False))
+    config = PairConfig(min_sentence_words=3, min_context_words=10, ict_per_doc=2)
+    data = TrainingData(squad, fmt="squad", self_supervised="ict", pair_config=config,
+                        mining=MiningConfig(num_negatives=0))
+    training = build_training_set(Settings(data_dir=tmp_path), data)
+    assert len(training.corpus) == 6 and len(training.pairs) == 12
+    assert training.info["documents"] == 6 and training.info["pair_config"]["ict_per_doc"] == 2
+    assert training.info["language"] == "ko"
 
 
 def test_training_set_needs_data(tmp_path: Path) -> None:
