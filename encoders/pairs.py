@@ -24,6 +24,8 @@ SelfSupervisedMode = Literal["ict", "title", "both"]
 # A sentence ends at . ! or ? followed by whitespace and anything but a lower-case Latin letter or closing
 # punctuation (so "e.g. this" stays whole, while Hangul, other scripts, digits, quotes and brackets start a new
 # sentence: Korean prose has no capitals), or at a CJK full stop, with or without a space after it.
+# PairConfig's word limits count whitespace-separated words, so text written without spaces (Chinese, Japanese)
+# still yields no ICT pair: its sentences split, but each reads as one word.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\sa-z,;:)\]])|(?<=[\u3002\uff01\uff1f])\s*(?=\S)")
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+:.])\1{2,}\s*$")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +230,7 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
     pairs = self_supervised_pairs(list(corpus.values()), mode, data.pair_config, seed=data.seed,
                                   max_pairs=data.max_pairs)
     info = {"dataset": dataset, "self_supervised": mode, "documents": len(corpus),
-            **({"pair_config": data.pair_config.__dict__} if data.pair_config != PairConfig() else {})}
+            **({"pair_config": asdict(data.pair_config)} if data.pair_config != PairConfig() else {})}
     return TrainingSet(pairs, corpus, info=info)
 
 
