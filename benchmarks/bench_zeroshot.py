@@ -10,12 +10,11 @@ test queries are the only labels they have. This benchmark chooses it on two dev
 
 Rule, fixed before any test figure is read: F = the largest weight of ``--weights`` whose out-of-domain dev
 nDCG@10 is at least the base model's minus ``--margin`` (0.005: half the issue's 0.01 allowance, the other half
-left for the gap between one unseen domain and another). Every weight's in-domain dev score is printed beside it,
-the in-domain price is read for the pick only (each SciFact dev pass encodes the 5,183 abstracts: ~5 min on 2
-cores); the unblended model's is in its card. The pick is saved as a real model (``blend_saved_model``, as
-``dpr models blend`` does), then the test splits are read once: Cranfield and CISI for base, the trained model
-unblended and the pick, each dense and hybrid (the product's default fusion, nothing tuned) through the store,
-with BM25 and paired randomization tests against BM25 and base.
+left for the gap between one unseen domain and another). The in-domain price is read for the pick only (each
+SciFact dev pass encodes the 5,183 abstracts: ~5 min on 2 cores); the unblended model's is in its card. The
+pick is saved as a real model (``blend_saved_model``, as ``dpr models blend`` does), then the test splits are read
+once: Cranfield and CISI for base, the trained model unblended and the pick, each dense and hybrid (the product's
+default fusion, nothing tuned) through the store, with BM25 and paired randomization tests against BM25 and base.
 
 Needs ../shared/data beside the repo (``--shared``) and a SciFact model trained with `dpr train` under the data
 dir's models. Usage: ``.venv/bin/python benchmarks/bench_zeroshot.py --model NAME [--data-dir .dpr]
@@ -39,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_hostile import commit, cpu_model  # noqa: E402
 from bench_rerank import _cpu_flags  # noqa: E402
 
 from encoders.blend import blend_saved_model, blend_with_pretrained, pretrained_root  # noqa: E402
@@ -53,7 +53,6 @@ from services.training import DEV_SPLIT_SEED  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 WEIGHTS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
-log = logging.getLogger("bench_zeroshot")
 
 
 def dev_sets(shared: Path, dev_queries: int, ood_questions: int, seed: int) -> dict[str, RetrievalDataset]:
@@ -126,9 +125,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_path, model_name = resolve_model_path(args.model, settings.models_dir)
     base_path = pretrained_root(model_path)
     weights = tuple(sorted({float(w) for w in args.weights.split(",")}, reverse=True))
-    out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "cpu": _cpu_flags(),
-                           "load_average_start": os.getloadavg(), "model": model_name, "base": str(base_path),
-                           "margin": args.margin, "weights": list(weights)}
+    out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit(),
+                           "cpu_model": cpu_model(), "cpu": _cpu_flags(), "load_average_start": os.getloadavg(),
+                           "model": model_name, "base": str(base_path), "margin": args.margin,
+                           "weights": list(weights)}
+    print(f"{out['cpu_model']} ({out['cpu']}), commit {out['commit']}", flush=True)
     devs = dev_sets(args.shared, args.dev_queries, args.ood_questions, args.seed)
     out["dev_sets"] = {name: {"queries": len(ds.queries), "documents": len(ds.corpus)} for name, ds in devs.items()}
     print(json.dumps(out["dev_sets"]), flush=True)
@@ -169,7 +170,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("DPR_ENCODER__BACKEND", "torch")
     out = run(args)
-    out["commit"] = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
     path = RESULTS / f"{args.out}.json"
     path.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {path}")
