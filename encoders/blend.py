@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from encoders.data import RetrievalDataset
 from encoders.towers import model_fingerprint, read_model_card
 from encoders.training_run import TrainResult, offline, save_model, versioned_name
 
@@ -82,11 +83,49 @@ def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any
             "towers": len(trained)}
 
 
-def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None) -> TrainResult:
+BLEND_WEIGHTS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+
+
+def score_blends(path: Path, dev_sets: Mapping[str, RetrievalDataset], weights: Sequence[float],
+                 progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """nDCG@10 (exact search in memory) on each of ``dev_sets`` of the pretrained root (key ``base``) and of the
+    trained model at ``path`` blended at each of ``weights`` (key ``f"{w:g}"``, 1 = unblended)."""
+    offline()
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.evaluate import evaluate_model_in_memory
+
+    root = pretrained_root(path)
+    out: dict[str, dict[str, float]] = {}
+    for key, weight in [("base", None), *((f"{w:g}", w) for w in weights)]:
+        model = SentenceTransformer(str(root if weight is None else path), device="cpu", local_files_only=True)
+        if weight is not None and weight < 1:
+            blend_with_pretrained(model, root, weight)
+        out[key] = {name: round(evaluate_model_in_memory(model, dev)["ndcg@10"], 4) for name, dev in dev_sets.items()}
+        if progress:
+            progress(f"{key}: " + ", ".join(f"{name} {score:.4f}" for name, score in out[key].items()))
+    return out
+
+
+def pick_blend(scores: Mapping[str, Mapping[str, float]], weights: Sequence[float], margin: float) -> float | None:
+    """The rule of ``dpr models blend --choose-on``: the mean of each candidate's dev scores; the best mean among
+    the base and the blends; the largest weight whose mean is within ``margin`` of it (as much of the trained model
+    as the collection does not mind). None: only the base is (the collection is served best without the model)."""
+    mean = {key: sum(s.values()) / len(s) for key, s in scores.items()}
+    best = max(mean.values())
+    for weight in sorted(weights, reverse=True):
+        if mean[f"{weight:g}"] >= best - margin:
+            return weight
+    return None
+
+
+def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None,
+                      record: Mapping[str, Any] | None = None) -> TrainResult:
     """WiSE-FT after training (``dpr models blend``): the trained model at ``path`` blended with the pretrained
     model its lineage started from, saved as a new model beside it (``path`` stays as it is). Its card is the
-    trained model's with ``base`` = ``path``, ``blended_with`` filled in and no dev metrics (measure it with
-    ``dpr eval``). ``name`` defaults to the trained model's name + ``-blend`` + the blend."""
+    trained model's with ``base`` = ``path``, ``blended_with`` filled in (and ``record``: how the weight was
+    chosen) and no dev metrics (measure it with ``dpr eval``). ``name`` defaults to the trained model's name +
+    ``-blend`` + the blend."""
     root = pretrained_root(path)
     if root == path:
         raise ValueError(f"{path} has no model card naming the model it was trained from, so there is nothing to "
@@ -99,7 +138,8 @@ def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | No
     blended = blend_with_pretrained(model, root, blend)
     source = read_model_card(path)
     card = {**source, "base": {"path": str(path), "fingerprint": model_fingerprint(path)},
-            "blended_with": blended, "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
+            "blended_with": {**blended, **dict(record or {})}, "dev_metrics": None,
+            "started_at": started.isoformat(timespec="seconds"),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
     for key in ("name", "fingerprint"):
         card.pop(key, None)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import random
 import re
+import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from encoders.data import CorpusDoc, TrainPair, passage_text
+from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, passage_text
 
 SelfSupervisedMode = Literal["ict", "title", "both"]
 
@@ -143,7 +144,7 @@ def title_pairs(docs: Iterable[CorpusDoc], config: PairConfig | None = None) -> 
     for doc in docs:
         heads = sections(doc.text)
         if doc.title and len(doc.title.split()) >= config.min_title_words:
-            body = _clip(doc.text, config.max_body_words)
+            body = _clip(body_without_title(doc), config.max_body_words)
             if len(body.split()) >= config.min_body_words:
                 pairs.append(
                     TrainPair(
@@ -164,6 +165,89 @@ def title_pairs(docs: Iterable[CorpusDoc], config: PairConfig | None = None) -> 
                     )
                 )
     return pairs
+
+
+def body_without_title(doc: CorpusDoc) -> str:
+    """``doc.text`` without a leading copy of its title (Cranfield's bodies open with their title: a title -> body
+    pair would be a string match). Words compare without case or surrounding punctuation; other bodies are
+    returned as they are."""
+    title = [t for t in map(_bare, doc.title.split()) if t]
+    words = doc.text.split()
+    i = matched = 0
+    while title and matched < len(title) and i < len(words):
+        word = _bare(words[i])
+        i += 1
+        if not word:
+            continue  # a lone " ." or " -"
+        if word != title[matched]:
+            return doc.text
+        matched += 1
+    if not title or matched < len(title):
+        return doc.text
+    rest = words[i:]
+    while rest and not _bare(rest[0]):
+        rest.pop(0)  # the " ." that closed the title
+    return " ".join(rest)
+
+
+def _bare(word: str) -> str:
+    return word.strip(string.punctuation).lower()
+
+
+def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config: PairConfig | None = None,
+                      max_documents: int = 5000, name: str = "corpus") -> dict[str, RetrievalDataset]:
+    """Label-free dev sets built from an unlabelled corpus, to choose between models for it (``dpr models blend
+    --choose-on``): the only labelled questions of a collection a user has not trained on are the ones they have
+    not asked yet. Up to ``queries`` each, over at most ``max_documents`` documents (a seeded sample):
+
+    - ``title``: a title is the question, every document under it the answer (a collection's chunks share their
+      document's title); every document of the set is its body without the title (``body_without_title``), so
+      the answer cannot be found by matching the title string.
+    - ``ict``: one sentence of a document is the question; that document appears without the sentence.
+
+    A mode yielding fewer than 20 questions is left out (too few to rank models by); none at all is an error."""
+    config = config or PairConfig()
+    rng = random.Random(seed)
+    docs = sorted(corpus.values(), key=lambda d: d.doc_id)
+    if len(docs) > max_documents:
+        docs = sorted(rng.sample(docs, max_documents), key=lambda d: d.doc_id)
+    out: dict[str, RetrievalDataset] = {}
+    titled = [d for d in docs if len(d.title.split()) >= config.min_title_words
+              and len(body_without_title(d).split()) >= config.min_body_words]
+    sharing: dict[str, list[str]] = {}  # a title -> every document under it (a collection's chunks share one)
+    for d in titled:
+        sharing.setdefault(" ".join(d.title.split()), []).append(d.doc_id)
+    picked = rng.sample(sorted(sharing), min(queries, len(sharing)))
+    if len(picked) >= 20:
+        out["title"] = RetrievalDataset(
+            name=f"{name}-title{len(picked)}",
+            corpus={d.doc_id: CorpusDoc(d.doc_id, "", body_without_title(d)) for d in docs},
+            queries={f"title-{i}": title for i, title in enumerate(picked)},
+            qrels={f"title-{i}": dict.fromkeys(sharing[title], 1) for i, title in enumerate(picked)})
+    ict_corpus = {d.doc_id: d for d in docs}
+    ict_queries: dict[str, str] = {}
+    for doc in rng.sample(docs, len(docs)):
+        if len(ict_queries) >= queries:
+            break
+        sentences = split_sentences(doc.text)
+        candidates = [i for i, s in enumerate(sentences)
+                      if config.min_sentence_words <= len(s.split()) <= config.max_sentence_words]
+        if len(sentences) < 2 or not candidates:
+            continue
+        i = rng.choice(candidates)
+        rest = " ".join(s for j, s in enumerate(sentences) if j != i)
+        if len(rest.split()) < config.min_context_words:
+            continue
+        ict_queries[f"ict-{doc.doc_id}"] = sentences[i]
+        ict_corpus[doc.doc_id] = CorpusDoc(doc.doc_id, doc.title, rest)
+    if len(ict_queries) >= 20:
+        out["ict"] = RetrievalDataset(name=f"{name}-ict{len(ict_queries)}", corpus=ict_corpus, queries=ict_queries,
+                                      qrels={q: {q.removeprefix("ict-"): 1} for q in ict_queries})
+    if not out:
+        raise ValueError(f"no pseudo-questions could be built from the {len(docs)} documents of {name}: they need "
+                         "titles, or bodies of several sentences (20 documents at least); choose the blend weight "
+                         "with `dpr eval` on labelled questions instead")
+    return out
 
 
 def _clip(text: str, max_words: int) -> str:

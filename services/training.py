@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,6 +131,62 @@ def blend_model(settings: Settings, model: str, blend: float, name: str | None =
     result = blend_saved_model(path, settings.models_dir, blend, name)
     export_for_backends(settings, result.model_dir)
     return result
+
+
+@dataclass(frozen=True)
+class BlendChoice:
+    """``dpr models blend --choose-on``: the scores every candidate got on the target corpus's pseudo-questions,
+    the weight the rule picked (None: the base model) and the blended model saved for it (None if none was)."""
+
+    source: str
+    dev_sets: dict[str, dict[str, int]]
+    scores: dict[str, dict[str, float]]
+    margin: float
+    weight: float | None
+    result: TrainResult | None
+
+
+def choose_blend(settings: Settings, model: str, *, data: Path | None = None, collection: str | None = None,
+                 fmt: str = "auto", weights: tuple[float, ...] | None = None, queries: int = 500,
+                 margin: float = 0.005, name: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> BlendChoice:
+    """WiSE-FT with the weight chosen for a collection that has no labelled questions: pseudo-questions from its
+    own documents (``encoders.pairs.pseudo_query_sets``: titles and ICT sentences), nDCG@10 of the pretrained
+    base and of ``model`` blended at each weight (``encoders.blend.score_blends``), the rule of
+    ``encoders.blend.pick_blend``; the pick is saved as ``dpr models blend --weight`` would save it, with the
+    scores in its card. Nothing is saved when the base itself is the pick."""
+    from encoders.blend import BLEND_WEIGHTS, pick_blend, score_blends
+    from encoders.pairs import pseudo_query_sets
+    from encoders.towers import resolve_model_path
+
+    if (data is None) == (collection is None):
+        raise ConfigError("choose the blend on one corpus: give DATA (a BEIR folder or corpus JSONL) or a collection")
+    path, _ = resolve_model_path(model, settings.models_dir)
+    if collection is not None:
+        corpus, source = collection_corpus(settings, collection), f"collection:{collection}"
+    else:
+        assert data is not None
+        corpus, source = _unlabelled_corpus(data, fmt), str(data)
+    weights = tuple(sorted(set(weights or BLEND_WEIGHTS), reverse=True))
+    if any(not 0 < w <= 1 for w in weights):
+        raise ConfigError(f"blend weights must lie in (0, 1], got {weights}")
+    try:
+        dev_sets = pseudo_query_sets(corpus, queries=queries, seed=DEV_SPLIT_SEED, name=source)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    sizes = {k: {"queries": len(d.queries), "documents": len(d.corpus)} for k, d in dev_sets.items()}
+    log.info("choosing the blend weight", extra={"source": source, "dev_sets": sizes, "weights": weights})
+    scores = score_blends(path, dev_sets, weights, progress=progress)
+    weight = pick_blend(scores, weights, margin)
+    result = None
+    if weight is not None:
+        from encoders.blend import blend_saved_model
+
+        record = {"chosen_on": {"source": source, "dev_sets": sizes, "scores": scores, "margin": margin,
+                                "rule": "largest weight within margin of the best mean pseudo-question nDCG@10"}}
+        result = blend_saved_model(path, settings.models_dir, weight, name, record=record)
+        export_for_backends(settings, result.model_dir)
+    return BlendChoice(source, sizes, scores, margin, weight, result)
 
 
 def soup_models(settings: Settings, models: list[str], name: str | None = None) -> TrainResult:

@@ -97,22 +97,69 @@ def models_activate(ctx: typer.Context, name: Name, as_json: AsJson = False) -> 
 def models_blend(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="A model `dpr train` made.")],
-    weight: Annotated[float, typer.Option(
+    weight: Annotated[float | None, typer.Option(
         "--weight", min=0.01, max=1.0, help="The trained weights' share: WEIGHT x trained + (1 - WEIGHT) x the "
-        "pretrained model its lineage started from (as `dpr train --blend`).")],
+        "pretrained model its lineage started from (as `dpr train --blend`).")] = None,
+    choose_on: Annotated[Path | None, typer.Option(
+        "--choose-on", help="Choose WEIGHT for this corpus (a BEIR folder or corpus JSONL; no questions needed): "
+        "pseudo-questions from its titles and sentences rank the base and each weight of --weights.")] = None,
+    choose_on_collection: Annotated[str | None, typer.Option(
+        "--choose-on-collection", help="As --choose-on, over the passages of an ingested collection.")] = None,
+    weights: Annotated[str, typer.Option(
+        "--weights", help="The weights --choose-on tries (comma-separated).")] = "1,0.9,0.8,0.7,0.6,0.5,0.4,0.3",
+    pseudo_queries: Annotated[int, typer.Option(
+        "--pseudo-queries", min=20, help="Pseudo-questions per kind (title, ICT sentence) for --choose-on.")] = 500,
+    margin: Annotated[float, typer.Option(
+        "--margin", min=0.0, help="--choose-on picks the largest weight within MARGIN nDCG@10 of the best.")] = 0.005,
     out: Annotated[str | None, typer.Option("--name", help="Name of the new model (default NAME-blendWEIGHT).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """WiSE-FT after training: save NAME blended with the pretrained model it started from, as a new model.
 
-    Blending buys back quality on collections the model was not trained for, at a price on the one it was. Try a
-    few weights with `dpr eval` on a dev split, then `dpr models activate` the one to serve; NAME is kept."""
-    from services.training import blend_model
+    Blending buys back quality on collections the model was not trained for, at a price on the one it was. With
+    --weight, the weight is yours (try a few with `dpr eval` on labelled dev questions). With --choose-on (or
+    --choose-on-collection) it is chosen for a collection you will search but have no questions for: the base
+    model and NAME at each of --weights are scored on pseudo-questions built from that collection's own documents,
+    and the largest weight within --margin of the best is saved (nothing is saved if the base scores best).
+    `dpr models activate` the one to serve; NAME is kept."""
+    from services.errors import ConfigError
+    from services.training import blend_model, choose_blend
 
-    try:
-        result = blend_model(get_settings(ctx), name, weight, out)
-    except (FileNotFoundError, ValueError) as e:
-        fail(str(e))
+    if (weight is not None) + (choose_on is not None) + (choose_on_collection is not None) != 1:
+        fail("give one of --weight F, --choose-on DATA or --choose-on-collection NAME")
+    if weight is None:
+        try:
+            tried = tuple(float(w) for w in weights.split(","))
+        except ValueError:
+            fail(f"--weights {weights!r}: give comma-separated numbers in (0, 1], e.g. 1,0.8,0.6")
+        report = None if as_json else (lambda line: console.print(f"  {line}", highlight=False))
+        try:
+            choice = choose_blend(get_settings(ctx), name, data=choose_on, collection=choose_on_collection,
+                                  weights=tried, queries=pseudo_queries, margin=margin, name=out, progress=report)
+        except (FileNotFoundError, ValueError, ConfigError) as e:
+            fail(str(e))
+        found = choice.result
+        summary = {"chosen_on": choice.source, "dev_sets": choice.dev_sets, "scores": choice.scores,
+                   "margin": choice.margin, "weight": choice.weight}
+        if found is None:
+            if as_json:
+                emit_json({**summary, "name": None})
+                return
+            console.print(f"the pretrained base scores best on {choice.source}'s pseudo-questions (no weight of "
+                          f"{weights} comes within {margin:g}): serve the base there, nothing saved")
+            return
+        if as_json:
+            emit_json({**summary, "name": found.name, "path": str(found.model_dir), "fingerprint": found.fingerprint,
+                       "blended_with": found.card["blended_with"]})
+            return
+        console.print(f"chose weight {choice.weight:g} on {choice.source}")
+        result, weight = found, choice.weight
+    else:
+        try:
+            result = blend_model(get_settings(ctx), name, weight, out)
+        except (FileNotFoundError, ValueError) as e:
+            fail(str(e))
+    assert weight is not None
     blended = result.card["blended_with"]
     if as_json:
         emit_json({"name": result.name, "path": str(result.model_dir), "fingerprint": result.fingerprint,

@@ -278,6 +278,75 @@ def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Pat
     assert runner.invoke(app, [*data_dir, "models", "blend", "nope", "--weight", "0.5"]).exit_code != 0
 
 
+def test_pick_blend_takes_the_largest_weight_the_collection_does_not_mind() -> None:
+    """The rule of `dpr models blend --choose-on`: the best mean score among the base and the blends; the largest
+    weight within the margin of it; None when only the base is."""
+    from encoders.blend import pick_blend
+
+    scores = {"base": {"title": 0.70, "ict": 0.80}, "1": {"title": 0.60, "ict": 0.78},
+              "0.7": {"title": 0.67, "ict": 0.80}, "0.5": {"title": 0.70, "ict": 0.81}}
+    weights = (1.0, 0.7, 0.5)
+    assert pick_blend(scores, weights, 0.005) == 0.5  # best mean 0.755 (0.5); 0.7 has 0.735
+    assert pick_blend(scores, weights, 0.03) == 0.7
+    assert pick_blend(scores, weights, 0.07) == 1.0
+    assert pick_blend({**scores, "base": {"title": 0.9, "ict": 0.9}}, weights, 0.005) is None
+
+
+def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_pick(
+        tiny_base: Path, tmp_path: Path) -> None:
+    """`dpr models blend NAME --choose-on CORPUS`: the base and each weight are scored on pseudo-questions from
+    CORPUS's titles and sentences; the pick is saved with those scores in its card, blended as --weight would;
+    the ways to ask wrong are refused with the fix."""
+    import json
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from encoders.blend import pick_blend
+    from entrypoints.cli.main import app
+
+    first = _train(tiny_base, tmp_path, shared=False)
+    corpus = tmp_path / "corpus.jsonl"
+    body = ("It erupts in spring. Ash covers the valley for weeks. Farmers wait for the rain to wash it away again. "
+            "Nobody in the village remembers a quieter year.")
+    corpus.write_text("".join(json.dumps({"_id": f"{name}{i}", "title": f"{name} report {i}",
+                                          "text": f"The {name} {words} number {i}. {body}"}) + "\n"
+                              for i in range(4) for name, words in TOPICS))
+    runner = CliRunner()
+    data_dir = ["--data-dir", str(tmp_path)]
+    args = [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus), "--weights", "0.5,0.25",
+            "--pseudo-queries", "24"]
+    result = runner.invoke(app, [*args, "--margin", "1", "--json"])  # any weight is within 1: the largest, 0.5
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["weight"] == 0.5 and out["chosen_on"] == str(corpus)
+    assert out["dev_sets"] == {"title": {"queries": 24, "documents": 32}, "ict": {"queries": 24, "documents": 32}}
+    assert set(out["scores"]) == {"base", "0.5", "0.25"}
+    assert all(set(s) == {"title", "ict"} and all(0 <= v <= 1 for v in s.values()) for s in out["scores"].values())
+    card = json.loads((Path(out["path"]) / "model_card.json").read_text())
+    assert card["blended_with"]["blend"] == 0.5 and card["blended_with"]["chosen_on"]["scores"] == out["scores"]
+    trained = load_file(str(first.model_dir / "query_0_Transformer" / "model.safetensors"))
+    pretrained = load_file(str(tiny_base / "model.safetensors"))
+    saved = load_file(str(Path(out["path"]) / "query_0_Transformer" / "model.safetensors"))
+    for name, tensor in saved.items():
+        np.testing.assert_allclose(tensor.numpy(), (0.5 * trained[name] + 0.5 * pretrained[name]).numpy(),
+                                   atol=1e-6, err_msg=name)
+    strict = runner.invoke(app, [*args, "--margin", "0", "--json"])  # the rule, as `pick_blend` states it
+    assert strict.exit_code == 0, strict.output
+    picked = json.loads(strict.stdout)
+    assert picked["weight"] == pick_blend(picked["scores"], (0.5, 0.25), 0.0)
+    assert (picked["name"] is None) == (picked["weight"] is None)
+
+    both = runner.invoke(app, [*args, "--weight", "0.5"])
+    assert both.exit_code != 0 and "give one of --weight F, --choose-on DATA" in both.stderr
+    bad = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus), "--weights", "a"])
+    assert bad.exit_code != 0 and "--weights 'a'" in bad.stderr
+    thin = tmp_path / "thin.jsonl"
+    thin.write_text(json.dumps({"_id": "x", "title": "", "text": "one line"}) + "\n")
+    refused = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(thin)])
+    assert refused.exit_code != 0 and "no pseudo-questions could be built" in refused.stderr
+
+
 def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: Path) -> None:
     """`dpr models soup A B`: every tensor of both towers is the mean of A's and B's; the ingredients stay as they
     were and the card lists them; one model, or models with other towers, are refused with the reason."""

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from encoders.data import CorpusDoc
-from encoders.pairs import PairConfig, ict_pairs, sections, self_supervised_pairs, split_sentences, title_pairs
+from encoders.pairs import (
+    PairConfig,
+    body_without_title,
+    ict_pairs,
+    pseudo_query_sets,
+    sections,
+    self_supervised_pairs,
+    split_sentences,
+    title_pairs,
+)
 from services.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -92,6 +101,62 @@ def test_title_pairs_from_title_and_headings() -> None:
     questions = [p.question for p in pairs]
     assert questions == ["Python logging", "Python logging: Handlers"]
     assert pairs[1].positive.endswith("handlers")
+
+
+def test_title_pairs_drop_a_body_opening_with_its_title() -> None:
+    # Cranfield's bodies repeat the title: the pair would be answered by matching the string
+    body = " ".join(["flow"] * 25)
+    doc = CorpusDoc("c1", "shear flow past a flat plate .", f"shear flow past a Flat Plate . {body}")
+    assert body_without_title(doc) == body
+    assert title_pairs([doc])[0].positive == body
+    other = CorpusDoc("c2", "Shear flow", f"A study of {body}")
+    assert body_without_title(other) == other.text and body_without_title(CorpusDoc("c3", "", "x y")) == "x y"
+
+
+def _topic_corpus(n: int) -> dict[str, CorpusDoc]:
+    sentences = ABSTRACT.split(". ")
+    return {f"d{i:02d}": CorpusDoc(f"d{i:02d}", f"Study number {i} of aspirin",
+                                   f"Study number {i} of aspirin. " + f" Cohort {i}. ".join(sentences))
+            for i in range(n)}
+
+
+def test_pseudo_query_sets_hide_the_question_from_its_answer() -> None:
+    """Titles and ICT sentences as label-free dev questions (``dpr models blend --choose-on``): the title set's
+    documents lose their titles (and a body's leading copy), each ICT question's document loses that sentence, the
+    others stay whole; documents sharing a title all answer it; the sets are seeded."""
+    corpus = _topic_corpus(30)
+    shared = corpus["d29"].text.replace("Study number 29", "Study number 0", 1)
+    corpus["d29"] = CorpusDoc("d29", "Study number 0 of aspirin", shared)  # shares d00's title
+    sets = pseudo_query_sets(corpus, queries=25, seed=3, name="toy")
+    assert set(sets) == {"title", "ict"}
+    title = sets["title"]
+    assert len(title.queries) == 25 and title.name == "toy-title25"
+    assert all(d.title == "" and not d.text.startswith("Study number") for d in title.corpus.values())
+    for qid, question in title.queries.items():
+        relevant = set(title.qrels[qid])
+        assert relevant == {d for d, doc in corpus.items() if doc.title == question}
+    every = pseudo_query_sets(corpus, queries=40, seed=3)["title"]
+    assert len(every.queries) == 29 and {"d00", "d29"} in [set(r) for r in every.qrels.values()]
+    ict = sets["ict"]
+    assert len(ict.queries) == 25 and len(ict.corpus) == 30
+    changed = {d for d in corpus if ict.corpus[d] != corpus[d]}
+    assert changed == {q.removeprefix("ict-") for q in ict.queries}
+    for qid, sentence in ict.queries.items():
+        doc_id = qid.removeprefix("ict-")
+        assert ict.qrels[qid] == {doc_id: 1}
+        assert sentence in corpus[doc_id].text and sentence not in ict.corpus[doc_id].text
+        assert ict.corpus[doc_id].title == corpus[doc_id].title
+    again = pseudo_query_sets(corpus, queries=25, seed=3, name="toy")
+    assert again["ict"].queries == ict.queries and again["title"].queries == title.queries
+    assert pseudo_query_sets(corpus, queries=25, seed=3, max_documents=22)["ict"].corpus.keys() <= corpus.keys()
+    assert len(pseudo_query_sets(corpus, queries=25, seed=3, max_documents=22)["ict"].corpus) == 22
+
+
+def test_pseudo_query_sets_leave_out_a_thin_kind_and_refuse_a_corpus_with_none() -> None:
+    untitled = {d: CorpusDoc(d, "", doc.text) for d, doc in _topic_corpus(30).items()}
+    assert set(pseudo_query_sets(untitled)) == {"ict"}  # no titles: the ICT set alone
+    with pytest.raises(ValueError, match="no pseudo-questions could be built from the 19 documents of mine"):
+        pseudo_query_sets(dict(list(untitled.items())[:19]), name="mine")
 
 
 def test_self_supervised_both_caps_and_errors() -> None:
