@@ -24,10 +24,11 @@ SelfSupervisedMode = Literal["ict", "title", "both"]
 
 # A sentence ends at . ! or ? followed by whitespace and anything but a lower-case Latin letter or closing
 # punctuation (so "e.g. this" stays whole, while Hangul, other scripts, digits, quotes and brackets start a new
-# sentence: Korean prose has no capitals), or at a CJK full stop, with or without a space after it.
+# sentence: Korean prose has no capitals), or at a stop standing alone between spaces (tokenised, lower-cased text
+# such as Cranfield's: "the slipstream . an experimental study"), or at a CJK full stop, with or without a space.
 # PairConfig's word limits count whitespace-separated words, so text written without spaces (Chinese, Japanese)
 # still yields no ICT pair: its sentences split, but each reads as one word.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\sa-z,;:)\]])|(?<=[\u3002\uff01\uff1f])\s*(?=\S)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\sa-z,;:)\]])|(?<=\s[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*(?=\S)")
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+:.])\1{2,}\s*$")
 
@@ -203,7 +204,8 @@ def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config:
     - ``title``: a title is the question, every document under it the answer (a collection's chunks share their
       document's title); every document of the set is its body without the title (``body_without_title``), so
       the answer cannot be found by matching the title string.
-    - ``ict``: one sentence of a document is the question; that document appears without the sentence.
+    - ``ict``: one sentence of a document's body is the question; that document appears without the sentence
+      (and without a leading copy of its title, which it keeps as its title).
 
     A mode yielding fewer than 20 questions is left out (too few to rank models by); none at all is an error."""
     config = config or PairConfig()
@@ -229,7 +231,7 @@ def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config:
     for doc in rng.sample(docs, len(docs)):
         if len(ict_queries) >= queries:
             break
-        sentences = split_sentences(doc.text)
+        sentences = split_sentences(body_without_title(doc))  # not the title's copy: the title stays on
         candidates = [i for i, s in enumerate(sentences)
                       if config.min_sentence_words <= len(s.split()) <= config.max_sentence_words]
         if len(sentences) < 2 or not candidates:

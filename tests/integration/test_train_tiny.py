@@ -331,6 +331,9 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     for name, tensor in saved.items():
         np.testing.assert_allclose(tensor.numpy(), (0.5 * trained[name] + 0.5 * pretrained[name]).numpy(),
                                    atol=1e-6, err_msg=name)
+    told = runner.invoke(app, [*args, "--margin", "1", "--name", "told"])
+    assert told.exit_code == 0, told.output
+    assert "base: title" in told.stdout and "chose weight 0.5 on" in told.stdout and "saved told-" in told.stdout
     strict = runner.invoke(app, [*args, "--margin", "0", "--json"])  # the rule, as `pick_blend` states it
     assert strict.exit_code == 0, strict.output
     picked = json.loads(strict.stdout)

@@ -53,6 +53,9 @@ def test_split_sentences_in_scripts_without_capitals() -> None:
     assert split_sentences("東京は日本の首都です。人口は多い。") == ["東京は日本の首都です。", "人口は多い。"]
     assert split_sentences("Il est là. «Oui», dit-il. Über alles.") == ["Il est là.", "«Oui», dit-il.", "Über alles."]
     assert split_sentences("Salt, pepper, etc. and more. Done") == ["Salt, pepper, etc. and more.", "Done"]
+    # tokenised, lower-cased text (Cranfield): a stop between spaces ends a sentence whatever follows
+    assert split_sentences("wing in a slipstream . an experimental study was made . the results") == [
+        "wing in a slipstream .", "an experimental study was made .", "the results"]
 
 
 def test_ict_pairs_from_korean_paragraphs() -> None:
@@ -146,6 +149,7 @@ def test_pseudo_query_sets_hide_the_question_from_its_answer() -> None:
         assert ict.qrels[qid] == {doc_id: 1}
         assert sentence in corpus[doc_id].text and sentence not in ict.corpus[doc_id].text
         assert ict.corpus[doc_id].title == corpus[doc_id].title
+    assert not any(q.startswith("Study number") for q in ict.queries.values())  # a title's copy is no question
     again = pseudo_query_sets(corpus, queries=25, seed=3, name="toy")
     assert again["ict"].queries == ict.queries and again["title"].queries == title.queries
     assert pseudo_query_sets(corpus, queries=25, seed=3, max_documents=22)["ict"].corpus.keys() <= corpus.keys()
