@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import console, emit_json, fail, get_settings
+from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_settings
 
 if TYPE_CHECKING:
     from encoders.registry import ModelEntry
@@ -122,7 +122,6 @@ def models_blend(
     model and NAME at each of --weights are scored on pseudo-questions built from that collection's own documents,
     and the largest weight within --margin of the best is saved (nothing is saved if the base scores best).
     `dpr models activate` the one to serve; NAME is kept."""
-    from services.errors import ConfigError
     from services.training import blend_model, choose_blend
 
     if (weight is not None) + (choose_on is not None) + (choose_on_collection is not None) != 1:
@@ -133,11 +132,12 @@ def models_blend(
         except ValueError:
             fail(f"--weights {weights!r}: give comma-separated numbers in (0, 1], e.g. 1,0.8,0.6")
         report = None if as_json else (lambda line: console.print(f"  {line}", highlight=False))
-        try:
-            choice = choose_blend(get_settings(ctx), name, data=choose_on, collection=choose_on_collection,
-                                  weights=tried, queries=pseudo_queries, margin=margin, name=out, progress=report)
-        except (FileNotFoundError, ValueError, ConfigError) as e:
-            fail(str(e))
+        with cli_errors():  # a missing collection (1), a corpus with no pseudo-questions (2), ...
+            try:
+                choice = choose_blend(get_settings(ctx), name, data=choose_on, collection=choose_on_collection,
+                                      weights=tried, queries=pseudo_queries, margin=margin, name=out, progress=report)
+            except ValueError as e:  # DataError, the encoders' argument checks
+                fail(str(e))
         found = choice.result
         summary = {"chosen_on": choice.source, "dev_sets": choice.dev_sets, "scores": choice.scores,
                    "margin": choice.margin, "weight": choice.weight}

@@ -340,6 +340,22 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     assert picked["weight"] == pick_blend(picked["scores"], (0.5, 0.25), 0.0)
     assert (picked["name"] is None) == (picked["weight"] is None)
 
+    # an ingested collection: its passages (chunks sharing their document's title) are the corpus
+    env = {"DPR_ENCODER__MODEL": str(first.model_dir), "DPR_ENCODER__BACKEND": "torch",
+           "DPR_ENCODER__QUESTION_BACKEND": "torch", "DPR_COLLECTION": "mine"}
+    ingested = runner.invoke(app, [*data_dir, "ingest", str(corpus), "--json"], env=env)
+    assert ingested.exit_code == 0, ingested.output
+    on_collection = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on-collection", "mine",
+                                        "--weights", "0.5", "--pseudo-queries", "24", "--margin", "1", "--json"],
+                                  env=env)
+    assert on_collection.exit_code == 0, on_collection.output
+    chosen = json.loads(on_collection.stdout)
+    assert chosen["chosen_on"] == "collection:mine" and chosen["weight"] == 0.5
+    assert chosen["dev_sets"]["title"] == {"queries": 24, "documents": 32}
+    missing = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on-collection", "nope"],
+                            env=env)
+    assert missing.exit_code == 1 and "collection 'nope' does not exist" in missing.stderr
+
     both = runner.invoke(app, [*args, "--weight", "0.5"])
     assert both.exit_code != 0 and "give one of --weight F, --choose-on DATA" in both.stderr
     bad = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus), "--weights", "a"])
@@ -347,7 +363,7 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     thin = tmp_path / "thin.jsonl"
     thin.write_text(json.dumps({"_id": "x", "title": "", "text": "one line"}) + "\n")
     refused = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(thin)])
-    assert refused.exit_code != 0 and "no pseudo-questions could be built" in refused.stderr
+    assert refused.exit_code == 2 and "no pseudo-questions could be built" in refused.stderr
 
 
 def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: Path) -> None:
