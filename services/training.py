@@ -136,7 +136,8 @@ def blend_model(settings: Settings, model: str, blend: float, name: str | None =
 @dataclass(frozen=True)
 class BlendChoice:
     """``dpr models blend --choose-on``: the scores every candidate got on the target corpus's pseudo-questions,
-    the weight the rule picked (None: the base model) and the blended model saved for it (None if none was)."""
+    the weight the rule picked (None: the base model; 1: the model unblended) and the blended model saved for it
+    (None when nothing was blended)."""
 
     source: str
     dev_sets: dict[str, dict[str, int]]
@@ -154,14 +155,17 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
     own documents (``encoders.pairs.pseudo_query_sets``: titles and ICT sentences), nDCG@10 of the pretrained
     base and of ``model`` blended at each weight (``encoders.blend.score_blends``), the rule of
     ``encoders.blend.pick_blend``; the pick is saved as ``dpr models blend --weight`` would save it, with the
-    scores in its card. Nothing is saved when the base itself is the pick."""
-    from encoders.blend import BLEND_WEIGHTS, pick_blend, score_blends
+    scores in its card. Nothing is saved when the base itself or the unblended model is the pick."""
+    from encoders.blend import BLEND_WEIGHTS, pick_blend, pretrained_root, score_blends
     from encoders.pairs import pseudo_query_sets
     from encoders.towers import resolve_model_path
 
     if (data is None) == (collection is None):
         raise ConfigError("choose the blend on one corpus: give DATA (a BEIR folder or corpus JSONL) or a collection")
     path, _ = resolve_model_path(model, settings.models_dir)
+    if pretrained_root(path) == path:
+        raise ValueError(f"{path} has no model card naming the model it was trained from, so there is nothing to "
+                         "blend it with; blend a model that `dpr train` made")
     if collection is not None:
         corpus, source = collection_corpus(settings, collection), f"collection:{collection}"
     else:
@@ -179,7 +183,7 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
     scores = score_blends(path, dev_sets, weights, progress=progress)
     weight = pick_blend(scores, weights, margin)
     result = None
-    if weight is not None:
+    if weight is not None and weight < 1:  # 1: the model as it is serves the collection best
         from encoders.blend import blend_saved_model
 
         record = {"chosen_on": {"source": source, "dev_sets": sizes, "scores": scores, "margin": margin,

@@ -120,7 +120,8 @@ def models_blend(
     --weight, the weight is yours (try a few with `dpr eval` on labelled dev questions). With --choose-on (or
     --choose-on-collection) it is chosen for a collection you will search but have no questions for: the base
     model and NAME at each of --weights are scored on pseudo-questions built from that collection's own documents,
-    and the largest weight within --margin of the best is saved (nothing is saved if the base scores best).
+    and the largest weight within --margin of the best is saved (nothing is saved if that is 1, or if only the
+    base is).
     `dpr models activate` the one to serve; NAME is kept."""
     from services.training import blend_model, choose_blend
 
@@ -144,9 +145,12 @@ def models_blend(
         if found is None:
             if as_json:
                 emit_json({**summary, "name": None})
-                return
-            console.print(f"the pretrained base scores best on {choice.source}'s pseudo-questions (no weight of "
-                          f"{weights} comes within {margin:g}): serve the base there, nothing saved")
+            elif choice.weight is None:
+                console.print(f"the pretrained base scores best on {choice.source}'s pseudo-questions (no weight of "
+                              f"{weights} comes within {margin:g}): serve the base there; nothing saved")
+            else:
+                console.print(f"{name} unblended is within {margin:g} of the best on {choice.source}'s "
+                              "pseudo-questions: serve it as it is; nothing saved")
             return
         if as_json:
             emit_json({**summary, "name": found.name, "path": str(found.model_dir), "fingerprint": found.fingerprint,

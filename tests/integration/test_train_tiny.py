@@ -356,6 +356,12 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
                             env=env)
     assert missing.exit_code == 1 and "collection 'nope' does not exist" in missing.stderr
 
+    unblended = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus),
+                                    "--weights", "1,0.5", "--pseudo-queries", "24", "--margin", "1"])
+    assert unblended.exit_code == 0 and "serve it as it is; nothing saved" in unblended.stdout
+    rootless = runner.invoke(app, [*data_dir, "models", "blend", str(tiny_base), "--choose-on", str(corpus)])
+    assert rootless.exit_code == 1 and "nothing to blend it with" in rootless.stderr
+
     both = runner.invoke(app, [*args, "--weight", "0.5"])
     assert both.exit_code != 0 and "give one of --weight F, --choose-on DATA" in both.stderr
     bad = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus), "--weights", "a"])
