@@ -121,7 +121,8 @@ def models_blend(
     --choose-on-collection) it is chosen for a collection you will search but have no questions for: the base
     model and NAME at each of --weights are scored on pseudo-questions built from that collection's own documents,
     and the largest weight within --margin of the best is saved (nothing is saved if that is 1, or if only the
-    base is).
+    base is). Pseudo-questions favour the base on the collection NAME was trained for: where you have labelled
+    questions, choose with --weight and `dpr eval` instead.
     `dpr models activate` the one to serve; NAME is kept."""
     from services.training import blend_model, choose_blend
 
