@@ -47,7 +47,7 @@ from bench_rerank import _cpu_flags  # noqa: E402
 from encoders.blend import (  # noqa: E402
     BLEND_WEIGHTS,
     blend_saved_model,
-    blend_with_pretrained,
+    load_blended,
     pick_blend,
     pretrained_root,
     score_blends,
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             towers[collection][f"trained blend {pick:g}"] = blended[pick]
         if pick is not None and not args.no_in_domain:
             if pick not in in_domain_scores:
-                in_domain_scores[pick] = score_in_domain(model_path, base_path, pick, in_domain)
+                in_domain_scores[pick] = score_in_domain(model_path, pick, in_domain)
             record["in_domain_dev_ndcg@10"] = in_domain_scores[pick]
         out["collections"][collection] = record
     if not args.no_test:
@@ -160,14 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def score_in_domain(model_path: Path, base_path: Path, weight: float, dev: RetrievalDataset) -> float:
+def score_in_domain(model_path: Path, weight: float, dev: RetrievalDataset) -> float:
     """SciFact dev nDCG@10 of the trained model blended at ``weight``: the price of the pick at home."""
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
-    if weight < 1:
-        blend_with_pretrained(model, base_path, weight)
-    score = round(evaluate_model_in_memory(model, dev)["ndcg@10"], 4)
+    score = round(evaluate_model_in_memory(load_blended(model_path, weight), dev)["ndcg@10"], 4)
     print(f"in-domain dev {dev.name} F={weight:g}: {score}", flush=True)
     return score
 

@@ -86,21 +86,28 @@ def blend_with_pretrained(model: Any, root: Path, blend: float) -> dict[str, Any
 BLEND_WEIGHTS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 
 
+def load_blended(path: Path, weight: float | None) -> Any:
+    """The trained model at ``path`` blended at ``weight`` in memory (1: as trained), or with ``weight`` None the
+    pretrained model its lineage started from."""
+    offline()
+    from sentence_transformers import SentenceTransformer
+
+    root = pretrained_root(path)
+    model = SentenceTransformer(str(root if weight is None else path), device="cpu", local_files_only=True)
+    if weight is not None and weight < 1:
+        blend_with_pretrained(model, root, weight)
+    return model
+
+
 def score_blends(path: Path, dev_sets: Mapping[str, RetrievalDataset], weights: Sequence[float],
                  progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
     """nDCG@10 (exact search in memory) on each of ``dev_sets`` of the pretrained root (key ``base``) and of the
     trained model at ``path`` blended at each of ``weights`` (key ``f"{w:g}"``, 1 = unblended)."""
-    offline()
-    from sentence_transformers import SentenceTransformer
-
     from encoders.evaluate import evaluate_model_in_memory
 
-    root = pretrained_root(path)
     out: dict[str, dict[str, float]] = {}
     for key, weight in [("base", None), *((f"{w:g}", w) for w in weights)]:
-        model = SentenceTransformer(str(root if weight is None else path), device="cpu", local_files_only=True)
-        if weight is not None and weight < 1:
-            blend_with_pretrained(model, root, weight)
+        model = load_blended(path, weight)
         out[key] = {name: round(evaluate_model_in_memory(model, dev)["ndcg@10"], 4) for name, dev in dev_sets.items()}
         if progress:
             progress(f"{key}: " + ", ".join(f"{name} {score:.4f}" for name, score in out[key].items()))
