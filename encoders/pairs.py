@@ -64,7 +64,7 @@ def ict_pairs(docs: Iterable[CorpusDoc], config: PairConfig | None = None, seed:
     rng = random.Random(seed)
     pairs: list[TrainPair] = []
     for doc in docs:
-        sentences = split_sentences(doc.text)
+        sentences = split_sentences(body_without_title(doc))  # a leading copy of the title is no question
         candidates = [
             i
             for i, s in enumerate(sentences)

@@ -174,10 +174,7 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
     weights = tuple(sorted(set(weights or BLEND_WEIGHTS), reverse=True))
     if any(not 0 < w <= 1 for w in weights):
         raise ConfigError(f"blend weights must lie in (0, 1], got {weights}")
-    try:
-        dev_sets = pseudo_query_sets(corpus, queries=queries, seed=DEV_SPLIT_SEED, name=source)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
+    dev_sets = pseudo_query_sets(corpus, queries=queries, seed=DEV_SPLIT_SEED, name=source)
     sizes = {k: {"queries": len(d.queries), "documents": len(d.corpus)} for k, d in dev_sets.items()}
     log.info("choosing the blend weight", extra={"source": source, "dev_sets": sizes, "weights": weights})
     scores = score_blends(path, dev_sets, weights, progress=progress)

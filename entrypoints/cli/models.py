@@ -15,6 +15,7 @@ from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_set
 
 if TYPE_CHECKING:
     from encoders.registry import ModelEntry
+    from encoders.training_run import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ def models_blend(
         "pseudo-questions from its titles and sentences rank the base and each weight of --weights.")] = None,
     choose_on_collection: Annotated[str | None, typer.Option(
         "--choose-on-collection", help="As --choose-on, over the passages of an ingested collection.")] = None,
-    weights: Annotated[str, typer.Option(
-        "--weights", help="The weights --choose-on tries (comma-separated).")] = "1,0.9,0.8,0.7,0.6,0.5,0.4,0.3",
+    weights: Annotated[str | None, typer.Option(
+        "--weights", help="The weights --choose-on tries, comma-separated (default 1,0.9,...,0.3).")] = None,
     pseudo_queries: Annotated[int, typer.Option(
         "--pseudo-queries", min=20, help="Pseudo-questions per kind (title, ICT sentence) for --choose-on.")] = 500,
     margin: Annotated[float, typer.Option(
@@ -124,47 +125,21 @@ def models_blend(
     base is). Pseudo-questions favour the base on the collection NAME was trained for: where you have labelled
     questions, choose with --weight and `dpr eval` instead.
     `dpr models activate` the one to serve; NAME is kept."""
-    from services.training import blend_model, choose_blend
+    from services.training import blend_model
 
     if (weight is not None) + (choose_on is not None) + (choose_on_collection is not None) != 1:
         fail("give one of --weight F, --choose-on DATA or --choose-on-collection NAME")
     if weight is None:
-        try:
-            tried = tuple(float(w) for w in weights.split(","))
-        except ValueError:
-            fail(f"--weights {weights!r}: give comma-separated numbers in (0, 1], e.g. 1,0.8,0.6")
-        report = None if as_json else (lambda line: console.print(f"  {line}", highlight=False))
-        with cli_errors():  # a missing collection (1), a corpus with no pseudo-questions (2), ...
-            try:
-                choice = choose_blend(get_settings(ctx), name, data=choose_on, collection=choose_on_collection,
-                                      weights=tried, queries=pseudo_queries, margin=margin, name=out, progress=report)
-            except ValueError as e:  # DataError, the encoders' argument checks
-                fail(str(e))
-        found = choice.result
-        summary = {"chosen_on": choice.source, "dev_sets": choice.dev_sets, "scores": choice.scores,
-                   "margin": choice.margin, "weight": choice.weight}
-        if found is None:
-            if as_json:
-                emit_json({**summary, "name": None})
-            elif choice.weight is None:
-                console.print(f"the pretrained base scores best on {choice.source}'s pseudo-questions (no weight of "
-                              f"{weights} comes within {margin:g}): serve the base there; nothing saved")
-            else:
-                console.print(f"{name} unblended is within {margin:g} of the best on {choice.source}'s "
-                              "pseudo-questions: serve it as it is; nothing saved")
+        chosen = _choose_blend(ctx, name, choose_on, choose_on_collection, weights, pseudo_queries, margin, out,
+                               as_json)
+        if chosen is None:
             return
-        if as_json:
-            emit_json({**summary, "name": found.name, "path": str(found.model_dir), "fingerprint": found.fingerprint,
-                       "blended_with": found.card["blended_with"]})
-            return
-        console.print(f"chose weight {choice.weight:g} on {choice.source}")
-        result, weight = found, choice.weight
+        result, weight = chosen
     else:
         try:
             result = blend_model(get_settings(ctx), name, weight, out)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
-    assert weight is not None
     blended = result.card["blended_with"]
     if as_json:
         emit_json({"name": result.name, "path": str(result.model_dir), "fingerprint": result.fingerprint,
@@ -173,6 +148,42 @@ def models_blend(
     console.print(f"saved [bold]{result.name}[/] = {weight:g} x {name} + {1 - weight:g} x {blended['path']} "
                   f"({blended['tensors']} tensors; fingerprint {result.fingerprint})")
     console.print(f"measure it (`dpr eval DATA --model {result.name}`), then `dpr models activate {result.name}`")
+
+
+def _choose_blend(ctx: typer.Context, name: str, data: Path | None, collection: str | None, weights: str | None,
+                  queries: int, margin: float, out: str | None, as_json: bool) -> tuple[TrainResult, float] | None:
+    """``--choose-on``: the blended model saved and its weight, or None once the outcome is printed (the base, or
+    NAME as it is, serves the collection best: nothing was saved)."""
+    from services.training import choose_blend
+
+    try:
+        tried = None if weights is None else tuple(float(w) for w in weights.split(","))
+    except ValueError:
+        fail(f"--weights {weights!r}: give comma-separated numbers in (0, 1], e.g. 1,0.8,0.6")
+    report = None if as_json else (lambda line: console.print(f"  {line}", highlight=False))
+    with cli_errors():  # a missing collection: exit 1, a bad weight: 2
+        try:
+            choice = choose_blend(get_settings(ctx), name, data=data, collection=collection, weights=tried,
+                                  queries=queries, margin=margin, name=out, progress=report)
+        except ValueError as e:  # DataError, a corpus with no pseudo-questions, a model with no lineage
+            fail(str(e))
+    found = choice.result
+    if as_json:
+        saved = {} if found is None else {"path": str(found.model_dir), "fingerprint": found.fingerprint,
+                                          "blended_with": found.card["blended_with"]}
+        emit_json({"chosen_on": choice.source, "dev_sets": choice.dev_sets, "scores": choice.scores,
+                   "margin": choice.margin, "weight": choice.weight, "name": found and found.name, **saved})
+        return None
+    if found is not None and choice.weight is not None:
+        console.print(f"chose weight {choice.weight:g} on {choice.source}")
+        return found, choice.weight
+    if choice.weight is None:
+        console.print(f"the pretrained base scores best on {choice.source}'s pseudo-questions (no weight comes "
+                      f"within {margin:g}): serve the base there; nothing saved")
+    else:
+        console.print(f"{name} unblended is within {margin:g} of the best on {choice.source}'s pseudo-questions: "
+                      "serve it as it is; nothing saved")
+    return None
 
 
 @models_app.command("soup")

@@ -369,7 +369,10 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     thin = tmp_path / "thin.jsonl"
     thin.write_text(json.dumps({"_id": "x", "title": "", "text": "one line"}) + "\n")
     refused = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(thin)])
-    assert refused.exit_code == 2 and "no pseudo-questions could be built" in refused.stderr
+    assert refused.exit_code == 1 and "no pseudo-questions could be built" in refused.stderr
+    weightless = runner.invoke(app, [*data_dir, "models", "blend", first.name, "--choose-on", str(corpus),
+                                     "--weights", "0.5,1.5"])
+    assert weightless.exit_code == 2 and "blend weights must lie in (0, 1]" in weightless.stderr
 
 
 def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: Path) -> None:

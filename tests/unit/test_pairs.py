@@ -112,6 +112,10 @@ def test_title_pairs_drop_a_body_opening_with_its_title() -> None:
     doc = CorpusDoc("c1", "shear flow past a flat plate .", f"shear flow past a Flat Plate . {body}")
     assert body_without_title(doc) == body
     assert title_pairs([doc])[0].positive == body
+    cranfield = CorpusDoc("c4", "shear flow past a flat plate .", f"shear flow past a flat plate . {ABSTRACT}")
+    config = PairConfig(min_context_words=5)
+    questions = {p.question for seed in range(20) for p in ict_pairs([cranfield], config, seed)}
+    assert questions and not any(q.startswith("shear flow") for q in questions)  # ICT never asks the title's copy
     other = CorpusDoc("c2", "Shear flow", f"A study of {body}")
     assert body_without_title(other) == other.text and body_without_title(CorpusDoc("c3", "", "x y")) == "x y"
 
