@@ -5,7 +5,7 @@ Needs ../shared/data beside the repo. Sections (``--sections``, default all, in 
 
 - ``scifact``: the corpus is ingested once per model (dense + BM25). The fusion grid (RRF k in {10,30,60,100},
   linear dense weight 0.0..1.0, 100 candidates per branch) is scored on 100 SciFact TRAIN queries held out with
-  ``split_dev_queries(seed=13)`` (the dev queries ``dpr train`` holds out): the best RRF point, the best linear
+  ``services.readers.load_dev_split`` (the dev queries ``dpr train`` holds out): the best RRF point, the best linear
   point and the overall choice are then reported on the 300 TEST queries beside BM25 (bm25s), BM25 through Qdrant
   (``bm25-store``) and dense. Floor: the chosen hybrid's nDCG@10 >= the best of dense and both BM25s.
 - ``squad``: SQuAD v1.1 dev, deterministic article split. Tuned on ``--squad-dev`` questions of the TRAIN
@@ -54,8 +54,9 @@ from encoders.evaluate import EvalReport, Retrieval, SystemResult, bm25_retrieve
 from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
 from services import readers  # noqa: E402
 from services.evaluation import StoreCorpus  # noqa: E402
-from services.hybrid import FusionChoice, TuneResult, dev_split, select_best, tune_on_corpus  # noqa: E402
+from services.hybrid import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
+from services.readers import load_dev_split  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -145,7 +146,7 @@ def tune_summary(label: str, tuned: TuneResult) -> dict[str, Any]:
 
 def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     folder = DATA / "beir-scifact"
-    dev = dev_split(folder, "beir", "train", args.dev_queries)
+    dev = load_dev_split(folder, "train", "beir", args.dev_queries)
     test = readers.load_beir(folder, "test")
     if set(test.corpus) != set(dev.corpus):
         raise RuntimeError("SciFact train and test corpora differ; expected one corpus")
@@ -186,7 +187,7 @@ def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, A
 
 def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     path = DATA / "squad-v1.1-dev" / "dev-v1.1.json.gz"
-    dev = dev_split(path, "squad", "train", args.squad_dev)
+    dev = load_dev_split(path, "train", "squad", args.squad_dev)
     test = readers.load_squad(path, "test")
     say(f"squad: dev {dev.name} ({len(dev.queries)} q, {len(dev.corpus)} paragraphs), test {test.name} "
         f"({len(test.queries)} q, {len(test.corpus)} paragraphs)")  # fmt: skip
@@ -353,7 +354,7 @@ def write_results(args: argparse.Namespace) -> Path:
     if "scifact" in sec:
         s = sec["scifact"]
         lines += [f"## SciFact (BEIR) test, {s['queries']} queries", "",
-                  f"Tuned on {args.dev_queries} TRAIN queries held out with `split_dev_queries(seed=13)`; test only "
+                  f"Tuned on {args.dev_queries} TRAIN queries held out with `load_dev_split` (seed 13); test only "
                   "reports. `rrf`/`linear` rows are the best RRF and the best linear grid points on dev; "
                   "`(chosen)` is the overall dev choice (what `dpr tune-hybrid` would store).", "",
                   s["table"], ""]  # fmt: skip

@@ -4,7 +4,7 @@ Needs ../shared/data/korquad-v1.0-dev beside the repo (the official dev file; se
 paragraph, qrel = the question's own paragraph, answer@k = a gold answer inside a retrieved passage (Korean
 matching: ``encoders.metrics.has_answer``). The article split is ``services.readers.squad`` (sha256 of the title,
 half the articles test); dev questions for any choice are carved from the TRAIN articles
-(``services.hybrid.dev_split``, the ``dpr train`` / ``dpr tune-hybrid`` seed).
+(``services.readers.load_dev_split``, the ``dpr train`` / ``dpr tune-hybrid`` seed).
 
 Systems, each one `dpr eval ... --format squad --split test --json` run (the command lines are printed):
 
@@ -91,9 +91,8 @@ def dpr(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
 def data_facts(data: Path) -> dict[str, Any]:
     """Split counts, Hangul shares and the gold-paragraph answer rate under both answer matchings."""
     from encoders.metrics import has_answer, normalize_answer
-    from services.hybrid import dev_split
     from services.language import hangul_share
-    from services.readers import load_beir, load_squad
+    from services.readers import load_beir, load_dev_split, load_squad
 
     facts: dict[str, Any] = {"splits": {}, "hangul_share": {}}
     for split in ("all", "train", "test"):
@@ -103,7 +102,7 @@ def data_facts(data: Path) -> dict[str, Any]:
     train, test = load_squad(data, "train"), load_squad(data, "test")
     if set(train.corpus) & set(test.corpus):
         raise SystemExit("train and test articles share a paragraph: the article split is broken")
-    dev = dev_split(data, "squad", "train", 100)
+    dev = load_dev_split(data, "train", "squad", 100)
     facts["splits"]["dev (carved from train)"] = {"articles": "-", "paragraphs": len(dev.corpus),
                                                   "questions": len(dev.queries)}
     full = load_squad(data, "all")
@@ -151,9 +150,10 @@ def train_system(data: Path, base: str, train_args: list[str], env: dict[str, st
 def tune(data: Path, name: str, settings: Any, dev_queries: int) -> Any:
     """Fusion chosen on dev questions of the train articles (never test), through a temporary Korean store."""
     from services.evaluation import StoreCorpus, _served_towers
-    from services.hybrid import dev_split, tune_on_corpus
+    from services.hybrid import tune_on_corpus
+    from services.readers import load_dev_split
 
-    dev = dev_split(data, "squad", "train", dev_queries)
+    dev = load_dev_split(data, "train", "squad", dev_queries)
     towers = _served_towers(settings, name)  # the backends `dpr eval` serves it on (DPR_ENCODER__BACKEND)
     corpus = StoreCorpus(towers, settings=settings, collection="tune")  # language detected: ko
     try:

@@ -48,10 +48,9 @@ from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_
 from services.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
 from services.hybrid import TuneResult, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions, search_many  # noqa: E402
-from services.readers import load_beir  # noqa: E402
+from services.readers import load_beir, load_dev_split  # noqa: E402
 from services.settings import Settings  # noqa: E402
 from services.sparse import default_embedder  # noqa: E402
-from services.training import DEV_SPLIT_SEED  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
 RESULTS = REPO / "benchmarks" / "results"
@@ -123,13 +122,9 @@ def existing(settings: Settings, name: str) -> dict[str, Any]:
 
 def datasets(args: argparse.Namespace) -> tuple[RetrievalDataset, RetrievalDataset]:
     """(dev, test) over ONE corpus object, so each model's corpus is ingested once for both."""
-    from encoders.data import split_dev_queries
-
-    train = load_beir(DATA, "train")
-    _, dev_ids = split_dev_queries(sorted(train.queries), args.dev_queries, seed=DEV_SPLIT_SEED)
-    dev = train.subset(dev_ids, name=f"{train.name}-dev{len(dev_ids)}")
+    dev = load_dev_split(DATA, "train", "beir", args.dev_queries)
     test = load_beir(DATA, "test")
-    test = RetrievalDataset(test.name, train.corpus, test.queries, test.qrels, test.answers)
+    test = RetrievalDataset(test.name, dev.corpus, test.queries, test.qrels, test.answers)
     return dev, test
 
 

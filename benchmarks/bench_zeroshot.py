@@ -52,15 +52,14 @@ from encoders.blend import (  # noqa: E402
     pretrained_root,
     score_blends,
 )
-from encoders.data import RetrievalDataset, split_dev_queries  # noqa: E402
+from encoders.data import DEV_SPLIT_SEED, RetrievalDataset  # noqa: E402
 from encoders.evaluate import Retriever, bm25_retriever, evaluate_model_in_memory, evaluate_systems  # noqa: E402
 from encoders.pairs import pseudo_query_sets  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
 from services.evaluation import StoreCorpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
-from services.readers import load_beir, load_corpus, load_squad  # noqa: E402
+from services.readers import load_beir, load_corpus, load_dev_split, load_squad  # noqa: E402
 from services.settings import Settings  # noqa: E402
-from services.training import DEV_SPLIT_SEED  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -70,9 +69,7 @@ COLLECTIONS = ("cranfield", "cisi")
 
 def scifact_dev(shared: Path, dev_queries: int) -> RetrievalDataset:
     """The in-domain dev split: the SciFact train claims `dpr train` holds out."""
-    train = load_beir(shared / "data" / "beir-scifact", "train")
-    _, dev_ids = split_dev_queries(sorted(train.queries), dev_queries, seed=DEV_SPLIT_SEED)
-    return train.subset(dev_ids, name=f"{train.name}-dev{len(dev_ids)}")
+    return load_dev_split(shared / "data" / "beir-scifact", "train", "beir", dev_queries)
 
 
 def choice_sets(args: argparse.Namespace) -> dict[str, dict[str, RetrievalDataset]]:

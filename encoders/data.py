@@ -26,6 +26,9 @@ Corpus = dict[str, CorpusDoc]  # doc id -> document
 Queries = dict[str, str]  # query id -> question
 Qrels = dict[str, dict[str, int]]  # query id -> {doc id: relevance > 0}
 
+# the seed of the dev questions `dpr train`, `dpr tune-hybrid`, `dpr eval --dev-queries` and the benchmarks hold out
+DEV_SPLIT_SEED = 13
+
 
 @dataclass
 class RetrievalDataset:
@@ -47,6 +50,12 @@ class RetrievalDataset:
             qrels={q: self.qrels[q] for q in keep if q in self.qrels},
             answers={q: self.answers[q] for q in keep if q in self.answers},
         )
+
+    def held_out(self, n_dev: int, seed: int = DEV_SPLIT_SEED) -> tuple[RetrievalDataset, RetrievalDataset]:
+        """(the rest, ``n_dev`` held-out queries named ``NAME-devN``) over the same corpus: the dev split
+        (``split_dev_queries``); the dev part is empty when ``n_dev`` is 0."""
+        rest, dev = split_dev_queries(sorted(self.queries), n_dev, seed=seed)
+        return self.subset(rest), self.subset(dev, name=f"{self.name}-dev{len(dev)}")
 
     def fingerprint(self) -> str:
         """A short hash of queries, qrels and corpus ids (identifies the training data in a model card)."""
@@ -104,7 +113,7 @@ def labelled_pairs(dataset: RetrievalDataset) -> list[TrainPair]:
     return pairs
 
 
-def split_dev_queries(query_ids: list[str], n_dev: int, seed: int = 13) -> tuple[list[str], list[str]]:
+def split_dev_queries(query_ids: list[str], n_dev: int, seed: int = DEV_SPLIT_SEED) -> tuple[list[str], list[str]]:
     """Deterministically hold out ``n_dev`` query ids (ranked by a seeded hash) for hyper-parameter choice."""
     if n_dev <= 0:
         return sorted(query_ids), []

@@ -1,9 +1,9 @@
 """Hybrid tuning: pick the fusion (RRF or DPR's linear combination) and its parameters on a DEV split, through the
 real store, and record the choice in the collection's settings (``services.query.resolve_request`` reads it).
 
-- Dev split, never test. BEIR: a seeded subset of the TRAIN qrels' queries (``encoders.data.split_dev_queries``,
-  the same seed ``dpr train`` holds its dev queries out with, so a model trained by ``dpr train`` never saw them);
-  ``--split test`` is refused. SQuAD: questions of the TRAIN side of the deterministic article split (corpus =
+- Dev split, never test (``services.readers.load_dev_split``). BEIR: a seeded subset of the TRAIN qrels' queries,
+  the same ones ``dpr train`` holds out, so a model trained by ``dpr train`` never saw them; ``--split test`` is
+  refused. SQuAD: questions of the TRAIN side of the deterministic article split (corpus =
   that side's paragraphs), the same seeded subset.
 - The dev corpus is ingested ONCE through the product ingest path with dense + BM25 sparse vectors (or the user's
   collection is reused when it already holds that corpus, embedded by the same model, with sparse vectors), then
@@ -19,16 +19,15 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from encoders.data import RetrievalDataset, split_dev_queries
+from encoders.data import RetrievalDataset
 from encoders.evaluate import score_retrieval
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import StoreCorpus, dataset_documents
 from services.language import resolve_language
 from services.query import QueryOptions
-from services.readers import load_beir, load_squad
 from services.settings import Settings
 from services.sparse import spec_language
 from services.store.common import require_sparse
@@ -40,7 +39,6 @@ log = logging.getLogger(__name__)
 RRF_KS = (10, 30, 60, 100)
 LINEAR_WEIGHTS = tuple(round(i / 10, 1) for i in range(11))  # weight of the DENSE score
 CANDIDATES = (100,)
-DEV_SEED = 13  # the seed `dpr train` holds its dev queries out with
 TUNE_DEPTH = 100  # documents per ranking, as `dpr eval` (k=100) asks: the fused lists are the same
 
 
@@ -115,40 +113,6 @@ def select_best(
 
     _, best = max(enumerate(scored), key=key)
     return best
-
-
-# --- the dev split -------------------------------------------------------------------------------------------------
-
-
-def dev_split(
-    data: Path,
-    fmt: Literal["beir", "squad"],
-    split: str = "train",
-    dev_queries: int = 100,
-    seed: int = DEV_SEED,
-) -> RetrievalDataset:
-    """The dev questions to tune on: carved from TRAINING data only; a test split is refused."""
-    if split == "test":
-        raise ConfigError(
-            f"refusing to tune on the test split of {data}: test questions are for reporting only; tune on a dev "
-            "split carved from training data (--split train, with --dev-queries N held-out questions)"
-        )
-    if dev_queries < 1:
-        raise ConfigError(f"--dev-queries must be at least 1, got {dev_queries}")
-    if fmt == "squad":
-        if split != "train":
-            raise ConfigError(
-                f"SQuAD tuning uses the train side of the article split, not {split!r}; use --split train"
-            )
-        full = load_squad(data, "train")
-    elif fmt == "beir":
-        full = load_beir(data, split)
-    else:
-        raise ConfigError(f"--format {fmt!r} cannot be tuned on; use beir or squad")
-    _, dev_ids = split_dev_queries(sorted(full.queries), dev_queries, seed=seed)
-    if not dev_ids:
-        raise ConfigError(f"{full.name} has too few questions to hold {dev_queries} out for tuning")
-    return full.subset(dev_ids, name=f"{full.name}-dev{len(dev_ids)}")
 
 
 # --- tuning --------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs, split_dev_queries
+from encoders.data import DEV_SPLIT_SEED, Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs
 from encoders.mining import MiningConfig
 from encoders.pairs import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.errors import ConfigError
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from encoders.training_run import ProgressFn, TrainResult
 
 log = logging.getLogger(__name__)
-
-DEV_SPLIT_SEED = 13  # the dev queries `dpr train`, the benchmarks and `dpr tune-hybrid` hold out
 
 
 @dataclass
@@ -309,18 +307,16 @@ def _pairs_file_set(path: Path, data: TrainingData) -> TrainingSet:
 def _labelled_set(path: Path, data: TrainingData) -> TrainingSet:
     """A BEIR or SQuAD split: ``dev_queries`` held out for dev metrics, one pair per judged (query, document)."""
     full = load_dataset(path, data.split, data.fmt)
-    train_ids, dev_ids = split_dev_queries(sorted(full.queries), data.dev_queries, seed=DEV_SPLIT_SEED)
-    dev = full.subset(dev_ids, name=f"{full.name}-dev{len(dev_ids)}") if dev_ids else None
-    train_ds = full.subset(train_ids)
+    train_ds, dev = full.held_out(data.dev_queries)
     info = {
         "format": dataset_format(path, data.fmt),
         "dataset": full.name,
         "split": data.split,
-        "train_queries": len(train_ids),
-        "dev_queries": len(dev_ids),
+        "train_queries": len(train_ds.queries),
+        "dev_queries": len(dev.queries),
         "data_fingerprint": train_ds.fingerprint(),
     }
-    return TrainingSet(_capped(labelled_pairs(train_ds), data), full.corpus, dev, info)
+    return TrainingSet(_capped(labelled_pairs(train_ds), data), full.corpus, dev if dev.queries else None, info)
 
 
 def _capped(pairs: list[TrainPair], data: TrainingData) -> list[TrainPair]:

@@ -12,7 +12,7 @@ from rich.table import Table
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
 from services.errors import ConfigError
 from services.language import check_choice
-from services.readers import DatasetFormat, dataset_format, load_dataset
+from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,16 @@ def evaluate(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON.")],
     fmt: DatasetFormatOption = "auto",
-    split: Annotated[str, typer.Option(help="BEIR qrels split, or SQuAD article split (test | train | all).")] = "test",
+    split: Annotated[
+        str | None,
+        typer.Option(help="BEIR qrels split, or SQuAD article split (test | train | all); default test, or train "
+                     "with --dev-queries."),
+    ] = None,
+    dev_queries: Annotated[
+        int | None,
+        typer.Option(min=1, help="Evaluate on the N questions `dpr train` and `dpr tune-hybrid` hold out of the "
+                     "training split (its dev split: compare models, blends and soups there, never on test)."),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Trained model to compare (name, path or 'active'); default: active.")
     ] = None,
@@ -66,8 +75,9 @@ def evaluate(
         modes = ("dense", "sparse", "hybrid") if mode == "all" else (mode,)
         try:
             result = run_evaluation(
-                settings, data, kind, split, model, bm25_only, no_base, in_memory, max_queries, k,
-                modes=modes, hybrid=hybrid, language=check_choice(language),
+                settings, data, kind, split or ("train" if dev_queries else "test"), model, bm25_only, no_base,
+                in_memory, max_queries, k, modes=modes, hybrid=hybrid, language=check_choice(language),
+                dev_queries=dev_queries,
             )  # fmt: skip
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
@@ -129,12 +139,17 @@ def run_evaluation(
     modes: tuple[str, ...] = ("dense",),
     hybrid: tuple[Any, str] | None = None,
     language: str | None = None,
+    dev_queries: int | None = None,
 ) -> Any:
-    """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store."""
+    """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store. With
+    ``dev_queries``, on the dev split `dpr train` holds out of ``split`` instead of the whole split."""
     from encoders.towers import resolve_model_path
     from services.evaluation import compare_systems
 
-    dataset = load_dataset(data, split, kind)
+    if dev_queries is not None:
+        dataset = load_dev_split(data, split, kind, dev_queries)
+    else:
+        dataset = load_dataset(data, split, kind)
     if max_queries is not None:
         dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
     models: list[str] = []

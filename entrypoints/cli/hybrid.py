@@ -39,8 +39,8 @@ def tune_hybrid_command(
     when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
     """
     from entrypoints.cli.evaluate import detect_dataset_format
-    from services.hybrid import check_target, dev_split, tune_hybrid, tuning_metrics
-    from services.readers import DataError
+    from services.hybrid import check_target, tune_hybrid, tuning_metrics
+    from services.readers import DataError, load_dev_split
     from services.runtime import Runtime
 
     settings = settings_for(ctx, collection)
@@ -49,7 +49,7 @@ def tune_hybrid_command(
         fail(f"--format {kind!r} cannot be tuned on; use a BEIR folder or SQuAD JSON", code=EXIT_USAGE)
     with cli_errors():
         try:
-            dev = dev_split(data, kind, split, dev_queries)  # type: ignore[arg-type]
+            dev = load_dev_split(data, split, kind, dev_queries)
         except DataError as e:
             fail(str(e))
         with Runtime(settings) as runtime:

@@ -25,6 +25,7 @@ from services.readers.sources import (
     detect_format,
     iter_documents,
     load_dataset,
+    load_dev_split,
 )
 from services.readers.squad import SquadSplit, load_squad, squad_article_split
 
@@ -54,6 +55,7 @@ __all__ = [
     "load_beir",
     "load_corpus",
     "load_dataset",
+    "load_dev_split",
     "load_pairs_jsonl",
     "load_qrels",
     "load_queries",

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from encoders.data import RetrievalDataset
+from encoders.data import DEV_SPLIT_SEED, RetrievalDataset
 from services.errors import ConfigError
 from services.readers.beir import beir_corpus_path, load_beir
 from services.readers.files import TEXT_SUFFIXES
@@ -126,3 +126,29 @@ def load_dataset(path: Path, split: str, fmt: str = "auto") -> RetrievalDataset:
     if kind == "squad":
         return load_squad(path, split)  # type: ignore[arg-type]
     raise ConfigError(f"{path}: labelled pairs JSONL has no queries and judgments; use a BEIR folder or SQuAD JSON")
+
+
+def load_dev_split(
+    path: Path, split: str = "train", fmt: str = "auto", dev_queries: int = 100, seed: int = DEV_SPLIT_SEED
+) -> RetrievalDataset:
+    """The dev split: ``dev_queries`` questions held out of TRAINING data (a BEIR qrels split, or the train
+    articles of a SQuAD file), the same ones `dpr train` keeps out of its pairs. Hyper-parameters, fusion, blends
+    and soups are chosen on it; a test split is refused."""
+    if split == "test":
+        raise ConfigError(
+            f"refusing to choose on the test split of {path}: test questions are for reporting only; use a dev "
+            "split carved from training data (--split train, with --dev-queries N held-out questions)"
+        )
+    if dev_queries < 1:
+        raise ConfigError(f"--dev-queries must be at least 1, got {dev_queries}")
+    kind = dataset_format(path, fmt)
+    if kind == "squad" and split != "train":
+        raise ConfigError(f"SQuAD dev questions come from the train side of the article split, not {split!r}; "
+                          "use --split train")
+    if kind not in ("beir", "squad"):
+        raise ConfigError(f"--format {kind!r} has no dev split; use a BEIR folder or SQuAD JSON")
+    full = load_dataset(path, split, kind)
+    _, dev = full.held_out(dev_queries, seed=seed)
+    if not dev.queries:
+        raise ConfigError(f"{full.name} has too few questions to hold {dev_queries} out as a dev split")
+    return dev

@@ -14,7 +14,7 @@ from encoders import data as d
 from services import readers
 from services.errors import CollectionNotFound, ConfigError
 from services.evaluation import dataset_documents
-from services.hybrid import FusionChoice, dev_split, fusion_grid, select_best, tune_hybrid, tuning_metrics
+from services.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
 from services.ingest import IngestPipeline, collection_spec
 from services.query import QueryOptions, resolve_request
 from services.settings import Settings
@@ -91,29 +91,64 @@ def test_tuning_metric_is_answer_accuracy_for_squad(tmp_path: Path) -> None:
 
 def test_dev_split_refuses_test(tmp_path: Path) -> None:
     beir, squad = write_beir(tmp_path), write_squad(tmp_path)
-    with pytest.raises(ConfigError, match="refusing to tune on the test split"):
-        dev_split(beir, "beir", "test")
-    with pytest.raises(ConfigError, match="refusing to tune on the test split"):
-        dev_split(squad, "squad", "test")
+    with pytest.raises(ConfigError, match="refusing to choose on the test split"):
+        readers.load_dev_split(beir, "test", "beir")
+    with pytest.raises(ConfigError, match="refusing to choose on the test split"):
+        readers.load_dev_split(squad, "test", "squad")
     with pytest.raises(ConfigError, match="train side of the article split"):
-        dev_split(squad, "squad", "all")
+        readers.load_dev_split(squad, "all", "squad")
 
 
 def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> None:
     beir = write_beir(tmp_path)
-    dev = dev_split(beir, "beir", "train", dev_queries=5)
+    dev = readers.load_dev_split(beir, "train", "beir", dev_queries=5)
     train = readers.load_beir(beir, "train")
     test = readers.load_beir(beir, "test")
     assert len(dev.queries) == 5 and set(dev.queries) <= set(train.queries)
     assert not set(dev.queries) & set(test.queries)
-    assert dev.queries == dev_split(beir, "beir", "train", dev_queries=5).queries  # deterministic
+    assert dev.queries == readers.load_dev_split(beir, "train", "beir", dev_queries=5).queries  # deterministic
     # the same held-out questions `dpr train` keeps out of training (seed 13)
     assert sorted(dev.queries) == d.split_dev_queries(sorted(train.queries), 5, seed=13)[1]
 
     squad = write_squad(tmp_path)
-    sdev = dev_split(squad, "squad", "train", dev_queries=3)
+    sdev = readers.load_dev_split(squad, "train", "squad", dev_queries=3)
     assert set(sdev.corpus) == set(readers.load_squad(squad, "train").corpus)  # train-side paragraphs only
     assert not set(sdev.corpus) & set(readers.load_squad(squad, "test").corpus)
+
+
+def test_training_holds_out_the_same_dev_split(tmp_path: Path) -> None:
+    """`dpr train`'s dev questions are the ones `dpr tune-hybrid` and `dpr eval --dev-queries` read, and never
+    become training pairs."""
+    from services.training import TrainingData, build_training_set
+
+    beir = write_beir(tmp_path)
+    training = build_training_set(_settings(tmp_path), TrainingData(data=beir, fmt="beir", dev_queries=5))
+    dev = readers.load_dev_split(beir, "train", "beir", dev_queries=5)
+    assert training.dev is not None and training.dev.queries == dev.queries and training.dev.name == dev.name
+    assert not {p.question for p in training.pairs} & set(dev.queries.values())
+    rest, held = readers.load_beir(beir, "train").held_out(5)
+    assert held.queries == dev.queries and set(rest.queries) | set(held.queries) == set(readers.load_beir(
+        beir, "train").queries) and not set(rest.queries) & set(held.queries)
+    assert readers.load_beir(beir, "train").held_out(0)[1].queries == {}
+
+
+def test_cli_eval_on_the_dev_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from entrypoints.cli.main import app
+
+    beir = write_beir(tmp_path)
+    monkeypatch.setenv("DPR_DATA_DIR", str(tmp_path / "cli"))
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", str(beir), "--bm25", "--in-memory", "--dev-queries", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    dev = readers.load_dev_split(beir, "train", "beir", dev_queries=5)
+    assert out["dataset"] == dev.name and out["queries"] == 5
+    res = runner.invoke(app, ["eval", str(beir), "--bm25", "--in-memory", "--json"])  # no flag: the test split
+    assert res.exit_code == 0 and json.loads(res.stdout)["queries"] == len(readers.load_beir(beir, "test").queries)
+    res = runner.invoke(app, ["eval", str(beir), "--bm25", "--split", "test", "--dev-queries", "5"])
+    assert res.exit_code == 2 and "refusing to choose on the test split" in res.output
 
 
 # --- the whole tune over a real embedded store ----------------------------------------------------------------------
@@ -126,7 +161,7 @@ def _settings(tmp_path: Path, collection: str = "mine") -> Settings:
 def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
     beir, towers = write_beir(tmp_path), HashTowers()
     settings = _settings(tmp_path)
-    dev = dev_split(beir, "beir", "train", dev_queries=8)
+    dev = readers.load_dev_split(beir, "train", "beir", dev_queries=8)
     target = open_store(settings)
     try:
         with pytest.raises(CollectionNotFound, match="ingest your documents first"):
@@ -167,7 +202,7 @@ def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
 def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
     beir, towers = write_beir(tmp_path), HashTowers()
     settings = _settings(tmp_path)
-    dev = dev_split(beir, "beir", "train", dev_queries=6)
+    dev = readers.load_dev_split(beir, "train", "beir", dev_queries=6)
     target = open_store(settings)
     try:
         IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(
@@ -188,7 +223,7 @@ def test_tune_refuses_a_dense_only_collection(tmp_path: Path) -> None:
     try:
         target.ensure_collection(collection_spec(towers, sparse=False))
         with pytest.raises(ConfigError, match="dense-only"):
-            tune_hybrid(dev_split(beir, "beir"), towers=towers, settings=settings, target=target)
+            tune_hybrid(readers.load_dev_split(beir), towers=towers, settings=settings, target=target)
         spec = target.info().active.spec  # type: ignore[union-attr]
         with pytest.raises(ConfigError, match="dense-only"):
             resolve_request(spec, QueryOptions(mode="hybrid"), target.alias)
