@@ -145,9 +145,7 @@ def load_dev_split(
     if kind == "squad" and split != "train":
         raise ConfigError(f"SQuAD dev questions come from the train side of the article split, not {split!r}; "
                           "use --split train")
-    if kind not in ("beir", "squad"):
-        raise ConfigError(f"--format {kind!r} has no dev split; use a BEIR folder or SQuAD JSON")
-    full = load_dataset(path, split, kind)
+    full = load_dataset(path, split, kind)  # labelled-pairs JSONL: refused there, it has no questions to hold out
     _, dev = full.held_out(dev_queries, seed=seed)
     if not dev.queries:
         raise ConfigError(f"{full.name} has too few questions to hold {dev_queries} out as a dev split")
