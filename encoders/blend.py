@@ -126,12 +126,28 @@ def pick_blend(scores: Mapping[str, Mapping[str, float]], weights: Sequence[floa
     return None
 
 
+# A training run's own record in its card. A blend or soup made from a trained model runs no training, so its card
+# (otherwise its source's: data, hyper-parameters, lineage) leaves these out rather than claim the source's.
+RUN_RECORD = ("name", "fingerprint", "train_seconds", "peak_rss_mib", "steps", "final_loss", "stages",
+              "blended_with", "soup")
+
+
+def derived_card(source: Path, started: datetime, **made: Any) -> dict[str, Any]:
+    """The card of a model made from the trained model at ``source`` without training (a blend, a soup): its card
+    without the run's record, with ``base`` = ``source``, no dev metrics (measure it with ``dpr eval``), when it was
+    made, and ``made`` (``blended_with`` or ``soup``)."""
+    card = {k: v for k, v in read_model_card(source).items() if k not in RUN_RECORD}
+    return {**card, "base": {"path": str(source), "fingerprint": model_fingerprint(source)}, **made,
+            "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
 def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | None = None,
                       record: Mapping[str, Any] | None = None) -> TrainResult:
     """WiSE-FT after training (``dpr models blend``): the trained model at ``path`` blended with the pretrained
     model its lineage started from, saved as a new model beside it (``path`` stays as it is). Its card is the
-    trained model's with ``base`` = ``path``, ``blended_with`` filled in (and ``record``: how the weight was
-    chosen) and no dev metrics (measure it with ``dpr eval``). ``name`` defaults to the trained model's name +
+    trained model's (``derived_card``: ``base`` = ``path``, no training record of its own) with ``blended_with``
+    filled in (and ``record``: how the weight was chosen). ``name`` defaults to the trained model's name +
     ``-blend`` + the blend."""
     root = pretrained_root(path)
     if root == path:
@@ -144,12 +160,7 @@ def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | No
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
     blended = blend_with_pretrained(model, root, blend)
     source = read_model_card(path)
-    card = {**source, "base": {"path": str(path), "fingerprint": model_fingerprint(path)},
-            "blended_with": {**blended, **dict(record or {})}, "dev_metrics": None,
-            "started_at": started.isoformat(timespec="seconds"),
-            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    for key in ("name", "fingerprint"):
-        card.pop(key, None)
+    card = derived_card(path, started, blended_with={**blended, **dict(record or {})})
     stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or path.name)) + f"-blend{blend:g}"
     return save_model(model, models_dir, versioned_name(stem, started), card, [])
 
@@ -157,8 +168,9 @@ def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | No
 def soup_saved_models(paths: Sequence[Path], models_dir: Path, name: str | None = None) -> TrainResult:
     """A uniform model soup (Wortsman et al. 2022, "Model soups"): the average of the weights of models fine-tuned
     from one starting model (``dpr models soup``), saved as a new model (the ingredients stay as they are). Every
-    ingredient must have the first one's towers, tensor for tensor. Its card is the first ingredient's with
-    ``base`` = that ingredient, ``soup`` listing all of them and no dev metrics (measure it with ``dpr eval``)."""
+    ingredient must have the first one's towers, tensor for tensor. Its card is the first ingredient's
+    (``derived_card``: ``base`` = that ingredient, no training record of its own) with ``soup`` listing all of
+    them."""
     if len(paths) < 2:
         raise ValueError("a soup needs at least two models; give two or more trained models of one lineage")
     if len(set(paths)) < len(paths):
@@ -183,12 +195,8 @@ def soup_saved_models(paths: Sequence[Path], models_dir: Path, name: str | None 
     if mixed != expected:
         raise ValueError(f"only {mixed} of {expected} tensors could be averaged; the models differ")
     source = read_model_card(paths[0])
-    card = {**source, "base": {"path": str(paths[0]), "fingerprint": model_fingerprint(paths[0])},
-            "soup": [{"path": str(p), "fingerprint": model_fingerprint(p), "weight": share} for p in paths],
-            "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
-            "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    for key in ("name", "fingerprint", "blended_with"):
-        card.pop(key, None)
+    card = derived_card(paths[0], started,
+                        soup=[{"path": str(p), "fingerprint": model_fingerprint(p), "weight": share} for p in paths])
     stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or paths[0].name)) + f"-soup{len(paths)}"
     log.info("model soup", extra={"models": [str(p) for p in paths], "tensors": mixed})
     return save_model(models[0], models_dir, versioned_name(stem, started), card, [])

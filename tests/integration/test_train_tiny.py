@@ -325,6 +325,9 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     assert all(set(s) == {"title", "ict"} and all(0 <= v <= 1 for v in s.values()) for s in out["scores"].values())
     card = json.loads((Path(out["path"]) / "model_card.json").read_text())
     assert card["blended_with"]["blend"] == 0.5 and card["blended_with"]["chosen_on"]["scores"] == out["scores"]
+    assert first.card["train_seconds"] > 0 and first.card["steps"] == 24  # the run's record, which a blend ran none of
+    assert not {"train_seconds", "peak_rss_mib", "steps", "final_loss"} & set(card)
+    assert card["training_data"] == first.card["training_data"]  # its lineage's data is still on the card
     trained = load_file(str(first.model_dir / "query_0_Transformer" / "model.safetensors"))
     pretrained = load_file(str(tiny_base / "model.safetensors"))
     saved = load_file(str(Path(out["path"]) / "query_0_Transformer" / "model.safetensors"))
@@ -403,6 +406,8 @@ def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: P
     card = json.loads((soup_dir / "model_card.json").read_text())
     assert card["base"]["path"] == str(first.model_dir) and card["dev_metrics"] is None
     assert card["soup"][1]["weight"] == 0.5
+    assert not {"train_seconds", "peak_rss_mib", "steps", "final_loss"} & set(card)  # no training ran: none claimed
+    assert card["hyperparameters"] == first.card["hyperparameters"]
     moved = 0
     for tower in towers:
         a, b = before[(first.name, tower)], before[(second.name, tower)]
