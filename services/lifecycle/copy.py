@@ -15,7 +15,6 @@ from dataclasses import replace
 from encoders.towers import DualEncoder
 from services.chunking import Chunk
 from services.errors import CollectionNotFound, ConfigError
-from services.ingest import SparseEncoder
 from services.lifecycle.state import (
     LIFECYCLE_KEYS,
     MODEL_NAME_KEY,
@@ -25,6 +24,7 @@ from services.lifecycle.state import (
     now_iso,
     save_state,
 )
+from services.sparse import SparseEncoder
 from services.store.points import CollectionSpec, GenerationInfo, Passage, PassagePoint
 from services.store.protocol import VectorStore
 

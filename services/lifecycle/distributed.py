@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from encoders.registry import load_towers
 from encoders.towers import DualEncoder
 from services.errors import TransientError
-from services.ingest import SparseEncoder
 from services.lifecycle.copy import copy_batch, pending_batches, plan
 from services.lifecycle.gate import promotion_gate
 from services.lifecycle.locks import lease_for, reembed_lease
@@ -29,7 +28,7 @@ from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, cu
 from services.lifecycle.swap import finalize
 from services.locks import Lease, WriteFence
 from services.settings import Settings
-from services.sparse import for_spec
+from services.sparse import SparseEncoder, for_spec
 from services.store.points import Passage
 from services.store.protocol import VectorStore
 
