@@ -132,12 +132,13 @@ RUN_RECORD = ("name", "fingerprint", "train_seconds", "peak_rss_mib", "steps", "
               "blended_with", "soup")
 
 
-def derived_card(source: Path, started: datetime, **made: Any) -> dict[str, Any]:
-    """The card of a model made from the trained model at ``source`` without training (a blend, a soup): its card
-    without the run's record, with ``base`` = ``source``, no dev metrics (measure it with ``dpr eval``), when it was
-    made, and ``made`` (``blended_with`` or ``soup``)."""
-    card = {k: v for k, v in read_model_card(source).items() if k not in RUN_RECORD}
-    return {**card, "base": {"path": str(source), "fingerprint": model_fingerprint(source)}, **made,
+def derived_card(source: Path, source_card: Mapping[str, Any], fingerprint: str, started: datetime,
+                 **made: Any) -> dict[str, Any]:
+    """The card of a model made without training (a blend, a soup) from the trained model at ``source`` (its card
+    and fingerprint, which the caller has read): that card without the run's record, with ``base`` = ``source``, no
+    dev metrics (measure it with ``dpr eval``), when it was made, and ``made`` (``blended_with`` or ``soup``)."""
+    card = {k: v for k, v in source_card.items() if k not in RUN_RECORD}
+    return {**card, "base": {"path": str(source), "fingerprint": fingerprint}, **made,
             "dev_metrics": None, "started_at": started.isoformat(timespec="seconds"),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
 
@@ -160,7 +161,7 @@ def blend_saved_model(path: Path, models_dir: Path, blend: float, name: str | No
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
     blended = blend_with_pretrained(model, root, blend)
     source = read_model_card(path)
-    card = derived_card(path, started, blended_with={**blended, **dict(record or {})})
+    card = derived_card(path, source, model_fingerprint(path), started, blended_with={**blended, **dict(record or {})})
     stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or path.name)) + f"-blend{blend:g}"
     return save_model(model, models_dir, versioned_name(stem, started), card, [])
 
@@ -195,8 +196,9 @@ def soup_saved_models(paths: Sequence[Path], models_dir: Path, name: str | None 
     if mixed != expected:
         raise ValueError(f"only {mixed} of {expected} tensors could be averaged; the models differ")
     source = read_model_card(paths[0])
-    card = derived_card(paths[0], started,
-                        soup=[{"path": str(p), "fingerprint": model_fingerprint(p), "weight": share} for p in paths])
+    fingerprints = [model_fingerprint(p) for p in paths]
+    card = derived_card(paths[0], source, fingerprints[0], started, soup=[
+        {"path": str(p), "fingerprint": f, "weight": share} for p, f in zip(paths, fingerprints, strict=True)])
     stem = name or re.sub(r"-\d{8}-\d{6}$", "", str(source.get("name") or paths[0].name)) + f"-soup{len(paths)}"
     log.info("model soup", extra={"models": [str(p) for p in paths], "tensors": mixed})
     return save_model(models[0], models_dir, versioned_name(stem, started), card, [])

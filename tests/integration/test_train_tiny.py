@@ -406,6 +406,7 @@ def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: P
     card = json.loads((soup_dir / "model_card.json").read_text())
     assert card["base"]["path"] == str(first.model_dir) and card["dev_metrics"] is None
     assert card["soup"][1]["weight"] == 0.5
+    assert first.card["train_seconds"] > 0 and first.card["steps"] == 24  # the first ingredient's run record
     assert not {"train_seconds", "peak_rss_mib", "steps", "final_loss"} & set(card)  # no training ran: none claimed
     assert card["hyperparameters"] == first.card["hyperparameters"]
     moved = 0
