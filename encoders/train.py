@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from encoders.blend import blend_with_pretrained, pretrained_root
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
@@ -43,6 +43,9 @@ from encoders.training_run import (
     training_arguments,
     versioned_name,
 )
+
+if TYPE_CHECKING:
+    from encoders.rerank import Reranker
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,10 @@ class TrainConfig:
     # WiSE-FT (Wortsman et al. 2022): save blend x trained + (1 - blend) x the weights of the pretrained model the
     # lineage started from (the first model without a dpr training card); keeps more of its out-of-domain quality
     blend: float | None = None
+    # with a teacher (a trained reranker, ``train(teacher=...)``): MNRL + distill_weight x KL(teacher || towers) over
+    # each question's own candidates, the teacher's scores softened by distill_temperature (``encoders.distill``)
+    distill_weight: float = 1.0
+    distill_temperature: float = 1.0
 
     @property
     def cached(self) -> bool:
@@ -96,6 +103,8 @@ class TrainConfig:
             raise ValueError("warmup_ratio must lie in [0, 1)")
         if self.blend is not None and not 0 < self.blend <= 1:
             raise ValueError(f"blend must lie in (0, 1] (the trained weights' share), got {self.blend}")
+        if self.distill_weight <= 0 or self.distill_temperature <= 0:
+            raise ValueError("distill_weight and distill_temperature must be positive")
 
 
 # --- model ----------------------------------------------------------------------------------------------------
@@ -282,14 +291,18 @@ def train(
     dev: RetrievalDataset | None = None,
     data_info: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
+    teacher: Reranker | None = None,
 ) -> TrainResult:
     """Train towers on ``pairs`` and save them under ``models_dir``; returns the new model directory.
 
     ``dev``: held-out queries (carved from the training data) evaluated in memory after training (and before, with
     ``config.dev_baseline``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
+    ``teacher``: a reranker whose scores of each row's candidates the towers also learn (``encoders.distill``).
     """
     config = config or TrainConfig()
     config.validate()
+    if teacher is not None and config.cached:
+        raise ValueError("distillation runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)")
     base = base or base_model_path()
     started, t0 = start_run(config.threads, config.seed)
     import torch
@@ -308,8 +321,16 @@ def train(
         budget = train_tokens - _prompt_tokens(model, config.shared)
         pairs, windowed = fit_answers(pairs, passage_transformer(model, config.shared).tokenizer, budget)
     columns = pairs_to_columns(pairs, corpus, config.seed)
+    labels: dict[str, list[list[float]]] = {}
+    distilled: dict[str, Any] | None = None
+    if teacher is not None:  # scored on the texts the towers train on (answer windows included)
+        from encoders.distill import teacher_scores
+
+        labels["label"], summary = teacher_scores(teacher.score, columns)
+        distilled = {"teacher": teacher.name, "fingerprint": teacher.fingerprint, "backend": teacher.backend,
+                     **summary}
     # 3. loss
-    loss = _loss(model, config)
+    loss = _loss(model, config, distil=teacher is not None)
     # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
     dev_before = None
     if config.dev_baseline:
@@ -320,7 +341,7 @@ def train(
     out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
     try:
         args = _arguments(config, list(columns), out_tmp, dict(model.prompts or {}))
-        steps, losses = fit(model, args, Dataset.from_dict(columns), loss, progress)
+        steps, losses = fit(model, args, Dataset.from_dict({**columns, **labels}), loss, progress)
     finally:
         shutil.rmtree(out_tmp, ignore_errors=True)
     train_seconds = time.perf_counter() - t0
@@ -333,10 +354,12 @@ def train(
         "towers": "shared" if config.shared else "separate (Router: query, document)",
         "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
         **({"blended_with": blended} if blended is not None else {}),
+        **({"distilled_from": distilled} if distilled is not None else {}),
         "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
                           "positives_cut_around_answer": windowed,
                           "fingerprint": pairs_fingerprint(pairs)},
-        "hyperparameters": {**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
+        "hyperparameters": {**{k: v for k, v in asdict(config).items() if teacher or not k.startswith("distill_")},
+                            "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
                             "frozen_embedding_parameters": frozen},
         "seed": config.seed,
         "started_at": started.isoformat(timespec="seconds"),
@@ -351,8 +374,13 @@ def train(
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 
 
-def _loss(model: Any, config: TrainConfig) -> Any:
-    """In-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches."""
+def _loss(model: Any, config: TrainConfig, distil: bool = False) -> Any:
+    """In-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches; plus the
+    teacher's KL term when distilling."""
+    if distil:
+        from encoders.distill import DistilledMNRL
+
+        return DistilledMNRL(model, config.scale, config.distill_weight, config.distill_temperature)
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,

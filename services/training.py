@@ -82,8 +82,14 @@ def train_model(
     *,
     base: str = "base",
     progress: ProgressFn | None = None,
+    distill: str | None = None,
 ) -> TrainResult:
-    """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``."""
+    """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``.
+
+    ``distill``: a trained reranker (name or path) whose scores of each question's positive and hard negatives the
+    towers also learn in the fine-tuning stage (``encoders.distill``); it runs on ``rerank.backend``, else fp32
+    ONNX (its scores are targets: no int8).
+    """
     from encoders.towers import resolve_model_path
     from encoders.train import train
 
@@ -93,6 +99,7 @@ def train_model(
     stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir
+    teacher = _teacher(settings, distill) if distill is not None else None  # a missing reranker fails first
     training = build_training_set(settings, replace(data, from_collection=None) if stage1 else data)
     result = train(
         training.pairs,
@@ -103,6 +110,7 @@ def train_model(
         dev=training.dev,
         data_info=training.info,
         progress=progress,
+        teacher=teacher,
     )
     if stage1 is not None:
         record_stages(result, stage1)
@@ -229,6 +237,16 @@ def record_stages(result: TrainResult, stage1: TrainResult) -> None:
 
     result.card["stages"] = [summary("pretrain", stage1), summary("finetune", result)]
     write_card(result.model_dir, result.card)
+
+
+def _teacher(settings: Settings, spec: str) -> Any:
+    from encoders.rerank import RerankerError, load_reranker
+
+    try:
+        return load_reranker(spec, settings.models_dir, settings.rerank.backend or "onnx",
+                             threads=settings.encoder.threads, cache_dir=settings.onnx_cache_dir)
+    except RerankerError as e:
+        raise ConfigError(f"--distill: {e}") from e
 
 
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:

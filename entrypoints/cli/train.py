@@ -118,6 +118,13 @@ def train(
         min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the weights of the "
         "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.")
     ] = None,
+    distill: Annotated[str | None, typer.Option(
+        help="A trained reranker (`dpr train-reranker`) the towers also learn from: its scores of each question's "
+        "positive and hard negatives (KL term beside MNRL; needs --hard-negatives >= 1, not --mini-batch-size).")
+    ] = None,
+    distill_weight: Annotated[float, typer.Option(min=0.001, help="Weight of the --distill term.")] = 1.0,
+    distill_temperature: Annotated[float, typer.Option(
+        min=0.001, help="The teacher's scores are divided by this before their softmax.")] = 1.0,
     dev_baseline: Annotated[
         bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "
                            "card); --activate then skips a model that scores below the one it started from.")
@@ -160,12 +167,18 @@ def train(
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
         freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
+        distill_weight=distill_weight, distill_temperature=distill_temperature,
     )  # fmt: skip
+    if distill is not None and hard_negatives < 1:
+        fail("--distill needs hard negatives to compare with the positive: set --hard-negatives 1 or more",
+             code=EXIT_USAGE)
+    if distill is not None and config.cached:
+        fail("--distill runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)", code=EXIT_USAGE)
     with cli_errors():
         check_choice(language)
         try:
             with _progress_bar(quiet=as_json) as on_step:
-                result = train_model(settings, what, config, base=base, progress=on_step)
+                result = train_model(settings, what, config, base=base, progress=on_step, distill=distill)
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
         lost = _dev_loss(result.card)

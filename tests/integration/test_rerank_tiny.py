@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -176,8 +177,6 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
 def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`dpr train --negatives-from dense --denoise F`: negatives ranked by the starting towers, none of them labelled
     relevant, none scored at F x the positive or above; the card says which towers mined them."""
-    from dataclasses import replace
-
     from encoders.mining import DenseIndex, MiningConfig
     from encoders.train import TrainConfig
     from services.settings import Settings
@@ -206,3 +205,66 @@ def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> No
     result = train_model(settings, TrainingData(data=beir, dev_queries=4, mining=MiningConfig(
         num_negatives=1, source="dense")), config, base=str(base))  # the model defaults to --base
     assert result.card["training_data"]["mining"]["model"] == str(base)
+
+
+def test_distill_trains_the_towers_on_the_rerankers_scores(trained, setup) -> None:  # type: ignore[no-untyped-def]
+    """`dpr train --distill RERANKER`: the reranker scores each pair's positive and hard negatives before training
+    (on fp32 ONNX), the loss is MNRL + the KL term, and the card names the teacher and what it saw."""
+    from encoders.mining import MiningConfig
+    from encoders.rerank import load_reranker
+    from encoders.train import TrainConfig
+    from services.settings import Settings
+    from services.training import TrainingData, build_training_set, train_model
+
+    base, beir, data = setup
+    settings = Settings(data_dir=data)
+    what = TrainingData(data=beir, dev_queries=4, mining=MiningConfig(num_negatives=2))
+    config = TrainConfig(name="distilled", max_steps=2, batch_size=4, max_query_tokens=32, max_passage_tokens=64,
+                         distill_weight=0.5, distill_temperature=2.0)
+    result = train_model(settings, what, config, base=str(base), distill=trained.result.name)
+    card = result.card
+    teacher = load_reranker(trained.result.name, settings.models_dir, "onnx")
+    pairs = build_training_set(settings, what).pairs
+    scores = np.array([teacher.score(p.question, [p.positive, *p.negatives]) for p in pairs])
+    distilled = card["distilled_from"]
+    assert distilled["teacher"] == trained.result.name and distilled["fingerprint"] == teacher.fingerprint
+    assert distilled["backend"] == "onnx" and distilled["rows"] == len(pairs) == 20
+    assert distilled["candidates_per_row"] == 3
+    assert distilled["positive_ranked_first"] == pytest.approx(float((scores.argmax(axis=1) == 0).mean()), abs=1e-4)
+    assert card["hyperparameters"]["loss"] == "DistilledMNRL"
+    assert card["hyperparameters"]["distill_weight"] == 0.5 and card["hyperparameters"]["distill_temperature"] == 2.0
+    assert card["steps"] == 2 and np.isfinite(card["final_loss"])
+    plain = train_model(settings, what, replace(config, name="plain"), base=str(base))
+    assert "distilled_from" not in plain.card and "distill_weight" not in plain.card["hyperparameters"]
+    assert plain.card["hyperparameters"]["loss"] == "MultipleNegativesRankingLoss"
+
+
+def test_distill_loss_pulls_the_towers_toward_the_teacher(setup) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.distill import DistilledMNRL, teacher_scores
+
+    loss = DistilledMNRL(SentenceTransformer(str(setup[0]), device="cpu"), scale=20.0, weight=1.0, temperature=1.0)
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    positive = torch.tensor([[1.0, 1.0], [0.0, 1.0]], requires_grad=True)
+    negative = torch.tensor([[1.0, -1.0], [1.0, 0.0]], requires_grad=True)
+    cos = torch.stack([torch.nn.functional.cosine_similarity(query, c) for c in (positive, negative)], dim=1)
+    agreeing = (20.0 * cos).detach()
+    assert loss.kl([query, positive, negative], agreeing).item() == pytest.approx(0.0, abs=1e-6)
+    # a teacher that prefers the first row's negative: the KL is positive and its gradient raises that negative's
+    # cosine with the question (a gradient step moves the embedding toward the question)
+    disagreeing = agreeing.clone()
+    disagreeing[0] = torch.tensor([0.0, 5.0])
+    kl = loss.kl([query, positive, negative], disagreeing)
+    assert kl.item() > 0.1
+    kl.backward()
+    stepped = negative.detach()[0] - 0.1 * negative.grad[0]  # type: ignore[index]
+    assert torch.nn.functional.cosine_similarity(query[0], stepped, dim=0) > cos[0, 1]
+    with pytest.raises(ValueError, match="teacher scores of shape"):
+        loss.kl([query, positive, negative], agreeing[:, :1])
+    columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1", "n2"]}
+    rows, summary = teacher_scores(lambda q, ps: np.array([1.0 if p.startswith("p") else 0.0 for p in ps]), columns)
+    assert rows == [[1.0, 0.0], [1.0, 0.0]] and summary["positive_ranked_first"] == 1.0
+    with pytest.raises(ValueError, match="distillation needs hard negatives"):
+        teacher_scores(lambda q, ps: np.zeros(len(ps)), {"question": ["q"], "positive": ["p"]})
