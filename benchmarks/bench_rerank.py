@@ -114,7 +114,7 @@ def existing(settings: Settings, name: str) -> dict[str, Any]:
     path, full = resolve_model_path(name, settings.models_dir)
     card = read_model_card(path)
     return {"model": full, "reused": True, "stages": card.get("stages"), "train_seconds": card.get("train_seconds"),
-            "peak_rss_mib": card.get("peak_rss_mib")}
+            "peak_rss_mib": card.get("peak_rss_mib"), "distilled_from": card.get("distilled_from")}
 
 
 # --- data ---------------------------------------------------------------------------------------------------------

@@ -29,15 +29,16 @@ log = logging.getLogger(__name__)
 ScoreFn = Callable[[str, Sequence[str]], np.ndarray]
 
 
-def teacher_scores(score: ScoreFn, columns: dict[str, list[str]]) -> tuple[list[list[float]], dict[str, Any]]:
+def teacher_scores(score: ScoreFn, columns: dict[str, list[str]], negatives_only: bool = False,
+                   ) -> tuple[list[list[float]], dict[str, Any]]:
     """The teacher's score of each row's (question, positive), (question, negative_1), ... in column order, and a
     summary for the model card (rows, seconds, how often the teacher ranks the labelled positive first, how peaked
     its softmax is)."""
     candidates = ["positive", *sorted((c for c in columns if c.startswith("negative_")),
                                       key=lambda c: int(c.split("_")[1]))]
-    if len(candidates) < 2:
+    if len(candidates) < (3 if negatives_only else 2):
         raise ValueError("distillation needs hard negatives: the teacher's preferences among one passage say "
-                         "nothing (set --hard-negatives 1 or more)")
+                         f"nothing (set --hard-negatives {2 if negatives_only else 1} or more)")
     t0 = time.perf_counter()
     rows: list[list[float]] = []
     for i, question in enumerate(columns["question"]):
@@ -62,28 +63,35 @@ class DistilledMNRL(nn.Module):
     squared (Hinton et al.'s correction), so ``weight`` 1 gives it gradients of the size of MNRL's.
     """
 
-    def __init__(self, model: Any, scale: float, weight: float, temperature: float) -> None:
+    def __init__(self, model: Any, scale: float, weight: float, temperature: float,
+                 negatives_only: bool = False) -> None:
         super().__init__()
         if weight <= 0 or temperature <= 0:
             raise ValueError(f"distillation weight and temperature must be positive, got {weight} and {temperature}")
         self.model = model
         self.mnrl = MultipleNegativesRankingLoss(model, scale=scale)
         self.scale, self.weight, self.temperature = scale, weight, temperature
+        self.negatives_only = negatives_only
 
     def forward(self, sentence_features: Sequence[dict[str, Tensor]], labels: Tensor) -> Tensor:
         embeddings = embed_columns(self.model, sentence_features)
         return self.mnrl.compute_loss_from_embeddings(embeddings, labels) + self.weight * self.kl(embeddings, labels)
 
     def kl(self, embeddings: Sequence[Tensor], labels: Tensor) -> Tensor:
-        """KL(teacher || towers), averaged over the batch's rows; ``labels``: (rows, candidates) teacher scores."""
-        query, candidates = embeddings[0], embeddings[1:]
+        """KL(teacher || towers), averaged over the batch's rows; ``labels``: (rows, candidates) teacher scores.
+        ``negatives_only``: over the hard negatives alone, so the teacher never argues with a label (the positive is
+        MNRL's alone)."""
+        query, candidates = embeddings[0], list(embeddings[1:])
         if labels.shape != (query.size(0), len(candidates)):
             raise ValueError(f"teacher scores of shape {tuple(labels.shape)} for {query.size(0)} rows of "
                              f"{len(candidates)} candidates")
+        if self.negatives_only:
+            candidates, labels = candidates[1:], labels[:, 1:]
         student = torch.stack([pairwise_cos_sim(query, c) for c in candidates], dim=1) * self.scale
         teacher = labels.detach().float() / self.temperature
         return nn.functional.kl_div(torch.log_softmax(student, dim=1), torch.log_softmax(teacher, dim=1),
                                     log_target=True, reduction="batchmean")
 
     def get_config_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "distill_weight": self.weight, "teacher_temperature": self.temperature}
+        return {"scale": self.scale, "distill_weight": self.weight, "teacher_temperature": self.temperature,
+                "negatives_only": self.negatives_only}

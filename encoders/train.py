@@ -87,6 +87,7 @@ class TrainConfig:
     # each question's own candidates, the teacher's scores softened by distill_temperature (``encoders.distill``)
     distill_weight: float = 1.0
     distill_temperature: float = 1.0
+    distill_negatives_only: bool = False  # the KL term over the hard negatives alone (the positive is the label's)
 
     @property
     def cached(self) -> bool:
@@ -326,7 +327,7 @@ def train(
     if teacher is not None:  # scored on the texts the towers train on (answer windows included)
         from encoders.distill import teacher_scores
 
-        labels["label"], summary = teacher_scores(teacher.score, columns)
+        labels["label"], summary = teacher_scores(teacher.score, columns, config.distill_negatives_only)
         distilled = {"teacher": teacher.name, "fingerprint": teacher.fingerprint, "backend": teacher.backend,
                      **summary}
     # 3. loss
@@ -380,7 +381,8 @@ def _loss(model: Any, config: TrainConfig, distil: bool = False) -> Any:
     if distil:
         from encoders.distill import DistilledMNRL
 
-        return DistilledMNRL(model, config.scale, config.distill_weight, config.distill_temperature)
+        return DistilledMNRL(model, config.scale, config.distill_weight, config.distill_temperature,
+                             config.distill_negatives_only)
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,

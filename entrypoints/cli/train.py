@@ -125,6 +125,9 @@ def train(
     distill_weight: Annotated[float, typer.Option(min=0.001, help="Weight of the --distill term.")] = 1.0,
     distill_temperature: Annotated[float, typer.Option(
         min=0.001, help="The teacher's scores are divided by this before their softmax.")] = 1.0,
+    distill_negatives_only: Annotated[bool, typer.Option(
+        "--distill-negatives-only", help="The --distill term over the hard negatives alone: the teacher orders "
+        "them, the labels alone say which passage is right (needs --hard-negatives >= 2).")] = False,
     dev_baseline: Annotated[
         bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "
                            "card); --activate then skips a model that scores below the one it started from.")
@@ -168,10 +171,11 @@ def train(
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
         freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
         distill_weight=distill_weight, distill_temperature=distill_temperature,
+        distill_negatives_only=distill_negatives_only,
     )  # fmt: skip
-    if distill is not None and hard_negatives < 1:
-        fail("--distill needs hard negatives to compare with the positive: set --hard-negatives 1 or more",
-             code=EXIT_USAGE)
+    needed = 2 if distill_negatives_only else 1
+    if distill is not None and hard_negatives < needed:
+        fail(f"--distill needs hard negatives to compare: set --hard-negatives {needed} or more", code=EXIT_USAGE)
     if distill is not None and config.cached:
         fail("--distill runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)", code=EXIT_USAGE)
     with cli_errors():

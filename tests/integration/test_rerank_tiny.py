@@ -263,8 +263,20 @@ def test_distill_loss_pulls_the_towers_toward_the_teacher(setup) -> None:  # typ
     assert torch.nn.functional.cosine_similarity(query[0], stepped, dim=0) > cos[0, 1]
     with pytest.raises(ValueError, match="teacher scores of shape"):
         loss.kl([query, positive, negative], agreeing[:, :1])
+    # --distill-negatives-only: the term orders the hard negatives alone; a teacher that puts the first row's
+    # positive last does not argue with its label there
+    second = torch.tensor([[0.0, -1.0], [-1.0, 0.0]])
+    three = [query, positive, negative, second]
+    cos3 = torch.stack([torch.nn.functional.cosine_similarity(query, c) for c in three[1:]], dim=1)
+    flipped = (20.0 * cos3).detach()
+    flipped[0, 0] = -100.0
+    negatives_only = DistilledMNRL(loss.model, scale=20.0, weight=1.0, temperature=1.0, negatives_only=True)
+    assert negatives_only.kl(three, flipped).item() == pytest.approx(0.0, abs=1e-6)
+    assert loss.kl(three, flipped).item() > 0.1
     columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1", "n2"]}
     rows, summary = teacher_scores(lambda q, ps: np.array([1.0 if p.startswith("p") else 0.0 for p in ps]), columns)
     assert rows == [[1.0, 0.0], [1.0, 0.0]] and summary["positive_ranked_first"] == 1.0
     with pytest.raises(ValueError, match="distillation needs hard negatives"):
         teacher_scores(lambda q, ps: np.zeros(len(ps)), {"question": ["q"], "positive": ["p"]})
+    with pytest.raises(ValueError, match="set --hard-negatives 2 or more"):
+        teacher_scores(lambda q, ps: np.zeros(len(ps)), columns, negatives_only=True)

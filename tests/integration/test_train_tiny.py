@@ -196,6 +196,8 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     assert unknown.exit_code != 0 and "--negatives-from 'tfidf' is not known; use bm25 or dense" in unknown.stderr
     no_negatives = runner.invoke(app, [*data_dir, *args, "--hard-negatives", "0", "--distill", "rr"])
     assert no_negatives.exit_code == 2 and "--distill needs hard negatives" in no_negatives.stderr
+    one = runner.invoke(app, [*data_dir, *args, "--hard-negatives", "1", "--distill", "rr", "--distill-negatives-only"])
+    assert one.exit_code == 2 and "set --hard-negatives 2 or more" in one.stderr
     cached = runner.invoke(app, [*data_dir, *args, "--distill", "rr", "--mini-batch-size", "4"])
     assert cached.exit_code == 2 and "--distill runs the plain loss" in cached.stderr
     no_teacher = runner.invoke(app, [*data_dir, *args, "--distill", "nope"])
