@@ -96,10 +96,10 @@ def train_model(
     base_path, _ = resolve_model_path(base, settings.models_dir)
     if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
         data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
+    teacher = _teacher(settings, distill) if distill is not None else None  # a missing reranker fails first
     stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir
-    teacher = _teacher(settings, distill) if distill is not None else None  # a missing reranker fails first
     training = build_training_set(settings, replace(data, from_collection=None) if stage1 else data)
     result = train(
         training.pairs,

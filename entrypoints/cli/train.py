@@ -173,6 +173,9 @@ def train(
         distill_weight=distill_weight, distill_temperature=distill_temperature,
         distill_negatives_only=distill_negatives_only,
     )  # fmt: skip
+    if distill is None and (distill_weight != 1.0 or distill_temperature != 1.0 or distill_negatives_only):
+        fail("--distill-weight, --distill-temperature and --distill-negatives-only shape --distill: name the "
+             "teacher with --distill RERANKER", code=EXIT_USAGE)
     needed = 2 if distill_negatives_only else 1
     if distill is not None and hard_negatives < needed:
         fail(f"--distill needs hard negatives to compare: set --hard-negatives {needed} or more", code=EXIT_USAGE)

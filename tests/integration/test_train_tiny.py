@@ -198,6 +198,8 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     assert no_negatives.exit_code == 2 and "--distill needs hard negatives" in no_negatives.stderr
     one = runner.invoke(app, [*data_dir, *args, "--hard-negatives", "1", "--distill", "rr", "--distill-negatives-only"])
     assert one.exit_code == 2 and "set --hard-negatives 2 or more" in one.stderr
+    no_distill = runner.invoke(app, [*data_dir, *args, "--distill-weight", "0.5"])
+    assert no_distill.exit_code == 2 and "name the teacher with --distill RERANKER" in no_distill.stderr
     cached = runner.invoke(app, [*data_dir, *args, "--distill", "rr", "--mini-batch-size", "4"])
     assert cached.exit_code == 2 and "--distill runs the plain loss" in cached.stderr
     no_teacher = runner.invoke(app, [*data_dir, *args, "--distill", "nope"])
