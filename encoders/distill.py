@@ -30,16 +30,11 @@ log = logging.getLogger(__name__)
 ScoreFn = Callable[[str, Sequence[str]], np.ndarray]
 
 
-def teacher_scores(score: ScoreFn, columns: dict[str, list[str]], negatives_only: bool = False,
-                   ) -> tuple[list[list[float]], dict[str, Any]]:
-    """The teacher's score of each row's (question, positive), (question, negative_1), ... in column order, and a
-    summary for the model card (rows, seconds, how often the teacher ranks the labelled positive first, how peaked
-    its softmax is)."""
-    candidates = ["positive", *sorted((c for c in columns if c.startswith("negative_")),
-                                      key=lambda c: int(c.split("_")[1]))]
-    if len(candidates) < (3 if negatives_only else 2):
-        raise ValueError("distillation needs hard negatives: the teacher's preferences among one passage say "
-                         f"nothing (set --hard-negatives {2 if negatives_only else 1} or more)")
+def teacher_scores(score: ScoreFn, columns: dict[str, list[str]]) -> tuple[list[list[float]], dict[str, Any]]:
+    """The teacher's score of each row's (question, positive), (question, negative_1), ... in column order
+    (``encoders.train_rows.pairs_to_columns``), and a summary for the model card (rows, seconds, how often the
+    teacher ranks the labelled positive first, how peaked its softmax is)."""
+    candidates = [c for c in columns if c != "question"]
     t0 = time.perf_counter()
     rows: list[list[float]] = []
     for i, question in enumerate(columns["question"]):

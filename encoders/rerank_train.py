@@ -3,7 +3,7 @@ trainer, evaluate, save.
 
 - Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel) with a fresh one-logit
   classification head (no pretrained reranker installs here).
-- Data: the towers' rows (``encoders.train.pairs_to_columns``): question, positive, BM25 hard negatives.
+- Data: the towers' rows (``encoders.train_rows.pairs_to_columns``): question, positive, BM25 hard negatives.
 - Loss (``RerankConfig.loss``): ``mnrl``, the cross-encoder (Cached)MultipleNegativesRankingLoss (listwise: the
   positive against the hard negatives and ``in_batch_negatives`` other passages of the batch); or ``bce``, pointwise
   binary cross-entropy on (question, positive, 1) and (question, hard negative, 0) rows, the positive weighted by the
@@ -33,7 +33,7 @@ from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.evaluate import Retrieval, Retriever, score_retrieval
 from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_scores, score_with_model
 from encoders.towers import base_model_path, model_fingerprint
-from encoders.train import pairs_fingerprint, pairs_to_columns
+from encoders.train_rows import pairs_fingerprint, pairs_to_columns
 from encoders.training_run import (
     ProgressFn,
     TrainResult,

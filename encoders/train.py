@@ -16,10 +16,8 @@ torch, datasets and sentence_transformers are imported inside functions.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import platform
-import random
 import shutil
 import tempfile
 import time
@@ -32,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from encoders.blend import blend_with_pretrained, pretrained_root
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.towers import base_model_path, model_fingerprint
+from encoders.train_rows import fit_answers, pairs_fingerprint, pairs_to_columns
 from encoders.training_run import (
     ProgressFn,
     TrainResult,
@@ -106,6 +105,16 @@ class TrainConfig:
             raise ValueError(f"blend must lie in (0, 1] (the trained weights' share), got {self.blend}")
         if self.distill_weight <= 0 or self.distill_temperature <= 0:
             raise ValueError("distill_weight and distill_temperature must be positive")
+
+    def check_distillation(self, hard_negatives: int) -> None:
+        """Whether a reranker can teach these settings (``train(teacher=...)``): it compares a question's positive
+        with its hard negatives (with ``distill_negatives_only``, the negatives among themselves), in the plain loss.
+        ``services.training`` asks before mining starts; ``train`` again on the rows it got."""
+        needed = 2 if self.distill_negatives_only else 1
+        if hard_negatives < needed:
+            raise ValueError(f"--distill needs hard negatives to compare: set --hard-negatives {needed} or more")
+        if self.cached:
+            raise ValueError("--distill runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)")
 
 
 # --- model ----------------------------------------------------------------------------------------------------
@@ -186,99 +195,6 @@ def _prompt_tokens(model: Any, shared: bool) -> int:
     return len(passage_transformer(model, shared).tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
-# --- data -----------------------------------------------------------------------------------------------------
-
-
-def fit_answers(pairs: Sequence[TrainPair], tokenizer: Any, budget: int) -> tuple[list[TrainPair], int]:
-    """Positives whose first answer occurrence ends past ``budget`` tokens, cut to ``budget`` tokens around it.
-
-    Training cuts each passage to its first ``train_passage_tokens`` tokens; a SQuAD or KorQuAD paragraph longer
-    than that often has its answer past the cut (SQuAD dev on MiniLM at 128 tokens: 13% of pairs; KorQuAD on
-    multilingual-e5: 39%), and the question is then taught to match a passage that does not answer it. Such a
-    positive becomes its title line (the text before the first newline, as chunks carry it) and a window of the
-    body with the answer in its middle, which is what a chunk of the ingested paragraph holding the answer looks
-    like. Pairs without answers, or whose answer already fits, stay as they are. Returns the pairs and how many
-    were cut.
-    """
-    out: list[TrainPair] = []
-    cut = 0
-    for pair in pairs:
-        window = _answer_window(pair, tokenizer, budget) if pair.answers else None
-        if window is None:
-            out.append(pair)
-        else:
-            out.append(replace(pair, positive=window))
-            cut += 1
-    if cut:
-        log.info("positives cut around their answers", extra={"pairs": cut, "budget_tokens": budget})
-    return out, cut
-
-
-def _answer_window(pair: TrainPair, tokenizer: Any, budget: int) -> str | None:
-    text = pair.positive
-    spans = [(i, i + len(a)) for a in pair.answers if a and (i := text.find(a)) >= 0]
-    if not spans or budget < 8:
-        return None
-    a_start, a_end = min(spans)
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    ends = [e for _, e in offsets]
-    if len(offsets) <= budget or ends[budget - 1] >= a_end:
-        return None  # the whole passage, or the answer, fits in the cut training makes anyway
-    newline = text.find("\n")
-    head = text[: newline + 1] if 0 <= newline < a_start else ""
-    first = sum(1 for e in ends if e <= len(head))  # tokens of the title line
-    room = budget - first
-    answer_tokens = [k for k, (s, e) in enumerate(offsets) if e > a_start and s < a_end]
-    if room < len(answer_tokens) + 2:
-        return None  # no window of the body can hold the answer
-    lo, hi = answer_tokens[0], answer_tokens[-1] + 1
-    start = max(first, min(lo - (room - (hi - lo)) // 2, len(offsets) - room))
-    end = min(len(offsets), start + room)
-    return head + text[offsets[start][0]: offsets[end - 1][1]]
-
-
-def pairs_to_columns(
-    pairs: Sequence[TrainPair], corpus: dict[str, CorpusDoc] | None, seed: int
-) -> dict[str, list[str]]:
-    """(question, positive, negative_1..n) columns. n is the most negatives any pair has; a pair with fewer gets
-    random corpus passages (plain random negatives) so that every row has the same columns."""
-    if not pairs:
-        raise ValueError("no training pairs")
-    n_neg = max(len(p.negatives) for p in pairs)
-    rng = random.Random(seed)
-    pool = [d.passage for d in corpus.values()] if corpus else sorted({p.positive for p in pairs})
-    columns: dict[str, list[str]] = {"question": [], "positive": []}
-    for i in range(n_neg):
-        columns[f"negative_{i + 1}"] = []
-    filled = 0
-    for p in pairs:
-        columns["question"].append(p.question)
-        columns["positive"].append(p.positive)
-        negatives = list(p.negatives)
-        while len(negatives) < n_neg:
-            candidate = rng.choice(pool)
-            if candidate != p.positive and candidate not in negatives:
-                negatives.append(candidate)
-                filled += 1
-        for i, text in enumerate(negatives[:n_neg]):
-            columns[f"negative_{i + 1}"].append(text)
-    if filled:
-        log.info("padded short negative lists with random passages", extra={"random_negatives": filled})
-    return columns
-
-
-def pairs_fingerprint(pairs: Sequence[TrainPair]) -> str:
-    h = hashlib.sha256()
-    for p in pairs:
-        h.update(p.question.encode())
-        h.update(b"\x1f")
-        h.update(hashlib.sha256(p.positive.encode()).digest())
-        for n in p.negatives:
-            h.update(hashlib.sha256(n.encode()).digest())
-        h.update(b"\n")
-    return h.hexdigest()[:16]
-
-
 # --- training -------------------------------------------------------------------------------------------------
 
 
@@ -302,8 +218,6 @@ def train(
     """
     config = config or TrainConfig()
     config.validate()
-    if teacher is not None and config.cached:
-        raise ValueError("distillation runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)")
     base = base or base_model_path()
     started, t0 = start_run(config.threads, config.seed)
     import torch
@@ -327,7 +241,8 @@ def train(
     if teacher is not None:  # scored on the texts the towers train on (answer windows included)
         from encoders.distill import teacher_scores
 
-        labels["label"], summary = teacher_scores(teacher.score, columns, config.distill_negatives_only)
+        config.check_distillation(len(columns) - 2)
+        labels["label"], summary = teacher_scores(teacher.score, columns)
         distilled = {"teacher": teacher.name, "fingerprint": teacher.fingerprint, "backend": teacher.backend,
                      **summary}
     # 3. loss

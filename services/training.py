@@ -96,7 +96,13 @@ def train_model(
     base_path, _ = resolve_model_path(base, settings.models_dir)
     if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
         data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
-    teacher = _teacher(settings, distill) if distill is not None else None  # a missing reranker fails first
+    teacher = None
+    if distill is not None:  # settings that cannot distil, or a missing reranker, fail before any mining
+        try:
+            config.check_distillation(data.mining.num_negatives)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        teacher = _teacher(settings, distill)
     stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir

@@ -176,11 +176,6 @@ def train(
     if distill is None and (distill_weight != 1.0 or distill_temperature != 1.0 or distill_negatives_only):
         fail("--distill-weight, --distill-temperature and --distill-negatives-only shape --distill: name the "
              "teacher with --distill RERANKER", code=EXIT_USAGE)
-    needed = 2 if distill_negatives_only else 1
-    if distill is not None and hard_negatives < needed:
-        fail(f"--distill needs hard negatives to compare: set --hard-negatives {needed} or more", code=EXIT_USAGE)
-    if distill is not None and config.cached:
-        fail("--distill runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)", code=EXIT_USAGE)
     with cli_errors():
         check_choice(language)
         try:

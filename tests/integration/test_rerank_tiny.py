@@ -276,7 +276,12 @@ def test_distill_loss_pulls_the_towers_toward_the_teacher(setup) -> None:  # typ
     columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1", "n2"]}
     rows, summary = teacher_scores(lambda q, ps: np.array([1.0 if p.startswith("p") else 0.0 for p in ps]), columns)
     assert rows == [[1.0, 0.0], [1.0, 0.0]] and summary["positive_ranked_first"] == 1.0
-    with pytest.raises(ValueError, match="distillation needs hard negatives"):
-        teacher_scores(lambda q, ps: np.zeros(len(ps)), {"question": ["q"], "positive": ["p"]})
+    from encoders.train import TrainConfig
+
+    with pytest.raises(ValueError, match="set --hard-negatives 1 or more"):
+        TrainConfig().check_distillation(0)
     with pytest.raises(ValueError, match="set --hard-negatives 2 or more"):
-        teacher_scores(lambda q, ps: np.zeros(len(ps)), columns, negatives_only=True)
+        TrainConfig(distill_negatives_only=True).check_distillation(1)
+    with pytest.raises(ValueError, match="runs the plain loss"):
+        TrainConfig(batch_size=8, mini_batch_size=4).check_distillation(3)
+    TrainConfig(distill_negatives_only=True).check_distillation(2)
