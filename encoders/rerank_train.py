@@ -1,8 +1,9 @@
 """Train a cross-encoder reranker, in the sentence-transformers order: model, data, loss, evaluator, arguments,
 trainer, evaluate, save.
 
-- Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel) with a fresh one-logit
-  classification head (no pretrained reranker installs here).
+- Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel), or a trained towers
+  model's passage tower (``encoder_to_start_from``), with a fresh one-logit classification head (no pretrained
+  reranker installs here).
 - Data: the towers' rows (``encoders.train_rows.pairs_to_columns``): question, positive, BM25 hard negatives.
 - Loss (``RerankConfig.loss``): ``mnrl``, the cross-encoder (Cached)MultipleNegativesRankingLoss (listwise: the
   positive against the hard negatives and ``in_batch_negatives`` other passages of the batch); or ``bce``, pointwise
@@ -17,6 +18,7 @@ trainer, evaluate, save.
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import shutil
@@ -48,6 +50,21 @@ from encoders.training_run import (
 log = logging.getLogger(__name__)
 
 ScoreFn = Callable[[str, Sequence[str]], Any]  # (question, passages) -> (n,) scores
+
+
+def encoder_to_start_from(path: Path) -> Path:
+    """The encoder a reranker starts from: ``path`` as it is (a sentence-transformers or Hugging Face model
+    directory), or, for towers that `dpr train` made (a ``Router``), their passage tower: the encoder that learnt
+    the collection's passages. Its Transformer module's folder is a plain model a ``CrossEncoder`` loads."""
+    router = path / "router_config.json"
+    if not router.is_file():
+        return path
+    document = json.loads(router.read_text()).get("structure", {}).get("document") or []
+    tower = next((path / m for m in document if (path / m / "config.json").is_file()), None)
+    if tower is None:
+        raise FileNotFoundError(f"{path} has towers but no passage-tower encoder (a 'document' route with a "
+                                "config.json); give a model directory or 'base'")
+    return tower
 
 
 @dataclass
@@ -162,7 +179,7 @@ def train_reranker(
     """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card)."""
     config = config or RerankConfig()
     config.validate()
-    base = base or base_model_path()
+    base = encoder_to_start_from(base or base_model_path())
     started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset

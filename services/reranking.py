@@ -58,12 +58,15 @@ def train_reranker_model(
     """Train, measure on the dev split, export to ONNX, record the default in the collection when it exists."""
     from encoders.registry import export_model
     from encoders.rerank import export_reranker
-    from encoders.rerank_train import train_reranker
+    from encoders.rerank_train import encoder_to_start_from, train_reranker
     from encoders.towers import resolve_model_path
 
     if data.self_supervised is not None or data.from_collection is not None:
         raise ConfigError("a reranker learns from labelled pairs; give a BEIR folder, SQuAD JSON or pairs JSONL")
-    base_path, _ = resolve_model_path(base, settings.models_dir)
+    try:
+        base_path = encoder_to_start_from(resolve_model_path(base, settings.models_dir)[0])
+    except FileNotFoundError as e:
+        raise ConfigError(f"--base {base!r}: {e}") from e
     training = build_training_set(settings, data)
     result = train_reranker(
         training.pairs, settings.models_dir, config, base=base_path, corpus=training.corpus or None,

@@ -152,7 +152,7 @@ def test_dpr_query_rerank_never_imports_torch(trained, setup, tmp_path: Path) ->
 
 
 def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from encoders.towers import read_model_card
+    from encoders.towers import model_fingerprint, read_model_card
     from encoders.train import TrainConfig
     from services.settings import Settings
     from services.training import TrainingData, train_model
@@ -172,6 +172,16 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
     again = train_model(settings, TrainingData(data=beir, dev_queries=4), config, base=result.name)
     assert [type(m).__name__ for m in again.model] == ["Router", "Normalize"]
     assert again.card["base"]["fingerprint"] == result.fingerprint
+    # `dpr train-reranker --base <towers>`: the reranker's encoder starts as the towers' passage tower
+    from encoders.rerank_train import RerankConfig
+    from services.reranking import train_reranker_model
+
+    rr = train_reranker_model(settings, TrainingData(data=beir, dev_queries=4),
+                              RerankConfig(name="rrtowers", max_steps=1, batch_size=4, max_length=64, candidates=6),
+                              base=result.name)
+    started = Path(rr.result.card["base"]["path"])
+    assert started.parent == result.model_dir and started.name.startswith("document_")
+    assert rr.result.card["base"]["fingerprint"] == model_fingerprint(started) != model_fingerprint(base)
 
 
 def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -171,3 +171,26 @@ def test_pointwise_rows_label_each_positive_and_negative() -> None:
     ]
     with pytest.raises(ValueError, match="loss 'hinge' is not known"):
         RerankConfig(loss="hinge").validate()
+
+
+def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) -> None:
+    import json
+
+    from encoders.rerank_train import encoder_to_start_from
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    assert encoder_to_start_from(plain) == plain
+    towers = tmp_path / "towers"
+    for module in ("query_0_Transformer", "document_0_Transformer"):
+        (towers / module).mkdir(parents=True)
+        (towers / module / "config.json").write_text("{}")
+    (towers / "document_1_Pooling").mkdir()
+    structure = {"query": ["query_0_Transformer", "query_1_Pooling"],
+                 "document": ["document_0_Transformer", "document_1_Pooling"]}
+    (towers / "router_config.json").write_text(json.dumps({"structure": structure}))
+    assert encoder_to_start_from(towers) == towers / "document_0_Transformer"
+    (towers / "document_0_Transformer" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no passage-tower encoder"):
+        encoder_to_start_from(towers)
