@@ -168,12 +168,22 @@ def latency() -> list[Row]:
             for n, lat in at(name, "reranker_latency_onnx").items()]
 
 
+# dev-only reranker runs on `scipa2`'s top 20: file, path to the model card in it
+RERANKERS_DEV = (("quality16-rerank-lr.json", ("output", "card")),
+                 ("quality16-rerank-control.json", ("output", "card")),
+                 ("quality16-rerank-dense.json", ("card",)),
+                 ("quality16-rerank-towers-init.json", ("output", "card")))
+
+
 def dev_only() -> list[Row]:
     rows: list[Row] = []
-    for name, path in (("quality16-rerank-lr.json", ("output", "card")), ("quality16-rerank-dense.json", ("card",))):
+    for name, path in RERANKERS_DEV:
         card = at(name, *path)
-        dev = card["dev_metrics"]
-        label = f"reranker `{card['name']}` on `scipa2`'s dev top {dev['candidates']}"
+        dev, hp = card["dev_metrics"], card["hyperparameters"]
+        negatives = card["training_data"]["mining"].get("source", "bm25")
+        start = "the towers' passage tower" if "document_" in card["base"]["path"] else "MiniLM-L6"
+        label = (f"reranker `{card['name']}` ({hp['epochs']:g} epoch(s), lr {hp['learning_rate']:g}, {negatives} "
+                 f"negatives, from {start}) on `scipa2`'s dev top {dev['candidates']}")
         rows += [["SciFact", f"{label}, alone", num(dev["ndcg@10_by_weight"]["1"]), "", *cost([card]),
                   src(name, ".".join(path) + ".dev_metrics")],
                  ["SciFact", f"{label}, fused at weight {dev['weight']:g} (`scipa2` alone: "
