@@ -170,7 +170,7 @@ def reranked_retriever(corpus: StoreCorpus, options: QueryOptions, reranker: Any
         depth = min(k * CHUNK_OVERFETCH, 1000)
         first = search_many(questions, store=store, towers=corpus.towers, options=replace(options, k=depth, rerank=0),
                             sparse=sparse)
-        timed = _Timed(reranker, latencies)
+        timed = Timed(reranker, latencies)
         top = search_many(questions, store=store, towers=corpus.towers,
                           options=replace(options, k=n, rerank=n, rerank_weight=weight),
                           sparse=sparse, reranker_for=lambda _: timed)
@@ -200,9 +200,16 @@ class _Memo:
         return np.array([self.scores[(question, p)] for p in passages], dtype=np.float32)
 
 
-class _Timed:
+class Timed:
+    """A reranker whose ``score`` calls (one per question) append their seconds to ``latencies``."""
+
     def __init__(self, reranker: Any, latencies: list[float] | None) -> None:
         self.reranker, self.latencies = reranker, latencies
+        self.name, self.backend = reranker.name, reranker.backend
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.reranker.fingerprint)
 
     def score(self, question: str, passages: Any, batch_size: int = 32) -> Any:
         t0 = time.perf_counter()
@@ -217,11 +224,15 @@ def latency(corpus: StoreCorpus, options: QueryOptions, reranker: Any, dev: Retr
     for n in RERANK_NS:
         times: list[float] = []
         reranked_retriever(corpus, options, reranker, n, times)(dev, n)
-        times.sort()
-        out[f"N={n}"] = {"mean_ms": round(1000 * statistics.mean(times), 1),
-                         "p50_ms": round(1000 * times[len(times) // 2], 1),
-                         "p95_ms": round(1000 * times[int(len(times) * 0.95)], 1), "questions": len(times)}
+        out[f"N={n}"] = latency_ms(times)
     return out
+
+
+def latency_ms(seconds: list[float]) -> dict[str, Any]:
+    """Mean, p50 and p95 of per-question seconds, in milliseconds."""
+    times = sorted(seconds)
+    return {"mean_ms": round(1000 * statistics.mean(times), 1), "p50_ms": round(1000 * times[len(times) // 2], 1),
+            "p95_ms": round(1000 * times[int(len(times) * 0.95)], 1), "questions": len(times)}
 
 
 # --- the run ------------------------------------------------------------------------------------------------------

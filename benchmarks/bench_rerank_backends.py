@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +29,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from bench_hostile import commit  # noqa: E402
 from bench_hotpaths import machine  # noqa: E402
+from bench_rerank import Timed, latency_ms  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.evaluate import Retrieval  # noqa: E402
@@ -45,25 +44,17 @@ RESULTS = REPO / "benchmarks" / "results"
 NS = (20, 50)
 
 
-class Timed:
-    """A reranker's ``score`` that keeps each call's seconds and scores (one call per question)."""
+class Scored(Timed):
+    """``bench_rerank.Timed`` that also keeps each question's scores, to compare backends on the same pairs."""
 
     def __init__(self, reranker: Any) -> None:
-        self.reranker = reranker
-        self.seconds: list[float] = []
+        super().__init__(reranker, [])
         self.scores: dict[str, np.ndarray] = {}
 
-    def __call__(self, question: str, passages: Sequence[str]) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = np.asarray(self.reranker.score(question, passages), dtype=np.float64)
-        self.seconds.append(time.perf_counter() - t0)
+    def score(self, question: str, passages: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        out = np.asarray(super().score(question, passages, batch_size=batch_size), dtype=np.float64)
         self.scores[question] = out
         return out
-
-
-def ms(xs: list[float], q: float) -> float:
-    ordered = sorted(xs)
-    return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
 
 
 def agreement(scores: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
@@ -88,14 +79,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reranker = load_reranker(args.reranker, settings.models_dir, backend)  # type: ignore[arg-type]
         reranker.score(dev.queries[next(iter(dev.queries))], ["warm-up"])  # session start and first-call costs
         for n in NS:
-            timed = Timed(reranker)
-            metrics = dev_rerank_metrics(timed, dev, first_stage, n)
+            timed = Scored(reranker)
+            metrics = dev_rerank_metrics(timed.score, dev, first_stage, n)
             row = {"backend": backend, "served_by": reranker.backend, "n": n,
                    "before": round(metrics["before"]["ndcg@10"], 4),
                    "alone": metrics["ndcg@10_by_weight"]["1"], "weight": metrics["weight"],
-                   "fused": round(metrics["after"]["ndcg@10"], 4), "questions": len(timed.seconds),
-                   "mean_ms": round(1000 * statistics.mean(timed.seconds), 1), "p50_ms": ms(timed.seconds, 0.5),
-                   "p95_ms": ms(timed.seconds, 0.95)}
+                   "fused": round(metrics["after"]["ndcg@10"], 4), **latency_ms(timed.latencies or [])}
             if n in reference:
                 row.update(agreement(timed.scores, reference[n]))
             else:

@@ -176,10 +176,12 @@ def train_reranker(
     data_info: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
 ) -> TrainResult:
-    """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card)."""
+    """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card). ``base``: a
+    plain encoder directory (a towers model's passage tower: ``encoder_to_start_from``, which ``services.reranking``
+    applies before any mining)."""
     config = config or RerankConfig()
     config.validate()
-    base = encoder_to_start_from(base or base_model_path())
+    base = base or base_model_path()
     started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset
