@@ -240,7 +240,7 @@ def train_reranker(
         "format": "sentence-transformers cross-encoder",
         "similarity": None,
         "max_length": config.max_length,
-        "base": {"path": str(base), "fingerprint": model_fingerprint(base), "head": "fresh 1-logit classifier"},
+        "base": {"path": str(base), "fingerprint": model_fingerprint(base), "head": starting_head(base)},
         "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": n_negatives,
                           "fingerprint": pairs_fingerprint(pairs)},
         "hyperparameters": {**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
@@ -256,6 +256,16 @@ def train_reranker(
         "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
+
+
+def starting_head(base: Path) -> str:
+    """What the reranker's head started from: a reranker given as ``--base`` keeps (and continues) its trained
+    head; any other encoder gets a fresh one."""
+    config = base / "config.json"
+    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "continued: the base reranker's trained head"
+    return "fresh 1-logit classifier"
 
 
 @contextmanager

@@ -213,8 +213,9 @@ def train_reranker(
     corpus: Annotated[Path | None, typer.Option(help="Corpus for JSONL pairs that use positive_id.")] = None,
     max_pairs: Annotated[int | None, typer.Option(help="Cap on training pairs (a seeded sample).")] = None,
     name: Annotated[str, typer.Option(help="Reranker name; saved as NAME-YYYYmmdd-HHMMSS.")] = "rerank",
-    base: Annotated[str, typer.Option(help="Encoder under the new head: 'base' (MiniLM-L6), a towers model "
-                                      "(name or directory: its passage tower) or a model directory.")] = "base",
+    base: Annotated[str, typer.Option(help="Where to start: 'base' (MiniLM-L6), a towers model (name or "
+                                      "directory: its passage tower), a model directory (each under a new "
+                                      "head), or a trained reranker (continued, head and all).")] = "base",
     epochs: Annotated[float, typer.Option(min=0.01)] = 1.0,
     batch_size: Annotated[int, typer.Option(min=1, help="Questions per batch.")] = 16,
     mini_batch_size: Annotated[

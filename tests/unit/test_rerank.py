@@ -194,3 +194,17 @@ def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) ->
     (towers / "document_0_Transformer" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="no passage-tower encoder"):
         encoder_to_start_from(towers)
+
+
+def test_a_reranker_given_as_base_keeps_its_trained_head(tmp_path: Path) -> None:
+    import json
+
+    from encoders.rerank_train import starting_head
+
+    encoder, reranker = tmp_path / "encoder", tmp_path / "reranker"
+    for path, architecture in ((encoder, "BertModel"), (reranker, "BertForSequenceClassification")):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    assert starting_head(encoder) == "fresh 1-logit classifier"
+    assert starting_head(reranker).startswith("continued")
+    assert starting_head(tmp_path) == "fresh 1-logit classifier"  # no config.json: nothing to continue
