@@ -190,6 +190,7 @@ class _Memo:
 
     def __init__(self, reranker: Any) -> None:
         self.reranker = reranker
+        self.name, self.backend, self.fingerprint = reranker.name, reranker.backend, reranker.fingerprint
         self.scores: dict[tuple[str, str], float] = {}
 
     def score(self, question: str, passages: Any, batch_size: int = 32) -> Any:
@@ -300,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "rerank_on": rerank_on},
         }
         print(json.dumps(out["dev"], indent=1), flush=True)
-        if reranker is not None:
+        if reranker is not None and not args.no_latency:
             out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
             print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
         # 3. test, once
@@ -345,6 +346,9 @@ def main() -> None:
     parser.add_argument("--out", default="rerank", help="Results file name under benchmarks/results (NAME.json).")
     parser.add_argument("--towers", action="append", default=[], metavar="LABEL=MODEL",
                         help="Trained towers to compare, reused (repeatable); replaces the two trainings.")
+    parser.add_argument("--no-latency", action="store_true",
+                        help="Skip the reranker's latency (measured already for one of its architecture, or the "
+                        "machine is busy).")
     parser.add_argument("--dev-queries", type=int, default=100)
     parser.add_argument("--pretrain-pairs", type=int, default=2000, help="Cap on stage-1 (ICT + title) pairs.")
     parser.add_argument("--pretrain-epochs", type=float, default=1.0)
