@@ -182,6 +182,14 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
     started = Path(rr.result.card["base"]["path"])
     assert started.parent == result.model_dir and started.name.startswith("document_")
     assert rr.result.card["base"]["fingerprint"] == model_fingerprint(started) != model_fingerprint(base)
+    assert rr.result.card["base"]["head"] == "fresh 1-logit classifier"
+    # `dpr train-reranker --base <a reranker>`: that reranker goes on, its trained head included
+    more = train_reranker_model(settings, TrainingData(data=beir, dev_queries=4),
+                                RerankConfig(name="rrmore", max_steps=1, batch_size=4, max_length=64, candidates=6),
+                                base=rr.result.name)
+    assert more.result.card["base"]["path"] == str(rr.result.model_dir)
+    assert more.result.card["base"]["fingerprint"] == model_fingerprint(rr.result.model_dir)
+    assert more.result.card["base"]["head"].startswith("continued")
 
 
 def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
