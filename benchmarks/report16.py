@@ -21,6 +21,8 @@ OUT = RESULTS / "quality16.md"
 SCIFACT_TOWERS, SCIFACT_HYBRID, SCIFACT_RERANK, ZEROSHOT_MARGIN, SQUAD_ANSWER5 = 0.76, 0.79, 0.80, 0.01, 0.9345
 SCI = ("ndcg@10", "recall@100", "mrr@10")
 WHOLE = ",.0f"  # seconds, MiB, milliseconds
+# the reranked hybrid the goal is checked on: the strongest reranker on dev (its run reads the test split once)
+RERANKED_HYBRID = "quality16-rerank-hybrid-continued.json"
 SQ = ("answer@1", "answer@5", "answer@20", "ndcg@10", "recall@100", "mrr@10")
 Row = list[str]
 used: list[str] = []  # every file read, for the report's header
@@ -69,7 +71,7 @@ def fusion(name: str, key: str) -> str:
 def scifact() -> list[Row]:
     q, a3, a4, pt = "quality16.json", "quality16-ance3.json", "quality16-ance4.json", "quality16-pretrain.json"
     p1, p2 = "quality16-pt-ance1.json", "quality16-pt-ance2.json"
-    rr, rh = "quality16-rerank.json", "quality16-rerank-hybrid.json"
+    rr, rh, rc = "quality16-rerank.json", "quality16-rerank-hybrid.json", RERANKED_HYBRID
     r2, r3, r4 = "finetuned+ance", "finetuned+ance3", "finetuned+ance4"  # the towers' labels in the files
     k1, k2 = "pretrained+finetuned+ance1", "pretrained+finetuned+ance2"
 
@@ -98,7 +100,7 @@ def scifact() -> list[Row]:
             row(f"hybrid: round 4 + BM25 ({fusion(a4, r4)})", a4, f"hybrid ({r4})"),
             row(f"hybrid: `scipa1` + BM25 ({fusion(p1, k1)})", p1, f"hybrid ({k1})"),
             row(f"hybrid: `scipa2` + BM25 ({fusion(rh, 'scipa2')})", rh, "hybrid (scipa2)"),
-            reranked(rr, "hybrid round 3"), reranked(rh, "hybrid `scipa2`")]
+            reranked(rr, "hybrid round 3"), reranked(rh, "hybrid `scipa2`"), reranked(rc, "hybrid `scipa2`")]
 
 
 def lineage() -> str:
@@ -164,15 +166,16 @@ def latency() -> list[Row]:
     return [[f"`{at(name, 'training', 'reranker', 'model')}`", f"hybrid ({at(name, 'dev', 'picked', 'hybrid')})",
              n.removeprefix("N="), *(num(lat[k], WHOLE) for k in ("mean_ms", "p50_ms", "p95_ms")),
              str(lat["questions"]), src(name, f"reranker_latency_onnx.{n}")]
-            for name in ("quality16-rerank.json", "quality16-rerank-hybrid.json")
-            for n, lat in at(name, "reranker_latency_onnx").items()]
+            for name in ("quality16-rerank.json", "quality16-rerank-hybrid.json", RERANKED_HYBRID)
+            for n, lat in (load(name).get("reranker_latency_onnx") or {}).items()]
 
 
 # dev-only reranker runs on `scipa2`'s top 20: file, path to the model card in it
 RERANKERS_DEV = (("quality16-rerank-lr.json", ("output", "card")),
                  ("quality16-rerank-control.json", ("output", "card")),
                  ("quality16-rerank-dense.json", ("card",)),
-                 ("quality16-rerank-towers-init.json", ("output", "card")))
+                 ("quality16-rerank-towers-init.json", ("output", "card")),
+                 ("quality16-rerank-continued.json", ("output", "card")))
 
 
 def dev_only() -> list[Row]:
@@ -181,9 +184,12 @@ def dev_only() -> list[Row]:
         card = at(name, *path)
         dev, hp = card["dev_metrics"], card["hyperparameters"]
         negatives = card["training_data"]["mining"].get("source", "bm25")
-        start = "the towers' passage tower" if "document_" in card["base"]["path"] else "MiniLM-L6"
-        label = (f"reranker `{card['name']}` ({hp['epochs']:g} epoch(s), lr {hp['learning_rate']:g}, {negatives} "
-                 f"negatives, from {start}) on `scipa2`'s dev top {dev['candidates']}")
+        continued = card["base"]["head"].startswith("continued")
+        start = ("the towers' passage tower" if "document_" in card["base"]["path"]
+                 else f"`{Path(card['base']['path']).name}`'s weights and head" if continued else "MiniLM-L6")
+        label = (f"reranker `{card['name']}` ({hp['epochs']:g}{' more' if continued else ''} epoch(s), lr "
+                 f"{hp['learning_rate']:g}, {negatives} negatives, from {start}) on `scipa2`'s dev top "
+                 f"{dev['candidates']}")
         rows += [["SciFact", f"{label}, alone", num(dev["ndcg@10_by_weight"]["1"]), "", *cost([card]),
                   src(name, ".".join(path) + ".dev_metrics")],
                  ["SciFact", f"{label}, fused at weight {dev['weight']:g} (`scipa2` alone: "
@@ -214,16 +220,25 @@ def dev_only() -> list[Row]:
     return rows
 
 
-def check(what: str, value: float, floor: float, sources: str) -> str:
-    return f"- {what} {value:.4f} >= {floor:.4f}: **{'met' if value >= floor else 'not met'}** ({sources})"
+def check(what: str, value: float, floor: float, sources: str, need: str | None = None) -> str:
+    """One goal: met when ``value`` reaches ``floor`` and nothing else it ``need``s is missing (a reason)."""
+    met = value >= floor and need is None
+    return (f"- {what} {value:.4f} >= {floor:.4f}: **{'met' if met else 'not met'}**"
+            f"{f' ({need})' if need and value >= floor else ''} ({sources})")
 
 
 def goals() -> list[str]:
     rh = {k: v["metrics"]["ndcg@10"] for k, v in at("quality16-rerank-hybrid.json", "test", "systems").items()}
-    rerank, rh_src = next(v for k, v in rh.items() if "+ rerank" in k), "`quality16-rerank-hybrid.json`"
+    rh_src = "`quality16-rerank-hybrid.json`"
+    rc = at(RERANKED_HYBRID, "test", "systems")
+    key = next(k for k in rc if "+ rerank" in k)
+    gate, rerank = at(RERANKED_HYBRID, "dev", "picked", "rerank_on"), rc[key]["metrics"]["ndcg@10"]
+    reranker = at(RERANKED_HYBRID, "training", "reranker", "model")
     lines = [check("SciFact test nDCG@10, towers (`scipa2`)", rh["scipa2"], SCIFACT_TOWERS, rh_src),
              check("SciFact test nDCG@10, hybrid", rh["hybrid (scipa2)"], SCIFACT_HYBRID, rh_src),
-             check("SciFact test nDCG@10, hybrid + reranker", rerank, SCIFACT_RERANK, rh_src)]
+             check(f"SciFact test nDCG@10, hybrid + reranker `{reranker}` ({key.split('+ rerank ')[1]}, dev gate "
+                   f"{'on' if gate else 'off'})", rerank, SCIFACT_RERANK, f"`{RERANKED_HYBRID}`",
+                   need=None if gate else "the dev gate off: hybrid serves without it")]
     zt = "zeroshot16-target.json"
     for coll in ("cranfield", "cisi"):
         s = {k: v["metrics"]["ndcg@10"] for k, v in at(zt, "test", coll, "report", "systems").items()}
