@@ -304,6 +304,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if reranker is not None and not args.no_latency:
             out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
             print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
+        if args.dev_only:
+            out["load_average_end"] = os.getloadavg()
+            return out
         # 3. test, once
         systems: dict[str, Retriever] = {"bm25": bm25_retriever()}
         for label in models:
@@ -349,6 +352,8 @@ def main() -> None:
     parser.add_argument("--no-latency", action="store_true",
                         help="Skip the reranker's latency (measured already for one of its architecture, or the "
                         "machine is busy).")
+    parser.add_argument("--dev-only", action="store_true",
+                        help="Stop after the dev split (decide whether a reranker is worth a test read first).")
     parser.add_argument("--dev-queries", type=int, default=100)
     parser.add_argument("--pretrain-pairs", type=int, default=2000, help="Cap on stage-1 (ICT + title) pairs.")
     parser.add_argument("--pretrain-epochs", type=float, default=1.0)
