@@ -175,7 +175,11 @@ RERANKERS_DEV = (("quality16-rerank-lr.json", ("output", "card")),
                  ("quality16-rerank-control.json", ("output", "card")),
                  ("quality16-rerank-dense.json", ("card",)),
                  ("quality16-rerank-towers-init.json", ("output", "card")),
-                 ("quality16-rerank-continued.json", ("output", "card")))
+                 ("quality16-rerank-continued.json", ("output", "card")),
+                 ("quality16-rerank-continued6.json", ("output", "card")))
+
+# bench_rerank runs over hybrid (dev grid of N and weight); the last stopped at dev (`--dev-only`)
+RERANKED_HYBRID_DEV = ("quality16-rerank-hybrid.json", RERANKED_HYBRID, "quality16-rerank-hybrid-6ep-dev.json")
 
 
 def dev_only() -> list[Row]:
@@ -194,6 +198,14 @@ def dev_only() -> list[Row]:
                   src(name, ".".join(path) + ".dev_metrics")],
                  ["SciFact", f"{label}, fused at weight {dev['weight']:g} (`scipa2` alone: "
                   f"{num(dev['before']['ndcg@10'])})", num(dev["after"]["ndcg@10"]), "", "", "", src(name)]]
+    for name in RERANKED_HYBRID_DEV:  # bench_rerank's dev grid over hybrid: the gate's evidence
+        picked = at(name, "dev", "picked")
+        best = f"N={picked['rerank_n']} w={picked['rerank_weight']:g}"
+        hybrid = at(name, "dev", "hybrid_ndcg@10", picked["hybrid"])
+        rows.append(["SciFact", f"hybrid `{picked['hybrid']}` + reranker `{at(name, 'training', 'reranker', 'model')}`"
+                     f" at its best dev {best} (hybrid alone: {num(hybrid)}; gate "
+                     f"{'on' if picked['rerank_on'] else 'off'})", num(at(name, "dev", "rerank_ndcg@10", best)), "",
+                     "", "", src(name, f"dev.rerank_ndcg@10.{best}")])
     ds = "quality16-distill.json"
     base = at(ds, "baseline_no_distillation")
     rows.append(["SciFact", f"towers, round without distillation (`{base['model']}`)",
