@@ -305,7 +305,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["reranker_latency_onnx"] = latency(corpora[hybrid_pick], hybrid_options, reranker, dev)
             print("latency:", json.dumps(out["reranker_latency_onnx"]), flush=True)
         if args.dev_only:
-            out["load_average_end"] = os.getloadavg()
             return out
         # 3. test, once
         systems: dict[str, Retriever] = {"bm25": bm25_retriever()}
@@ -324,7 +323,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for corpus in corpora.values():
             corpus.close()
-    out["load_average_end"] = os.getloadavg()
     return out
 
 
@@ -370,6 +368,7 @@ def main() -> None:
         args.max_steps, args.max_pairs, args.dev_queries, args.pretrain_pairs = 2, 64, 10, 32
     logging.basicConfig(level=logging.WARNING)
     out = run(args)
+    out["load_average_end"] = os.getloadavg()
     name = "rerank-smoke" if args.smoke else args.out
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
