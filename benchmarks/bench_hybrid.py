@@ -141,6 +141,39 @@ def tune_summary(label: str, tuned: TuneResult) -> dict[str, Any]:
     }
 
 
+def test_rows(corpus: StoreCorpus, test: d.RetrievalDataset, label: str, tuned: TuneResult,
+              results: list[SystemResult]) -> list[SystemResult]:
+    """The test rows of one model's store: BM25 through the store (once per section: ``results`` has it after the
+    first model), the dense towers, and hybrid at the fusions ``tuned`` chose on dev."""
+    rows = []
+    if not any(r.system == "bm25-store" for r in results):
+        rows.append(timed(test, "bm25-store", corpus.retriever(QueryOptions(mode="sparse"))))
+    rows.append(timed(test, label, corpus.retriever(QueryOptions(mode="dense"))))
+    return rows + hybrid_rows(corpus, test, label, tuned)
+
+
+def hybrid_floors(results: list[SystemResult], labels: list[str], metric: str, title: str,
+                  *, with_dense: bool) -> list[dict[str, Any]]:
+    """Per model: its dev-chosen hybrid against both BM25s (and its own dense towers when ``with_dense``)."""
+    by = {r.system: r.metrics[metric] for r in results}
+    floors = []
+    for label in labels:
+        chosen = next(v for k, v in by.items() if k.startswith(f"{label}+hybrid") and k.endswith("(chosen)"))
+        bar = max([by["bm25 (bm25s)"], by["bm25-store"]] + ([by[label]] if with_dense else []))
+        against = "dense, bm25s, bm25-store" if with_dense else "bm25s, bm25-store"
+        floors.append({"floor": f"{title}: {label}+hybrid (chosen) >= max({against})",
+                       "value": round(chosen, 4), "bar": round(bar, 4), "met": chosen >= bar})  # fmt: skip
+    return floors
+
+
+def section_result(test: d.RetrievalDataset, results: list[SystemResult], tunes: list[dict[str, Any]],
+                   floors: list[dict[str, Any]]) -> dict[str, Any]:
+    report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
+    seconds = {r.system: round(r.seconds, 1) for r in results}
+    return {"table": report.to_markdown_table(), "queries": len(test.queries), "seconds": seconds,
+            "tuning": tunes, "floors": floors}  # fmt: skip
+
+
 # --- sections ------------------------------------------------------------------------------------------------------
 
 
@@ -166,23 +199,12 @@ def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, A
             say(f"  {label}: tuned on dev: dense {tuned.dense_score:.3f}, bm25-store {tuned.sparse_score:.3f}, "
                 f"chosen {tuned.choice.label()} {tuned.dev_score:.3f}")  # fmt: skip
             STATE.setdefault("scifact_choice", {})[label] = tuned
-            if not any(r.system == "bm25-store" for r in results):
-                results.append(timed(test, "bm25-store", corpus.retriever(QueryOptions(mode="sparse"))))
-            results.append(timed(test, label, corpus.retriever(QueryOptions(mode="dense"))))
-            results += hybrid_rows(corpus, test, label, tuned)
+            results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = []
-    by = {r.system: r.metrics["ndcg@10"] for r in results}
-    for label, _ in model_list(args, settings):
-        chosen = next(v for k, v in by.items() if k.startswith(f"{label}+hybrid") and k.endswith("(chosen)"))
-        bar = max(by[label], by["bm25 (bm25s)"], by["bm25-store"])
-        floors.append({"floor": f"SciFact test nDCG@10: {label}+hybrid (chosen) >= max(dense, bm25s, bm25-store)",
-                       "value": round(chosen, 4), "bar": round(bar, 4), "met": chosen >= bar})  # fmt: skip
-    report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
-    seconds = {r.system: round(r.seconds, 1) for r in results}
-    return {"table": report.to_markdown_table(), "queries": len(test.queries), "seconds": seconds,
-            "tuning": tunes, "floors": floors}  # fmt: skip
+    floors = hybrid_floors(results, [label for label, _ in model_list(args, settings)], "ndcg@10",
+                           "SciFact test nDCG@10", with_dense=True)  # fmt: skip
+    return section_result(test, results, tunes, floors)
 
 
 def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -206,23 +228,12 @@ def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any
             f"chosen {tuned.choice.label()} {tuned.dev_score:.3f} ({tuned.metric})")  # fmt: skip
         corpus = StoreCorpus(towers, settings=settings, workdir=args.work, progress=progress(f"squad-test/{label}"))
         try:
-            if not any(r.system == "bm25-store" for r in results):
-                results.append(timed(test, "bm25-store", corpus.retriever(QueryOptions(mode="sparse"))))
-            results.append(timed(test, label, corpus.retriever(QueryOptions(mode="dense"))))
-            results += hybrid_rows(corpus, test, label, tuned)
+            results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = []
-    by = {r.system: r.metrics["answer@20"] for r in results}
-    for label, _ in model_list(args, settings):
-        chosen = next(v for k, v in by.items() if k.startswith(f"{label}+hybrid") and k.endswith("(chosen)"))
-        bar = max(by["bm25 (bm25s)"], by["bm25-store"])
-        floors.append({"floor": f"SQuAD test articles answer@20: {label}+hybrid (chosen) >= max(bm25s, bm25-store)",
-                       "value": round(chosen, 4), "bar": round(bar, 4), "met": chosen >= bar})  # fmt: skip
-    report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
-    seconds = {r.system: round(r.seconds, 1) for r in results}
-    return {"table": report.to_markdown_table(), "queries": len(test.queries), "seconds": seconds,
-            "tuning": tunes, "floors": floors}  # fmt: skip
+    floors = hybrid_floors(results, [label for label, _ in model_list(args, settings)], "answer@20",
+                           "SQuAD test articles answer@20", with_dense=False)  # fmt: skip
+    return section_result(test, results, tunes, floors)
 
 
 def section_zeroshot(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
