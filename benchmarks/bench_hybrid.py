@@ -152,12 +152,13 @@ def test_rows(corpus: StoreCorpus, test: d.RetrievalDataset, label: str, tuned: 
     return rows + hybrid_rows(corpus, test, label, tuned)
 
 
-def hybrid_floors(results: list[SystemResult], labels: list[str], metric: str, title: str,
+def hybrid_floors(results: list[SystemResult], tunes: list[dict[str, Any]], metric: str, title: str,
                   *, with_dense: bool) -> list[dict[str, Any]]:
-    """Per model: its dev-chosen hybrid against both BM25s (and its own dense towers when ``with_dense``)."""
+    """Per model tuned on dev (``tune_summary``): its dev-chosen hybrid against both BM25s (and its own dense towers
+    when ``with_dense``)."""
     by = {r.system: r.metrics[metric] for r in results}
     floors = []
-    for label in labels:
+    for label in (t["model"] for t in tunes):
         chosen = next(v for k, v in by.items() if k.startswith(f"{label}+hybrid") and k.endswith("(chosen)"))
         bar = max([by["bm25 (bm25s)"], by["bm25-store"]] + ([by[label]] if with_dense else []))
         against = "dense, bm25s, bm25-store" if with_dense else "bm25s, bm25-store"
@@ -202,8 +203,7 @@ def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, A
             results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = hybrid_floors(results, [label for label, _ in model_list(args, settings)], "ndcg@10",
-                           "SciFact test nDCG@10", with_dense=True)  # fmt: skip
+    floors = hybrid_floors(results, tunes, "ndcg@10", "SciFact test nDCG@10", with_dense=True)
     return section_result(test, results, tunes, floors)
 
 
@@ -231,8 +231,7 @@ def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any
             results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = hybrid_floors(results, [label for label, _ in model_list(args, settings)], "answer@20",
-                           "SQuAD test articles answer@20", with_dense=False)  # fmt: skip
+    floors = hybrid_floors(results, tunes, "answer@20", "SQuAD test articles answer@20", with_dense=False)
     return section_result(test, results, tunes, floors)
 
 
