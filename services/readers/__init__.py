@@ -17,7 +17,7 @@ from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html
 from services.readers.folders import iter_files
 from services.readers.jsonl import MAX_ID_CHARS, RECORD_SUFFIXES, Row, iter_jsonl, parse_json_row, read_row, read_rows
 from services.readers.labelled import load_pairs_jsonl
-from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, safe_text
+from services.readers.records import Document, DocumentFailure, IdLedger, Item, Section, Skipped, safe_text
 from services.readers.sources import (
     DatasetFormat,
     InputFormat,
@@ -42,6 +42,7 @@ __all__ = [
     "Item",
     "Row",
     "Skipped",
+    "Section",
     "SquadSplit",
     "beir_corpus_path",
     "dataset_format",

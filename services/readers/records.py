@@ -16,32 +16,86 @@ from services.errors import DocumentError
 
 
 @dataclass(frozen=True)
+class Section:
+    """One piece of a document with its place: the page (range) of a paged format, the heading path of the others.
+    Readers of structured formats yield a document as its sections; chunks never mix two sections' places."""
+
+    text: str
+    heading: tuple[str, ...] = ()  # heading path, outermost first: ("Installing", "On Windows")
+    page: int | None = None  # 1-based first page, paged formats only
+    page_end: int | None = None  # last page when the section runs over several; None: the same as ``page``
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text}
+        if self.heading:
+            out["heading"] = list(self.heading)
+        if self.page is not None:
+            out["page"] = self.page
+        if self.page_end is not None:
+            out["page_end"] = self.page_end
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Section:
+        page, page_end = data.get("page"), data.get("page_end")
+        return cls(
+            text=str(data["text"]),
+            heading=tuple(str(h) for h in data.get("heading") or ()),
+            page=int(page) if page is not None else None,
+            page_end=int(page_end) if page_end is not None else None,
+        )
+
+
+SECTION_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
 class Document:
+    """A document to ingest. ``text`` is always the whole text; a structured reader also gives ``sections`` (their
+    texts joined by ``SECTION_SEPARATOR`` are ``text``) and the ``format`` it read (``pdf``, ``docx``, ``md``...)."""
+
     doc_id: str
     text: str
     title: str = ""
     source: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    sections: tuple[Section, ...] = ()
+    format: str = ""
+
+    @classmethod
+    def from_sections(cls, doc_id: str, sections: list[Section], **kwargs: Any) -> Document:
+        """A document whose text is its sections' texts joined (empty sections dropped)."""
+        kept = tuple(s for s in sections if s.text.strip())
+        return cls(doc_id=doc_id, text=SECTION_SEPARATOR.join(s.text for s in kept), sections=kept, **kwargs)
 
     @property
     def doc_hash(self) -> str:
-        """Hash of everything that shapes the stored passages (title and text)."""
+        """Hash of everything that shapes the stored passages (title, text, places and metadata)."""
         h = hashlib.sha256()
         h.update(self.title.encode("utf-8"))
         h.update(b"\x1f")
         h.update(self.text.encode("utf-8"))
         h.update(b"\x1f")
         h.update(json.dumps(self.metadata, sort_keys=True, default=str).encode("utf-8"))
+        if self.sections or self.format:  # documents without structure keep the hash they always had
+            h.update(b"\x1f")
+            places = [[list(s.heading), s.page, s.page_end, len(s.text)] for s in self.sections]
+            h.update(json.dumps([self.format, places]).encode("utf-8"))
         return h.hexdigest()[:32]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "doc_id": self.doc_id,
             "title": self.title,
             "text": self.text,
             "source": self.source,
             "metadata": self.metadata,
         }
+        if self.sections:
+            out["sections"] = [s.to_json() for s in self.sections]
+        if self.format:
+            out["format"] = self.format
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Document:
@@ -51,6 +105,8 @@ class Document:
             title=str(data.get("title") or ""),
             source=str(data.get("source") or ""),
             metadata=dict(data.get("metadata") or {}),
+            sections=tuple(Section.from_json(s) for s in data.get("sections") or ()),
+            format=str(data.get("format") or ""),
         )
 
 
