@@ -11,14 +11,16 @@ every token of the text (nothing is lost between windows).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.errors import DocumentError
+from services.readers.records import SECTION_SEPARATOR, Section
 
 # Token budget kept free for re-tokenisation effects at window edges (a window may start inside a word).
 SAFETY_TOKENS = 4
 MIN_WINDOW = 8  # content tokens a window always has room for
+HEADING_SEPARATOR = " › "  # between the title and the headings of the line the tower reads: "Guide › Installing"
 
 Offsets = list[tuple[int, int]]
 
@@ -31,11 +33,29 @@ class Chunk:
     start: int = 0  # character span of ``text`` in the document
     end: int = 0
     tokens: int = 0  # passage-tower tokens of ``encoder_text`` (title + text, no special tokens): length bucketing
+    heading: tuple[str, ...] = ()  # heading path the tower reads with it, outermost first (sections only)
+    page: int | None = None  # first page of the text (paged formats)
+    page_end: int | None = None  # last page when the chunk runs over several pages; None: ``page``
+
+    @property
+    def context(self) -> str:
+        """The line the tower reads above the passage: the title, then the heading path (``context_line``)."""
+        return context_line(self.title, self.heading)
 
     @property
     def encoder_text(self) -> str:
         """What the passage tower reads."""
-        return f"{self.title}\n{self.text}" if self.title else self.text
+        line = self.context
+        return f"{line}\n{self.text}" if line else self.text
+
+
+def context_line(title: str, heading: Sequence[str]) -> str:
+    """``title › heading › path`` (a first heading that repeats the title is said once); the title alone
+    without headings, so a document without sections reads exactly as it always has."""
+    parts = list(heading)
+    if parts and title and " ".join(parts[0].split()).casefold() == title.casefold():
+        parts = parts[1:]
+    return HEADING_SEPARATOR.join([title, *parts] if title else parts)
 
 
 @dataclass(frozen=True)
@@ -73,9 +93,17 @@ def chunk_text(
     offsets = offsets_of(text)
     if not offsets:
         raise DocumentError(source or "document", "empty", "has no tokens after cleaning; remove it or add text")
+    chunks = [
+        Chunk(index=i, text=text[a:b], title=title, start=a, end=b, tokens=n + title_tokens)
+        for i, (a, b, n) in enumerate(_windows(text, offsets, size, overlap))
+    ]
+    return ChunkedDocument(chunks=chunks, title_truncated=title_truncated)
 
+
+def _windows(text: str, offsets: Offsets, size: int, overlap: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, tokens) of each window over ``text``: at most ``size`` tokens, ``overlap`` shared by
+    consecutive windows, ends snapped back to a word start where possible, spans stripped of outer whitespace."""
     starts = _word_starts(text, offsets)
-    chunks: list[Chunk] = []
     start = 0
     n = len(offsets)
     while True:
@@ -89,14 +117,140 @@ def chunk_text(
         stripped = piece.strip()
         if stripped:
             a += len(piece) - len(piece.lstrip())
-            chunks.append(Chunk(index=len(chunks), text=stripped, title=title, start=a, end=a + len(stripped),
-                                tokens=end - start + title_tokens))
+            yield a, a + len(stripped), end - start
         if end >= n:
             break
         nxt = max(end - overlap, start + 1)
         snapped_start = _snap_back(starts, nxt, floor=start + 1)
         start = snapped_start if snapped_start > start else nxt
+
+
+def chunk_sections(
+    sections: Sequence[Section],
+    title: str,
+    *,
+    offsets_of: Callable[[str], Offsets],
+    max_passage_tokens: int,
+    max_tokens: int | None = None,
+    overlap: int = 32,
+    max_title_tokens: int = 32,
+    source: str = "",
+) -> ChunkedDocument:
+    """Token windows over a document's sections, section by section: a window never runs over a section's end, so
+    every chunk has one place. Consecutive sections with the same heading path and adjacent pages (or none) are
+    packed whole into one window while they fit (a few short pages become one passage ``pp. 12-13``); a section
+    longer than a window is cut alone. The tower reads ``title › heading path`` above each passage, and the
+    window is sized for that line. Spans are character offsets in the sections' texts joined by
+    ``SECTION_SEPARATOR`` (``Document.text`` of a structured reader)."""
+    limit = title_budget(max_passage_tokens, max_tokens)
+    title, title_tokens, title_truncated = _fit_title(title, offsets_of, min(max_title_tokens, limit))
+    heading_cap = min(limit, title_tokens + max_title_tokens) if max_title_tokens else 0
+    positions, pos = [], 0
+    for s in sections:
+        positions.append(pos)
+        pos += len(s.text) + len(SECTION_SEPARATOR)
+    joined = SECTION_SEPARATOR.join(s.text for s in sections)
+
+    chunks: list[Chunk] = []
+    fitted: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}
+    for run in _runs(sections):
+        path = sections[run[0]].heading
+        if path not in fitted:
+            fitted[path] = _fit_heading(title, title_tokens, path, offsets_of, heading_cap)
+        heading, prefix_tokens = fitted[path]
+        size = window_size(max_passage_tokens, max_tokens, prefix_tokens)
+        run_overlap = overlap if overlap < size else size // 4
+        for pack, known in _packs(run, sections, offsets_of, size):
+            a0 = positions[pack[0]]
+            text = joined[a0 : positions[pack[-1]] + len(sections[pack[-1]].text)]
+            offsets = known if known is not None else offsets_of(text)
+            if not offsets:
+                continue
+            for a, b, n in _windows(text, offsets, size, run_overlap):
+                page, page_end = _pages([sections[i] for i in pack if _overlaps(positions[i] - a0,
+                                                                                  sections[i].text, a, b)])
+                chunks.append(Chunk(index=len(chunks), text=text[a:b], title=title, start=a0 + a, end=a0 + b,
+                                    tokens=n + prefix_tokens, heading=heading, page=page, page_end=page_end))
+    if not chunks:
+        raise DocumentError(source or "document", "empty", "has no tokens after cleaning; remove it or add text")
     return ChunkedDocument(chunks=chunks, title_truncated=title_truncated)
+
+
+def _runs(sections: Sequence[Section]) -> Iterator[list[int]]:
+    """Indexes of consecutive sections that share a heading path and whose pages follow on (or have none)."""
+    run: list[int] = []
+    for i, s in enumerate(sections):
+        if run:
+            prev = sections[run[-1]]
+            last = prev.page_end if prev.page_end is not None else prev.page
+            follows = (s.page is None and last is None) or (
+                s.page is not None and last is not None and last <= s.page <= last + 1
+            )
+            if s.heading != prev.heading or not follows:
+                yield run
+                run = []
+        run.append(i)
+    if run:
+        yield run
+
+
+def _packs(run: list[int], sections: Sequence[Section], offsets_of: Callable[[str], Offsets],
+           size: int) -> Iterator[tuple[list[int], Offsets | None]]:
+    """The run cut into packs: whole consecutive sections while their tokens fit one window; a longer one alone.
+    With each pack, its token offsets when it is one section whose offsets were counted (else None)."""
+    if len(run) == 1:
+        yield run, None
+        return
+    pack: list[int] = []
+    used = 0
+    last: Offsets | None = None
+    for i in run:
+        offsets = offsets_of(sections[i].text)
+        if pack and used + len(offsets) > size:
+            yield pack, last if len(pack) == 1 else None
+            pack, used = [], 0
+        pack.append(i)
+        used += len(offsets)
+        last = offsets
+    if pack:
+        yield pack, last if len(pack) == 1 else None
+
+
+def _overlaps(start: int, text: str, a: int, b: int) -> bool:
+    """Whether the text of a section at ``start`` has a non-blank character inside ``[a, b)``."""
+    lo, hi = max(start, a), min(start + len(text), b)
+    return lo < hi and bool(text[lo - start : hi - start].strip())
+
+
+def _pages(touched: list[Section]) -> tuple[int | None, int | None]:
+    """(first page, last page or None when the same) of the sections a chunk's text comes from."""
+    pages = [p for s in touched for p in (s.page, s.page_end) if p is not None]
+    if not pages:
+        return None, None
+    first, last = min(pages), max(pages)
+    return first, (last if last != first else None)
+
+
+def _fit_heading(title: str, title_tokens: int, heading: tuple[str, ...], offsets_of: Callable[[str], Offsets],
+                 cap: int) -> tuple[tuple[str, ...], int]:
+    """The heading path that fits ``cap`` tokens of context line beside the title (outer headings are dropped
+    first, then the innermost one is cut), and the line's token count."""
+    path = tuple(" ".join(h.split()) for h in heading if h.strip())
+    while path:
+        n = len(offsets_of(context_line(title, path)))
+        if n <= cap:
+            return path, n
+        if len(path) > 1:
+            path = path[1:]
+            continue
+        room = cap - title_tokens - len(offsets_of(HEADING_SEPARATOR.strip()))
+        cut, cut_tokens, _ = _fit_title(path[0], offsets_of, max(room, 0))
+        if not cut or cut == path[0]:
+            break
+        path = (cut,)
+        if len(offsets_of(context_line(title, path))) > cap:
+            break
+    return (), title_tokens
 
 
 def title_budget(max_passage_tokens: int, max_tokens: int | None) -> int:
