@@ -15,7 +15,7 @@ Needs ../shared/data/beir-scifact beside the repo (exits with a message without 
    as the server, so the HTTP figures include the client's own CPU.
 
 Usage: ``.venv/bin/python benchmarks/bench_api.py [--docs 700] [--points 50000] [--queries 200]``; prints the
-table and writes ``benchmarks/results/api.md``.
+table and writes ``benchmarks/results/query-speed/api.md``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from services.settings import Settings  # noqa: E402
 from services.store.points import Passage, PassagePoint  # noqa: E402
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
-RESULTS = REPO / "benchmarks" / "results" / "api.md"
+RESULTS = REPO / "benchmarks" / "results" / "query-speed" / "api.md"
 DPR = str(Path(sys.executable).with_name("dpr"))
 
 

@@ -16,8 +16,8 @@ same measurement on the 809 SciFact train claims, base model only (a model train
 split on which the default backend is chosen; the test split only reports.
 
 Usage: ``.venv/bin/python benchmarks/bench_backends.py --data-dir /tmp/bk/data [--model scifact]
-[--backends torch,onnx-int8] [--split test|train] [--no-base]``; writes ``benchmarks/results/backends.md`` (test) or
-``backends-train.md``.
+[--backends torch,onnx-int8] [--split test|train] [--no-base]``; writes
+``benchmarks/results/quality/backends.md`` (test) or ``backends-train.md``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from services.readers import load_beir  # noqa: E402
 from services.settings import EncoderSettings, Settings  # noqa: E402
 
 BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 FLOOR = 0.005  # the most nDCG@10 int8 may lose against torch
 
 

@@ -13,7 +13,7 @@ Inputs (built in a temporary folder):
   a name that is not UTF-8, UTF-16 text, a NUL after 8 KB, a corrupt ``.jsonl.gz``, lone surrogates, duplicate ids,
   a title-only row, archives.
 
-Usage: ``.venv/bin/python benchmarks/bench_hostile.py``; writes ``benchmarks/results/hostile.md``.
+Usage: ``.venv/bin/python benchmarks/bench_hostile.py``; writes ``benchmarks/results/reliability/hostile.md``.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def write_report(rows: list[tuple[str, int, int, int, float, int, str]]) -> None
         lines.append(f"| {label} | {size / 1e6:.2f} MB | {rss / 1024:.0f} MiB | {delta:+.0f} MiB | {ok} "
                      f"| {read_rss / 1024:.0f} MiB | {read_delta:+.0f} MiB | {secs:.1f} s | {code} | {outcome} |")
     text = "\n".join(lines) + "\n"
-    out = REPO / "benchmarks" / "results" / "hostile.md"
+    out = REPO / "benchmarks" / "results" / "reliability" / "hostile.md"
     out.write_text(text)
     print(text)
 

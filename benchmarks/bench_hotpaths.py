@@ -42,9 +42,9 @@ notes), never asserted.
    many points builds it). Floors: hybrid p50 <= 1.3 x dense p50; dense p50 <= 15 ms at 100,000 passages.
 
 Usage: ``.venv/bin/python benchmarks/bench_hotpaths.py [--docs 800] [--points 10000] [--big-points 100000]
-[--queries 50]`` (``--big-points 0`` skips the second size); writes ``benchmarks/results/hotpaths.md``.
-``--ingest-only`` runs sections 1-3 (a few minutes) into ``benchmarks/results/hotpaths-ingest.md``;
-``--query-only`` sections 6-7 into ``benchmarks/results/hotpaths-query.md``.
+[--queries 50]`` (``--big-points 0`` skips the second size); writes ``benchmarks/results/ingest-speed/hotpaths.md``.
+``--ingest-only`` runs sections 1-3 (a few minutes) into ``benchmarks/results/ingest-speed/hotpaths-ingest.md``;
+``--query-only`` sections 6-7 into ``benchmarks/results/ingest-speed/hotpaths-query.md``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from services.runtime import Runtime  # noqa: E402
 from services.settings import EncoderSettings, Settings  # noqa: E402
 from services.threads import available_cores, threads_per_process  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results" / "hotpaths.md"
+RESULTS = REPO / "benchmarks" / "results" / "ingest-speed" / "hotpaths.md"
 DPR = str(Path(sys.executable).with_name("dpr"))
 PEER = REPO / "benchmarks" / "peer_plain.py"
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -472,10 +472,10 @@ def main() -> int:
     parser.add_argument("--no-demo", dest="demo", action="store_false", help="Skip the demo-corpus rows.")
     parser.add_argument("--ingest-only", action="store_true",
                         help="Sections 1-3 only (raw tower, in-process ingest, the peer; the demo corpus unless "
-                        "--no-demo); writes results/hotpaths-ingest.md unless --out is given.")
+                        "--no-demo); writes results/ingest-speed/hotpaths-ingest.md unless --out is given.")
     parser.add_argument("--query-only", action="store_true",
                         help="Sections 6-7 only (the `dpr query` processes and the query latency over the HNSW "
-                        "stores); writes results/hotpaths-query.md unless --out is given.")
+                        "stores); writes results/ingest-speed/hotpaths-query.md unless --out is given.")
     parser.add_argument("--scale-pairs", type=int, default=3,
                         help="Section 4: runs of (a, b), alternating; the b / a ratio is the median over the pairs.")
     parser.add_argument("--out", type=Path, default=None)

@@ -23,7 +23,7 @@ Models: the base all-MiniLM-L6-v2 always; a trained model too when ``--trained N
 ``--data-dir``/models has an active one.
 
 Usage: ``.venv/bin/python benchmarks/bench_hybrid.py [--data-dir DIR] [--sections scifact,squad,zeroshot,latency]``;
-prints every table and writes ``benchmarks/results/hybrid.md`` (+ ``hybrid.json``) after every section.
+prints every table and writes ``benchmarks/results/quality/hybrid.md`` (+ ``hybrid.json``) after every section.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from services.readers import load_dev_split  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 SECTIONS = ("scifact", "squad", "zeroshot", "latency")
 K = 100
 
@@ -424,7 +424,8 @@ def main() -> int:
     ap.add_argument("--latency-docs", type=int, default=300)
     ap.add_argument("--points", type=int, default=50_000)
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--merge", action="store_true", help="keep the other sections already in results/hybrid.json")
+    ap.add_argument("--merge", action="store_true", 
+                    help="keep the other sections already in results/quality/hybrid.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if not DATA.is_dir():

@@ -23,7 +23,7 @@ and the ratios 2/1 and 3/1 (floor: 0.8). Then:
    ``optimize()``), so the 50k numbers are the real scan cost, only the vectors' distribution is synthetic.
 
 Usage: ``.venv/bin/python benchmarks/bench_ingest.py [--docs 420] [--queries 100]``; writes
-``benchmarks/results/ingest.md``.
+``benchmarks/results/ingest-speed/ingest.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from services.settings import ChunkSettings, Settings  # noqa: E402
 log = logging.getLogger("bench_ingest")
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
-RESULTS = REPO / "benchmarks" / "results" / "ingest.md"
+RESULTS = REPO / "benchmarks" / "results" / "ingest-speed" / "ingest.md"
 DPR = str(Path(sys.executable).with_name("dpr"))
 FLOOR = 0.8
 WORKER_BATCH_DOCUMENTS = 32  # per task: ~14 tasks for 420 abstracts, so 2 workers share the work evenly

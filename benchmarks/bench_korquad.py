@@ -20,7 +20,7 @@ Systems, each one `dpr eval ... --format squad --split test --json` run (the com
 
 Also printed: the split counts, the Hangul share that ``services.language`` detects on (KorQuAD vs English
 corpora), the gold-paragraph answer rate under the English-only and the Korean answer matching, machine, commit,
-load average. Writes ``benchmarks/results/korquad.md`` (+ ``korquad.json``).
+load average. Writes ``benchmarks/results/quality/korquad.md`` (+ ``korquad.json``).
 
 Usage: ``.venv/bin/python benchmarks/bench_korquad.py [--model base] [--train multilingual --train-args "--epochs 1"]
 [--hybrid trained:multilingual]``
@@ -50,7 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED = next((p / "shared" / "data" for p in REPO.parents if (p / "shared" / "data").is_dir()), REPO.parent / "shared")
 DATA = SHARED / "korquad-v1.0-dev" / "KorQuAD_v1.0_dev.json.gz"
 ENGLISH = {"SciFact": SHARED / "beir-scifact", "SQuAD": SHARED / "squad-v1.1-dev"}
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 COLUMNS = ("answer@1", "answer@5", "answer@20", "answer@100", "mrr@10", "ndcg@10")
 DPR = [sys.executable, "-c", "from entrypoints.cli.main import main; main()"]
 

@@ -11,7 +11,7 @@ Two writer policies, side by side in one run:
   (what the lease did before a waiter could take it early: ``_WAITER_GRACE`` = ``idle_release``);
 - default: after ``_WAITER_GRACE`` (50 ms) without a call, the writer hands the lease to a waiting process.
 
-    python benchmarks/bench_lease.py        # about 30 s; prints the table and writes benchmarks/results/lease.md
+    python benchmarks/bench_lease.py  # about 30 s; prints the table, writes benchmarks/results/query-speed/lease.md
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from services.store import lease as lease_module
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 
-RESULTS = Path(__file__).resolve().parent / "results" / "lease.md"
+RESULTS = Path(__file__).resolve().parent / "results" / "query-speed" / "lease.md"
 IDLE_RELEASE = 0.5  # the setting's default (DPR_EDGE__IDLE_RELEASE)
 
 

@@ -24,8 +24,9 @@ sparse vectors beside), then answer:
    English tokenisation, as a user of an English collection would.
 
 Usage: ``.venv/bin/python benchmarks/bench_multilingual.py [--sections speed,quality] [--passages 200]
-[--threads 1] [--backend onnx-int8] [--data-dir DIR]``; writes ``benchmarks/results/multilingual.md`` (speed) and
-``benchmarks/results/multilingual-quality.md`` + ``.json`` (quality).
+[--threads 1] [--backend onnx-int8] [--data-dir DIR]``; writes
+``benchmarks/results/ingest-speed/multilingual.md`` (speed) and
+``benchmarks/results/quality/multilingual-quality.md`` + ``.json`` (quality).
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def write_quality(m: dict[str, Any], backend: str, reports: dict[str, Any], inge
     lines += ["", "Ingest of the SciFact corpus (5,183 abstracts) per model: "
               + ", ".join(f"{k} {v:.0f} s" for k, v in ingest.items()) + ".", "", *(
               f"- {note}" for note in reports["test"].notes), "", __doc__ or ""]
-    out = REPO / "benchmarks" / "results" / "multilingual-quality.md"
+    out = REPO / "benchmarks" / "results" / "quality" / "multilingual-quality.md"
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(
         {"machine": m, "backend": backend, "ingest_seconds": ingest,
@@ -222,7 +223,7 @@ def speed(args: argparse.Namespace) -> int:
                      f"{s['passages_per_s'] / reference:.2f}x MiniLM torch; {s['tokens']:.0f} tokens/passage, "
                      f"{s['truncated']} truncated"))
     rows.append(("multilingual ONNX export vs torch", export_agreement(models_dir), "cosine on the export's probes"))
-    write(REPO / "benchmarks" / "results" / "multilingual.md", m, rows, len(texts), args.threads,
+    write(REPO / "benchmarks" / "results" / "ingest-speed" / "multilingual.md", m, rows, len(texts), args.threads,
           (load0[0], os.getloadavg()[0]))
     return 0
 

@@ -12,8 +12,8 @@ Needs ../shared/data beside the repo (exits with a message without it). Sections
 
 Dense systems are evaluated through the real store (temporary embedded collection, product ingest and query).
 ``--<section>-model NAME`` reuses an already trained model (under ``--data-dir``/models) instead of training.
-Results accumulate in ``benchmarks/results/quality.json`` (one key per section), and
-``benchmarks/results/quality.md`` is regenerated from it after every section, so sections can run separately.
+Results accumulate in ``benchmarks/results/quality/quality.json`` (one key per section), and
+``benchmarks/results/quality/quality.md`` is regenerated from it after every section, so sections can run separately.
 
 Usage: ``.venv/bin/python benchmarks/bench_quality.py --data-dir /tmp/dpr-bench [--sections scifact,zeroshot]``
 """
@@ -41,7 +41,7 @@ from services.settings import Settings  # noqa: E402
 from services.training import TrainingData, train_model  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 SECTIONS = ("scifact", "squad", "selfsup", "zeroshot")
 CACHE: Path | None = None  # --data-dir/eval-cache: base-model retrievals reused across runs (same fingerprint)
 
@@ -90,7 +90,7 @@ def _report(report: EvalReport, section: str, sub: str = "") -> dict[str, Any]:
     report.results.sort(key=lambda r: order.get(r.system, 2))
     print(f"\n{report.dataset}: {report.queries} queries, {report.documents} documents")
     print(report.to_markdown_table(), flush=True)
-    write_report(report, RESULTS / "quality" / (section + (f"-{sub}" if sub else "")))
+    write_report(report, RESULTS / (section + (f"-{sub}" if sub else "")))
     return report.to_json()
 
 

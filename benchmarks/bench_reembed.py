@@ -12,7 +12,8 @@ Steps, all in this process, embedded store (as `dpr ingest` / `dpr reembed` with
 3. ingest with the second model into another fresh store (the same encoder work as step 2, for the ratio);
 4. step 1 again (the machine is shared: the spread of 1 and 4 shows the noise).
 
-Usage: ``.venv/bin/python benchmarks/bench_reembed.py [--docs 300]``; writes ``benchmarks/results/reembed.md``.
+Usage: ``.venv/bin/python benchmarks/bench_reembed.py [--docs 300]``; writes
+``benchmarks/results/ingest-speed/reembed.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
-OUT = REPO / "benchmarks" / "results" / "reembed.md"
+OUT = REPO / "benchmarks" / "results" / "ingest-speed" / "reembed.md"
 
 
 def second_model(models_dir: Path) -> Path:

@@ -16,7 +16,7 @@ figures mean nothing.
 Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
 [--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME | --no-reranker]``; or, to compare towers
 trained already (any recipe, e.g. a second mining round), ``--towers LABEL=MODEL`` once per model instead of the
-two trainings. The run behind ``results/quality16.json``: ``--data-dir /tmp/bk/data --towers
+two trainings. The run behind ``results/quality/quality16.json``: ``--data-dir /tmp/bk/data --towers
 finetuned=scifact-... --towers finetuned+ance=ance-... --no-reranker --out quality16``.
 """
 
@@ -53,7 +53,7 @@ from services.settings import Settings  # noqa: E402
 from services.sparse import default_embedder  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 RERANK_NS = (20, 50)
 log = logging.getLogger("bench_rerank")
 
@@ -344,7 +344,8 @@ def main() -> None:
     parser.add_argument("--no-reranker", action="store_true", help="Towers and hybrid only.")
     parser.add_argument("--no-base", action="store_true",
                         help="Skip the untrained base towers (their figures do not change between runs).")
-    parser.add_argument("--out", default="rerank", help="Results file name under benchmarks/results (NAME.json).")
+    parser.add_argument("--out", default="rerank",
+                        help="Results file name under benchmarks/results/quality (NAME.json).")
     parser.add_argument("--towers", action="append", default=[], metavar="LABEL=MODEL",
                         help="Trained towers to compare, reused (repeatable); replaces the two trainings.")
     parser.add_argument("--no-latency", action="store_true",

@@ -9,7 +9,7 @@ stray from the first backend's.
 
 Needs ``../shared/data/beir-scifact`` (the dev claims carved from its train split, as `dpr train-reranker` holds
 them out) and the models under ``--data-dir``/models; prints a table with the machine and commit, writes
-``results/OUT.json`` and ``results/OUT.md``.
+``results/quality/OUT.json`` and ``results/quality/OUT.md``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from services.reranking import first_stage_retriever  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 NS = (20, 50)
 
 

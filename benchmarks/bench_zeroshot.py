@@ -61,7 +61,7 @@ from services.query import QueryOptions  # noqa: E402
 from services.readers import load_beir, load_corpus, load_dev_split, load_squad  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "quality"
 
 
 COLLECTIONS = ("cranfield", "cisi")
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--no-test", action="store_true", help="Dev scores and the picks only.")
     parser.add_argument("--no-in-domain", action="store_true", help="Skip the picks' SciFact dev scores.")
-    parser.add_argument("--out", default="zeroshot16", help="Results file name under benchmarks/results.")
+    parser.add_argument("--out", default="zeroshot16", help="Results file name under benchmarks/results/quality.")
     args = parser.parse_args()
     if not (args.shared / "data").is_dir():
         raise SystemExit(f"{args.shared / 'data'} not found: this benchmark needs ../shared/data beside the repo")

@@ -357,7 +357,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--hold-store", type=float, default=0.0,
                         help="once, mid-run, hold the embedded store's lock this many seconds (store unreachable)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "chaos.md")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "reliability" / "chaos.md")
     args = parser.parse_args()
     modes = ["aof", "ephemeral"] if args.broker == "both" else [args.broker]
     outcomes = [run(m, args.docs, args.kills, args.restarts, args.workers, hold=args.hold_store) for m in modes]
