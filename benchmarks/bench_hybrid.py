@@ -424,7 +424,7 @@ def main() -> int:
     ap.add_argument("--latency-docs", type=int, default=300)
     ap.add_argument("--points", type=int, default=50_000)
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--merge", action="store_true", 
+    ap.add_argument("--merge", action="store_true",
                     help="keep the other sections already in results/quality/hybrid.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
