@@ -159,11 +159,30 @@ class ApiSettings(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes (each loads the model).")
     api_key: SecretStr | None = Field(
-        default=None, description="When set, every /v1 request needs header 'X-API-Key' (or 'Authorization: Bearer')."
+        default=None, description="An admin key: when set, every /v1 request needs a key, header 'X-API-Key' (or "
+        "'Authorization: Bearer'). Keys with a role: `dpr keys create` (docs/security.md)."
     )
     max_request_bytes: int = Field(default=10_000_000, ge=1024, description="Larger request bodies get 413.")
     max_documents: int = Field(default=1000, ge=1, description="Documents per POST /v1/documents request.")
     ready_timeout: float = Field(default=2.0, gt=0, description="Seconds /readyz waits for the broker and store.")
+    # Abuse limits (docs/security.md): per-key token buckets, and slow clients cut.
+    rate_limit: float | None = Field(
+        default=50.0, gt=0, description="Requests per second per API key (a token bucket; 429 + Retry-After "
+        "beyond); unset: only keys created with --rate are limited. Applies once keys are configured.",
+    )
+    rate_burst: int = Field(default=100, ge=1, description="Requests a key may send at once before the rate applies.")
+    header_timeout: float = Field(
+        default=10.0, gt=0, description="Seconds a client has to send a request's headers; slower connections "
+        "(slowloris) are closed.",
+    )
+    body_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds a request body may stall between two chunks before the connection "
+        "is closed.",
+    )
+    keep_alive_timeout: int = Field(default=5, ge=1, description="Seconds an idle keep-alive connection stays open.")
+    max_header_bytes: int = Field(
+        default=16_384, ge=1024, description="Largest request line + headers; larger ones get 400."
+    )
 
     @field_validator("api_key", mode="after")
     @classmethod
@@ -186,6 +205,24 @@ class ReembedSettings(BaseModel):
     )
 
 
+class DocumentSettings(BaseModel):
+    """Limits on reading binary documents (PDF, DOCX, PPTX, ODT, EPUB): each is parsed in a child process
+    (services/readers/sandbox.py), so a hang or a crash costs that one document; see docs/documents.md."""
+
+    parse_timeout_s: float = Field(default=120.0, gt=0, description="Seconds one document may take to parse.")
+    max_pages: int = Field(default=5000, ge=1, description="Pages (slides) read per document; the rest are reported.")
+    max_file_bytes: int = Field(default=500_000_000, ge=1, description="Larger binary documents are refused.")
+    max_uncompressed_bytes: int = Field(
+        default=300_000_000, ge=1, description="Total bytes a DOCX/PPTX/ODT/EPUB may inflate to (zip bomb guard)."
+    )
+    max_compression_ratio: float = Field(
+        default=200.0, gt=1, description="Inflated/compressed ratio above which a large zip entry is refused."
+    )
+    max_parser_memory_mb: int = Field(
+        default=4096, ge=256, description="Address-space cap of the parser process (MiB); over it the document fails."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DPR_",
@@ -205,6 +242,10 @@ class Settings(BaseSettings):
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL; unset: the embedded engine.")
     qdrant_api_key: SecretStr | None = None
     max_document_bytes: int = Field(default=20_000_000, ge=1, description="Larger documents are refused.")
+    min_free_mb: int = Field(
+        default=256, ge=0, description="Free MB the data dir's disk must keep: a store write, job file, snapshot "
+        "or model export below it stops with exit 3 and writes nothing (docs/data-safety.md); 0 turns it off."
+    )
     api_url: str | None = None
     """URL of a running `dpr serve` (http://host:8000): `dpr query` and `dpr status` then ask it over HTTP."""
 
@@ -216,6 +257,7 @@ class Settings(BaseSettings):
     celery: CelerySettings = CelerySettings()
     api: ApiSettings = ApiSettings()
     reembed: ReembedSettings = ReembedSettings()
+    documents: DocumentSettings = DocumentSettings()
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:

@@ -3,6 +3,9 @@
 The walk is depth-first in name order (stable), iterative (any depth), and streams one folder listing at a time.
 What each entry becomes:
 - a text file (``TEXT_SUFFIXES``): one document, id = its path from the folder's parent (``docs/a.md``);
+- a PDF, DOCX, PPTX, ODT or EPUB, known by its CONTENT (``services.readers.sniff``), whatever its suffix: read in
+  the parser sandbox (``services.readers.binary``); a file named like one of them that holds HTML is read as HTML,
+  one that holds anything else fails (``mislabelled``), never reaching the wrong parser;
 - a records file (``.jsonl``, ``.jsonl.gz``, ``.ndjson``): its rows, as for a single file;
 - an archive: skipped, "extract it first"; any other file type: skipped, naming the types read;
 - a hidden entry (name starts with ``.``): skipped, with a hidden folder skipped whole;
@@ -24,9 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from services.errors import DocumentError
-from services.readers.files import TEXT_SUFFIXES, read_file
+from services.readers.binary import BINARY_SUFFIXES, read_binary
+from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
 from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
-from services.readers.records import DocumentFailure, IdLedger, Item, Skipped, duplicate, safe_text
+from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, duplicate, safe_text
+from services.readers.sandbox import ParserSandbox
+from services.readers.sniff import READ_KINDS, Kind, sniff
+from services.settings import DocumentSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +51,15 @@ def id_prefix(root: Path) -> PurePosixPath:
         return PurePosixPath(root.name)
 
 
-def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None) -> Iterator[Item]:
-    """Every entry under ``root`` (or ``root`` itself). Doc id: path relative to root's parent, as spelled."""
+def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None,
+               limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None) -> Iterator[Item]:
+    """Every entry under ``root`` (or ``root`` itself). Doc id: path relative to root's parent, as spelled.
+    Binary documents are parsed in ``sandbox`` (default: this process's shared one) within ``limits``."""
     ledger = IdLedger() if ledger is None else ledger
     prefix = id_prefix(root)
+    read = _Reading(max_bytes, ledger, limits or DocumentSettings(), sandbox)
     if not root.is_dir():
-        yield from _entry(root, prefix, max_bytes, ledger, given=True)
+        yield from _entry(root, prefix, read, given=True)
         return
     real_root = root.resolve()
     stack: list[Iterator[tuple[Path, PurePosixPath] | DocumentFailure]] = [_listing(root, prefix)]
@@ -66,7 +76,7 @@ def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None) -> It
         if item == "dir":
             stack.append(_listing(path, rel))
         elif item == "file":
-            yield from _entry(path, rel, max_bytes, ledger)
+            yield from _entry(path, rel, read)
         elif isinstance(item, Skipped):
             yield item
 
@@ -126,8 +136,26 @@ def _link(path: Path, source: str, real_root: Path) -> Skipped:
     return Skipped(source, f"a symbolic link to {target} inside the folder given; not followed: it is read there")
 
 
-def _entry(path: Path, rel: PurePosixPath, max_bytes: int, ledger: IdLedger, given: bool = False) -> Iterator[Item]:
-    """One file (a folder's entry, or a path given): its document, its rows, or why it is skipped."""
+class _Reading:
+    """What every entry of one walk is read with."""
+
+    def __init__(self, max_bytes: int, ledger: IdLedger, limits: DocumentSettings,
+                 sandbox: ParserSandbox | None) -> None:
+        self.max_bytes, self.ledger, self.limits, self.sandbox = max_bytes, ledger, limits, sandbox
+
+
+SUPPORTED = " ".join(sorted(TEXT_SUFFIXES | set(BINARY_SUFFIXES)))
+_OTHER_KINDS = {
+    "xlsx": "a spreadsheet (XLSX), which is not read; export the sheets as CSV or text",
+    "ods": "a spreadsheet (ODS), which is not read; export the sheets as CSV or text",
+    "odp": "a presentation (ODP), which is not read; save it as PPTX or PDF",
+    "ole": "a legacy Office file (.doc/.ppt/.xls), which is not read; save it as DOCX, PPTX or PDF",
+}
+
+
+def _entry(path: Path, rel: PurePosixPath, read: _Reading, given: bool = False) -> Iterator[Item]:
+    """One file (a folder's entry, or a path given): its document, its rows, or why it is skipped. Records and
+    archives are known by name; everything else by its content first."""
     source = safe_text(str(path))
     if given and not path.is_file():
         try:
@@ -136,22 +164,74 @@ def _entry(path: Path, rel: PurePosixPath, max_bytes: int, ledger: IdLedger, giv
             yield Skipped(source, f"cannot be examined ({e.strerror or e}); check the path")
         return
     name = path.name.lower()
+    suffix = Path(name).suffix
+    doc_id = safe_text(rel.as_posix())
     if name.endswith(RECORD_SUFFIXES):
-        yield from iter_jsonl(path, max_bytes, ledger)
-    elif name.endswith(tuple(TEXT_SUFFIXES)):
-        doc_id = safe_text(rel.as_posix())
-        try:
-            doc = read_file(path, doc_id, max_bytes)
-        except DocumentError as e:
-            yield DocumentFailure.from_error(e, doc_id=doc_id)
-            return
-        first = ledger.claim(doc_id, source)
-        yield doc if first is None else duplicate(doc_id, source, first)
-    elif name.endswith(ARCHIVE_SUFFIXES):
+        yield from iter_jsonl(path, read.max_bytes, read.ledger)
+        return
+    if name.endswith(ARCHIVE_SUFFIXES):
         suffix = next(s for s in ARCHIVE_SUFFIXES if name.endswith(s))
         yield Skipped(source, f"an archive or compressed file ({suffix}), which is not read; extract it first and "
                       "pass the folder")
+        return
+    try:
+        kind: Kind = sniff(path)
+    except OSError as e:
+        yield DocumentFailure(source, "unreadable", f"{source}: cannot be read ({e.strerror or e}); check its "
+                              "permissions", doc_id=doc_id)
+        return
+    if kind in READ_KINDS:
+        for item in read_binary(path, kind, doc_id, read.max_bytes, read.limits, read.sandbox):
+            yield _claimed(item, read.ledger, source)
+    elif suffix in TEXT_SUFFIXES:
+        if kind == "html" and suffix not in (".html", ".htm"):
+            yield _claimed(_read_html(path, doc_id, read.max_bytes), read.ledger, source)
+        else:
+            try:
+                doc = read_file(path, doc_id, read.max_bytes)
+            except DocumentError as e:
+                yield DocumentFailure.from_error(e, doc_id=doc_id)
+                return
+            yield _claimed(doc, read.ledger, source)
+    elif suffix in BINARY_SUFFIXES:
+        if kind == "html":  # a web page saved under a document's name: read as what it is
+            yield _claimed(_read_html(path, doc_id, read.max_bytes), read.ledger, source)
+        else:
+            what = {"text": "plain text", "binary": "binary data"}.get(kind, kind.upper())
+            yield DocumentFailure(source, "mislabelled", f"{source}: is named {suffix} but holds {what}, not a "
+                                  f"{suffix[1:].upper()}; re-download it, or rename it to what it is", doc_id=doc_id)
+    elif kind in _OTHER_KINDS:
+        yield Skipped(source, _OTHER_KINDS[kind])
     else:
-        suffix = Path(name).suffix or "(none)"
-        yield Skipped(source, f"unsupported file type {suffix!r}; supported: {' '.join(sorted(TEXT_SUFFIXES))} "
-                      f"and records {' '.join(RECORD_SUFFIXES)}")
+        yield Skipped(source, f"unsupported file type {suffix or '(none)'!r}; supported: {SUPPORTED} (PDF, DOCX, "
+                      f"PPTX, ODT and EPUB known by content) and records {' '.join(RECORD_SUFFIXES)}")
+
+
+def _claimed(item: Item, ledger: IdLedger, source: str) -> Item:
+    """A document claims its id in the run's ledger; a second document under a taken id fails."""
+    if not isinstance(item, Document):
+        return item
+    first = ledger.claim(item.doc_id, source)
+    return item if first is None else duplicate(item.doc_id, source, first)
+
+
+def _read_html(path: Path, doc_id: str, max_bytes: int) -> Item:
+    """A file whose bytes are HTML whatever its name says (``guide.pdf`` saved from a browser)."""
+    source = safe_text(str(path))
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            return DocumentFailure(source, "oversized", f"{source}: {size:,} bytes is over the {max_bytes:,}-byte "
+                                   "limit; split the document or raise DPR_MAX_DOCUMENT_BYTES", doc_id=doc_id)
+        text = decode_text(source, path.read_bytes(), max_bytes)
+    except DocumentError as e:
+        return DocumentFailure.from_error(e, doc_id=doc_id)
+    except OSError as e:
+        return DocumentFailure(source, "unreadable", f"{source}: cannot be read ({e.strerror or e}); check its "
+                               "permissions", doc_id=doc_id)
+    title, body = html_to_text(text)
+    if not body and not title:
+        return DocumentFailure(source, "empty", f"{source}: holds HTML with no visible text; remove it",
+                               doc_id=doc_id)
+    return Document(doc_id=doc_id, text=body or title, title=safe_text(title or guess_title(path, "")),
+                    source=source, format="html", metadata={"named_as": path.suffix.lower()})

@@ -12,11 +12,14 @@ from typing import Literal
 from encoders.data import DEV_SPLIT_SEED, RetrievalDataset
 from services.errors import ConfigError
 from services.readers.beir import beir_corpus_path, load_beir
+from services.readers.binary import BINARY_SUFFIXES
 from services.readers.files import TEXT_SUFFIXES
 from services.readers.folders import iter_files
 from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import IdLedger, Item
+from services.readers.sandbox import ParserSandbox
 from services.readers.squad import load_squad
+from services.settings import DocumentSettings
 
 InputFormat = Literal["auto", "files", "jsonl", "beir"]
 DatasetFormat = Literal["beir", "squad", "jsonl"]
@@ -33,11 +36,13 @@ def detect_format(path: Path) -> InputFormat:
 
 
 def iter_documents(
-    paths: Iterable[str | Path], fmt: InputFormat = "auto", max_bytes: int = 20_000_000
+    paths: Iterable[str | Path], fmt: InputFormat = "auto", max_bytes: int = 20_000_000,
+    limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None,
 ) -> Iterator[Item]:
     """Every document (or failure, or skip) under ``paths``, in a stable order; never raises for bad input (only
     for a path that does not exist, or a format that does not fit it). Ids are unique across the whole run: a
-    later document under an id already read fails as ``duplicate_id``."""
+    later document under an id already read fails as ``duplicate_id``. Binary documents (PDF, DOCX, PPTX, ODT,
+    EPUB) are parsed in ``sandbox`` (default: the process's shared one) within ``limits``."""
     ledger = IdLedger()
     for raw in paths:
         path = Path(raw)
@@ -45,7 +50,7 @@ def iter_documents(
             raise ConfigError(f"{path}: no such file or directory; check the path")
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "files":
-            yield from iter_files(path, max_bytes, ledger)
+            yield from iter_files(path, max_bytes, ledger, limits, sandbox)
         elif kind == "jsonl":
             if path.is_dir():
                 raise ConfigError(f"{path}: --format jsonl needs a .jsonl file, not a folder")
@@ -77,7 +82,7 @@ def count_documents(paths: Iterable[str | Path], fmt: InputFormat = "auto", budg
                 name = candidate.name.lower()
                 if name.endswith(RECORD_SUFFIXES):
                     total += _count_lines(candidate, deadline)
-                elif candidate.suffix.lower() in TEXT_SUFFIXES:
+                elif candidate.suffix.lower() in TEXT_SUFFIXES or name.endswith(BINARY_SUFFIXES):
                     total += 1
                 if time.monotonic() > deadline:
                     return None

@@ -1,0 +1,86 @@
+"""ODT (OpenDocument text) -> sections under their heading path: zip + lxml on content.xml, no odfpy
+(benchmarks/results/parsers.md). Headings are ``text:h`` with their outline level; lists, sections and frames are
+read through; tables come out one row per line, ``cell | cell``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from lxml import etree
+
+from services.readers.office import SafeZip, local, row_text
+from services.readers.protocol import Info, Part
+from services.readers.sections import HeadingSections
+from services.settings import DocumentSettings
+
+TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
+TABLE = "{urn:oasis:names:tc:opendocument:xmlns:table:1.0}"
+OFFICE = "{urn:oasis:names:tc:opendocument:xmlns:office:1.0}"
+_SKIP = {"tracked-changes", "sequence-decls", "variable-decls", "user-field-decls", "table-of-content-source",
+         "note-citation"}
+
+
+def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
+    z = SafeZip(path, limits, "ODT document")
+    try:
+        root = z.xml("content.xml")
+        body = root.find(f"{OFFICE}body/{OFFICE}text")
+        sections = HeadingSections()
+        title = ""
+        if body is not None:
+            for kind, level, text in _blocks(body):
+                if kind == "h":
+                    yield from sections.heading(level, text)
+                    title = title or (text.strip() if level == 1 else "")
+                else:
+                    sections.add(text)
+        yield from sections.flush()
+        yield Info(title=_meta_title(z) or title)
+    finally:
+        z.close()
+
+
+def _blocks(el: etree._Element) -> Iterator[tuple[str, int, str]]:
+    """(``h``, level, text) for a heading, (``p``, 0, text) for a paragraph or a table's rows, in order."""
+    for child in el:
+        name = local(child.tag)
+        if name == "h":
+            level = child.get(f"{TEXT}outline-level", "1")
+            yield "h", int(level) if level.isdigit() else 1, inline_text(child)
+        elif name == "p":
+            yield "p", 0, inline_text(child)
+        elif name == "table" and child.tag == f"{TABLE}table":
+            rows = []
+            for tr in child.iter(f"{TABLE}table-row"):
+                cells = [" ".join(inline_text(p) for p in tc.iter(f"{TEXT}p", f"{TEXT}h"))
+                         for tc in tr.iterchildren(f"{TABLE}table-cell")]
+                if row := row_text(cells):
+                    rows.append(row)
+            yield "p", 0, "\n".join(rows)
+        elif name not in _SKIP:
+            yield from _blocks(child)  # lists, list items, sections, frames
+
+
+def inline_text(el: etree._Element) -> str:
+    out = [el.text or ""]
+    for child in el:
+        name = local(child.tag)
+        if name == "s":
+            out.append(" " * int(child.get(f"{TEXT}c", "1") or 1))
+        elif name == "tab":
+            out.append("\t")
+        elif name == "line-break":
+            out.append("\n")
+        elif name not in ("note", "annotation"):  # footnotes and comments are not the running text
+            out.append(inline_text(child))
+        out.append(child.tail or "")
+    return "".join(out)
+
+
+def _meta_title(z: SafeZip) -> str:
+    if "meta.xml" not in z.names:
+        return ""
+    for el in z.xml("meta.xml").iter("{http://purl.org/dc/elements/1.1/}title"):
+        return " ".join((el.text or "").split())
+    return ""
