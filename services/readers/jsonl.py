@@ -63,6 +63,11 @@ def parse_object(line: str, source: str) -> dict[str, Any]:
         raise DocumentError(
             source, "invalid_json", f"is not valid JSON ({e.msg}, column {e.colno}); one JSON object per line"
         ) from e
+    except RecursionError as e:  # json's decoder recurses per level: a row nested thousands deep fails alone
+        raise DocumentError(
+            source, "invalid_json", "nests its JSON values too deeply to read (thousands of levels of objects or "
+            "arrays); flatten the row (metadata values are scalars)"
+        ) from e
     if not isinstance(obj, dict):
         raise DocumentError(
             source, "invalid_json", f"is not a JSON object (got {type(obj).__name__}); one JSON object per line"
