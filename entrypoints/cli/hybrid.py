@@ -91,7 +91,7 @@ def tune_hybrid_command(
 def _tuning_towers(runtime: Any, model: str | None) -> Any:
     """The towers that built the collection, or ``--model`` if it is that same model (fusion weights tuned for
     other towers do not transfer)."""
-    from encoders.towers import load_towers
+    from encoders.registry import load_towers
     from services.errors import ModelMismatch
 
     settings = runtime.settings

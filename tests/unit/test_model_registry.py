@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from encoders import registry
-from encoders.towers import load_towers, model_fingerprint
+from encoders.towers import model_fingerprint
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def test_a_model_is_found_by_its_fingerprint_and_a_missing_one_names_the_fixes(t
 def test_towers_are_loaded_once_per_process_by_name_or_by_fingerprint(tmp_path: Path) -> None:
     path = fake_model(tmp_path, "m1")
     by_name = registry.load_towers("m1", tmp_path)
-    assert load_towers("m1", tmp_path) is by_name  # encoders.towers.load_towers is the same cache
+    assert registry.load_towers("m1", tmp_path) is by_name  # the one cache: loaded once
     assert registry.towers_for(by_name.fingerprint, tmp_path) is by_name
     (path / "config.json").write_text(json.dumps({"name": "retrained"}))  # retrained in place: loaded again
     assert registry.load_towers("m1", tmp_path) is not by_name
