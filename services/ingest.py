@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
-from services.chunking import Chunk, chunk_text
+from services.chunking import Chunk, chunk_sections, chunk_text
 from services.errors import CollectionNotFound, DocumentError
 from services.language import for_new_collection
 from services.locks import NoFence, WriteFence
@@ -92,16 +92,21 @@ def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) ->
 
 
 def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) -> tuple[list[Chunk], bool]:
-    result = chunk_text(
-        doc.text,
-        doc.title,
-        offsets_of=towers.passage_token_offsets,
-        max_passage_tokens=towers.max_passage_tokens,
-        max_tokens=chunking.max_tokens,
-        overlap=chunking.overlap,
-        max_title_tokens=chunking.max_title_tokens,
-        source=doc.source or doc.doc_id,
-    )
+    """A document's passages: section by section when a reader gave it sections (``chunk_sections``: each chunk
+    keeps its heading path and pages), else token windows over its text exactly as always (``chunk_text``)."""
+    source = doc.source or doc.doc_id
+    if doc.sections:
+        result = chunk_sections(
+            doc.sections, doc.title, offsets_of=towers.passage_token_offsets,
+            max_passage_tokens=towers.max_passage_tokens, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
+            max_title_tokens=chunking.max_title_tokens, source=source,
+        )
+    else:
+        result = chunk_text(
+            doc.text, doc.title, offsets_of=towers.passage_token_offsets,
+            max_passage_tokens=towers.max_passage_tokens, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
+            max_title_tokens=chunking.max_title_tokens, source=source,
+        )
     return result.chunks, result.title_truncated
 
 
@@ -246,7 +251,7 @@ def _encode_and_store(
             passage = Passage(
                 doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
                 source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
-                job=report.job,
+                job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format,
             )
             points.append(PassagePoint(passage=passage, dense=vectors[i].tolist(),
                                        sparse=sparse_vectors[i] if sparse_vectors is not None else None))

@@ -144,6 +144,14 @@ class HitOut(BaseModel):
     text: str
     model: str
     source: str
+    # Where the passage came from (documents read with structure; absent for records and plain text: docs/passages.md)
+    page: int | None = Field(default=None, description="First page of the passage (paged formats: pdf...).")
+    page_end: int | None = Field(default=None, description="Last page, when the passage runs over several.")
+    heading: list[str] | None = Field(default=None, description="Heading path, outermost first.")
+    format: str | None = Field(default=None, description="What the reader read: pdf, docx, md, rst, html...")
+    place: str | None = Field(
+        default=None, description="The place for people: 'manual.pdf p. 112', 'guide.docx › Installing › On Windows'."
+    )
 
 
 class SearchOut(BaseModel):

@@ -7,6 +7,7 @@ import json
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from entrypoints.cli.common import cli_errors, console, emit_json, fail, settings_for
@@ -101,8 +102,11 @@ def query(
     for i, h in enumerate(hits, start=1):
         snippet = " ".join(h["text"].split())
         reranked = f"\n[dim]rerank {h['rerank_score']:.3f}[/]" if h.get("rerank_score") is not None else ""
+        # where it came from: manual.pdf p. 112 / guide.docx › Installing › On Windows, then the id it is stored as
+        where = (f"{escape(h['place'])}\n[dim]{escape(h['doc_id'])} chunk {h['chunk_index']}[/]" if h.get("place")
+                 else f"{h['doc_id']}\n[dim]chunk {h['chunk_index']}[/]")
         table.add_row(
-            str(i), f"{h['score']:.4f}{reranked}", f"{h['doc_id']}\n[dim]chunk {h['chunk_index']}[/]\n{h['title']}",
+            str(i), f"{h['score']:.4f}{reranked}", f"{where}\n{h['title']}",
             snippet[:400] + ("..." if len(snippet) > 400 else ""),
         )
     console.print(table)

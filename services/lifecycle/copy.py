@@ -131,8 +131,11 @@ def pending_batches(store: VectorStore, state: ReembedState, batch_size: int) ->
 def embed_passages(
     passages: Sequence[Passage], towers: DualEncoder, sparse: SparseEncoder | None, batch_size: int = 32
 ) -> list[PassagePoint]:
-    """The passage tower reads exactly what ingest gave it (title + text); payloads are kept, model replaced."""
-    texts = [Chunk(index=p.chunk_index, text=p.text, title=p.title).encoder_text for p in passages]
+    """The passage tower reads exactly what ingest gave it (title › heading path + text); payloads are kept, model
+    replaced."""
+    texts = [
+        Chunk(index=p.chunk_index, text=p.text, title=p.title, heading=p.heading).encoder_text for p in passages
+    ]
     vectors = towers.encode_documents(texts, batch_size=batch_size)  # (n, dim)
     sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
     return [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 # A fixed namespace so that the same (doc id, chunk index) maps to the same point id on every machine.
@@ -17,8 +18,9 @@ Distance = Literal["cosine", "dot", "euclid"]
 SearchMode = Literal["dense", "sparse", "hybrid"]
 Fusion = Literal["rrf", "linear"]
 
-# Payload keys with a payload index (keyword).
-INDEXED_KEYWORDS = ("doc_id", "source", "doc_hash", "model")
+# Payload keys with a payload index: keyword (``heading`` is a list: a filter matches any of its headings) and integer.
+INDEXED_KEYWORDS = ("doc_id", "source", "doc_hash", "model", "format", "heading")
+INDEXED_INTEGERS = ("chunk_index", "page", "page_end")
 
 
 def point_id(doc_id: str, chunk_index: int) -> str:
@@ -80,6 +82,10 @@ class Passage:
     model: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     job: str = ""  # the ingest job that wrote it: a redelivered batch counts its own earlier writes as written
+    page: int | None = None  # first page of the passage (paged formats)
+    page_end: int | None = None  # last page when it runs over several; None: ``page``
+    heading: tuple[str, ...] = ()  # heading path the passage tower read with it, outermost first
+    format: str = ""  # what the reader read: pdf, docx, md, rst, html... ("" for records and plain text)
 
     @property
     def id(self) -> str:
@@ -104,13 +110,30 @@ class Passage:
         )
         if self.job:
             payload["job"] = self.job
+        # Place fields only where there is a place, so a document without structure stores what it always did.
+        if self.page is not None:
+            payload["page"] = self.page
+        if self.page_end is not None:
+            payload["page_end"] = self.page_end
+        if self.heading:
+            payload["heading"] = list(self.heading)
+        if self.format:
+            payload["format"] = self.format
         return payload
+
+    @property
+    def place(self) -> str:
+        """Where the passage came from, for people: ``manual.pdf p. 112``, ``guide.docx › Installing › On
+        Windows``, ``manual.pdf pp. 12-13 › Setup``; "" for a passage without a page or heading."""
+        return place_label(self.doc_id, self.page, self.page_end, self.heading)
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Passage:
         known = {
             "doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model", "job"
         }
+        page, page_end, heading, fmt = _place_of(payload)
+        known |= {k for k, v in (("page", page), ("page_end", page_end), ("heading", heading), ("format", fmt)) if v}
         return cls(
             doc_id=str(payload["doc_id"]),
             chunk_index=int(payload["chunk_index"]),
@@ -122,7 +145,38 @@ class Passage:
             model=str(payload.get("model", "")),
             metadata={k: v for k, v in payload.items() if k not in known},
             job=str(payload.get("job", "")),
+            page=page,
+            page_end=page_end,
+            heading=heading,
+            format=fmt,
         )
+
+
+def _place_of(payload: dict[str, Any]) -> tuple[int | None, int | None, tuple[str, ...], str]:
+    """The place fields of a payload, each only when it has the type ingest writes (a record's own metadata
+    key ``page: "iv"`` stays metadata)."""
+
+    def integer(key: str) -> int | None:
+        v = payload.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    heading = payload.get("heading")
+    path = tuple(heading) if isinstance(heading, list) and all(isinstance(h, str) for h in heading) else ()
+    fmt = payload.get("format")
+    return integer("page"), integer("page_end"), path, fmt if isinstance(fmt, str) else ""
+
+
+def place_label(doc_id: str, page: int | None, page_end: int | None, heading: tuple[str, ...] | list[str]) -> str:
+    """``name p. 12``, ``name pp. 12-13``, ``name › A › B`` or ``name p. 12 › A``: the document's file name (the
+    last part of its id) with its page (range) and heading path; "" when there is neither."""
+    if page is None and not heading:
+        return ""
+    out = PurePosixPath(doc_id).name or doc_id
+    if page is not None:
+        out += f" p. {page}" if page_end is None or page_end == page else f" pp. {page}-{page_end}"
+    if heading:
+        out += "".join(f" › {h}" for h in heading)
+    return out
 
 
 @dataclass(frozen=True)
@@ -187,6 +241,16 @@ class Hit:
         }
         if self.rerank_score is not None:
             out["rerank_score"] = self.rerank_score
+        if p.page is not None:
+            out["page"] = p.page
+        if p.page_end is not None:
+            out["page_end"] = p.page_end
+        if p.heading:
+            out["heading"] = list(p.heading)
+        if p.format:
+            out["format"] = p.format
+        if p.place:
+            out["place"] = p.place
         return out
 
 

@@ -136,6 +136,7 @@ function hitCard(hit, rank, terms, other) {
     el("div", { class: "hit-head" },
       el("span", { class: "rank", text: `#${rank}` }),
       el("span", { class: "doc mono", text: hit.doc_id }),
+      hit.place ? el("span", { class: "place", text: hit.place }) : null,  // manual.pdf p. 112 / guide.docx › Setup
       hit.title ? el("span", { class: "title", text: hit.title }) : null,
       el("span", { class: "chunk", text: `chunk ${hit.chunk_index}` }),
       el("span", { class: "score", text: `score ${hit.score.toFixed(4)}` }),
