@@ -57,13 +57,15 @@ def read_binary(
         e = oversized(source, text_bytes, max_bytes)
         yield DocumentFailure(source, e.reason, f"{e} (the text extracted from this {name})", doc_id=doc_id)
         return
-    metadata: dict[str, int] = {}
+    metadata: dict[str, int | bool] = {}
     if info.pages_total:
         metadata["pages"] = info.pages_total
     if info.pages_failed:
         metadata["pages_failed"] = len(info.pages_failed)
     if info.pages_skipped:
         metadata["pages_skipped"] = info.pages_skipped
+    if info.metadata.get("salvaged"):
+        metadata["salvaged"] = True
     title = safe_text(info.title) or path.name.split(".")[0].replace("_", " ").replace("-", " ").strip()
     doc = Document.from_sections(doc_id, parsed.sections, title=title, source=source, format=kind,
                                  metadata=metadata)
@@ -82,6 +84,12 @@ def read_binary(
             f"{source}: {len(info.pages_failed)} of {info.pages_total} {unit} could not be read (damaged: {shown}); "
             f"the other {info.pages_total - len(info.pages_failed) - info.pages_skipped} were ingested; repair the "
             "file (for a PDF: `qpdf in.pdf out.pdf`) or re-create it and ingest it again", doc_id=doc_id)
+    if info.metadata.get("salvaged"):
+        yield DocumentFailure(
+            source, "damaged",
+            f"{source}: is damaged (truncated, or its cross-reference table is lost); {info.pages_total:,} pages "
+            "were recovered and ingested, any others are lost; re-download or re-create it and ingest it again",
+            doc_id=doc_id)
     if info.pages_skipped:
         yield DocumentFailure(
             source, "too_many_pages",

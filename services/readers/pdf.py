@@ -8,9 +8,13 @@ a scan: ``no_text_layer`` (OCR is not enabled). A password-protected document is
 
 from __future__ import annotations
 
+import mmap
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.records import Section
@@ -23,13 +27,29 @@ _SPACES = re.compile(r"[ \t\f\v]+")
 def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
     import pypdfium2 as pdfium  # native code: imported in the parser's own process only
 
-    try:
-        pdf = pdfium.PdfDocument(str(path))
-    except pdfium.PdfiumError as e:
-        raise _open_failure(str(e)) from e
+    salvaged = False
+    with tempfile.TemporaryDirectory(prefix="dpr-pdf-") as tmp:
+        try:
+            pdf = pdfium.PdfDocument(str(path))
+        except pdfium.PdfiumError as e:
+            failure = _open_failure(str(e))
+            repaired = Path(tmp) / "salvaged.pdf"
+            if failure.reason != "corrupt" or not salvage(path, repaired):
+                raise failure from e
+            try:
+                pdf = pdfium.PdfDocument(str(repaired))
+            except pdfium.PdfiumError:
+                raise failure from e
+            salvaged = True
+        yield from _pages(pdf, limits, salvaged)
+
+
+def _pages(pdf: Any, limits: DocumentSettings, salvaged: bool) -> Iterator[Part]:
     try:
         total = len(pdf)
         info = Info(title=_title(pdf), pages_total=total, pages_skipped=max(0, total - limits.max_pages))
+        if salvaged:
+            info.metadata["salvaged"] = True
         headings = _page_headings(pdf, min(total, limits.max_pages))
         read_any = False
         for index in range(min(total, limits.max_pages)):
@@ -52,6 +72,47 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
         yield info
     finally:
         pdf.close()
+
+
+_OBJ = re.compile(rb"(\d{1,10})\s+(\d{1,5})\s+obj\b")
+_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+
+
+def salvage(path: Path, out: Path) -> bool:
+    """A damaged PDF (truncated: no trailer, no cross-reference table) -> a copy at ``out`` with a new page tree of
+    every complete page object found in the bytes, a catalog and a cross-reference table appended, so the pages
+    that survive can be read. False when no page object is found (object streams hide them, or nothing is left)."""
+    offsets: dict[int, tuple[int, int]] = {}
+    pages: dict[int, int] = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        starts = [(mo.start(), int(mo.group(1)), int(mo.group(2))) for mo in _OBJ.finditer(m)]
+        for i, (pos, num, gen) in enumerate(starts):
+            end = starts[i + 1][0] if i + 1 < len(starts) else len(m)
+            if m.find(b"endobj", pos, end) < 0:
+                continue  # cut off mid-object
+            offsets[num] = (pos, gen)
+            if _PAGE.search(m, pos, min(end, pos + 4096)):
+                pages[num] = gen
+    if not pages:
+        return False
+    shutil.copyfile(path, out)
+    pages_num = max(offsets) + 1
+    catalog = pages_num + 1
+    kids = b" ".join(b"%d %d R" % (n, g) for n, g in pages.items())
+    with open(out, "ab") as f:
+        base = f.tell()
+        tree = b"\n%d 0 obj\n<< /Type /Pages /Kids [%s] /Count %d >>\nendobj\n" % (pages_num, kids, len(pages))
+        root = b"%d 0 obj\n<< /Type /Catalog /Pages %d 0 R >>\nendobj\n" % (catalog, pages_num)
+        offsets[pages_num] = (base + 1, 0)
+        offsets[catalog] = (base + len(tree), 0)
+        rows = [b"0000000000 65535 f \n"]
+        for n in range(1, catalog + 1):
+            pos, gen = offsets.get(n, (0, 65535))
+            rows.append(b"%010d %05d %s \n" % (pos, gen, b"n" if n in offsets else b"f"))
+        f.write(tree + root + b"xref\n0 %d\n" % (catalog + 1) + b"".join(rows))
+        f.write(b"trailer\n<< /Root %d 0 R /Size %d >>\nstartxref\n%d\n%%%%EOF\n"
+                % (catalog, catalog + 1, base + len(tree) + len(root)))
+    return True
 
 
 def page_text(pdf: object, index: int) -> str:
