@@ -7,7 +7,10 @@ modifier, so the *engine* supplies the IDF part from the collection's own statis
 produces the term-frequency half:
 
 - document side (``embed_document``): BM25 term-frequency weights ``tf * (k + 1) / (tf + k * (1 - b + b * len /
-  avg_len))`` with ``k=1.2``, ``b=0.75``, ``avg_len=256`` tokens;
+  avg_len))`` with ``k=1.2``, ``b=0.75``; the vector also carries its raw term counts (``SparseVector.counts``),
+  and the store re-weights it with the generation's *own* average passage length before writing it
+  (``services.store.bm25``: a stats record per generation, kept current on upsert and delete). ``avg_len`` here
+  (256 tokens by default) is only the prior a vector has before it reaches a store;
 - query side (``embed_query``): every distinct query token gets weight 1.0.
 
 Tokenisation is a per-collection language choice (``services.language`` decides it when a collection is created):
@@ -39,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from services.errors import ConfigError
+from services.store.bm25 import weights
 from services.store.points import CollectionSpec, SparseVector
 
 log = logging.getLogger(__name__)
@@ -47,7 +51,8 @@ BM25_KEY = "bm25"  # the BM25 configuration inside CollectionSpec.settings
 DEFAULT_LANGUAGE = "en"
 DEFAULT_K = 1.2
 DEFAULT_B = 0.75
-DEFAULT_AVG_LEN = 256.0
+DEFAULT_AVG_LEN = 256.0  # the prior only: the store re-weights with the generation's own average (store.bm25)
+COUNT_K = 1000.0  # the counting engine's k; with b = 0 its weight w = tf (k + 1) / (tf + k), so tf = k w / (k + 1 - w)
 ALIASES = {"english": "en", "korean": "ko"}  # long names accepted, stored as the short code
 
 
@@ -82,12 +87,15 @@ class Bm25Embedder:
         self._config = {"language": lang, "k": float(k), "b": float(b), "avg_len": float(avg_len)}
         self._korean = lang == "ko"
         try:
-            if self._korean:  # the terms come from Kiwi: the engine only splits on spaces and hashes
-                config = Bm25Config(k=k, b=b, avg_len=avg_len, tokenizer=TokenizerType.Whitespace, lowercase=True,
-                                    stopwords=StopwordsSet(languages=set(), custom=set()), stemmer=DisabledStemmer())
-            else:
-                config = Bm25Config(k=k, b=b, avg_len=avg_len, language="english" if lang == "en" else lang)
-            self._bm25 = Bm25(config)
+            def make(k: float, b: float) -> Any:
+                if self._korean:  # the terms come from Kiwi: the engine only splits on spaces and hashes
+                    return Bm25Config(k=k, b=b, avg_len=avg_len, tokenizer=TokenizerType.Whitespace, lowercase=True,
+                                      stopwords=StopwordsSet(languages=set(), custom=set()),
+                                      stemmer=DisabledStemmer())
+                return Bm25Config(k=k, b=b, avg_len=avg_len, language="english" if lang == "en" else lang)
+
+            self._bm25 = Bm25(make(k, b))
+            self._counter = Bm25(make(COUNT_K, 0.0))  # the same tokens and hashes, weights that give back tf
         except ValueError as e:
             raise ConfigError(
                 f"invalid BM25 configuration {self._config}: {e}; use language 'en', 'ko' or another Snowball "
@@ -110,8 +118,18 @@ class Bm25Embedder:
         return text
 
     def embed_document(self, text: str) -> SparseVector:
-        """Passage side: BM25 term-frequency weights (the engine applies IDF)."""
-        return _convert(self._bm25.embed_document(self._text(text)))
+        """Passage side: BM25 term-frequency weights (the engine applies IDF) with this embedder's ``avg_len``,
+        and the raw term counts, so a store can re-weight it with its own average length."""
+        counted = self._counter.embed_document(self._text(text))
+        counts = [float(max(1, round(COUNT_K * w / (COUNT_K + 1.0 - w)))) for w in counted.values]
+        avg_len, k, b = self._config["avg_len"], self._config["k"], self._config["b"]
+        return SparseVector(indices=list(counted.indices), values=weights(counts, avg_len, k, b), counts=counts,
+                            avg_len=avg_len)
+
+    def term_counts(self, text: str) -> dict[int, int]:
+        """Token index -> count in ``text``, as the document vectors see it (e.g. for a reference BM25)."""
+        vector = self.embed_document(text)
+        return {i: int(c) for i, c in zip(vector.indices, vector.counts or [], strict=True)}
 
     def embed_documents(self, texts: Iterable[str]) -> list[SparseVector]:
         return [self.embed_document(t) for t in texts]

@@ -23,6 +23,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 from services.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
+from services.store import bm25
 from services.store.common import (
     DocStateGroups,
     Scored,
@@ -76,6 +77,15 @@ class _Cached:
     token: Hashable
     active: ActiveGeneration | None
     read_at: float  # monotonic
+
+
+def _payload(point: PassagePoint) -> dict[str, Any]:
+    """The point's payload, with its BM25 length when its sparse vector carries counts (services.store.bm25)."""
+    payload = point.passage.to_payload()
+    n = bm25.length(point.sparse)
+    if n is not None:
+        payload[bm25.LENGTH_FIELD] = n
+    return payload
 
 
 class Store:
@@ -228,14 +238,67 @@ class Store:
         with self._use(generation) as (name, spec):
             for p in points:
                 check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
+            points, finish = self._bm25_upsert(name, spec, points, replace)
             size = self.engine.upsert_batch
             for start in range(0, len(points), size):
                 batch = points[start : start + size]
-                self.engine.upsert(
-                    name, [(p.passage.id, point_vectors(p, spec.sparse), p.passage.to_payload()) for p in batch]
-                )
-            for doc_id, (doc_hash, chunks) in versions.items():
-                self.engine.delete(name, stale_filter(doc_id, doc_hash, chunks))
+                self.engine.upsert(name, [(p.passage.id, point_vectors(p, spec.sparse), _payload(p)) for p in batch])
+            stale = [stale_filter(doc_id, doc_hash, chunks) for doc_id, (doc_hash, chunks) in versions.items()]
+            finish(Where(should=tuple(stale)) if stale else None)
+            for where in stale:
+                self.engine.delete(name, where)
+
+    # -- BM25 length statistics (services.store.bm25) -------------------------------------------------------
+    def bm25_stats(self, generation: str | None = None) -> bm25.Bm25Stats:
+        """The generation's BM25 stats record: total tokens and passages of the points that carry a length."""
+        with self._use(generation) as (name, _):
+            return bm25.read_stats(self.engine.read_spec(name), name)
+
+    def _bm25_upsert(
+        self, name: str, spec: CollectionSpec, points: Sequence[PassagePoint], replace: bool
+    ) -> tuple[Sequence[PassagePoint], Any]:
+        """Re-weight the points' sparse vectors with the generation's average length including them, and the
+        step that records the new stats once they are written (``finish(stale)``: subtracts the points that
+        ``stale`` is about to delete). Points without counts (no sparse vector, a test double's) pass as they are."""
+        lengths = [bm25.length(p.sparse) for p in points]
+        if not spec.sparse or all(n is None for n in lengths):
+            return points, lambda stale: None
+        stats = bm25.read_stats(self.engine.read_spec(name), name)
+        old = self.engine.payloads(name, [p.passage.id for p in points])  # overwritten points leave the stats
+        stats = stats.add([float(v[bm25.LENGTH_FIELD]) for v in old.values() if bm25.LENGTH_FIELD in v], sign=-1)
+        stats = stats.add([n for n in lengths if n is not None])
+        avg = stats.avg_len or 1.0
+        k, b = bm25.params(spec)
+        weighted = [
+            p if p.sparse is None or n is None
+            else dataclasses.replace(p, sparse=bm25.renormalized(p.sparse, avg, k, b))
+            for p, n in zip(points, lengths, strict=True)
+        ]
+
+        def finish(stale: Where | None) -> None:
+            gone = self._bm25_lengths(name, stale) if stale is not None and replace else []
+            self._bm25_write(name, stats.add(gone, sign=-1))
+
+        return weighted, finish
+
+    def _bm25_lengths(self, name: str, where: Where) -> list[float]:
+        """The recorded lengths of the points ``where`` matches (before they are deleted)."""
+        found = []
+        for records in self._pages(name, _SCAN_BATCH, where, [bm25.LENGTH_FIELD]):
+            found.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
+        return found
+
+    def _bm25_forget(self, name: str, spec: CollectionSpec, where: Where) -> None:
+        if spec.sparse:
+            gone = self._bm25_lengths(name, where)
+            if gone:
+                self._bm25_write(name, bm25.read_stats(self.engine.read_spec(name), name).add(gone, sign=-1))
+
+    def _bm25_write(self, name: str, stats: bm25.Bm25Stats) -> None:
+        spec = self.engine.read_spec(name)  # fresh: another process may have merged settings meanwhile
+        settings = {**spec.settings, bm25.STATS_KEY: stats.to_json()}
+        self.engine.write_spec(name, dataclasses.replace(spec, settings=settings))
+        self._forget_active()
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
         wanted = sorted(set(doc_ids))
@@ -251,7 +314,8 @@ class Store:
     def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
         if keep_chunks < 0:
             raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
-        with self._use(generation) as (name, _):
+        with self._use(generation) as (name, spec):
+            self._bm25_forget(name, spec, stale_filter(doc_id, keep_doc_hash, keep_chunks))
             self.engine.delete(name, stale_filter(doc_id, keep_doc_hash, keep_chunks))
 
     def delete_documents(self, doc_ids: Iterable[str], generation: str | None = None) -> int:
@@ -259,9 +323,10 @@ class Store:
         if not wanted:
             return 0
         where = documents_filter(wanted)
-        with self._use(generation) as (name, _):
+        with self._use(generation) as (name, spec):
             removed = self.engine.count(name, where)
             if removed:
+                self._bm25_forget(name, spec, where)
                 self.engine.delete(name, where)
         return removed
 

@@ -36,6 +36,11 @@ def text_hash(text: str) -> str:
 class SparseVector:
     indices: list[int]
     values: list[float]
+    # BM25 document side only (services.sparse / services.store.bm25): the raw term counts aligned with
+    # ``indices`` (their sum is the passage length) and the average length ``values`` were weighted with; the
+    # store re-weights with the generation's own average. Not part of equality; engines read indices/values only.
+    counts: list[float] | None = field(default=None, compare=False)
+    avg_len: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ class Passage:
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Passage:
         known = {
-            "doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model", "job"
+            "doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model", "job",
+            "bm25_len",  # the store's BM25 length record (services.store.bm25), not user metadata
         }
         page, page_end, heading, fmt = _place_of(payload)
         known |= {k for k, v in (("page", page), ("page_end", page_end), ("heading", heading), ("format", fmt)) if v}

@@ -1,0 +1,122 @@
+"""BM25 length normalisation from the collection's own statistics (services.store.bm25 through the real store):
+the stats record follows upserts, overwrites, replaces and deletes; the stored weights use the generation's
+average length; the store's sparse ranking equals bm25s' on a small generated corpus with the same tokens."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from services.sparse import Bm25Embedder, default_embedder, embedder_for
+from services.store import Store
+from services.store import bm25 as store_bm25
+from services.store.engines.edge import EdgeEngine
+from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
+
+pytestmark = pytest.mark.unit
+
+WORDS = ("retrieval passage question tower dense sparse index vector corpus query model train score rank "
+         "document length average token stem river school engine aircraft wing flow pressure library").split()
+
+
+def new_store(root: Path, enc: Bm25Embedder | None = None) -> Store:
+    store = Store(EdgeEngine(root, "c", idle_release=0.05))
+    store.ensure_collection(CollectionSpec(dim=2, distance="cosine", model="m", sparse=True,
+                                           settings={"bm25": (enc or default_embedder()).config()}))
+    return store
+
+
+def point(doc_id: str, text: str, chunk: int = 0, doc_hash: str = "h", enc: Bm25Embedder | None = None) -> PassagePoint:
+    vector = (enc or default_embedder()).embed_document(text)
+    return PassagePoint(Passage(doc_id=doc_id, chunk_index=chunk, text=text, doc_hash=doc_hash, model="m"),
+                        dense=[1.0, 0.0], sparse=vector)
+
+
+def test_document_vectors_carry_counts_and_weights_follow_the_formula() -> None:
+    enc = default_embedder()
+    v = enc.embed_document("the fox jumps over the fox and the foxes; dog dog dog")
+    assert v.counts is not None and sorted(v.counts) == [1.0, 3.0, 3.0]  # fox x3 (stemmed), dog x3, jump
+    assert list(enc.term_counts("the fox and the foxes").values()) == [2]  # stopwords out, stems merged
+    assert v.values == pytest.approx(store_bm25.weights(v.counts, 256.0, 1.2, 0.75))
+    again = store_bm25.renormalized(v, 7.0, 1.2, 0.75)
+    length = sum(v.counts)
+    assert again.values == pytest.approx([tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * length / 7.0)) for tf in v.counts])
+    assert again == SparseVector(v.indices, again.values)  # counts and avg_len do not change equality
+    assert embedder_for("ko").embed_document("학생들은 학교에서 공부한다 학교").counts is not None
+
+
+def test_stats_follow_upserts_overwrites_replaces_and_deletes(tmp_path: Path) -> None:
+    enc = default_embedder()
+    store = new_store(tmp_path)
+    texts = {"a": "dense retrieval towers", "b": "sparse index of the corpus with many tokens in it here",
+             "c": "question"}
+    store.upsert([point(d, t) for d, t in texts.items()])
+    lengths = {d: sum(enc.term_counts(t).values()) for d, t in texts.items()}
+    stats = store.bm25_stats()
+    assert (stats.tokens, stats.passages) == (sum(lengths.values()), 3)
+    # the stored weights are those of the generation's own average length, not the 256-token prior
+    hits = store.search(SearchRequest(k=3, mode="sparse", sparse=enc.embed_query("question")))
+    assert [h.passage.doc_id for h in hits] == ["c"] and "bm25_len" not in hits[0].passage.metadata
+    # an overwrite of the same point replaces its length, it is not counted twice
+    store.upsert([point("a", "dense retrieval towers train models")])
+    lengths["a"] = 5
+    assert (store.bm25_stats().tokens, store.bm25_stats().passages) == (sum(lengths.values()), 3)
+    # a new version with fewer chunks: the stale chunks leave the stats
+    store.upsert([point("b", "one two", chunk=0, doc_hash="h1"), point("b", "three four five", chunk=1, doc_hash="h1")],
+                 replace=True)
+    store.upsert([point("b", "river", chunk=0, doc_hash="h2")], replace=True)
+    lengths["b"] = 1
+    assert (store.bm25_stats().tokens, store.bm25_stats().passages) == (sum(lengths.values()), 3)
+    assert store.delete_documents(["a"]) == 1
+    assert (store.bm25_stats().tokens, store.bm25_stats().passages) == (lengths["b"] + lengths["c"], 2)
+    store.upsert([point("c", "question question", chunk=1)])
+    store.delete_stale("c", "h", 1)
+    assert store.bm25_stats().passages == 2
+    # another generation starts from nothing, even when its spec was copied with the record in it
+    spec = store.active().spec  # type: ignore[union-attr]
+    assert spec.settings[store_bm25.STATS_KEY]["passages"] == 2
+    other = store.create_generation(spec)
+    assert store.bm25_stats(other).passages == 0
+    store.close()
+    reopened = Store(EdgeEngine(tmp_path, "c", idle_release=0.05))
+    assert reopened.bm25_stats().passages == 2  # the record lives with the generation
+    reopened.close()
+
+
+def test_vectors_without_counts_are_stored_as_given(tmp_path: Path) -> None:
+    store = new_store(tmp_path)
+    bare = SparseVector([1, 2], [0.5, 0.25])
+    store.upsert([PassagePoint(Passage(doc_id="x", chunk_index=0, text="t", doc_hash="h", model="m"), dense=[1.0, 0.0],
+                               sparse=bare)])
+    assert store.bm25_stats().passages == 0
+    store.close()
+
+
+def test_store_ranking_matches_bm25s_on_a_generated_corpus(tmp_path: Path) -> None:
+    import bm25s
+
+    rng = random.Random(7)
+    enc = default_embedder()
+    docs = {f"d{i:03d}": " ".join(rng.choice(WORDS) for _ in range(rng.choice((3, 5, 8, 20, 40)))) for i in range(120)}
+    queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(25)]
+    store = new_store(tmp_path)
+    ids = sorted(docs)
+    for start in range(0, len(ids), 40):  # the average moves between batches; the last batch sees the final one
+        store.upsert([point(d, docs[d]) for d in ids[start : start + 40]])
+    counts = [enc.term_counts(docs[d]) for d in ids]
+    assert store.bm25_stats().avg_len == pytest.approx(sum(sum(c.values()) for c in counts) / len(ids))
+    # re-write every point once at the final average: the exact BM25 of the whole collection
+    store.upsert([point(d, docs[d]) for d in ids])
+    index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+    index.index([[str(t) for t, c in cs.items() for _ in range(c)] for cs in counts], show_progress=False)
+    for q in queries:
+        terms = [str(t) for t in enc.embed_query(q).indices]
+        ref = index.get_scores([t for t in terms if t in index.vocab_dict])
+        hits = store.search(SearchRequest(k=len(ids), mode="sparse", sparse=enc.embed_query(q)))
+        ours = {h.passage.doc_id: h.score for h in hits}
+        for i, d in enumerate(ids):
+            # bm25s' lucene BM25 leaves out the constant (k + 1) factor of the term-frequency part
+            assert ours.get(d, 0.0) == pytest.approx(2.2 * float(ref[i]), rel=1e-3, abs=1e-4), (q, d)
+    store.close()
