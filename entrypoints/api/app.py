@@ -21,13 +21,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
 from entrypoints.api import schemas
-from entrypoints.api.auth import auth_dependencies
+from entrypoints.api.auth import access_of, flat_routes, security_schemes
 from entrypoints.api.errors import install_error_handlers
 from entrypoints.api.metrics import ApiMetrics
-from entrypoints.api.middleware import BodyLimit, HttpMetrics
-from entrypoints.api.routes import console, documents, health, jobs, reports, search, status
+from entrypoints.api.middleware import AccessControl, BodyLimit, HttpMetrics
+from entrypoints.api.routes import access, console, documents, health, jobs, reports, search, status
 from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
+from services.access import AccessGate
 from services.jobs.executor import Executor
 from services.runtime import Runtime
 from services.settings import Settings
@@ -38,12 +39,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorResponse, "description": text}
     for code, text in {
         400: "Bad arguments",
-        401: "Missing or wrong API key",
+        401: "Missing, wrong or revoked API key",
+        403: "The key's role or collections do not allow this route (the message names the role it needs)",
         404: "No such collection or document",
         409: "The towers do not match the collection",
         413: "Request too large",
         415: "Unsupported Content-Type",
         422: "Malformed request",
+        429: "Over the key's rate limit (see the Retry-After header)",
         503: "Store or broker unavailable",
     }.items()
 }
@@ -61,7 +64,8 @@ def create_app(
     metrics = ApiMetrics()
     executor = executor or executor_for(runtime, background=True, on_batch=metrics.observe_ingest)
     metrics.set_queue_depth_source(executor.pending)
-    state = ApiState(settings=settings, runtime=runtime, executor=executor, metrics=metrics)
+    gate = AccessGate.from_settings(settings)
+    state = ApiState(settings=settings, runtime=runtime, executor=executor, metrics=metrics, gate=gate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,14 +87,17 @@ def create_app(
     )
     app.state.api = state
     install_error_handlers(app)
-    # Outermost first: metrics see every response, including 413s from the body limit.
+    # Added innermost first: metrics see every response (401/403/429 from access control, 413 from the body
+    # limit); access control answers before the body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_request_bytes)
+    app.add_middleware(AccessControl, routes=app.router.routes, gate=gate, collection=settings.collection,
+                       public_paths=public_paths(app))
     app.add_middleware(HttpMetrics, metrics=metrics)
-    auth = auth_dependencies(settings)
-    for module in (documents, jobs, search, status, reports):
-        app.include_router(module.router, dependencies=auth, responses=ERROR_RESPONSES)
+    # Every route declares its role with @requires (entrypoints.api.auth); an undeclared one is admin-only.
+    for module in (documents, jobs, search, status, reports, access):
+        app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
-    app.include_router(console.router)  # the page and its assets hold no data: no key (the routes it calls need it)
+    app.include_router(console.router)  # the page and its assets hold no data: public (the routes it calls are not)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -104,8 +111,31 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     for name, definition in extra.pop("$defs", {}).items():
         components.setdefault(name, definition)
     components["DocumentsIn"] = extra
+    _document_access(app, schema)
     app.openapi_schema = schema
     return schema
+
+
+def public_paths(app: FastAPI) -> frozenset[str]:
+    """FastAPI's own schema and docs pages: public (they describe the API, they hold no data)."""
+    paths = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    return frozenset(p for p in paths if p)
+
+
+def _document_access(app: FastAPI, schema: dict[str, Any]) -> None:
+    """Each operation says the role it needs (``x-dpr-role``) and, unless public, how to send a key."""
+    schema["components"]["securitySchemes"] = security_schemes()
+    public = public_paths(app)
+    for route in flat_routes(app.routes):
+        path, methods = getattr(route, "path", None), getattr(route, "methods", None) or ()
+        for method in methods:
+            operation = schema.get("paths", {}).get(path, {}).get(method.lower())
+            if operation is None:
+                continue
+            needs = access_of(route, public)
+            operation["x-dpr-role"] = needs.role
+            if not needs.public:
+                operation["security"] = [{"APIKeyHeader": []}, {"HTTPBearer": []}]
 
 
 # --- serving ----------------------------------------------------------------------------------------------------

@@ -1,26 +1,41 @@
-"""Pure ASGI middleware: request body limit (413 before the body is read into memory) and HTTP metrics."""
+"""Pure ASGI middleware: access control (key, role, collection, rate; audit of write and admin actions), request
+body limit (413 before the body is read into memory; a stalled body cut) and HTTP metrics."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
+from typing import Any
+from urllib.parse import parse_qs
 
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from entrypoints.api.auth import PUBLIC, RouteAccess, access_of, flat_routes, token_from_headers
 from entrypoints.api.metrics import ApiMetrics
+from services.access import AccessGate
+from services.errors import DprError
+
+log = logging.getLogger(__name__)
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-async def _send_error(send: Send, status: int, type_: str, message: str) -> None:
+async def _send_error(send: Send, status: int, type_: str, message: str,
+                      headers: dict[str, str] | None = None) -> None:
     body = json.dumps({"error": {"type": type_, "message": message}}).encode()
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        *extra],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -108,3 +123,100 @@ def _route_of(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
+
+
+class AccessControl:
+    """Before anything reads the body: find the route, the role it needs (``entrypoints.api.auth``), and ask the
+    gate whether the request's key may (401 no or wrong key, 403 role or collection, 429 over its rate, 503 keys
+    file unreadable). Then, for write and admin routes, one audit line with the outcome, refusals included.
+
+    The collection a request acts on: a ``collection`` path or query parameter when a route has one, else the
+    collection this server answers for."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute], gate: AccessGate, collection: str,
+                 public_paths: frozenset[str]) -> None:
+        self.app = app
+        self.routes = routes  # the app's route list itself: routes mounted later are seen too
+        self.gate = gate
+        self.collection = collection
+        self.public_paths = public_paths
+
+    def _match(self, scope: Scope) -> tuple[Any, dict[str, Any]]:
+        for route in flat_routes(self.routes):
+            match, child = route.matches(scope)
+            if match == Match.FULL:
+                return route, child
+        return None, {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route, child = self._match(scope)
+        access = access_of(route, self.public_paths) if route is not None else PUBLIC  # unmatched: 404/405
+        if access.public or route is None:
+            await self.app(scope, receive, send)
+            return
+        path_params: dict[str, Any] = child.get("path_params", {})
+        collection = self._collection(scope, path_params) if access.collection else None
+        client = (scope.get("client") or ("unknown", 0))[0]
+        action = f"{scope.get('method', '')} {getattr(route, 'path', '')}"
+        token = token_from_headers(scope.get("headers", []))
+        try:
+            decision = self.gate.decide(token, access.needed, collection, client, action)
+        except DprError as e:  # the keys file is unreadable: fail closed
+            log.error("access check failed: %s", e)
+            scope["route"] = route
+            await _send_error(send, 503, "unavailable", str(e))
+            return
+        principal = decision.principal
+        status = decision.status
+        if status:
+            scope["route"] = route  # metrics label the refusal by its route
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+            if status == 429:
+                headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after)))
+            await _send_error(send, status, decision.type, decision.message, headers)
+        else:
+            scope.setdefault("state", {})["principal"] = principal
+
+            async def capture(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = int(message["status"])
+                await send(message)
+
+            status = 500
+            try:
+                await self.app(scope, receive, capture)
+            finally:
+                if access.audited:
+                    await self._audit(access, principal, action, collection or self.collection, path_params,
+                                      status, client)
+            return
+        if access.audited:
+            await self._audit(access, principal, action, collection or self.collection, path_params, status, client)
+
+    def _collection(self, scope: Scope, path_params: dict[str, Any]) -> str:
+        if "collection" in path_params:
+            return str(path_params["collection"])
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        values = query.get("collection")
+        return values[0] if values else self.collection
+
+    async def _audit(self, access: RouteAccess, principal: Any, action: str, collection: str,
+                     target: dict[str, Any], status: int, client: str) -> None:
+        entry = {
+            "who": {"id": principal.id, "name": principal.name} if principal is not None else None,
+            "role": principal.role if principal is not None else None,
+            "action": action,
+            "needs": access.role,
+            "collection": collection,
+            "target": {k: str(v) for k, v in target.items()},
+            "status": status,
+            "client": client,
+        }
+        try:
+            await run_in_threadpool(self.gate.audit_log.append, entry)
+        except OSError:
+            log.exception("could not append to the audit log %s", self.gate.audit_log.path)

@@ -1,5 +1,6 @@
 """What one API process shares between requests: the settings, one ``Runtime`` (store calls serialised, models
-loaded once in the background at start-up), the executor the settings choose, the metrics, and a small pool
+loaded once in the background at start-up), the executor the settings choose, the metrics, the access gate (keys,
+rate limits, audit log), and a small pool
 for readiness probes. Routes reach it through ``api_state(request)``."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from entrypoints.api.metrics import ApiMetrics
+from services.access import AccessGate
 from services.jobs.executor import Executor
 from services.runtime import Runtime
 from services.settings import Settings
@@ -25,6 +27,7 @@ class ApiState:
     runtime: Runtime
     executor: Executor
     metrics: ApiMetrics
+    gate: AccessGate
     model_ready: threading.Event = field(default_factory=threading.Event)
     model_error: str | None = None
     probes: ThreadPoolExecutor = field(

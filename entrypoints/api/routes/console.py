@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
+from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "console"
@@ -33,11 +34,13 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/", summary="The search console (HTML)")
+@requires("public")
 def console_page() -> FileResponse:
     return FileResponse(ASSET_DIR / "index.html", media_type="text/html; charset=utf-8", headers=HEADERS)
 
 
 @router.get("/console/{name}", summary="The console's script and style sheet")
+@requires("public")
 def console_asset(name: str) -> FileResponse:
     media_type = ASSETS.get(name)
     if media_type is None:

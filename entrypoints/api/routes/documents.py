@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from entrypoints.api import schemas
+from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, too_many
@@ -97,6 +98,7 @@ def _documents_request_body() -> dict[str, Any]:
     summary="Ingest a batch of documents (JSON) or one uploaded file (multipart); returns a job id",
     openapi_extra={"requestBody": _documents_request_body()},
 )
+@requires("write")
 async def post_documents(
     request: Request,
     sync_prefix: Annotated[str | None, Query(
@@ -154,6 +156,7 @@ def _sync(state: ApiState, items: list[Item], prefix: str, prune: bool) -> dict[
 @router.delete(
     "/documents/{doc_id:path}", response_model=schemas.DeleteOut, summary="Delete a document and its passages"
 )
+@requires("write")
 def delete_document(doc_id: str, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     if not doc_id or len(doc_id) > MAX_ID_CHARS:
         raise ApiError(404, "not_found", f"no such document; ids are 1-{MAX_ID_CHARS} characters")

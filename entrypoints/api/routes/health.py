@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 
 from entrypoints.api import schemas
+from entrypoints.api.auth import requires
 from entrypoints.api.metrics import CONTENT_TYPE_LATEST
 from entrypoints.api.state import ApiState, api_state
 from services.settings import Settings
@@ -19,6 +20,7 @@ router = APIRouter()
 
 
 @router.get("/healthz", response_model=schemas.Health, summary="Liveness: the process answers")
+@requires("public")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -27,6 +29,7 @@ def healthz() -> dict[str, str]:
     "/readyz", response_model=schemas.Readiness, summary="Readiness: model loaded, broker and store reachable",
     responses={503: {"model": schemas.Readiness, "description": "Not ready"}},
 )
+@requires("public")
 async def readyz(state: ApiState = Depends(api_state)) -> JSONResponse:  # noqa: B008
     checks: dict[str, dict[str, Any]] = {}
     settings = state.settings
@@ -45,6 +48,7 @@ async def readyz(state: ApiState = Depends(api_state)) -> JSONResponse:  # noqa:
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@requires("public")  # counters and latencies, no data: Prometheus scrapes without a key
 def metrics_route(state: ApiState = Depends(api_state)) -> Response:  # noqa: B008
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

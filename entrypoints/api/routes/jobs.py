@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from entrypoints.api import schemas
+from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from services.jobs import JobNotFound
@@ -16,6 +17,7 @@ router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templ
 
 
 @router.get("/jobs/{job_id}", response_model=schemas.JobStatus, summary="Progress and per-document failures")
+@requires("read")
 def get_job(job_id: str, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", job_id):
         raise ApiError(404, "not_found", f"no job {job_id!r}; job ids are the 'job' field of POST /v1/documents")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
+from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from services.eval_reports import LatestReport, latest_dir, read_latest
@@ -28,6 +29,7 @@ async def _latest(state: ApiState) -> LatestReport:
 
 
 @router.get("/eval/report", summary="The latest `dpr eval --report` of this data dir: metrics per system, plots")
+@requires("read")
 async def get_report(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     report = await _latest(state)
     body = report.to_json()
@@ -40,6 +42,7 @@ async def get_report(state: ApiState = Depends(api_state)) -> dict[str, Any]:  #
     "/eval/report/plots/{name}", summary="One plot of the latest evaluation report (PNG)", response_class=FileResponse,
     responses={200: {"content": {"image/png": {}}}},
 )
+@requires("read")
 async def get_plot(name: str, state: ApiState = Depends(api_state)) -> FileResponse:  # noqa: B008
     report = await _latest(state)
     path = report.plot(name)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from entrypoints.api import schemas
+from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
 from services.query import QueryOptions
 
@@ -16,6 +17,7 @@ router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templ
 
 @router.post("/search", response_model=schemas.SearchOut, response_model_exclude_none=True,
              summary="Question tower -> passages [-> reranker]")
+@requires("read")
 def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     options = QueryOptions(
         k=body.k,

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
+from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.status import collection_status
 
@@ -14,6 +15,7 @@ router = APIRouter(prefix="/v1")
 
 
 @router.get("/status", summary="Collection, generations, point counts, model fingerprints (as `dpr status`)")
+@requires("read")
 async def get_status(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     info = await run_in_threadpool(state.runtime.store.info)
     return await run_in_threadpool(collection_status, state.settings, info)
