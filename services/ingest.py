@@ -22,11 +22,11 @@ from encoders.batching import length_slices
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_sections, chunk_text
 from services.errors import CollectionNotFound, DocumentError
-from services.language import for_new_collection
+from services.language import collection_spec, for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
 from services.settings import ChunkSettings, Settings
-from services.sparse import BM25_KEY, SparseEncoder, for_spec
+from services.sparse import SparseEncoder, for_spec
 from services.store.points import CollectionSpec, Passage, PassagePoint
 from services.store.protocol import VectorStore
 
@@ -80,15 +80,6 @@ class IngestReport:
 
 def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
-
-
-def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) -> CollectionSpec:
-    """The spec a new collection is created with; a sparse encoder's BM25 configuration (its language) is stored
-    in it (``settings["bm25"]``) so every later ingest, query and re-embed tokenises the same way."""
-    config = getattr(sparse, "config", None)
-    settings = {BM25_KEY: config()} if callable(config) else {}
-    return CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint,
-                          sparse=sparse not in (None, False), settings=settings)
 
 
 def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) -> tuple[list[Chunk], bool]:

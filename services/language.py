@@ -19,14 +19,18 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from encoders.data import CorpusDoc
 from encoders.korean import is_hangul
 from encoders.towers import DualEncoder
 from services.errors import ConfigError, TransientError
 from services.readers import Document, Item
+from services.store.points import CollectionSpec
 from services.store.protocol import VectorStore
+
+if TYPE_CHECKING:
+    from services.sparse import SparseEncoder
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,18 @@ def for_new_collection(sparse: Any, docs: Iterable[Document]) -> Any:
     return embedder_for(detect_language(f"{d.title} {d.text}" for d in docs))
 
 
+def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) -> CollectionSpec:
+    """The spec a new collection is created with; a sparse encoder's BM25 configuration (its language) is stored
+    in it (``settings["bm25"]``) so every later ingest, query and re-embed tokenises the same way. (Here, below
+    ``services.ingest``, which re-exports it, so ``prepare_collection`` needs no import of the pipeline.)"""
+    from services.sparse import BM25_KEY
+
+    config = getattr(sparse, "config", None)
+    settings = {BM25_KEY: config()} if callable(config) else {}
+    return CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint,
+                          sparse=sparse not in (None, False), settings=settings)
+
+
 def prepare_collection(
     store: VectorStore, towers: Callable[[], DualEncoder], requested: str | None, items: Iterable[Item]
 ) -> str | None:
@@ -115,7 +131,6 @@ def prepare_collection(
     ``auto`` does nothing here: the first batch detects the language when it creates the collection
     (``for_new_collection``). Returns the language when settled; None for ``auto`` or when the store is
     unavailable (the batches then meet the same error and report it, as before)."""
-    from services.ingest import collection_spec
     from services.sparse import embedder_for, spec_language
 
     choice = check_choice(requested)
