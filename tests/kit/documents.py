@@ -38,7 +38,7 @@ def make_pdf(path: Path, pages: list[str], outline: list[tuple[str, int]] = (), 
             NameObject("/Font"): DictionaryObject({NameObject("/F1"): font_ref})})
     parents: dict[int, object] = {}
     for title, page_index in outline:
-        parents[page_index] = writer.add_outline_item(title, page_index)
+        parents[page_index] = writer.add_outline_item(title=title, page_number=page_index)
     if password is not None:
         writer.encrypt(user_password=password, owner_password=password + "-owner", algorithm="AES-128")
     with open(path, "wb") as f:
