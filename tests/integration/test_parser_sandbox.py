@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from kit.documents import make_pdf
+
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.sandbox import ParserSandbox
 from services.settings import DocumentSettings

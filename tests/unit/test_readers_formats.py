@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from kit.documents import make_docx, make_epub, make_odt, make_pdf, make_pptx, make_zip_bomb
+
 from services.readers import Document, DocumentFailure, Skipped, iter_documents
 from services.readers import docx as docx_reader
 from services.readers import epub as epub_reader

@@ -4,8 +4,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from kit.documents import make_docx, make_epub, make_odt, make_pdf, make_pptx
+
 from services.readers.sniff import sniff, sniff_bytes
 
 pytestmark = pytest.mark.unit
