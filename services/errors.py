@@ -48,3 +48,16 @@ class ModelMismatch(PermanentError):
 
 class CollectionNotFound(PermanentError):
     """No collection (or generation) of that name exists yet."""
+
+
+class DiskFull(TransientError):
+    """Too little free space to write safely (or the disk filled up): the message names the disk, its free space
+    and the fix. Nothing was written; after space is freed a re-run completes (exit 3)."""
+
+
+class DataDirFormatError(PermanentError):
+    """The data dir was written in a format this release does not read as it is (newer, or older: `dpr migrate`)."""
+
+
+class SnapshotError(PermanentError):
+    """A snapshot cannot be made or restored: corrupt, truncated, checksum mismatch, or a target that is not empty."""

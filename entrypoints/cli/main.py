@@ -29,7 +29,9 @@ GROUPS = (  # every module with commands, each with register(app), in the order 
     "entrypoints.cli.workers",
     "entrypoints.cli.lifecycle",
     "entrypoints.cli.serve",
+    "entrypoints.cli.keys",
     "entrypoints.cli.hybrid",
+    "entrypoints.cli.snapshot",
 )
 
 

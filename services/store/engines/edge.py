@@ -53,7 +53,8 @@ from qdrant_edge import (
 )
 from qdrant_edge import SparseVector as EdgeSparseVector
 
-from services.errors import ConfigError
+from services import datadir, diskspace
+from services.errors import CollectionNotFound, ConfigError, SnapshotError
 from services.fsutil import write_atomic
 from services.settings import EdgeSettings
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
@@ -85,7 +86,11 @@ class EdgeEngine:
         lock_timeout: float = _DEFAULTS.lock_timeout,
         idle_release: float = _DEFAULTS.idle_release,
         index_threshold: int = _DEFAULTS.index_threshold,
+        min_free_mb: int = 0,
+        data_dir: Path | None = None,
     ):
+        """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.diskspace``); ``data_dir``: the data
+        dir whose FORMAT is stamped on the first write (``services.datadir``); engines built by hand skip both."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -96,15 +101,20 @@ class EdgeEngine:
         self.lock_timeout = lock_timeout
         self.idle_release = idle_release
         self._lease = lease_for(self.root)
+        self.min_free_mb = min_free_mb
+        self.data_dir = data_dir
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
+        datadir.check(settings.data_dir)  # a newer (or unmigrated) layout is refused before anything is read
         return cls(
             settings.store_dir,
             settings.collection,
             lock_timeout=settings.edge.lock_timeout,
             idle_release=settings.edge.idle_release,
             index_threshold=settings.edge.index_threshold,
+            min_free_mb=settings.min_free_mb,
+            data_dir=settings.data_dir,
         )
 
     def __repr__(self) -> str:
@@ -126,6 +136,8 @@ class EdgeEngine:
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
         if create:
+            if self.data_dir is not None:
+                datadir.ensure_writable(self.data_dir)
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
             yield None  # no collection: nothing to lock, and nothing is created by looking
@@ -173,7 +185,9 @@ class EdgeEngine:
             (self._generations_dir / generation).mkdir(parents=True)
         except FileExistsError:
             return False  # a generation, or a half-made one a crash left behind
-        shard = EdgeShard.create(str(self._generations_dir / generation / "shard"), edge_config(spec))
+        self._require_space("creating a generation")
+        with diskspace.translate(self.root, "creating a generation"):
+            shard = EdgeShard.create(str(self._generations_dir / generation / "shard"), edge_config(spec))
         self._lease.adopt(generation, shard)
         for key in INDEXED_KEYWORDS:
             shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
@@ -255,8 +269,52 @@ class EdgeEngine:
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
         batch = [Point(pid, {n: _vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
-        self._shard(generation).update(UpdateOperation.upsert_points(batch))
+        self._require_space(f"writing {len(batch)} points")
+        with diskspace.translate(self.root, f"writing {len(batch)} points"):
+            self._shard(generation).update(UpdateOperation.upsert_points(batch))
         self._lease.mark_dirty(generation)
+
+    def _require_space(self, what: str) -> None:
+        """Before a write through the memory maps: below ``min_free_mb`` a full disk would SIGBUS the process."""
+        diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
+
+    # -- snapshots ---------------------------------------------------------------------------------------------
+    def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
+        """Copy the active generation (flushed, under the lease: no write lands mid-copy) into ``dest``:
+        ``spec.json``, ``shard/`` and ``index.json`` if any; holes of sparse files stay holes. Returns the
+        generation's name, spec and point count. The lease is held only for the copy (the archive is written
+        after, without it)."""
+        from services.snapshots import copy_tree_sparse
+
+        with self.session():
+            generation = self.read_pointer()
+            if generation is None:
+                raise CollectionNotFound(
+                    f"collection {self.alias!r} under {self.root.parent} has nothing to snapshot yet; ingest first"
+                )
+            shard = self._shard(generation)
+            shard.flush()
+            points = shard.info().points_count
+            gen_dir = self._generations_dir / generation
+            dest.mkdir(parents=True, exist_ok=True)
+            copy_tree_sparse(gen_dir / edge_index.SHARD, dest / "shard")
+            for name in ("spec.json", edge_index.INDEX_RECORD):
+                if (gen_dir / name).is_file():
+                    shutil.copy2(gen_dir / name, dest / name)
+            return generation, self.read_spec(generation), points
+
+    def restore_generation(self, source: Path, generation: str) -> None:
+        """Move ``source`` (a generation directory unpacked from a snapshot, on this disk) in as ``generation``
+        and point the collection at it; refused when the collection exists here."""
+        with self.session(create=True):
+            if self.read_pointer() is not None or self.generations():
+                raise SnapshotError(
+                    f"collection {self.alias!r} already exists in {self.root.parent}; restore into a new data dir "
+                    "(--data-dir) or delete that collection first"
+                )
+            self._generations_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(source, self._generations_dir / generation)
+            self.write_pointer(generation, None)
 
     def delete(self, generation: str, where: Where) -> None:
         self._shard(generation).update(UpdateOperation.delete_points_by_filter(_where(where)))

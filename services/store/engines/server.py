@@ -16,16 +16,18 @@ API, exact search, payload indexes ignored, not thread-safe). Unreachable server
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from services.errors import ConfigError, DprError, StoreUnavailable
+from services.errors import ConfigError, DprError, SnapshotError, StoreUnavailable
 from services.settings import QdrantSettings
 from services.store.common import (
     SPEC_METADATA_KEY,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SERVER_SNAPSHOT_FILE = "collection.snapshot"
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT, "euclid": models.Distance.EUCLID}
 
 
@@ -79,6 +82,7 @@ class ServerEngine:
         self.options = options or QdrantSettings()
         self._owns_client = owns_client
         self._location = location or "the Qdrant server"
+        self.api_key: str | None = None  # for the snapshot download/upload (plain HTTP beside the client)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerEngine:
@@ -88,7 +92,9 @@ class ServerEngine:
         else:
             key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
             client = QdrantClient(url=url, api_key=key, timeout=max(1, round(settings.qdrant.timeout)))
-        return cls(client, settings.collection, settings.qdrant, owns_client=True, location=url)
+        engine = cls(client, settings.collection, settings.qdrant, owns_client=True, location=url)
+        engine.api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
+        return engine
 
     def __repr__(self) -> str:
         return f"ServerEngine({self._location!r}, alias={self.alias!r})"
@@ -124,6 +130,61 @@ class ServerEngine:
             if _is_grpc_unavailable(e):
                 raise StoreUnavailable(f"{self._location} is unreachable ({what}): {e}") from e
             raise
+
+    # -- snapshots (Qdrant's own collection snapshots, moved over HTTP) ---------------------------------------
+    def _snapshot_url(self, path: str) -> str:
+        if not self._location.startswith(("http://", "https://")):
+            raise SnapshotError(
+                f"snapshots of a server collection need a Qdrant server (DPR_QDRANT_URL=http://host:6333); "
+                f"{self._location!r} is qdrant-client's in-process engine"
+            )
+        return self._location.rstrip("/") + path
+
+    def _headers(self) -> dict[str, str]:
+        return {"api-key": self.api_key} if self.api_key else {}
+
+    def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
+        """Qdrant snapshots the active generation (consistent on the server), we download it to
+        ``dest/collection.snapshot`` with ``spec.json`` beside it, and delete it on the server. Returns the
+        generation's name, spec and point count."""
+        generation = self.read_pointer()
+        if generation is None:
+            raise missing_generation(self.alias, self.alias)
+        spec = self.read_spec(generation)
+        url = self._snapshot_url(f"/collections/{generation}/snapshots")
+        with self._engine("snapshot the collection", generation):
+            described = self.client.create_snapshot(collection_name=generation, wait=True)
+        if described is None:
+            raise StoreUnavailable(f"{self._location} did not describe the snapshot of {generation}; retry later")
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._engine("download the snapshot", generation), httpx.stream(
+                "GET", f"{url}/{described.name}", headers=self._headers(), timeout=self.options.timeout
+            ) as response:
+                response.raise_for_status()
+                with open(dest / SERVER_SNAPSHOT_FILE, "wb") as out:
+                    for block in response.iter_bytes(1 << 20):
+                        out.write(block)
+        finally:
+            with contextlib.suppress(Exception), self._engine("delete the server snapshot", generation):
+                self.client.delete_snapshot(collection_name=generation, snapshot_name=described.name, wait=True)
+        (dest / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True), encoding="utf-8")
+        return generation, spec, self.count(generation)
+
+    def restore_generation(self, source: Path, generation: str) -> None:
+        """Upload ``source/collection.snapshot`` as collection ``generation`` and point the alias at it (refused
+        when the alias exists: restore into a fresh server or another collection name)."""
+        if self.read_pointer() is not None or self._exists(generation):
+            raise SnapshotError(
+                f"collection {self.alias!r} (or {generation!r}) already exists on {self._location}; restore into "
+                "a server without it, or delete it first"
+            )
+        url = self._snapshot_url(f"/collections/{generation}/snapshots/upload?priority=snapshot&wait=true")
+        with self._engine("upload the snapshot", generation), open(source / SERVER_SNAPSHOT_FILE, "rb") as f:
+            response = httpx.post(url, headers=self._headers(), files={"snapshot": (SERVER_SNAPSHOT_FILE, f)},
+                                  timeout=max(self.options.timeout, 600.0))
+            response.raise_for_status()
+        self.write_pointer(generation, None)
 
     # -- pointer and generations ---------------------------------------------------------------------------
     def version(self) -> Hashable:

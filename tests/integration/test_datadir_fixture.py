@@ -1,0 +1,57 @@
+"""A data dir written by the release before format versions (tests/fixtures/datadir-v1, see its SOURCE.md) opens
+in this release as format 1 and answers exactly what it answered then; its first write stamps FORMAT."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services import datadir
+from services.query import QueryOptions
+from services.runtime import Runtime
+from services.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "datadir-v1"
+
+
+def _extract(tmp_path: Path) -> Path:
+    with tarfile.open(FIXTURE / "datadir.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "data"
+
+
+def test_the_v1_fixture_opens_and_answers_as_recorded(tmp_path: Path, base_towers: Any) -> None:
+    expected = json.loads((FIXTURE / "expected.json").read_text())
+    data = _extract(tmp_path)
+    state = datadir.check(data)
+    assert (state.format, state.recorded) == (1, False)
+
+    settings = Settings(data_dir=data, encoder={"backend": "torch"})
+    with Runtime(settings, towers=base_towers) as runtime:
+        info = runtime.store.info()
+        assert info.active is not None
+        assert (info.active.name, info.active.count, info.active.spec.model) == (
+            expected["generation"], expected["points"], expected["model"])
+        passages = sorted([p.doc_id, p.chunk_index, p.doc_hash] for b in runtime.store.scroll() for p in b)
+        assert passages == expected["passages"]
+        for mode, questions in expected["questions"].items():
+            for question, hits in questions.items():
+                got = runtime.search(question, QueryOptions(k=3, mode=mode))
+                assert [h.passage.doc_id for h in got] == [doc for doc, _ in hits], (mode, question)
+                assert [round(h.score, 4) for h in got] == pytest.approx([s for _, s in hits], abs=2e-4)
+        assert not (data / "FORMAT").exists(), "opening and reading must not write the data dir"
+        runtime.pipeline.ingest([_doc("new", "A brand new document about lighthouses and their keepers.")])
+        assert runtime.store.count() == expected["points"] + 1
+    assert json.loads((data / "FORMAT").read_text())["format"] == datadir.CURRENT
+
+
+def _doc(doc_id: str, text: str) -> Any:
+    from services.readers import Document
+
+    return Document(doc_id=doc_id, text=text)
