@@ -29,18 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from qdrant_edge import (
     CountRequest,
-    Distance,
-    EdgeConfig,
-    EdgeOptimizersConfig,
     EdgeShard,
-    EdgeSparseVectorParams,
-    EdgeVectorParams,
     FieldCondition,
     Filter,
     Fusion,
     MatchAny,
     MatchValue,
-    Modifier,
     PayloadSchemaType,
     Point,
     Prefetch,
@@ -59,8 +53,9 @@ from services.fsutil import write_atomic
 from services.settings import EdgeSettings
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
 from services.store.engines import edge_index
+from services.store.engines.edge_config import edge_config
 from services.store.lease import ShardLease, lease_for
-from services.store.points import DENSE, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
+from services.store.points import INDEXED_KEYWORDS, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
 if TYPE_CHECKING:
@@ -68,7 +63,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
 _DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
 
 
@@ -362,18 +356,6 @@ class EdgeEngine:
 # --------------------------------------------------------------------------------------------------------------
 # converters: neutral records -> qdrant-edge
 # --------------------------------------------------------------------------------------------------------------
-
-
-def edge_config(spec: CollectionSpec, indexing_threshold_kb: int | None = None) -> EdgeConfig:
-    """The shard's config; with ``indexing_threshold_kb`` (the index build), segments above it get HNSW."""
-    optimizers = None
-    if indexing_threshold_kb is not None:
-        optimizers = EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb)
-    return EdgeConfig(
-        vectors={DENSE: EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])},
-        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)} if spec.sparse else None,
-        optimizers=optimizers,
-    )
 
 
 def _filter(where: Where | None) -> Filter | None:

@@ -137,7 +137,7 @@ def child_main() -> None:
     """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB). Prints 1 if it changed."""
     from qdrant_edge import EdgeShard
 
-    from services.store.engines.edge import edge_config
+    from services.store.engines.edge_config import edge_config
     from services.store.points import CollectionSpec
 
     os.nice(10)  # the serving process's queries come first
