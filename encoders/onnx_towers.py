@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from encoders.batching import length_slices
-from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint
+from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint, passage_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,9 @@ class OnnxTowers:
         self._threads = threads
         self.manifest = read_current_manifest(self.export_dir, self.path)  # raises ExportMissing
         self.model_fingerprint = str(self.manifest["model_fingerprint"])
-        self._fingerprint = str(self.manifest["variants"][backend]["fingerprint"])
+        variant = str(self.manifest["variants"][backend]["fingerprint"])  # "<model fp>" or "<model fp>-<backend>"
+        # a question-only model's passage tower is its partner's: its points carry the partner's passage fingerprint
+        self._fingerprint = passage_fingerprint(self.path) + variant[len(self.model_fingerprint):]
         self._towers: dict[str, OnnxTower] = {}
         self._lock = threading.Lock()
 

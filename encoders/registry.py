@@ -34,6 +34,7 @@ from encoders.towers import (
     base_model_path,
     model_fingerprint,
     newest_version,
+    passage_fingerprint,
     read_model_card,
     resolve_model_path,
 )
@@ -177,9 +178,14 @@ def model_candidates(models_dir: Path) -> list[tuple[Path, str]]:
 
 
 def model_for_fingerprint(fingerprint: str, models_dir: Path) -> tuple[Path, str]:
-    """The model directory whose fingerprint is ``fingerprint`` (the base model or one under ``models_dir``)."""
-    for path, name in model_candidates(models_dir):
+    """The model directory whose fingerprint is ``fingerprint`` (the base model or one under ``models_dir``); else
+    a model whose passage tower makes those vectors (a question-only model of that partner: it serves its points)."""
+    candidates = model_candidates(models_dir)
+    for path, name in candidates:
         if model_fingerprint(path) == fingerprint:
+            return path, name
+    for path, name in candidates:
+        if passage_fingerprint(path) == fingerprint:
             return path, name
     raise ModelNotFound(
         f"no model with fingerprint {fingerprint} under {models_dir} or the base model; the collection was built "
@@ -246,6 +252,7 @@ class TowerCache:
         self.size = size
         self._lock = threading.Lock()
         self._towers: OrderedDict[_Key, DualEncoder] = OrderedDict()
+        self._chosen: dict[tuple[str, str, str], _Key] = {}  # (fingerprint, device, backend) -> by_fingerprint's pick
 
     def by_name(self, spec: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch",
                 **options: Any) -> DualEncoder:
@@ -261,11 +268,14 @@ class TowerCache:
                        **options: Any) -> DualEncoder:
         """Towers whose vectors carry ``fingerprint``: on ``backend`` when its vectors agree with the collection's,
         else on the backend that built it (a ``-onnx-int8`` suffix names it; none: torch)."""
-        with self._lock:
-            for key, towers in self._towers.items():
-                if towers.fingerprint == fingerprint and key[1] == device:
-                    return self._keep(key, towers)
         model, built_by = split_fingerprint(fingerprint)
+        with self._lock:  # the model that built the points, not a question-only model that shares its passages
+            chosen = self._chosen.get((fingerprint, device, backend))
+            if chosen is not None and chosen in self._towers and self._towers[chosen].fingerprint == fingerprint:
+                return self._keep(chosen, self._towers[chosen])
+            for key, towers in self._towers.items():
+                if towers.fingerprint == fingerprint and _model_fingerprint_of(towers) == model and key[1] == device:
+                    return self._keep(key, towers)
         path, name = model_for_fingerprint(model, models_dir)  # raises ModelNotFound
         for candidate in dict.fromkeys((backend, built_by or "torch")):
             towers = build_towers(path, name, device=device, backend=candidate, models_dir=models_dir, **options)
@@ -274,7 +284,9 @@ class TowerCache:
                     log.warning("the collection's vectors need another backend", extra={
                         "model": name, "backend": backend, "used": candidate, "fingerprint": fingerprint})
                 with self._lock:
-                    return self._keep((str(path.resolve()), device, candidate), towers)
+                    key = (str(path.resolve()), device, candidate)
+                    self._chosen[(fingerprint, device, backend)] = key
+                    return self._keep(key, towers)
         raise ModelNotFound(
             f"model {name} gives vectors {towers.fingerprint}, not {fingerprint}, on backend {backend}; set "
             "DPR_ENCODER__BACKEND (and DPR_ENCODER__QUESTION_BACKEND) to the backend that built the collection"
@@ -283,6 +295,7 @@ class TowerCache:
     def clear(self) -> None:
         with self._lock:
             self._towers.clear()
+            self._chosen.clear()
 
     def _keep(self, key: _Key, towers: DualEncoder) -> DualEncoder:
         self._towers[key] = towers

