@@ -33,6 +33,9 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         "broker": settings.broker_url is not None,
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
+    from services.feedback import counts_in  # judgements of search hits (docs/feedback.md)
+
+    data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
     if settings.broker_url:
         from workers.executor import queue_depth

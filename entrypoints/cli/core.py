@@ -157,6 +157,10 @@ def status(
     table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
+    if "feedback" in data:  # judgements of search hits (`dpr feedback list`)
+        fb = data["feedback"]
+        table.add_row("feedback", f"{fb['judgements']:,} judgements ({fb['relevant']:,} relevant) of "
+                      f"{fb['questions']:,} questions")
     console.print(table)
 
 

@@ -32,6 +32,7 @@ GROUPS = (  # every module with commands, each with register(app), in the order 
     "entrypoints.cli.keys",
     "entrypoints.cli.hybrid",
     "entrypoints.cli.snapshot",
+    "entrypoints.cli.feedback",
 )
 
 

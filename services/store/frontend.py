@@ -351,6 +351,13 @@ class Store:
                 found.setdefault(str(payload.get("doc_id", "")), str(payload.get("source", "")))
         return found
 
+    def passages(self, ids: Sequence[str], generation: str | None = None) -> dict[str, Passage]:
+        """Point id -> its passage, for the ids that exist (payloads only; e.g. what a judgement names)."""
+        if not ids:
+            return {}
+        with self._use(generation) as (name, _):
+            return {pid: Passage.from_payload(p) for pid, p in self.engine.payloads(name, list(ids)).items()}
+
     def _pages(
         self, name: str, limit: int, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> Iterator[list[Record]]:
