@@ -50,10 +50,10 @@ class Chunk:
 
 
 def context_line(title: str, heading: Sequence[str]) -> str:
-    """``title › heading › path`` (a first heading that repeats the title is said once); the title alone
+    """``title › heading › path`` (a first heading the title already says is said once); the title alone
     without headings, so a document without sections reads exactly as it always has."""
     parts = list(heading)
-    if parts and title and " ".join(parts[0].split()).casefold() == title.casefold():
+    if parts and title and _repeats(title, parts[0]):
         parts = parts[1:]
     return HEADING_SEPARATOR.join([title, *parts] if title else parts)
 
@@ -98,6 +98,13 @@ def chunk_text(
         for i, (a, b, n) in enumerate(_windows(text, offsets, size, overlap))
     ]
     return ChunkedDocument(chunks=chunks, title_truncated=title_truncated)
+
+
+def _repeats(title: str, heading: str) -> bool:
+    """Whether the title says the heading already: the same words, or the heading and more ("Input and Output —
+    Python 3.11 documentation" over its page's first heading "Input and Output")."""
+    t, h = title.casefold(), " ".join(heading.split()).casefold()
+    return t.startswith(h) and (len(t) == len(h) or not t[len(h)].isalnum())
 
 
 def _windows(text: str, offsets: Offsets, size: int, overlap: int) -> Iterator[tuple[int, int, int]]:

@@ -1,5 +1,8 @@
 """One text file -> a ``Document`` (text, Markdown, reST, HTML), and the one gzip-aware text opener.
 
+Markdown, reStructuredText and HTML are read into sections by heading path without their markup
+(``services.readers.markup``: ``format`` md, rst, html); a plain text file is one document text, as it always was.
+
 Reading never raises for one bad file: ``read_file`` raises ``DocumentError`` naming the source, the reason and
 the fix, which the folder walk (``services.readers.folders``) yields as a ``DocumentFailure`` before going on.
 
@@ -14,12 +17,14 @@ import html
 import html.parser
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from services.errors import DocumentError
 from services.readers.lines import read_bounded, wide_encoding
-from services.readers.records import Document, safe_text
+from services.readers.markup import html_sections, markdown_sections, rst_sections
+from services.readers.records import Document, Section, safe_text
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +143,10 @@ def guess_title(path: Path, text: str) -> str:
 # --- readers ---------------------------------------------------------------------------------------------------
 
 
-def read_file(path: Path, doc_id: str, max_bytes: int) -> Document:
-    """One regular file; at most ``max_bytes + 1`` bytes are read. An HTML page with a title and no visible text
-    is its title (searchable text); with neither it is empty."""
+def read_file(path: Path, doc_id: str, max_bytes: int, markup: str | None = None) -> Document:
+    """One regular file; at most ``max_bytes + 1`` bytes are read. Markdown, reST and HTML (by name, or as
+    ``markup`` says: ``md``, ``rst``, ``html``, e.g. a web page saved as ``guide.pdf``) become sections; an HTML
+    page with a title and no visible text is its title (searchable text); with neither it is empty."""
     source = safe_text(str(path))
     try:
         size = path.stat().st_size
@@ -152,12 +158,34 @@ def read_file(path: Path, doc_id: str, max_bytes: int) -> Document:
     if data is None:  # grew past the limit since stat
         raise oversized(source, max_bytes + 1, max_bytes)
     text = decode_text(source, data, max_bytes)
-    if path.suffix.lower() in {".html", ".htm"}:
-        title, text = html_to_text(text)
-        if not text and not title:
+    markup = markup or markup_format(path)
+    reader = SECTION_READERS.get(markup or "")
+    if markup is None or reader is None:  # plain text: read as it always was (same text, same hash)
+        return Document(doc_id=doc_id, text=text, title=safe_text(guess_title(path, text)), source=source)
+    title, sections = reader(text)
+    if not sections:
+        if not title:
             raise DocumentError(source, "empty", "has no visible text and no title; remove it or add content")
-        text = text or title
-        title = title or guess_title(path, "")
-    else:
-        title = guess_title(path, text)
-    return Document(doc_id=doc_id, text=text, title=safe_text(title), source=source)
+        sections = [Section(title)]  # a page with only a title: the title is its searchable text
+    return Document.from_sections(doc_id, sections, title=safe_text(title or guess_title(path, "")), source=source,
+                                  format=markup)
+
+
+def markup_format(path: Path) -> str | None:
+    """``md``, ``rst`` or ``html`` for a file whose markup is read into sections (Sphinx's ``.rst.txt`` is reST);
+    None for plain text."""
+    name = path.name.lower()
+    if name.endswith((".md", ".markdown")):
+        return "md"
+    if name.endswith((".rst", ".rst.txt")):
+        return "rst"
+    if name.endswith((".html", ".htm")):
+        return "html"
+    return None
+
+
+SECTION_READERS: dict[str, Callable[[str], tuple[str, list[Section]]]] = {
+    "md": markdown_sections,
+    "rst": rst_sections,
+    "html": html_sections,
+}
