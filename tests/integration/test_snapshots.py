@@ -1,0 +1,117 @@
+"""Snapshots through the real embedded engine and the real base towers: restore into a fresh data dir answers every
+question exactly as before (same hits, same scores); a corrupt, truncated or altered archive is refused."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from entrypoints.cli.main import app
+from services.errors import SnapshotError
+from services.query import QueryOptions
+from services.readers import Document
+from services.runtime import Runtime
+from services.settings import Settings
+from services.snapshots import restore_snapshot
+
+pytestmark = pytest.mark.integration
+
+TOPICS = ["cats purr and hunt mice", "the Nile flows north to the Mediterranean", "Python reads files line by line",
+          "bees make honey from nectar", "Everest is the highest mountain", "green and black tea share one plant",
+          "volcanoes erupt lava and ash", "the moon causes ocean tides"]
+QUESTIONS = ["Which animal hunts mice?", "Where does the Nile flow?", "How do I read a file?", "Who makes honey?",
+             "What is the highest mountain?", "Where does tea come from?", "What comes out of a volcano?",
+             "What causes tides?"]
+
+
+def _answers(runtime: Runtime) -> dict[str, list[tuple[str, int, float]]]:
+    out = {}
+    for mode in ("dense", "sparse", "hybrid"):
+        for q in QUESTIONS:
+            hits = runtime.search(q, QueryOptions(k=5, mode=mode))  # type: ignore[arg-type]
+            out[f"{mode}:{q}"] = [(h.passage.doc_id, h.passage.chunk_index, h.score) for h in hits]
+    return out
+
+
+@pytest.fixture
+def source(tmp_path: Path, base_towers: Any) -> Settings:
+    settings = Settings(data_dir=tmp_path / "src", encoder={"backend": "torch"})
+    docs = [Document(doc_id=f"d{i}", text=f"{t}. " * (1 + i % 3), title=t.split()[0]) for i, t in enumerate(TOPICS)]
+    with Runtime(settings, towers=base_towers) as runtime:
+        runtime.pipeline.ingest(docs)
+    return settings
+
+
+def test_snapshot_restore_answers_exactly_as_before(tmp_path: Path, source: Settings, base_towers: Any) -> None:
+    with Runtime(source, towers=base_towers) as runtime:
+        before = _answers(runtime)
+        points = runtime.store.count()
+    runner = CliRunner()
+    made = runner.invoke(app, ["--data-dir", str(source.data_dir), "snapshot", "create", "--json"])
+    assert made.exit_code == 0, made.output + made.stderr
+    created = json.loads(made.stdout)
+    assert created["points"] == points and created["backend"] == "edge" and created["model_name"] == "base"
+    archive = Path(created["snapshot"])
+    assert archive.is_file() and Path(str(archive) + ".sha256").read_text().split()[0] == created["sha256"]
+
+    listed = json.loads(runner.invoke(app, ["--data-dir", str(source.data_dir), "snapshot", "list", "--json"]).stdout)
+    assert [s["snapshot"] for s in listed["snapshots"]] == [str(archive)] and listed["snapshots"][0]["ok"]
+
+    new = tmp_path / "restored"
+    done = runner.invoke(app, ["snapshot", "restore", str(archive), "--data-dir", str(new), "--json"])
+    assert done.exit_code == 0, done.output + done.stderr
+    report = json.loads(done.stdout)
+    assert report["points"] == points and report["checksum_file"] and report["warnings"] == []
+    assert json.loads((new / "FORMAT").read_text())["format"] == 1
+
+    restored = source.model_copy(update={"data_dir": new})
+    with Runtime(restored, towers=base_towers) as runtime:
+        assert runtime.store.count() == points
+        assert _answers(runtime) == before, "restored store must answer every question exactly as before"
+
+    again = runner.invoke(app, ["snapshot", "restore", str(archive), "--data-dir", str(new)])
+    assert again.exit_code == 1 and "already exists" in again.stderr
+
+
+def _corrupt(path: Path, at: float) -> None:
+    data = bytearray(path.read_bytes())
+    i = int(len(data) * at)
+    data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_or_truncated_snapshot_is_refused_and_leaves_nothing(tmp_path: Path, source: Settings) -> None:
+    runner = CliRunner()
+    made = json.loads(runner.invoke(app, ["--data-dir", str(source.data_dir), "snapshot", "create", "--json"]).stdout)
+    archive = Path(made["snapshot"])
+    good = archive.read_bytes()
+
+    _corrupt(archive, 0.5)  # the checksum file catches it before anything is unpacked
+    result = runner.invoke(app, ["snapshot", "restore", str(archive), "--data-dir", str(tmp_path / "a")])
+    assert result.exit_code == 1 and "does not match its checksum" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    os.remove(str(archive) + ".sha256")  # without it, the manifest's per-file sha256 (or gzip's CRC) catches it
+    with pytest.raises(SnapshotError):
+        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "b"}))
+    assert not (tmp_path / "b" / "store" / "passages").exists()
+
+    archive.write_bytes(good[: len(good) // 2])  # truncated
+    with pytest.raises(SnapshotError, match="corrupt|truncated"):
+        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "c"}))
+    assert not (tmp_path / "c" / "store" / "passages").exists()
+
+    # a member's bytes changed and the archive re-compressed (gzip's CRC is then right): the manifest catches it
+    raw = bytearray(gzip.decompress(good))
+    spec_at = raw.rfind(b"\"distance\"")  # in data/spec.json (the manifest holds a copy first)
+    assert spec_at > 0
+    raw[spec_at + 1] = ord("D")
+    archive.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(SnapshotError, match="sha256"):
+        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "d"}))
