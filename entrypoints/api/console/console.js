@@ -60,6 +60,10 @@ function renderStatus(s) {
   add("rollback to", rollback ? rollback.generation : "none kept",
     rollback ? `${fmt(rollback.points)} points, model ${rollback.model}` : "`dpr rollback` has no target", "mono");
   if ("queue_depth" in s) add("queue depth", fmt(s.queue_depth));
+  if (s.feedback) {  // judgements given with the buttons on each hit (docs/feedback.md)
+    add("feedback", `${fmt(s.feedback.judgements)} judgements`,
+      `${fmt(s.feedback.relevant)} relevant, ${fmt(s.feedback.questions)} questions`);
+  }
 }
 
 function renderModes(s) {
@@ -127,7 +131,31 @@ function highlighted(text, terms) {
   return out;
 }
 
-function hitCard(hit, rank, terms, other) {
+function feedbackButtons(question, hit) {
+  // "relevant / not relevant": POST /v1/feedback with the hit's document and chunk (a write key when keys are on).
+  const note = el("span", { class: "feedback-note" });
+  const buttons = [true, false].map((relevant) => {
+    const button = el("button", { type: "button", class: "feedback-button", "data-relevant": String(relevant),
+      text: relevant ? "relevant" : "not relevant" });
+    button.addEventListener("click", async () => {
+      try {
+        const done = await apiJson("/v1/feedback", {
+          method: "POST", headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ question, doc_id: hit.doc_id, chunk: hit.chunk_index, relevant }),
+        });
+        buttons.forEach((b) => b.classList.toggle("chosen", b === button));
+        setMessage(note, done.outcome === "unchanged" ? "already judged" : "saved");
+        loadStatus();  // the collection panel's count of judgements
+      } catch (e) {
+        setMessage(note, e.message, true);
+      }
+    });
+    return button;
+  });
+  return el("span", { class: "feedback" }, buttons, note);
+}
+
+function hitCard(hit, rank, terms, other, question) {
   const only = other && !other.ranks.has(hit.doc_id);
   const badge = !other ? null : only
     ? el("span", { class: "badge only", text: `not in ${other.label}` })
@@ -140,7 +168,8 @@ function hitCard(hit, rank, terms, other) {
       hit.title ? el("span", { class: "title", text: hit.title }) : null,
       el("span", { class: "chunk", text: `chunk ${hit.chunk_index}` }),
       el("span", { class: "score", text: `score ${hit.score.toFixed(4)}` }),
-      badge),
+      badge,
+      question ? feedbackButtons(question, hit) : null),
     highlighted(hit.text, terms));
 }
 
@@ -175,7 +204,7 @@ function renderResults(question, runs) {
     const other = runs.length === 2 ? { ranks: ranks[1 - i], label: modeLabel(runs[1 - i].mode) } : null;
     const column = el("div", { class: "column", "data-mode": run.mode || "default" },
       el("h3", { text: `${modeLabel(run.mode)} · ${run.body.hits.length} hits · ${fmt(run.body.took_ms, 1)} ms` }));
-    run.body.hits.forEach((hit, rank) => column.append(hitCard(hit, rank + 1, terms, other)));
+    run.body.hits.forEach((hit, rank) => column.append(hitCard(hit, rank + 1, terms, other, question)));
     if (!run.body.hits.length) column.append(el("p", { class: "muted", text: "No passages match." }));
     results.append(column);
   });
