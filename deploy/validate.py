@@ -5,7 +5,10 @@
   ``kubernetes-validate`` wheel (strict: unknown fields are errors);
 - then what no schema knows: every ``DPR_*`` key in ``env.example`` and the ConfigMap is a real setting and its
   value parses; the two agree; every command is a real ``dpr`` command; the API's probes hit /healthz and
-  /readyz on its port; exactly one beat; references (depends_on, volumes, ConfigMaps, Secrets, claims) resolve.
+  /readyz on its port; exactly one beat; references (depends_on, volumes, ConfigMaps, Secrets, claims) resolve;
+- locked by default: compose requires DPR_API__API_KEY (``${DPR_API__API_KEY:?...}``, never an empty default), no
+  manifest ships an API key (the Secret ``dpr-secrets`` is created by the user, and the API pod does not start
+  without it), and no ``dpr serve`` runs with ``--insecure``.
 
     python deploy/validate.py          # exit 0 when everything holds, 1 with one line per problem
 
@@ -27,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 KUBERNETES_VERSION = "1.30.0"
 COMPOSE_ONLY_KEYS = {"APP_IMAGE", "WORKER_REPLICAS", "QDRANT_IMAGE"}  # read by compose.yaml, not by dpr
+# Secrets the user creates before applying the manifests (never shipped: an empty key would mean no auth).
+USER_SECRETS = {"dpr-secrets": "DPR_API__API_KEY"}
 
 
 # --- settings keys ---------------------------------------------------------------------------------------------
@@ -93,6 +98,8 @@ def command_problems(command: list[str] | None, where: str, commands: set[str]) 
         return []
     if len(command) < 2 or command[1] not in commands:
         return [f"{where}: `{' '.join(command)}` is not a dpr command (known: {', '.join(sorted(commands))})"]
+    if command[1] == "serve" and "--insecure" in command:
+        return [f"{where}: `dpr serve --insecure` serves without API keys; require a key instead (docs/security.md)"]
     return []
 
 
@@ -149,6 +156,11 @@ def check_compose(path: Path, commands: set[str]) -> list[str]:
     api_health = " ".join(map(str, ((services.get("api") or {}).get("healthcheck") or {}).get("test") or []))
     if "/readyz" not in api_health:
         problems.append(f"{where}: entrypoints.api.healthcheck must probe /readyz")
+    api_env = (services.get("api") or {}).get("environment") or {}
+    key = str(api_env.get("DPR_API__API_KEY", "")) if isinstance(api_env, dict) else ""
+    if not key.startswith("${DPR_API__API_KEY:?"):
+        problems.append(f"{where}: services.api must require an API key: DPR_API__API_KEY: "
+                        "${DPR_API__API_KEY:?set an API key} (an empty default serves without keys)")
     return problems
 
 
@@ -204,6 +216,8 @@ def check_k8s(folder: Path, env_example: dict[str, str], commands: set[str]) -> 
             for src in c.get("envFrom") or []:
                 for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
                     ref = (src.get(key) or {}).get("name")
+                    if kind == "Secret" and ref in USER_SECRETS:
+                        continue  # created by the user (config.yaml says how)
                     if ref and ref not in defined.get(kind, set()):
                         problems.append(f"{where}: {key} {ref!r} is not defined in the manifests")
         for vol in pod.get("volumes") or []:
@@ -218,6 +232,10 @@ def check_k8s(folder: Path, env_example: dict[str, str], commands: set[str]) -> 
         where, doc = api
         [container] = _containers(doc)[:1] or [{}]
         ports = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+        secrets = [(src.get("secretRef") or {}) for src in container.get("envFrom") or []]
+        if not any(ref.get("name") in USER_SECRETS and not ref.get("optional") for ref in secrets):
+            problems.append(f"{where}: the API container must take its key from the Secret "
+                            f"{', '.join(USER_SECRETS)} (envFrom secretRef, not optional): locked by default")
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             got_path, got_port = _probe_target(container, probe)
             if got_path != path or (got_port not in ports and got_port not in ports.values()):
@@ -245,11 +263,14 @@ def check_k8s(folder: Path, env_example: dict[str, str], commands: set[str]) -> 
             problems.append(f"{config[0]}: {key} is in deploy/env.example but not in the ConfigMap")
         for key in sorted(cm_keys - ex_keys):
             problems.append(f"{config[0]}: {key} is in the ConfigMap but not in deploy/env.example")
-    secret = by_name.get(("Secret", "dpr-secrets"))
-    if secret is not None:
-        problems += setting_problems(
-            {str(k): str(v) for k, v in (secret[1].get("stringData") or {}).items()}, secret[0]
-        )
+    for (kind, name), (where, doc) in by_name.items():
+        if kind != "Secret":
+            continue
+        values = {str(k): str(v) for k, v in (doc.get("stringData") or {}).items()}
+        problems += setting_problems(values, where)
+        if name in USER_SECRETS or "DPR_API__API_KEY" in values or "DPR_API__API_KEY" in (doc.get("data") or {}):
+            problems.append(f"{where}: Secret {name} ships in the manifests; an API key must be created by the user "
+                            "(kubectl create secret ..., deploy/k8s/config.yaml), never shipped (empty: no auth)")
     return problems
 
 

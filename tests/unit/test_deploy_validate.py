@@ -49,3 +49,26 @@ def test_broken_files_are_reported(tmp_path: Path) -> None:
 
     compose.write_text(compose.read_text().replace("    restart: unless-stopped\n", "    restrat: always\n", 1))
     assert any("'restrat' was unexpected" in p for p in validator.run(bad))  # Compose schema
+
+
+def test_deploy_files_must_require_an_api_key(tmp_path: Path) -> None:
+    """Locked by default: an empty compose default, a shipped Secret, an optional key or --insecure are refused."""
+    validator = load_validator()
+    bad = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, bad, ignore=shutil.ignore_patterns("__pycache__"))
+    compose = bad / "compose.yaml"
+    text = compose.read_text()
+    assert "${DPR_API__API_KEY:?" in text
+    compose.write_text(text.replace("${DPR_API__API_KEY:?", "${DPR_API__API_KEY:-", 1).replace(
+        '"dpr", "serve", "--host", "0.0.0.0", "--port", "8000"', '"dpr", "serve", "--host", "0.0.0.0", "--insecure"'))
+    config = bad / "k8s" / "config.yaml"
+    config.write_text(config.read_text() + "---\napiVersion: v1\nkind: Secret\nmetadata: {name: dpr-secrets, "
+                      'namespace: dpr}\ntype: Opaque\nstringData:\n  DPR_API__API_KEY: ""\n')
+    api = bad / "k8s" / "api.yaml"
+    api.write_text(api.read_text().replace("secretRef: {name: dpr-secrets}", "secretRef: {name: dpr-secrets, "
+                                           "optional: true}"))
+    problems = "\n".join(validator.run(bad))
+    assert "services.api must require an API key" in problems
+    assert "`dpr serve --insecure` serves without API keys" in problems
+    assert "Secret dpr-secrets ships in the manifests" in problems
+    assert "the API container must take its key from the Secret dpr-secrets" in problems
