@@ -278,7 +278,7 @@ class EdgeEngine:
         ``spec.json``, ``shard/`` and ``index.json`` if any; holes of sparse files stay holes. Returns the
         generation's name, spec and point count. The lease is held only for the copy (the archive is written
         after, without it)."""
-        from services.snapshots import copy_tree_sparse
+        from services.fsutil import copy_tree_sparse
 
         with self.session():
             generation = self.read_pointer()
