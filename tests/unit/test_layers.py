@@ -4,7 +4,9 @@ The layers, top to bottom: ``entrypoints`` (the CLI, the HTTP API: the compositi
 -> ``services`` (the domain) -> ``encoders`` (the ML). A package may import only the packages below it;
 ``services`` never imports Celery or kombu, not even lazily; the module top level of ``services`` and
 ``entrypoints`` never imports the ML stack (torch, transformers, sentence-transformers): a lazy import inside a
-function is fine, so the query path and the CLI start without torch. Run with ``-s`` to print the graph.
+function is fine, so the query path and the CLI start without torch. No import cycle between two of the project's
+modules, lazy imports (inside a function) included, those under ``if TYPE_CHECKING:`` excluded: a cycle closed by a
+lazy import still ties the modules together. Run with ``-s`` to print the graph.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Import:
     target: str  # the imported module, e.g. encoders.towers (a project module when the name resolves to one)
     line: int
     top_level: bool  # runs on import: outside any function and not under ``if TYPE_CHECKING:``
+    type_checking: bool = False  # under ``if TYPE_CHECKING:``: for the type checker only, never run
 
     def __str__(self) -> str:
         return f"{self.module}:{self.line} imports {self.target}{'' if self.top_level else ' (lazy)'}"
@@ -63,17 +66,18 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
 
 
-def _collect(nodes: list[ast.AST], module: str, top_level: bool, out: list[Import]) -> None:
+def _collect(nodes: list[ast.AST], module: str, top_level: bool, out: list[Import], typing_only: bool = False) -> None:
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.extend(Import(module, t, node.lineno, top_level) for t in dict.fromkeys(_targets(node, module)))
+            out.extend(Import(module, t, node.lineno, top_level, typing_only)
+                       for t in dict.fromkeys(_targets(node, module)))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            _collect(list(ast.iter_child_nodes(node)), module, False, out)
+            _collect(list(ast.iter_child_nodes(node)), module, False, out, typing_only)
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            _collect(list(node.body), module, False, out)
-            _collect(list(node.orelse), module, top_level, out)
+            _collect(list(node.body), module, False, out, True)
+            _collect(list(node.orelse), module, top_level, out, typing_only)
         else:
-            _collect(list(ast.iter_child_nodes(node)), module, top_level, out)
+            _collect(list(ast.iter_child_nodes(node)), module, top_level, out, typing_only)
 
 
 def _imports_of(module: str) -> list[Import]:
@@ -167,3 +171,75 @@ def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
             seen.add(node)
             todo += graph.get(node, ())
     return False
+
+
+def _module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative): each is one or more cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Module level, not only between packages: ``a`` imports ``b`` and ``b`` imports ``a`` (directly or through
+    others) is a cycle even when one side imports lazily inside a function; ``if TYPE_CHECKING:`` imports do not
+    count. (``from pkg import name`` is an import of ``pkg.name`` when that is a module, else of ``pkg``.)
+    Break one by moving what both need into a lower module, or by inverting the dependency."""
+    edges: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if i.target in MODULES and i.target != i.module and not i.type_checking:
+            edges.setdefault(i.module, set()).add(i.target)
+    cycles = _module_cycles(edges)
+    where = [
+        ", ".join(cycle) + ":\n" + "\n".join(
+            f"    {i}" for i in IMPORTS if i.module in cycle and i.target in cycle and not i.type_checking
+            and i.target != i.module)
+        for cycle in cycles
+    ]
+    assert cycles == [], "module import cycles:\n" + "\n".join(where)
+
+
+def test_the_cycle_check_sees_lazy_cycles_and_skips_type_checking() -> None:
+    """The detector itself: a lazy back edge closes a cycle; a self-contained graph has none."""
+    assert _module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _module_cycles({"a": {"b"}, "b": {"c"}}) == []
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\ndef f():\n    import y\n"
+    found: list[Import] = []
+    _collect(list(ast.parse(source).body), "m", True, found)
+    kinds = {i.target: (i.top_level, i.type_checking) for i in found}
+    assert kinds["x"] == (False, True) and kinds["y"] == (False, False)
