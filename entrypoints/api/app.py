@@ -25,7 +25,18 @@ from entrypoints.api.auth import access_of, flat_routes, security_schemes
 from entrypoints.api.errors import install_error_handlers
 from entrypoints.api.metrics import ApiMetrics
 from entrypoints.api.middleware import AccessControl, BodyLimit, HttpMetrics
-from entrypoints.api.routes import access, console, documents, feedback, health, jobs, reports, search, status
+from entrypoints.api.routes import (
+    access,
+    console,
+    documents,
+    feedback,
+    health,
+    jobs,
+    reports,
+    search,
+    snapshots,
+    status,
+)
 from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
 from services.access import AccessGate
@@ -94,7 +105,7 @@ def create_app(
                        public_paths=public_paths(app))
     app.add_middleware(HttpMetrics, metrics=metrics)
     # Every route declares its role with @requires (entrypoints.api.auth); an undeclared one is admin-only.
-    for module in (documents, jobs, search, status, reports, access, feedback):
+    for module in (documents, jobs, search, status, reports, access, feedback, snapshots):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(console.router)  # the page and its assets hold no data: public (the routes it calls are not)

@@ -115,3 +115,27 @@ def test_a_corrupt_or_truncated_snapshot_is_refused_and_leaves_nothing(tmp_path:
     archive.write_bytes(gzip.compress(bytes(raw)))
     with pytest.raises(SnapshotError, match="sha256"):
         restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "d"}))
+
+
+def test_admin_api_snapshots_a_running_server_and_lists_it(tmp_path: Path, source: Settings,
+                                                           base_towers: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from entrypoints.api.app import create_app
+    from services.settings import ApiSettings
+
+    settings = source.model_copy(update={"api": ApiSettings(api_key="admin-secret")})
+    runtime = Runtime(settings, towers=base_towers, serialize_store=True)
+    with TestClient(create_app(settings, runtime=runtime, warm_model=False)) as client:
+        assert client.post("/v1/search", json={"question": "tides"}, headers={"X-API-Key": "admin-secret"}
+                           ).status_code == 200  # the server holds the store open
+        assert client.post("/v1/snapshots").status_code == 401
+        made = client.post("/v1/snapshots", headers={"X-API-Key": "admin-secret"})
+        assert made.status_code == 201, made.text
+        body = made.json()
+        listed = client.get("/v1/snapshots", headers={"X-API-Key": "admin-secret"}).json()["snapshots"]
+        assert [s["snapshot"] for s in listed] == [body["snapshot"]]
+        assert client.post("/v1/search", json={"question": "tides"}, headers={"X-API-Key": "admin-secret"}
+                           ).status_code == 200, "the server answers after the snapshot"
+    report = restore_snapshot(Path(body["snapshot"]), settings.model_copy(update={"data_dir": tmp_path / "r"}))
+    assert report["points"] == body["points"] == len(TOPICS)
