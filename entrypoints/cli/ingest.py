@@ -56,14 +56,16 @@ def ingest(
         first = [True]
 
         def source() -> Any:
-            items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+            items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
+                                   limits=settings.documents)
             if first[0]:  # the first full read decides what is stale (a re-send for a lost batch reads again)
                 first[0] = False
                 return seen.watch(items)
             return items
 
         with Runtime(settings) as runtime:
-            docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+            docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
+                                  limits=settings.documents)
             prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
             total = count_documents(paths, fmt)  # type: ignore[arg-type]  # a quick look, for the ETA
             result = _ingest(runtime, source, wait=wait, as_json=as_json, total=total)
@@ -73,6 +75,13 @@ def ingest(
                 err_console.print(f"question tower exported to ONNX in {seconds:.0f} s (once per model): "
                                   "`dpr query` runs without torch", highlight=False)
     _print_ingest(result, as_json)
+    if result.get("state") in TERMINAL and not (
+        result.get("documents") or result.get("unchanged") or result.get("failed")
+    ):  # every file was skipped (or there were none): not a success
+        err_console.print(f"nothing was read: {count(result, 'skipped')} files skipped, 0 documents; see the "
+                          "reasons above (supported: PDF, DOCX, PPTX, ODT, EPUB, HTML, text, Markdown, reST, JSONL)",
+                          highlight=False)
+        raise typer.Exit(1)
     if result.get("failed") and result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged")
     ):
