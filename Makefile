@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_QUESTION ?= How do I read a file line by line?
+# A real PDF manual beside them (Debian's gnuplot-doc: gnuplot.pdf, 311 pages), and a question it answers.
+DEMO_PDFS ?= gnuplot-doc
+DEMO_PDF_QUESTION ?= How do I save a plot as a PNG image?
 # The demo corpus: part of the Python 3.11 documentation (Debian's python3.11-doc). DOCS=all ingests all of it.
 DOCS ?= tutorial howto faq reference glossary.rst.txt
 
@@ -22,10 +25,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	@src=$$(scripts/fetch_python_docs.sh .dpr/corpus) && \
 	if [ "$(DOCS)" = all ]; then paths="$$src"; else paths=$$(for d in $(DOCS); do printf '%s/%s ' "$$src" "$$d"; done); fi && \
-	echo "ingesting $$paths" && \
-	$(BIN)/dpr ingest $$paths && \
+	pdfs=$$(for p in $(DEMO_PDFS); do scripts/fetch_debian_pdfs.sh .dpr/corpus $$p; done) && \
+	echo "ingesting $$paths $$pdfs" && \
+	$(BIN)/dpr ingest $$paths $$pdfs && \
 	$(BIN)/dpr status && \
-	$(BIN)/dpr query "$(DEMO_QUESTION)" -k 5
+	$(BIN)/dpr query "$(DEMO_QUESTION)" -k 5 && \
+	$(BIN)/dpr query "$(DEMO_PDF_QUESTION)" -k 3
 
 # The console's browser test needs Debian's chromium: installed here when we are root with apt-get, else the test
 # skips with its reason. Quiet, and nothing to do once /usr/bin/chromium exists.

@@ -54,8 +54,9 @@ def read_binary(
     info = parsed.info
     text_bytes = sum(len(s.text.encode("utf-8", "surrogatepass")) + 2 for s in parsed.sections)
     if text_bytes > max_bytes:
-        e = oversized(source, text_bytes, max_bytes)
-        yield DocumentFailure(source, e.reason, f"{e} (the text extracted from this {name})", doc_id=doc_id)
+        too_big = oversized(source, text_bytes, max_bytes)
+        yield DocumentFailure(source, too_big.reason, f"{too_big} (the text extracted from this {name})",
+                              doc_id=doc_id)
         return
     metadata: dict[str, int | bool] = {}
     if info.pages_total:

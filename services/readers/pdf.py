@@ -99,8 +99,8 @@ def salvage(path: Path, out: Path) -> bool:
     pages_num = max(offsets) + 1
     catalog = pages_num + 1
     kids = b" ".join(b"%d %d R" % (n, g) for n, g in pages.items())
-    with open(out, "ab") as f:
-        base = f.tell()
+    with open(out, "ab") as w:
+        base = w.tell()
         tree = b"\n%d 0 obj\n<< /Type /Pages /Kids [%s] /Count %d >>\nendobj\n" % (pages_num, kids, len(pages))
         root = b"%d 0 obj\n<< /Type /Catalog /Pages %d 0 R >>\nendobj\n" % (catalog, pages_num)
         offsets[pages_num] = (base + 1, 0)
@@ -109,8 +109,8 @@ def salvage(path: Path, out: Path) -> bool:
         for n in range(1, catalog + 1):
             pos, gen = offsets.get(n, (0, 65535))
             rows.append(b"%010d %05d %s \n" % (pos, gen, b"n" if n in offsets else b"f"))
-        f.write(tree + root + b"xref\n0 %d\n" % (catalog + 1) + b"".join(rows))
-        f.write(b"trailer\n<< /Root %d 0 R /Size %d >>\nstartxref\n%d\n%%%%EOF\n"
+        w.write(tree + root + b"xref\n0 %d\n" % (catalog + 1) + b"".join(rows))
+        w.write(b"trailer\n<< /Root %d 0 R /Size %d >>\nstartxref\n%d\n%%%%EOF\n"
                 % (catalog, catalog + 1, base + len(tree) + len(root)))
     return True
 
