@@ -33,6 +33,7 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         "broker": settings.broker_url is not None,
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
+    data["disk"] = disk_status(settings)
     from services.feedback import counts_in  # judgements of search hits (docs/feedback.md)
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
@@ -41,6 +42,20 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         from workers.executor import queue_depth
 
         data["queue_depth"] = queue_depth(settings)
+    return data
+
+
+def disk_status(settings: Settings) -> dict[str, Any]:
+    """Free space on the data dir's disk; ``low`` below 4 x DPR_MIN_FREE_MB, ``writes_refused`` below it."""
+    from services.diskspace import disk_space
+
+    data = disk_space(settings.data_dir).to_json(settings.min_free_mb)
+    if data["writes_refused"]:
+        data["warning"] = (f"{data['free_mb']} MB free on {data['path']}, under DPR_MIN_FREE_MB={settings.min_free_mb}:"
+                           " writes are refused (reads go on); free space there")
+    elif data["low"]:
+        data["warning"] = (f"only {data['free_mb']} MB free on {data['path']}; writes stop below "
+                           f"{settings.min_free_mb} MB (DPR_MIN_FREE_MB)")
     return data
 
 

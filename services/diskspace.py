@@ -69,11 +69,16 @@ def require(path: Path, min_free_mb: int, what: str, need_bytes: int = 0) -> Non
 
 
 def disk_full(space: DiskSpace, what: str, min_free_mb: int, need_bytes: int = 0) -> DiskFull:
+    disk = f"the disk of {space.path} ({space.free_mb:.1f} MB free of {space.total_bytes / MB:.0f} MB)"
+    if min_free_mb <= 0 and need_bytes <= 0:  # the OS said ENOSPC: the write was refused (temp files are removed)
+        return DiskFull(
+            f"disk full: {what} failed, {disk} is full; what was written before stays intact: free space there (or "
+            "move DPR_DATA_DIR to a larger disk) and run the command again"
+        )
     need = f"{min_free_mb} MB (DPR_MIN_FREE_MB)" + (f" + {need_bytes / MB:.1f} MB to write" if need_bytes else "")
     return DiskFull(
-        f"disk full: {what} needs {need} free on the disk of {space.path}, which has {space.free_mb:.1f} MB free "
-        f"of {space.total_bytes / MB:.0f} MB; nothing was written: free space there (or move DPR_DATA_DIR to a "
-        "larger disk) and run the command again"
+        f"disk full: {what} needs {need} free on {disk}; nothing was written: free space there (or move "
+        "DPR_DATA_DIR to a larger disk, or lower DPR_MIN_FREE_MB) and run the command again"
     )
 
 
@@ -82,6 +87,15 @@ def is_enospc(error: BaseException) -> bool:
         return True
     text = str(error)
     return "No space left on device" in text or "os error 28" in text
+
+
+def full_disk_error(error: BaseException) -> DiskFull | None:
+    """``DiskFull`` naming the disk for an ENOSPC ``error`` (the path from the OSError when it has one), else None."""
+    if not is_enospc(error):
+        return None
+    filename = getattr(error, "filename", None)
+    path = Path(filename) if isinstance(filename, str | os.PathLike) else Path.cwd()
+    return disk_full(disk_space(path), f"writing {filename}" if filename else "a write", 0)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 
-from services.errors import ConfigError, DprError, TransientError
+from services.errors import ConfigError, DiskFull, DprError, TransientError
 from services.settings import Settings
 
 console = Console(stderr=False)
@@ -134,4 +134,11 @@ def cli_errors() -> Iterator[None]:
         if code is None:  # pragma: no cover - every class caught here is in the table
             raise
         message = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
-        fail(message + _HINTS.get(code, ""), code=code)
+        fail(message + ("" if isinstance(e, DiskFull) else _HINTS.get(code, "")), code=code)
+    except Exception as e:  # a write that met a full disk anywhere (a job file, an export): one line, exit 3
+        from services.diskspace import full_disk_error
+
+        full = full_disk_error(e)
+        if full is None:
+            raise
+        fail(str(full), code=EXIT_UNAVAILABLE)

@@ -157,6 +157,11 @@ def status(
     table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
+    if "disk" in data:
+        disk = data["disk"]
+        table.add_row("disk", f"{disk['free_mb']:,.0f} MB free of {disk['total_mb']:,.0f} MB on {disk['path']}"
+                      + ("  [red]writes refused: under DPR_MIN_FREE_MB[/]" if disk["writes_refused"] else
+                         "  [yellow]low[/]" if disk["low"] else ""))
     if "feedback" in data:  # judgements of search hits (`dpr feedback list`)
         fb = data["feedback"]
         table.add_row("feedback", f"{fb['judgements']:,} judgements ({fb['relevant']:,} relevant) of "

@@ -11,13 +11,14 @@ status through the executor's ``jobs`` and wait with ``services.jobs.follow.foll
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from services.errors import DprError
+from services.errors import DiskFull, DprError
 from services.ingest import IngestPipeline, IngestReport, new_job_id
 from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
 from services.jobs.store import JobStore
@@ -119,6 +120,11 @@ class LocalExecutor:
             batch: list[Item] = list(docs)
             try:
                 report = run_batch(self.jobs, pipeline, submitted.job, number, batch, worker="local")
+            except DiskFull as e:  # every later batch would fail the same way: stop, say which disk (exit 3)
+                with contextlib.suppress(Exception):  # the disk may refuse the job file too
+                    self.jobs.record_batch(submitted.job, number,
+                                           batch_failure(submitted.job, batch, type(e).__name__, str(e)))
+                raise
             except DprError as e:  # this batch fails with its reason; the next batches still run
                 log.warning("batch failed", extra={"job": submitted.job, "batch": number, "error": str(e)})
                 self.jobs.record_batch(submitted.job, number,
