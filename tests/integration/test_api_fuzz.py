@@ -1,14 +1,19 @@
 """Property-based tests from the served OpenAPI schema (schemathesis), over real HTTP against a live server.
 
-Positive and negative (schema-violating) requests for every operation, bounded twice: ``MAX_EXAMPLES`` per
-operation, and ``BUDGET_SECONDS`` of wall time for the whole run (cases past the budget are not sent, so a slow
-machine shortens the run instead of timing out). No response may be a 5xx, every status must be one the schema
-documents for that operation, and every error response is the JSON error shape ``{"error": {"type", "message"}}``.
+Positive and negative (schema-violating) requests for every operation, once per role (the server has one key per
+role: read, write, admin), bounded twice: ``MAX_EXAMPLES`` per operation, and ``BUDGET_SECONDS`` of wall time per
+role (cases past the budget are not sent, so a slow machine shortens the run instead of timing out). No response
+may be a 5xx, every status must be one the schema documents for that operation, every error response is the JSON
+error shape ``{"error": {"type", "message"}}``, and no operation beyond the key's role (its ``x-dpr-role``) answers
+2xx: those get 403 (or 404 / 405 when a negative case changes the method or breaks the path: no route at all).
+The case counts per role and status go to ``fuzz-role-counts.json`` in the run's temp dir.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,34 +28,41 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import status_code_conformance
 
 from entrypoints.api.app import create_app
+from services.access import ROLES, KeyStore, allows, keys_path
 from services.runtime import Runtime
 from services.settings import ApiSettings, ChunkSettings, Settings
 
 pytestmark = pytest.mark.integration
 
 MAX_EXAMPLES = 25
-BUDGET_SECONDS = 180.0
-_started: list[float] = []  # when the first case ran
+BUDGET_SECONDS = 90.0  # per role
+_started: dict[str, float] = {}  # role -> when its first case ran
+COUNTS: dict[str, Counter[str]] = {role: Counter() for role in ROLES}  # role -> "cases", "2xx", "403", ...
 
 
 @pytest.fixture(scope="module")
-def live_url(tmp_path_factory: pytest.TempPathFactory, base_towers: Any) -> Iterator[str]:
+def live(tmp_path_factory: pytest.TempPathFactory, base_towers: Any) -> Iterator[tuple[str, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("fuzz")
     settings = Settings(
-        data_dir=tmp_path_factory.mktemp("fuzz") / "dpr",
-        # small limits keep generated batches cheap to encode on 2 cores
-        api=ApiSettings(max_request_bytes=64_000, max_documents=8),
+        data_dir=root / "dpr",
+        # small limits keep generated batches cheap to encode on 2 cores; no rate limit in the way of the run
+        api=ApiSettings(max_request_bytes=64_000, max_documents=8, rate_limit=100_000, rate_burst=100_000),
         chunk=ChunkSettings(max_tokens=64, overlap=8),
     )
+    store = KeyStore(keys_path(settings.data_dir))
+    tokens = {role: store.create(role, name=f"fuzz-{role}")[1] for role in ROLES}
     runtime = Runtime(settings)
     runtime.__dict__["towers"] = base_towers
     with LiveServer(create_app(settings, runtime=runtime)) as server:
         wait_ready(server.url, timeout=60)
-        with httpx.Client(base_url=server.url, timeout=60) as client:  # a collection to search and delete from
-            docs = [{"id": "a", "text": "Alpha particles are helium nuclei."},
+        with httpx.Client(base_url=server.url, timeout=60, headers={"X-API-Key": tokens["write"]}) as client:
+            docs = [{"id": "a", "text": "Alpha particles are helium nuclei."},  # a collection to search, delete
                     {"id": "b", "text": "Beta decay emits electrons.", "metadata": {"kind": "decay"}}]
             assert wait_job(client, client.post("/v1/documents", json={"documents": docs}).json()["job"])[
                 "state"] == "done"
-        yield server.url
+        yield server.url, tokens
+    (root / "fuzz-role-counts.json").write_text(json.dumps(COUNTS, indent=2))
+    print(f"\nfuzz cases per role: {json.dumps(COUNTS)} ({root / 'fuzz-role-counts.json'})")
 
 
 def _served_schema() -> dict[str, Any]:
@@ -66,19 +78,31 @@ schema = schemathesis.openapi.from_dict(_served_schema())
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=MAX_EXAMPLES)
 
 
-def test_served_schema_is_the_one_fuzzed(live_url: str) -> None:
-    assert httpx.get(f"{live_url}/openapi.json").json() == _served_schema()
+def test_served_schema_is_the_one_fuzzed(live: tuple[str, dict[str, str]]) -> None:
+    assert httpx.get(f"{live[0]}/openapi.json").json() == _served_schema()
 
 
+@pytest.mark.parametrize("role", ROLES)
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_no_request_gets_a_server_error(case: Any, live_url: str) -> None:
-    _started[:] = _started or [time.monotonic()]
-    if time.monotonic() - _started[0] > BUDGET_SECONDS:
-        return  # over the run's time budget: the cases already sent are the run
-    response = case.call(base_url=live_url, timeout=60)
+def test_no_request_gets_a_server_error(case: Any, role: str, live: tuple[str, dict[str, str]]) -> None:
+    started = _started.setdefault(role, time.monotonic())
+    if time.monotonic() - started > BUDGET_SECONDS:
+        return  # over the role's time budget: the cases already sent are the run
+    live_url, tokens = live
+    headers = dict(case.headers or {}) | {"X-API-Key": tokens[role]}
+    response = case.call(base_url=live_url, timeout=60, headers=headers)
+    needs = case.operation.definition.raw.get("x-dpr-role")
+    COUNTS[role]["cases"] += 1
+    COUNTS[role][f"{response.status_code // 100}xx"] += 1
+    beyond = needs in ROLES and not allows(role, needs)  # type: ignore[arg-type]
+    COUNTS[role]["beyond the role"] += beyond
     assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: " \
         f"{response.text[:500]}"
+    if beyond:  # refused (403), or a method / path the router has no route for (405 / 404): never served
+        COUNTS[role]["beyond the role, 403"] += response.status_code == 403
+        assert response.status_code in (403, 404, 405), f"{role} key: {case.method} {case.formatted_path} (needs " \
+            f"{needs}) -> {response.status_code}: {response.text[:300]}"
     case.validate_response(response, checks=[not_a_server_error, status_code_conformance])
     if response.status_code >= 400:
         body = response.json()
