@@ -138,7 +138,8 @@ def _document_access(app: FastAPI, schema: dict[str, Any]) -> None:
     schema["components"]["securitySchemes"] = security_schemes()
     public = public_paths(app)
     for route in flat_routes(app.routes):
-        path, methods = getattr(route, "path", None), getattr(route, "methods", None) or ()
+        path = getattr(route, "path_format", None) or getattr(route, "path", None)  # {doc_id}, not {doc_id:path}
+        methods = getattr(route, "methods", None) or ()
         for method in methods:
             operation = schema.get("paths", {}).get(path, {}).get(method.lower())
             if operation is None:
