@@ -3,6 +3,8 @@
 - ``records``: what ingest reads (``Document``, ``DocumentFailure``, ``Skipped``).
 - ``files``: one text file (text, Markdown, reST, HTML), and the gzip-aware text opener.
 - ``folders``: the folder walk (every entry a document, a failure or a skip with the reason).
+- ``sniff``: a file's kind by its bytes; ``binary``: PDF, DOCX, PPTX, ODT, EPUB through ``sandbox`` (the parser's
+  child process) and the readers behind ``protocol`` (``pdf``, ``docx``, ``pptx``, ``odt``, ``epub``).
 - ``lines``: bounded line reading (a line over the limit is read past, never held).
 - ``jsonl``: JSONL rows, with one rule for ids and empty text whoever reads them.
 - ``beir``, ``squad``, ``labelled``: data sets and training pairs -> ``encoders.data`` records.
@@ -18,6 +20,8 @@ from services.readers.folders import iter_files
 from services.readers.jsonl import MAX_ID_CHARS, RECORD_SUFFIXES, Row, iter_jsonl, parse_json_row, read_row, read_rows
 from services.readers.labelled import load_pairs_jsonl
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, Section, Skipped, safe_text
+from services.readers.sandbox import ParserSandbox
+from services.readers.sniff import sniff
 from services.readers.sources import (
     DatasetFormat,
     InputFormat,
@@ -40,6 +44,7 @@ __all__ = [
     "IdLedger",
     "InputFormat",
     "Item",
+    "ParserSandbox",
     "Row",
     "Skipped",
     "Section",
@@ -66,5 +71,6 @@ __all__ = [
     "read_row",
     "read_rows",
     "safe_text",
+    "sniff",
     "squad_article_split",
 ]
