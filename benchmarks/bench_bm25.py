@@ -10,7 +10,11 @@ for Korean); the token hashes are the terms both sides see. Then:
 - ``store (before)``: the real store (embedded qdrant-edge, sparse search) with the document vectors weighted as
   before this change: a fixed average length of 256 tokens (vectors without counts, so the store keeps them);
 - ``store (after)``: the real store with the vectors re-weighted by the store from the generation's own
-  statistics (``services.store.bm25``), written in ingest-sized batches so the average grows as it would.
+  statistics (``services.store.bm25``), written in ingest-sized batches so the average grows as it would, then
+  ``maybe_optimize`` as at the end of an ingest job (it re-weights points more than 5% off the final average);
+- ``shortest first``: the same, the documents written shortest first: the worst order for drift (each batch is
+  weighted with the average of what is in by then, which stays below the final one until the end), read before
+  and after the end-of-job re-weighting.
 
 nDCG@10 on each collection's judged queries (ranx). Prints the CPU, the commit, and the table;
 ``--out`` writes it as markdown.
@@ -44,6 +48,17 @@ from services.store.points import CollectionSpec, Passage, PassagePoint, SearchR
 DATA = Path("/work/shared/data")
 K, B = 1.2, 0.75
 BATCH = 256  # points per upsert, as an ingest job writes them
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in have) or "-"
+    except OSError:
+        pass
+    return "unknown"
 
 
 def cpu_model() -> str:
@@ -107,11 +122,22 @@ def reference(ds: RetrievalDataset, enc: Bm25Embedder, counts: dict[str, dict[in
     return run
 
 
-def through_store(ds: RetrievalDataset, enc: Bm25Embedder, root: Path, before: bool) -> tuple[dict, float]:
+def search_all(store: Store, ds: RetrievalDataset, enc: Bm25Embedder) -> Run:
+    run: Run = {}
+    for qid in sorted(ds.queries):
+        hits = store.search(SearchRequest(k=100, mode="sparse", sparse=enc.embed_query(ds.queries[qid])))
+        run[qid] = {h.passage.doc_id: h.score for h in hits}
+    return run
+
+
+def through_store(ds: RetrievalDataset, enc: Bm25Embedder, root: Path, before: bool,
+                  order: list[str] | None = None) -> tuple[Run | None, Run, float, int]:
+    """(run before the end-of-job re-weighting (drift runs only), run after, the store's avg length, points
+    re-weighted)."""
     store = Store(EdgeEngine(root, "bm25", idle_release=5))
     store.ensure_collection(CollectionSpec(dim=2, distance="cosine", model="bm25-bench", sparse=True,
                                            settings={"bm25": enc.config()}))
-    ids = sorted(ds.corpus)
+    ids = order or sorted(ds.corpus)
     for start in range(0, len(ids), BATCH):
         points = []
         for d in ids[start : start + BATCH]:
@@ -122,12 +148,11 @@ def through_store(ds: RetrievalDataset, enc: Bm25Embedder, root: Path, before: b
                                                model="bm25-bench"), dense=[1.0, 0.0], sparse=vector))
         store.upsert(points)
     avg = store.bm25_stats().avg_len or 0.0
-    run: dict[str, dict[str, float]] = {}
-    for qid in sorted(ds.queries):
-        hits = store.search(SearchRequest(k=100, mode="sparse", sparse=enc.embed_query(ds.queries[qid])))
-        run[qid] = {h.passage.doc_id: h.score for h in hits}
+    drifted = search_all(store, ds, enc) if order else None
+    reweighted = 0 if before else store.bm25_renormalize()  # what maybe_optimize does at the end of an ingest job
+    run = search_all(store, ds, enc)
     store.close()
-    return run, avg
+    return drifted, run, avg, reweighted
 
 
 def main() -> None:
@@ -137,7 +162,7 @@ def main() -> None:
                         help="SQuAD/KorQuAD questions read (all their paragraphs are indexed)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    header = [f"CPU: {cpu_model()}; commit {commit()}; python {platform.python_version()}",
+    header = [f"CPU: {cpu_model()} (flags: {cpu_flags()}); commit {commit()}; python {platform.python_version()}",
               f"command: {' '.join(sys.argv)}",
               f"bm25s lucene k1 {K} b {B} on the product's tokens; store = embedded qdrant-edge, sparse search, "
               f"upserts of {BATCH}"]
@@ -150,17 +175,24 @@ def main() -> None:
         true_avg = sum(sum(c.values()) for c in counts.values()) / len(counts)
         ref = ndcg(ds, reference(ds, enc, counts))
         with tempfile.TemporaryDirectory() as tmp:
-            old, _ = through_store(ds, enc, Path(tmp) / "before", before=True)
-            new, avg = through_store(ds, enc, Path(tmp) / "after", before=False)
-        row = (name, len(ds.corpus), len(ds.queries), true_avg, avg, ref, ndcg(ds, old), ndcg(ds, new))
+            _, old, _, _ = through_store(ds, enc, Path(tmp) / "before", before=True)
+            _, new, avg, moved = through_store(ds, enc, Path(tmp) / "after", before=False)
+            shortest = sorted(counts, key=lambda d: (sum(counts[d].values()), d))
+            drift, fixed, _, moved_drift = through_store(ds, enc, Path(tmp) / "drift", before=False, order=shortest)
+        assert drift is not None
+        row = (name, len(ds.corpus), len(ds.queries), true_avg, avg, ref, ndcg(ds, old), ndcg(ds, new),
+               ndcg(ds, drift), ndcg(ds, fixed), moved, moved_drift)
         rows.append(row)
         print(f"{name}: docs {row[1]}, queries {row[2]}, avg len {true_avg:.1f} (store {avg:.1f}); bm25s {ref:.4f}, "
-              f"store before {row[6]:.4f}, after {row[7]:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"store before {row[6]:.4f}, after {row[7]:.4f} ({moved} re-weighted), shortest first {row[8]:.4f} -> "
+              f"{row[9]:.4f} ({moved_drift} re-weighted) ({time.perf_counter() - t0:.0f} s)", flush=True)
     lines = ["| collection | docs | queries | avg len (tokens) | bm25s | store before (avg 256) | store after | "
-             "after - bm25s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, n_docs, n_q, true_avg, _, ref, old, new in rows:
+             "after - bm25s | shortest first, as written | shortest first, after the end-of-job re-weighting |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, n_docs, n_q, true_avg, _, ref, old, new, drift, fixed, _, moved_drift in rows:
         lines.append(f"| {name} | {n_docs:,} | {n_q:,} | {true_avg:.1f} | {ref:.4f} | {old:.4f} | {new:.4f} | "
-                     f"{new - ref:+.4f} |")
+                     f"{new - ref:+.4f} | {drift:.4f} ({drift - ref:+.4f}) | {fixed:.4f} ({fixed - ref:+.4f}; "
+                     f"{moved_drift:,} points re-weighted) |")
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -86,6 +86,7 @@ class Bm25Embedder:
         lang = canonical_language(language)
         self._config = {"language": lang, "k": float(k), "b": float(b), "avg_len": float(avg_len)}
         self._korean = lang == "ko"
+        self._avg_len, self._k, self._b = float(avg_len), float(k), float(b)
         try:
             def make(k: float, b: float) -> Any:
                 if self._korean:  # the terms come from Kiwi: the engine only splits on spaces and hashes
@@ -122,7 +123,7 @@ class Bm25Embedder:
         and the raw term counts, so a store can re-weight it with its own average length."""
         counted = self._counter.embed_document(self._text(text))
         counts = [float(max(1, round(COUNT_K * w / (COUNT_K + 1.0 - w)))) for w in counted.values]
-        avg_len, k, b = self._config["avg_len"], self._config["k"], self._config["b"]
+        avg_len, k, b = self._avg_len, self._k, self._b
         return SparseVector(indices=list(counted.indices), values=weights(counts, avg_len, k, b), counts=counts,
                             avg_len=avg_len)
 

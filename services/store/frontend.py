@@ -57,6 +57,7 @@ from services.store.points import (
     Passage,
     PassagePoint,
     SearchRequest,
+    SparseVector,
     point_vectors,
 )
 from services.store.protocol import Branch, Engine, Record
@@ -83,8 +84,9 @@ def _payload(point: PassagePoint) -> dict[str, Any]:
     """The point's payload, with its BM25 length when its sparse vector carries counts (services.store.bm25)."""
     payload = point.passage.to_payload()
     n = bm25.length(point.sparse)
-    if n is not None:
+    if n is not None and point.sparse is not None:
         payload[bm25.LENGTH_FIELD] = n
+        payload[bm25.AVG_FIELD] = point.sparse.avg_len
     return payload
 
 
@@ -214,7 +216,8 @@ class Store:
     def optimize(self, generation: str | None = None) -> bool:
         with self._use(generation) as (name, _):
             pass  # resolve under the lease; the engine takes it again only for the short ends of the build
-        changed = self.engine.optimize(name)
+        reweighted = self.bm25_renormalize(name)  # BM25 weights of points whose average length drifted
+        changed = self.engine.optimize(name) or reweighted > 0
         log.info("optimized generation", extra={"alias": self.alias, "generation": name, "changed": changed})
         return changed
 
@@ -224,7 +227,9 @@ class Store:
                 due = self.engine.needs_index(name)
         except CollectionNotFound:
             return False  # a job that stored nothing: no collection to index
-        return self.optimize(name) if due else False
+        if due:
+            return self.optimize(name)
+        return self.bm25_renormalize(name) > 0
 
     def index_info(self, generation: str | None = None) -> dict[str, Any]:
         with self._use(generation) as (name, _):
@@ -263,11 +268,15 @@ class Store:
         lengths = [bm25.length(p.sparse) for p in points]
         if not spec.sparse or all(n is None for n in lengths):
             return points, lambda stale: None
-        stats = bm25.read_stats(self.engine.read_spec(name), name)
+        fresh = self.engine.read_spec(name)
+        stats = bm25.read_stats(fresh, name)
+        if not bm25.has_stats(fresh, name) and self.engine.count(name) > 0:  # points from before the record
+            stats = dataclasses.replace(stats, complete=False)
         old = self.engine.payloads(name, [p.passage.id for p in points])  # overwritten points leave the stats
         stats = stats.add([float(v[bm25.LENGTH_FIELD]) for v in old.values() if bm25.LENGTH_FIELD in v], sign=-1)
         stats = stats.add([n for n in lengths if n is not None])
         avg = stats.avg_len or 1.0
+        stats = stats.weighted_with(avg)
         k, b = bm25.params(spec)
         weighted = [
             p if p.sparse is None or n is None
@@ -281,9 +290,75 @@ class Store:
 
         return weighted, finish
 
+    def bm25_renormalize(self, generation: str | None = None, tolerance: float = bm25.DRIFT) -> int:
+        """Re-weight the points whose weights use an average length more than ``tolerance`` off the generation's
+        own (and count, then re-weight, points from before the stats record); returns how many were rewritten.
+        Nothing is read when the stats record's range says no point drifted. Each page is read and rewritten
+        under one engine session (edge: one lease hold, so no other writer lands in between)."""
+        with self._use(generation) as (name, spec):
+            fresh = self.engine.read_spec(name)
+            stats = bm25.read_stats(fresh, name)
+            if not bm25.has_stats(fresh, name) and spec.sparse and self.engine.count(name) > 0:
+                stats = dataclasses.replace(stats, complete=False)  # a generation from before the record
+        k, b = bm25.params(spec)
+        if not spec.sparse or not stats.drifted(tolerance) or k <= 0 or b <= 0:
+            return 0
+        prior = bm25.prior(spec)
+        migrating = not stats.complete
+        if migrating:  # count the old points first, so the average includes them
+            legacy = []
+            for records in self._pages(name, _SCAN_BATCH, None, [bm25.LENGTH_FIELD]):
+                stale = [pid for pid, p in records if bm25.LENGTH_FIELD not in p]
+                with self.engine.session():
+                    for _, vectors, _ in self.engine.points(name, stale) if stale else []:
+                        sparse = vectors.get(SPARSE)
+                        if isinstance(sparse, SparseVector):
+                            legacy.append(sum(bm25.recover_counts(sparse.values, prior, k, b)))
+            stats = dataclasses.replace(stats.add(legacy), complete=True)
+        avg = stats.avg_len
+        if avg is None:
+            return 0
+        rewritten, low, high = 0, avg, avg
+        for records in self._pages(name, _SCAN_BATCH, None, [bm25.LENGTH_FIELD, bm25.AVG_FIELD]):
+            todo = []
+            for pid, payload in records:
+                used = payload.get(bm25.AVG_FIELD) if bm25.LENGTH_FIELD in payload else prior
+                if not isinstance(used, int | float) or used <= 0:
+                    continue
+                if bm25.LENGTH_FIELD not in payload or bm25.off(float(used), avg, tolerance):
+                    todo.append(pid)
+                else:
+                    low, high = min(low, float(used)), max(high, float(used))
+            if not todo:
+                continue
+            with self.engine.session():
+                batch = []
+                for pid, vectors, payload in self.engine.points(name, todo):
+                    sparse = vectors.get(SPARSE)
+                    length = payload.get(bm25.LENGTH_FIELD)
+                    used = float(payload.get(bm25.AVG_FIELD) or prior) if length is not None else prior
+                    if isinstance(sparse, SparseVector):
+                        counts = bm25.recover_counts(sparse.values, used, k, b,
+                                                     None if length is None else float(length))
+                        vectors[SPARSE] = SparseVector(sparse.indices, bm25.weights(counts, avg, k, b))
+                        length = sum(counts)
+                    payload[bm25.LENGTH_FIELD] = float(length or 0.0)
+                    payload[bm25.AVG_FIELD] = avg
+                    batch.append((pid, vectors, payload))
+                if batch:
+                    self.engine.upsert(name, batch)
+                rewritten += len(batch)
+        with self.engine.session():
+            current = bm25.read_stats(self.engine.read_spec(name), name)  # writers may have moved it meanwhile
+            self._bm25_write(name, dataclasses.replace(stats if migrating else current, low=low, high=high,
+                                                       complete=True))
+        log.info("bm25 re-weighted", extra={"alias": self.alias, "generation": name, "points": rewritten,
+                                            "avg_len": round(avg, 2)})
+        return rewritten
+
     def _bm25_lengths(self, name: str, where: Where) -> list[float]:
         """The recorded lengths of the points ``where`` matches (before they are deleted)."""
-        found = []
+        found: list[float] = []
         for records in self._pages(name, _SCAN_BATCH, where, [bm25.LENGTH_FIELD]):
             found.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
         return found

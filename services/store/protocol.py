@@ -212,6 +212,10 @@ class Engine(Protocol):
         """Point id -> payload for ``ids`` (missing ids are left out)."""
         ...
 
+    def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
+        """Whole points (named vectors and payload) for the ``ids`` that exist (missing ids are left out)."""
+        ...
+
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:

@@ -4,6 +4,7 @@ average length; the store's sparse ranking equals bm25s' on a small generated co
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -21,8 +22,15 @@ WORDS = ("retrieval passage question tower dense sparse index vector corpus quer
          "document length average token stem river school engine aircraft wing flow pressure library").split()
 
 
-def new_store(root: Path, enc: Bm25Embedder | None = None) -> Store:
-    store = Store(EdgeEngine(root, "c", idle_release=0.05))
+def new_store(root: Path, enc: Bm25Embedder | None = None, engine: str = "edge") -> Store:
+    if engine == "edge":
+        store = Store(EdgeEngine(root, "c", idle_release=0.05))
+    else:
+        from qdrant_client import QdrantClient
+
+        from services.store.engines.server import ServerEngine
+
+        store = Store(ServerEngine(QdrantClient(location=":memory:"), "c", owns_client=True))
     store.ensure_collection(CollectionSpec(dim=2, distance="cosine", model="m", sparse=True,
                                            settings={"bm25": (enc or default_embedder()).config()}))
     return store
@@ -94,21 +102,20 @@ def test_vectors_without_counts_are_stored_as_given(tmp_path: Path) -> None:
     store.close()
 
 
-def test_store_ranking_matches_bm25s_on_a_generated_corpus(tmp_path: Path) -> None:
+def generated() -> tuple[dict[str, str], list[str]]:
+    rng = random.Random(7)
+    docs = {f"d{i:03d}": " ".join(rng.choice(WORDS) for _ in range(rng.choice((3, 5, 8, 20, 40)))) for i in range(120)}
+    return docs, [" ".join(rng.sample(WORDS, 3)) for _ in range(25)]
+
+
+def assert_bm25s_scores(store: Store, docs: dict[str, str], queries: list[str]) -> None:
+    """The store's sparse scores equal bm25s' (lucene, k1 1.2, b 0.75) on the same tokens, times (k + 1)."""
     import bm25s
 
-    rng = random.Random(7)
     enc = default_embedder()
-    docs = {f"d{i:03d}": " ".join(rng.choice(WORDS) for _ in range(rng.choice((3, 5, 8, 20, 40)))) for i in range(120)}
-    queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(25)]
-    store = new_store(tmp_path)
     ids = sorted(docs)
-    for start in range(0, len(ids), 40):  # the average moves between batches; the last batch sees the final one
-        store.upsert([point(d, docs[d]) for d in ids[start : start + 40]])
     counts = [enc.term_counts(docs[d]) for d in ids]
     assert store.bm25_stats().avg_len == pytest.approx(sum(sum(c.values()) for c in counts) / len(ids))
-    # re-write every point once at the final average: the exact BM25 of the whole collection
-    store.upsert([point(d, docs[d]) for d in ids])
     index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
     index.index([[str(t) for t, c in cs.items() for _ in range(c)] for cs in counts], show_progress=False)
     for q in queries:
@@ -119,4 +126,49 @@ def test_store_ranking_matches_bm25s_on_a_generated_corpus(tmp_path: Path) -> No
         for i, d in enumerate(ids):
             # bm25s' lucene BM25 leaves out the constant (k + 1) factor of the term-frequency part
             assert ours.get(d, 0.0) == pytest.approx(2.2 * float(ref[i]), rel=1e-3, abs=1e-4), (q, d)
+
+
+@pytest.mark.parametrize("engine", ["edge", "server"])
+def test_store_ranking_matches_bm25s_after_the_drift_is_reweighted(tmp_path: Path, engine: str) -> None:
+    docs, queries = generated()
+    store = new_store(tmp_path, engine=engine)
+    ids = sorted(docs, key=lambda d: (len(docs[d]), d))  # shortest first: the average grows batch after batch
+    for start in range(0, len(ids), 40):
+        store.upsert([point(d, docs[d]) for d in ids[start : start + 40]])
+    stats = store.bm25_stats()
+    assert stats.low is not None and stats.avg_len is not None and stats.low < 0.9 * stats.avg_len
+    assert stats.drifted()
+    first_scores = [h.score for h in store.search(SearchRequest(k=5, mode="sparse",
+                                                               sparse=default_embedder().embed_query(queries[0])))]
+    rewritten = store.bm25_renormalize()
+    assert 0 < rewritten < len(ids)  # the last batch was weighted with (nearly) the final average already
+    assert_bm25s_scores(store, docs, queries)
+    assert first_scores != [h.score for h in store.search(SearchRequest(
+        k=5, mode="sparse", sparse=default_embedder().embed_query(queries[0])))]
+    assert not store.bm25_stats().drifted() and store.bm25_renormalize() == 0  # nothing left to do, nothing read
+    store.close()
+
+
+@pytest.mark.parametrize("only_old", [False, True])
+def test_points_from_before_the_stats_record_are_counted_and_reweighted_by_optimize(tmp_path: Path,
+                                                                                     only_old: bool) -> None:
+    docs, queries = generated()
+    store = new_store(tmp_path)
+    ids = sorted(docs)
+    old = []
+    for d in ids[:100]:  # as the product wrote them before: weighted with the 256-token prior, no counts
+        p = point(d, docs[d])
+        old.append(dataclasses.replace(p, sparse=SparseVector(p.sparse.indices, p.sparse.values)))  # type: ignore[union-attr]
+    store.upsert(old)
+    assert store.bm25_stats().passages == 0
+    if only_old:
+        assert store.optimize() is True  # a collection from before the record: counted and re-weighted
+        assert store.bm25_stats().passages == 100 and store.bm25_stats().complete
+        store.close()
+        return
+    store.upsert([point(d, docs[d]) for d in ids[100:]])  # new points into the old collection
+    assert store.bm25_stats().passages == 20 and not store.bm25_stats().complete
+    assert store.optimize() is True
+    assert store.bm25_stats().passages == 120 and store.bm25_stats().complete
+    assert_bm25s_scores(store, docs, queries)
     store.close()

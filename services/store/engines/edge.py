@@ -339,6 +339,15 @@ class EdgeEngine:
         records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
+    def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
+        """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
+        records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=True)
+        out: list[PointRecord] = []
+        for r in records:
+            named = r.vector if isinstance(r.vector, dict) else {}
+            out.append((str(r.id), {n: _ours(v) for n, v in named.items()}, dict(r.payload or {})))
+        return out
+
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
@@ -371,6 +380,13 @@ def _field(condition: Match | AtLeast) -> FieldCondition:
         return FieldCondition(key=condition.key, range=RangeFloat(gte=float(condition.value)))
     match = MatchAny(condition.any_values()) if condition.any_of else MatchValue(condition.values[0])
     return FieldCondition(key=condition.key, match=match)
+
+
+def _ours(vector: Any) -> Vector:
+    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
+    if hasattr(vector, "indices"):
+        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
+    return [float(v) for v in vector]
 
 
 def _vector(vector: Vector) -> Any:

@@ -359,6 +359,16 @@ class ServerEngine:
             records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
+    def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
+        """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
+        with self._engine("retrieve points", generation):
+            records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=True)
+        out: list[PointRecord] = []
+        for r in records:
+            named = r.vector if isinstance(r.vector, dict) else {}
+            out.append((str(r.id), {n: _ours(v) for n, v in named.items()}, dict(r.payload or {})))
+        return out
+
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
@@ -400,6 +410,13 @@ def _field(condition: Match | AtLeast) -> models.FieldCondition:
         else models.MatchValue(value=condition.values[0])
     )
     return models.FieldCondition(key=condition.key, match=match)
+
+
+def _ours(vector: Any) -> Vector:
+    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
+    if isinstance(vector, models.SparseVector):
+        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
+    return [float(v) for v in vector]
 
 
 def _vector(vector: Vector) -> Any:
