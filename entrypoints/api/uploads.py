@@ -32,6 +32,72 @@ COPY_BLOCK = 1 << 20
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+MAX_JSON_DEPTH = 64  # a document's JSON nesting (its metadata values are scalars or lists of them: depth 3)
+
+
+def split_too_deep(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[bytes, list[int], int]:
+    """A ``{"documents": [...]}`` body without its documents nested deeper than ``max_depth`` levels, their
+    indices and how many documents are left, found by one pass over the bytes (no recursion, so no parser limit is
+    reached). Parsers stop at a recursion limit (pydantic's JSON at ~128 levels, ``json`` at ~1,000) and then
+    refuse the whole batch: cut out, such a document fails on its own (``too_deep_failure``) and the others are
+    written. A body that is not that shape comes back as it is (the parser then says what is wrong)."""
+    depth, key, last_string, in_string, escaped = 0, None, None, False, False
+    array_start = array_end = -1
+    elements: list[tuple[int, int, int]] = []  # (start, end, deepest level inside), in the documents array
+    start, deepest, string_start = -1, 0, 0
+    for i, byte in enumerate(raw):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+                last_string = raw[string_start:i]
+            continue
+        if byte == 0x22:  # a string: at depth 1 it may be a key
+            in_string, string_start = True, i + 1
+            if depth == 2 and array_start >= 0 and start < 0:
+                start = i
+            continue
+        if byte in (0x20, 0x09, 0x0A, 0x0D):
+            continue
+        if byte == 0x3A and depth == 1:  # ':' after a key of the root object
+            key = last_string
+            continue
+        if depth == 2 and array_start >= 0 and array_end < 0 and start < 0 and byte not in (0x2C, 0x5D):
+            start, deepest = i, 2
+        if byte in (0x7B, 0x5B):  # { [
+            depth += 1
+            if depth == 2 and byte == 0x5B and key == b"documents" and array_start < 0:
+                array_start = i
+                continue
+            deepest = max(deepest, depth)
+        elif byte in (0x7D, 0x5D):  # } ]
+            if depth == 2 and array_start >= 0 and array_end < 0:
+                if start >= 0:
+                    elements.append((start, i, deepest))
+                    start = -1
+                array_end = i
+            depth -= 1
+        elif byte == 0x2C and depth == 2 and array_start >= 0 and array_end < 0 and start >= 0:  # ','
+            elements.append((start, i, deepest))
+            start = -1
+    deep = [n for n, (_, _, d) in enumerate(elements) if d - 2 > max_depth]
+    if not deep or array_end < 0:
+        return raw, [], len(elements)
+    kept = [raw[a:b] for n, (a, b, _) in enumerate(elements) if n not in set(deep)]
+    return raw[: array_start + 1] + b",".join(kept) + raw[array_end:], deep, len(kept)
+
+
+def too_deep_failure(index: int, max_depth: int = MAX_JSON_DEPTH) -> DocumentFailure:
+    source = f"request.documents[{index}]"
+    return DocumentFailure.from_error(DocumentError(
+        source, "too_deep", f"nests its JSON more than {max_depth} levels deep, which no document needs (metadata "
+        "values are scalars or lists of scalars); flatten it and send it again",
+    ))
+
+
 def too_many(limit: int) -> ApiError:
     return ApiError(
         413, "too_large", f"more than {limit:,} documents in one request is over the limit; split the batch or "

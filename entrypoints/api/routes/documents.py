@@ -19,7 +19,7 @@ from entrypoints.api import schemas
 from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
-from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, too_many
+from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, split_too_deep, too_deep_failure, too_many
 from services.errors import DocumentError
 from services.language import LANGUAGE_CHOICES, prepare_collection
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
@@ -46,13 +46,27 @@ def _parse_batch(body: schemas.DocumentsIn, max_bytes: int) -> list[Item]:
     return items
 
 
-def _validate_batch(raw: bytes) -> schemas.DocumentsIn:
-    """The JSON batch, validated. JSON may escape lone surrogates (``"\\ud800"``), which the fast JSON parser
-    only calls "invalid JSON"; such a body is parsed again with ``json`` so the error names the field."""
+def _validate_batch(raw: bytes) -> tuple[schemas.DocumentsIn, list[int]]:
+    """The JSON batch, validated, and the indices of the documents cut out because they nest too deep to parse
+    (``uploads.split_too_deep``: they fail on their own, the others are written). JSON may escape lone surrogates
+    (``"\\ud800"``), which the fast JSON parser only calls "invalid JSON"; such a body is parsed again with
+    ``json`` so the error names the field."""
     try:
-        return schemas.DocumentsIn.model_validate_json(raw)
+        return schemas.DocumentsIn.model_validate_json(raw), []
     except ValidationError as e:
         error = e
+    too_deep: list[int] = []
+    if any("recursion limit" in str(err.get("msg", "")) for err in error.errors()):
+        reduced, too_deep, kept = split_too_deep(raw)
+        if too_deep and not kept:
+            raise ApiError(422, "validation", f"{too_deep_failure(too_deep[0]).error}; no other document in the "
+                           "request") from None
+        if too_deep:
+            raw = reduced
+            try:
+                return schemas.DocumentsIn.model_validate_json(raw), too_deep
+            except ValidationError as e:
+                error = e
     if any(err.get("type") == "json_invalid" for err in error.errors()):
         try:
             data = json.loads(raw)
@@ -60,7 +74,7 @@ def _validate_batch(raw: bytes) -> schemas.DocumentsIn:
             data = None
         if data is not None:
             try:
-                return schemas.DocumentsIn.model_validate(data)
+                return schemas.DocumentsIn.model_validate(data), too_deep
             except ValidationError as again:
                 error = again
     raise RequestValidationError(
@@ -114,10 +128,12 @@ async def post_documents(
     settings, limits = state.settings, state.settings.api
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
-        batch = _validate_batch(await request.body())
-        if len(batch.documents) > limits.max_documents:
+        batch, too_deep = _validate_batch(await request.body())
+        if len(batch.documents) + len(too_deep) > limits.max_documents:
             raise too_many(limits.max_documents)
         items = await run_in_threadpool(_parse_batch, batch, settings.max_document_bytes)
+        for index in too_deep:  # each in its place: request.documents[i] names it
+            items.insert(index, too_deep_failure(index))
         language: str = batch.language
     elif content_type == "multipart/form-data":
         items = await read_upload(request, settings)
