@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from encoders import multilingual
 from encoders.onnx_towers import Backend, ExportMissing, OnnxTowers, export_dir_for, split_fingerprint
 from encoders.towers import (
     MULTILINGUAL,
@@ -92,6 +91,8 @@ def active_name(models_dir: Path) -> str:
 def activate(models_dir: Path, name: str) -> ModelEntry:
     """Make ``name`` (or ``base``) the active model; the ACTIVE file is replaced atomically."""
     if name == MULTILINGUAL:
+        from encoders import multilingual  # here and below: only where the built-in is named (not on `dpr query`)
+
         multilingual.multilingual_model_path(models_dir)  # converted now, so the pointer names a model
     entry = show_model(models_dir, name)  # raises ModelNotFound; a bare name means its newest version
     name = entry.name
@@ -122,6 +123,8 @@ def list_models(models_dir: Path) -> list[ModelEntry]:
     ``builtin_models``."""
     if not models_dir.is_dir():
         return []
+    from encoders import multilingual
+
     active = active_name(models_dir)
     entries = []
     for path in models_dir.iterdir():
@@ -146,6 +149,8 @@ def show_model(models_dir: Path, name: str) -> ModelEntry:
         card = {"name": "base", "base": str(path), "fingerprint": model_fingerprint(path), "towers": "shared"}
         return ModelEntry("base", path, active, card)
     if name == MULTILINGUAL:
+        from encoders import multilingual
+
         path = multilingual.converted_dir(models_dir)
         if multilingual.is_converted(path):
             return ModelEntry(name, path, active, read_model_card(path))
@@ -168,6 +173,8 @@ def show_model(models_dir: Path, name: str) -> ModelEntry:
 def model_candidates(models_dir: Path) -> list[tuple[Path, str]]:
     """(directory, name) of every loadable model: the base model, then each model under ``models_dir`` (the
     converted multilingual model among them, by its name ``multilingual``)."""
+    from encoders import multilingual
+
     out = [(base_model_path(), "base")]
     if models_dir.is_dir():
         for p in sorted(models_dir.iterdir()):

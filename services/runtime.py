@@ -21,8 +21,6 @@ from encoders.onnx_towers import Backend
 from encoders.registry import export_model, load_towers
 from encoders.towers import DualEncoder, configure_threads, resolve_model_path
 from services.errors import ModelMismatch
-from services.jobs import FileHashes, JobStore
-from services.locks import WriteFence
 from services.query import QueryOptions, search
 from services.settings import Settings
 from services.sparse import SparseEncoder
@@ -31,9 +29,11 @@ from services.store.points import Hit
 from services.store.protocol import VectorStore
 from services.threads import threads_per_process
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked for: `dpr query` needs neither
     from encoders.rerank import Reranker
     from services.ingest import IngestPipeline
+    from services.jobs import JobStore
+    from services.locks import WriteFence
 
 T = TypeVar("T")
 
@@ -76,6 +76,7 @@ class Runtime:
         if store is not None:
             self._parts["store"] = _Serialized(store) if serialize_store else store
         self._collections: dict[str, Runtime] = {}
+        self._jobs_owner: Runtime | None = None  # for_collection's children share the parent's job store
 
     def __enter__(self) -> Runtime:
         return self
@@ -214,8 +215,16 @@ class Runtime:
     @property
     def jobs(self) -> JobStore:
         """Where ingest jobs are recorded: Redis with a broker, else the job folder under the data dir."""
-        return self._part("jobs", lambda: local_jobs(self.settings.data_dir) if not self.settings.broker_url
-                          else JobStore.from_url(self.settings.broker_url))
+        if self._jobs_owner is not None:  # one job store per process, whatever the collection
+            return self._jobs_owner.jobs
+
+        def build() -> JobStore:
+            from services.jobs import JobStore
+
+            url = self.settings.broker_url
+            return JobStore.from_url(url) if url else local_jobs(self.settings.data_dir)
+
+        return self._part("jobs", build)
 
     def for_collection(self, collection: str | None) -> Runtime:
         """This process's Runtime for another collection (the same models; its own store and fence)."""
@@ -225,7 +234,7 @@ class Runtime:
             if collection not in self._collections:
                 settings = self.settings.for_collection(collection)
                 child = Runtime(settings, serialize_store=self.serialize_store, _models=self._models)
-                child._parts["jobs"] = self.jobs  # one job store per process, whatever the collection
+                child._jobs_owner = self  # one job store per process, whatever the collection (built when asked)
                 self._collections[collection] = child
             return self._collections[collection]
 
@@ -252,6 +261,8 @@ class Runtime:
 
 
 def local_jobs(data_dir: Path) -> JobStore:
+    from services.jobs import FileHashes, JobStore
+
     return JobStore(FileHashes(data_dir / "jobs"))
 
 

@@ -11,7 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from entrypoints.cli.common import cli_errors, console, emit_json, fail, settings_for
-from entrypoints.status import collection_status
 from services.errors import ConfigError
 from services.query import QueryOptions
 from services.runtime import Runtime
@@ -138,6 +137,8 @@ def status(
             with ApiClient(settings) as client:
                 data = client.status()
         else:
+            from entrypoints.status import collection_status  # `dpr query` never needs it
+
             with Runtime(settings) as runtime:
                 data = collection_status(settings, runtime.store.info())
     if as_json:

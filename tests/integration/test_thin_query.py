@@ -138,7 +138,8 @@ def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
     question = ["query", "what stores the energy of mitochondria", "--json", "-k", "1"]
     torch_side = ("torch", "transformers", "sentence_transformers")
     ingest_side = ("services.ingest", "services.readers", "services.chunking", "services.jobs.executor",
-                   "entrypoints.cli.ingest", "entrypoints.cli.workers", "entrypoints.cli.train", "rich.progress")
+                   "entrypoints.cli.ingest", "entrypoints.cli.workers", "entrypoints.cli.train", "rich.progress",
+                   "services.jobs", "encoders.multilingual", "entrypoints.status")  # and no job store, no built-ins
 
     def imported(call: str, watched: tuple[str, ...]) -> list[str]:
         """Run ``call`` in a fresh interpreter; its hits must name mito.txt; returns the watched modules it loaded
