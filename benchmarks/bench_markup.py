@@ -1,0 +1,101 @@
+"""The text readers before and after sections (docs/passages.md): parse speed and the markup left in the text
+the towers read, on the Python 3.11 documentation (Debian's python3.11-doc: its reST sources and its HTML pages).
+
+Before: reST and Markdown were read as raw text, HTML by the standard library's parser without boilerplate removal
+(``services.readers.files.html_to_text``, still there). After: ``services.readers.markup`` (sections by heading).
+
+    nice -n 10 .venv/bin/python benchmarks/bench_markup.py [DOCS_HTML_DIR] [--out results/ingest-speed/markup.md]
+
+DOCS_HTML_DIR defaults to the demo's unpacked package (``scripts/fetch_python_docs.sh`` prints its ``_sources``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.readers.files import html_to_text
+from services.readers.markup import html_sections, rst_sections
+
+LEFTOVERS = {
+    "reST role": re.compile(r":[a-z:]+:`"),
+    "inline literal ``": re.compile(r"``"),
+    "directive line": re.compile(r"^\s*\.\. [\w:-]+::", re.M),
+    "link target `_": re.compile(r"`_"),
+    "headerlink ¶": re.compile(r"¶"),
+    "nav words (Navigation / previous / next)": re.compile(r"\b(Navigation|previous|next) \|"),
+}
+
+
+def cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def flags() -> str:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = [f for f in ("avx2", "avx512f", "avx512_vnni") if re.search(rf"\b{f}\b", text)]
+    return " ".join(found) or "-"
+
+
+def run(name: str, texts: list[str], read: Callable[[str], str], repeat: int = 2) -> dict[str, float | int | str]:
+    best, out = float("inf"), []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = [read(t) for t in texts]
+        best = min(best, time.perf_counter() - t0)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    joined = "\n".join(out)
+    row: dict[str, float | int | str] = {"reader": name, "files": len(texts), "MB": round(mb, 1),
+                                         "seconds": round(best, 2), "MB/s": round(mb / best, 1)}
+    for label, pattern in LEFTOVERS.items():
+        row[label] = len(pattern.findall(joined))
+    row["chars out"] = len(joined)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("html_dir", nargs="?", default=".dpr/corpus/python3.11-doc/usr/share/doc/python3.11/html")
+    ap.add_argument("--out", default="benchmarks/results/ingest-speed/markup.md")
+    args = ap.parse_args()
+    root = Path(args.html_dir)
+    rst = [Path(f).read_text("utf-8") for f in sorted(glob.glob(str(root / "_sources/**/*.rst.txt"), recursive=True))]
+    pages = [Path(f).read_text("utf-8") for f in sorted(glob.glob(str(root / "**/*.html"), recursive=True))]
+    if not rst or not pages:
+        raise SystemExit(f"no .rst.txt / .html under {root}: run scripts/fetch_python_docs.sh first")
+
+    def sections_text(read: Callable[[str], tuple[str, list]]) -> Callable[[str], str]:  # type: ignore[type-arg]
+        return lambda t: "\n\n".join(s.text for s in read(t)[1])
+
+    rows = [
+        run("reST before: raw text", rst, lambda t: t),
+        run("reST after: rst_sections", rst, sections_text(rst_sections)),
+        run("HTML before: html_to_text (stdlib)", pages, lambda t: html_to_text(t)[1]),
+        run("HTML after: html_sections (lxml)", pages, sections_text(html_sections)),
+    ]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = [f"CPU: {cpu()} ({os.cpu_count()} cores; flags {flags()}); commit {commit}; load average "
+            f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", ""]
+    keys = list(rows[0])
+    table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    table += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    ratios = [f"speed after / before: reST {float(rows[1]['MB/s']) / float(rows[0]['MB/s']):.3f} (raw text costs "
+              f"nothing), HTML {float(rows[3]['MB/s']) / float(rows[2]['MB/s']):.2f}"]
+    text = "\n".join(head + table + ["", *ratios]) + "\n"
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(f"# Text readers before / after sections (`benchmarks/bench_markup.py`)\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()
