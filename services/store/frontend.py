@@ -305,16 +305,17 @@ class Store:
             return 0
         prior = bm25.prior(spec)
         migrating = not stats.complete
-        if migrating:  # count the old points first, so the average includes them
-            legacy = []
+        if migrating:  # count every point from scratch (old ones from their vectors), so the average includes them
+            lengths: list[float] = []
             for records in self._pages(name, _SCAN_BATCH, None, [bm25.LENGTH_FIELD]):
+                lengths.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
                 stale = [pid for pid, p in records if bm25.LENGTH_FIELD not in p]
                 with self.engine.session():
                     for _, vectors, _ in self.engine.points(name, stale) if stale else []:
-                        sparse = vectors.get(SPARSE)
-                        if isinstance(sparse, SparseVector):
-                            legacy.append(sum(bm25.recover_counts(sparse.values, prior, k, b)))
-            stats = dataclasses.replace(stats.add(legacy), complete=True)
+                        sparse = vectors.get(SPARSE)  # none: a passage made only of stopwords (length 0)
+                        lengths.append(sum(bm25.recover_counts(sparse.values, prior, k, b))
+                                       if isinstance(sparse, SparseVector) else 0.0)
+            stats = dataclasses.replace(bm25.Bm25Stats(name).add(lengths), complete=True)
         avg = stats.avg_len
         if avg is None:
             return 0
