@@ -73,6 +73,8 @@ class ParserSandbox:
         self._send: Connection | None = None
         self._recv: Connection | None = None
         self.started = 0  # children started (a crash or timeout starts another)
+        self._lock = threading.Lock()  # one document at a time through the pipe (API threads share a sandbox)
+        self._pid = os.getpid()  # a forked copy (a prefork worker) starts its own child, never shares the pipe
 
     # --- the child's lifetime -----------------------------------------------------------------------------------
 
@@ -139,7 +141,10 @@ class ParserSandbox:
         spec = self.readers.get(kind)
         if spec is None:
             return Parsed(reason="unsupported", message=f"no reader for {kind!r}")
-        result = self._run(spec, path, started)
+        with self._lock:
+            if self._pid != os.getpid():
+                self._proc, self._send, self._recv, self._pid = None, None, None, os.getpid()
+            result = self._run(spec, path, started)
         if result.reason == "parser_crashed" and digest:
             with _QUARANTINE_LOCK:
                 _QUARANTINE[digest] = result.message.split(";")[0]
