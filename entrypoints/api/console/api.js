@@ -64,6 +64,7 @@ function askForKey(refused) {
       keyPrompt = null;
       showKeyState();
       resolve(key);
+      loadWhoami();  // another key may have another role
     };
     $("key-form").addEventListener("submit", submit);
     dialog.addEventListener("cancel", (event) => event.preventDefault(), { once: true });
@@ -103,4 +104,24 @@ async function apiJson(path, options) {
   try { body = await response.json(); } catch (e) { body = null; }
   if (!response.ok) throw new ApiError(response.status, body);
   return body;
+}
+
+// --- what this key may do -------------------------------------------------------------------------------------------
+
+// GET /v1/whoami says the key's role and what it may do here; elements marked data-needs="write" (or "admin") are
+// hidden when it may not, and so are the hit's feedback buttons (CSS on body[data-may]). The server enforces the
+// roles anyway (403): this only keeps the page from offering what would be refused.
+async function loadWhoami() {
+  let may = { read: true, write: true, admin: true };
+  try {
+    const who = await apiJson("/v1/whoami");
+    may = who.may || may;
+    const key = who.key || {};
+    $("key-role").textContent = who.locked ? `${key.name || key.id} (${key.role})` : "";
+  } catch (e) {
+    // an older server without /v1/whoami: offer everything and let the server refuse
+  }
+  document.body.dataset.may = Object.keys(may).filter((role) => may[role]).join(" ");
+  for (const node of document.querySelectorAll("[data-needs]")) node.hidden = !may[node.dataset.needs];
+  if (typeof showTab === "function") showTab();
 }

@@ -14,7 +14,8 @@ const state = { status: null };
 
 function showTab() {
   const name = (location.hash || "#search").slice(1);
-  const tab = ["search", "ingest", "eval"].includes(name) ? name : "search";
+  const offered = [...document.querySelectorAll(".tabs a")].filter((a) => !a.hidden).map((a) => a.dataset.tab);
+  const tab = offered.includes(name) ? name : "search";  // a tab this key may not use is not offered
   for (const section of document.querySelectorAll(".tab")) section.hidden = section.id !== `tab-${tab}`;
   for (const link of document.querySelectorAll(".tabs a")) link.classList.toggle("active", link.dataset.tab === tab);
   if (tab === "eval") loadReport();
@@ -373,6 +374,7 @@ async function loadReport() {
 function start() {
   renderModes(null);
   showKeyState();
+  loadWhoami();  // hide what this key may not do
   $("search-form").addEventListener("submit", search);
   $("status-refresh").addEventListener("click", loadStatus);
   $("eval-refresh").addEventListener("click", loadReport);
