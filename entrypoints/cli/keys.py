@@ -3,7 +3,9 @@ sees changes on its next request) and `dpr audit` (the write and admin actions t
 
 from __future__ import annotations
 
-from typing import Annotated
+import getpass
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -25,6 +27,16 @@ def _store(ctx: typer.Context) -> KeyStore:
     return KeyStore(keys_path(get_settings(ctx).data_dir))
 
 
+def _audit(data_dir: Path, action: str, target: dict[str, Any]) -> None:
+    """Key changes made on the command line land in the same audit log as the API's admin actions."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    AuditLog(audit_path(data_dir)).append({"who": {"id": "cli", "name": user}, "role": "admin", "action": action,
+                                           "target": target, "status": "ok", "client": "cli"})
+
+
 @keys_app.command("create")
 def keys_create(
     ctx: typer.Context,
@@ -44,6 +56,7 @@ def keys_create(
     store = _store(ctx)
     with cli_errors():
         key, token = store.create(role, collection, name=name, rate=rate)
+        _audit(store.path.parent, "dpr keys create", {"key": key.id, "role": key.role, "name": key.name})
     if as_json:
         emit_json(key.to_json() | {"token": token, "file": str(store.path)})
         return
@@ -84,6 +97,7 @@ def keys_revoke(
     store = _store(ctx)
     with cli_errors():
         key = store.revoke(key_id)
+        _audit(store.path.parent, "dpr keys revoke", {"key": key.id})
     if as_json:
         emit_json(key.to_json())
         return

@@ -124,7 +124,7 @@ def test_the_gate_decides(tmp_path: Path) -> None:
 
 
 def test_the_env_key_is_an_admin_key(tmp_path: Path) -> None:
-    gate = AccessGate(tmp_path, env_key="s3cret".encode())
+    gate = AccessGate(tmp_path, env_key=b"s3cret")
     assert gate.locked
     decision = gate.decide(b"s3cret", "admin", "any", "c")
     assert decision.status == 0 and decision.principal is not None and decision.principal.id == "env"
@@ -252,6 +252,11 @@ def test_keys_cli(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "use one of read, write, admin" in bad.output
     gone = runner.invoke(cli, [*base, "keys", "revoke", "nope"])
     assert gone.exit_code == 2 and "dpr keys list" in gone.output
+    revoked = runner.invoke(cli, [*base, "keys", "revoke", key["id"]])
+    assert revoked.exit_code == 0 and "revoked" in revoked.output
+    audited = json.loads(runner.invoke(cli, [*base, "audit", "--json"]).stdout)["entries"]
+    mine = [e["action"] for e in audited if e["target"].get("key") == key["id"]]
+    assert mine == ["dpr keys create", "dpr keys revoke"] and len(audited) == 3  # the plain key's create too
 
 
 # --- locked by default -----------------------------------------------------------------------------------------------
