@@ -55,7 +55,7 @@ from services.store.common import AtLeast, Match, Scored, Where, build_filter, m
 from services.store.engines import edge_index
 from services.store.engines.edge_config import edge_config
 from services.store.lease import ShardLease, lease_for
-from services.store.points import INDEXED_KEYWORDS, CollectionSpec, SparseVector
+from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
 if TYPE_CHECKING:
@@ -185,7 +185,8 @@ class EdgeEngine:
         self._lease.adopt(generation, shard)
         for key in INDEXED_KEYWORDS:
             shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
-        shard.update(UpdateOperation.create_field_index("chunk_index", PayloadSchemaType.Integer))
+        for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
+            shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
         shard.flush()
         self.write_spec(generation, spec)  # last: a generation without its spec is not complete
         return True

@@ -39,7 +39,7 @@ from services.store.common import (
     generation_number,
     missing_generation,
 )
-from services.store.points import DENSE, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
+from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
 if TYPE_CHECKING:
@@ -291,7 +291,7 @@ class ServerEngine:
 
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
-        fields.append(("chunk_index", models.PayloadSchemaType.INTEGER))
+        fields += [(key, models.PayloadSchemaType.INTEGER) for key in INDEXED_INTEGERS]  # chunk_index, page, page_end
         with warnings.catch_warnings(), self._engine("create payload indexes", name):
             # the in-process engine warns that it ignores payload indexes; a server builds them
             warnings.filterwarnings("ignore", message="Payload indexes have no effect")
