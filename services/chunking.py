@@ -152,11 +152,10 @@ def chunk_sections(
     limit = title_budget(max_passage_tokens, max_tokens)
     title, title_tokens, title_truncated = _fit_title(title, offsets_of, min(max_title_tokens, limit))
     heading_cap = min(limit, title_tokens + max_title_tokens) if max_title_tokens else 0
-    positions, pos = [], 0
+    positions, pos = [], 0  # where each section's text starts in the joined text (no copy of it is made)
     for s in sections:
         positions.append(pos)
         pos += len(s.text) + len(SECTION_SEPARATOR)
-    joined = SECTION_SEPARATOR.join(s.text for s in sections)
 
     chunks: list[Chunk] = []
     fitted: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}
@@ -169,7 +168,7 @@ def chunk_sections(
         run_overlap = overlap if overlap < size else size // 4
         for pack, known in _packs(run, sections, offsets_of, size):
             a0 = positions[pack[0]]
-            text = joined[a0 : positions[pack[-1]] + len(sections[pack[-1]].text)]
+            text = SECTION_SEPARATOR.join(sections[i].text for i in pack)
             offsets = known if known is not None else offsets_of(text)
             if not offsets:
                 continue
