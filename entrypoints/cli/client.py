@@ -2,8 +2,8 @@
 
 Imports httpx and nothing of the model, the store or the queue: the server holds them. The API key
 (``DPR_API__API_KEY``) is sent as ``X-API-Key``. The server's errors come back as the service's own error classes, so
-``cli_errors`` prints them and exits with the same codes as the local commands (404 -> 1, 409 -> 1, 400/401/422 ->
-2, 503 and an unreachable server -> 3, any other 5xx -> 1).
+``cli_errors`` prints them and exits with the same codes as the local commands (404 -> 1, 409 -> 1, 400/401/403/422
+-> 2, 429 (over the key's rate), 503 and an unreachable server -> 3, any other 5xx -> 1).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from typing import Any
 
 import httpx
 
-from services.errors import CollectionNotFound, ConfigError, DprError, ModelMismatch, StoreUnavailable
+from services.errors import CollectionNotFound, ConfigError, DprError, ModelMismatch, StoreUnavailable, TransientError
 from services.query import QueryOptions
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
 
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a cold server loads its model on the first search
-_ERRORS: dict[int, type[DprError]] = {404: CollectionNotFound, 409: ModelMismatch, 503: StoreUnavailable}
+_ERRORS: dict[int, type[DprError]] = {
+    404: CollectionNotFound, 409: ModelMismatch, 429: TransientError, 503: StoreUnavailable,  # 429: over the key's rate
+}
 
 
 class ApiClient:

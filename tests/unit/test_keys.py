@@ -273,3 +273,16 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path: Path, monkeypatc
     assert result.exit_code == 2
     assert "refusing to serve on 0.0.0.0 without an API key" in result.output
     assert "DPR_API__API_KEY" in result.output and "--insecure" in result.output
+
+
+def test_the_thin_client_maps_refusals_to_exit_codes() -> None:
+    import httpx
+
+    from entrypoints.cli.client import _error
+    from entrypoints.cli.common import exit_code_for
+
+    def answer(status: int) -> int | None:
+        body = {"error": {"type": "x", "message": f"refused with {status}"}}
+        return exit_code_for(_error(httpx.Response(status, json=body), "http://dpr"))
+
+    assert (answer(401), answer(403), answer(429)) == (2, 2, 3)  # wrong key / role: configuration; rate: try again
