@@ -3,13 +3,18 @@ and filters find it; a document without structure is stored exactly as before (s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from fastapi.testclient import TestClient
 from kit.fakes import FakeRuntime, HashTowers
 
+from entrypoints.api.app import create_app
 from services.chunking import Chunk
 from services.lifecycle.copy import embed_passages
 from services.query import QueryOptions
 from services.readers.records import Document, Section
+from services.settings import Settings
 from services.store.points import Passage, place_label, point_id
 
 pytestmark = pytest.mark.unit
@@ -86,3 +91,16 @@ def test_reembed_reads_what_ingest_read() -> None:
     assert chunk.encoder_text == "Guide › Setup\nbody text"
     [point] = embed_passages([passage], towers, None)
     assert point.dense == towers.encode_documents([chunk.encoder_text])[0].tolist()
+
+
+def test_the_api_search_response_carries_the_place(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    runtime.pipeline.ingest([MANUAL, PLAIN])
+    app = create_app(Settings(data_dir=tmp_path / "dpr"), runtime=runtime, warm_model=False)
+    with TestClient(app) as client:
+        body = {"question": "package apt daemon", "k": 2, "filters": {"page": 13, "format": "pdf"}}
+        hits = client.post("/v1/search", json=body).json()["hits"]
+        assert [(h["page"], h["page_end"], h["heading"], h["format"], h["place"]) for h in hits] == [
+            (13, 14, ["Installing", "On Linux"], "pdf", "manual.pdf pp. 13-14 › Installing › On Linux")]
+        plain = client.post("/v1/search", json={"question": "tides moon", "k": 1}).json()["hits"][0]
+        assert plain["doc_id"] == "notes" and not {"page", "page_end", "heading", "format", "place"} & set(plain)
