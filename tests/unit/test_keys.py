@@ -286,3 +286,23 @@ def test_the_thin_client_maps_refusals_to_exit_codes() -> None:
         return exit_code_for(_error(httpx.Response(status, json=body), "http://dpr"))
 
     assert (answer(401), answer(403), answer(429)) == (2, 2, 3)  # wrong key / role: configuration; rate: try again
+
+
+def test_keys_over_http_for_an_unlimited_admin(keyed: tuple[TestClient, dict[str, str], KeyStore]) -> None:
+    c, tokens, store = keyed
+    assert_error(c.get("/v1/keys", headers=_h(tokens["write"])), 403, "forbidden")
+    made = c.post("/v1/keys", json={"role": "read", "name": "dashboard"}, headers=_h(tokens["admin"]))
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    assert c.get("/v1/whoami", headers=_h(token)).json()["key"]["name"] == "dashboard"
+    listed = c.get("/v1/keys", headers=_h(tokens["admin"])).json()["keys"]
+    assert "dashboard" in [k["name"] for k in listed] and "token" not in json.dumps(listed)
+    assert c.delete(f"/v1/keys/{made.json()['id']}", headers=_h(tokens["admin"])).json()["revoked"]
+    assert_error(c.get("/v1/whoami", headers=_h(token)), 401, "unauthorized")
+    assert_error(c.delete("/v1/keys/nope", headers=_h(tokens["admin"])), 404, "not_found")
+    assert_error(c.post("/v1/keys", json={"role": "root"}, headers=_h(tokens["admin"])), 422, "validation")
+    # an admin limited to one collection cannot mint itself a key for every collection
+    err = assert_error(c.post("/v1/keys", json={"role": "admin"}, headers=_h(tokens["other"])), 403, "forbidden")
+    assert "every collection" in err["message"]
+    actions = [e["action"] for e in AuditLog(store.path.parent / "audit.log").tail()]
+    assert actions.count("POST /v1/keys") == 3 and "DELETE /v1/keys/{key_id}" in actions
