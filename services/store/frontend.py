@@ -58,6 +58,7 @@ from services.store.points import (
     PassagePoint,
     SearchRequest,
     SparseVector,
+    point_id,
     point_vectors,
 )
 from services.store.protocol import Branch, Engine, Record
@@ -248,10 +249,9 @@ class Store:
             for start in range(0, len(points), size):
                 batch = points[start : start + size]
                 self.engine.upsert(name, [(p.passage.id, point_vectors(p, spec.sparse), _payload(p)) for p in batch])
-            stale = [stale_filter(doc_id, doc_hash, chunks) for doc_id, (doc_hash, chunks) in versions.items()]
-            finish(Where(should=tuple(stale)) if stale else None)
-            for where in stale:
-                self.engine.delete(name, where)
+            finish(versions)
+            for doc_id, (doc_hash, chunks) in versions.items():
+                self.engine.delete(name, stale_filter(doc_id, doc_hash, chunks))
 
     # -- BM25 length statistics (services.store.bm25) -------------------------------------------------------
     def bm25_stats(self, generation: str | None = None) -> bm25.Bm25Stats:
@@ -263,11 +263,12 @@ class Store:
         self, name: str, spec: CollectionSpec, points: Sequence[PassagePoint], replace: bool
     ) -> tuple[Sequence[PassagePoint], Any]:
         """Re-weight the points' sparse vectors with the generation's average length including them, and the
-        step that records the new stats once they are written (``finish(stale)``: subtracts the points that
-        ``stale`` is about to delete). Points without counts (no sparse vector, a test double's) pass as they are."""
+        step that records the new stats once they are written (``finish(versions)``: subtracts the stale points
+        ``upsert`` is about to delete for those document versions). Points without counts (no sparse vector, a test
+        double's) pass as they are."""
         lengths = [bm25.length(p.sparse) for p in points]
         if not spec.sparse or all(n is None for n in lengths):
-            return points, lambda stale: None
+            return points, lambda versions: None
         fresh = self.engine.read_spec(name)
         stats = bm25.read_stats(fresh, name)
         if not bm25.has_stats(fresh, name) and self.engine.count(name) > 0:  # points from before the record
@@ -284,8 +285,11 @@ class Store:
             for p, n in zip(points, lengths, strict=True)
         ]
 
-        def finish(stale: Where | None) -> None:
-            gone = self._bm25_lengths(name, stale) if stale is not None and replace else []
+        def finish(versions: dict[str, tuple[str, int]]) -> None:
+            # only documents that were stored before can have stale points (every stored version has its chunk 0,
+            # which this write overwrote): a new document costs no scan
+            stale = [stale_filter(d, h, n) for d, (h, n) in versions.items() if point_id(d, 0) in old]
+            gone = self._bm25_lengths(name, Where(should=tuple(stale))) if stale and replace else []
             self._bm25_write(name, stats.add(gone, sign=-1))
 
         return weighted, finish
