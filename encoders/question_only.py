@@ -231,6 +231,7 @@ def train_question_only(
     from datasets import Dataset
 
     from encoders.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
+    from encoders.train import freeze_word_embeddings
     from encoders.training_run import save_model, start_run, versioned_name
 
     check_config(config)
@@ -240,6 +241,7 @@ def train_question_only(
     partner = partner_record(base, partner_name)
     # 1. model
     model = build_question_only_model(base, config.max_query_tokens)
+    frozen_embeddings = freeze_word_embeddings(model, config.freeze_embeddings)  # the question tower's (large vocab)
     before = passage_state(model)
     frozen_passage = sum(v.numel() for v in before.values())
     # 2. data: the passage table, encoded once
@@ -271,7 +273,8 @@ def train_question_only(
             training_data=data_record(pairs, data_info, passage_table=len(texts)),
             hyperparameters={**asdict(replace(config, max_passage_tokens=None)), "loss": type(loss).__name__,
                              "negatives": "every passage of the table (other labelled positives masked)",
-                             "frozen_passage_parameters": frozen_passage},
+                             "frozen_passage_parameters": frozen_passage,
+                             "frozen_embedding_parameters": frozen_embeddings},
             seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,
             dev_metrics={"before": dev_before, "after": dev_after} if dev_after is not None else None,
         ),

@@ -20,32 +20,20 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.evaluate import Retrieval, Retriever, score_retrieval
+from encoders.recipe import base_record, card_fields, data_record, fit_in_scratch
 from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_scores, score_with_model
-from encoders.towers import base_model_path, model_fingerprint
-from encoders.train_rows import pairs_fingerprint, pairs_to_columns
-from encoders.training_run import (
-    ProgressFn,
-    TrainResult,
-    fit,
-    peak_rss_mib,
-    save_model,
-    start_run,
-    training_arguments,
-    versioned_name,
-)
+from encoders.towers import base_model_path
+from encoders.train_rows import pairs_to_columns
+from encoders.training_run import ProgressFn, TrainResult, save_model, start_run, training_arguments, versioned_name
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +102,6 @@ def columns_to_rows(columns: dict[str, list[str]]) -> dict[str, list[Any]]:
             rows["passage"].append(columns[key][i])
             rows["label"].append(label)
     return rows
-
-
-def rerank_retrieval(score: ScoreFn, dataset: RetrievalDataset, first: Retrieval, candidates: int,
-                     weight: float = 1.0) -> Retrieval:
-    """``first`` with each question's top ``candidates`` reordered by ``score`` (fused with the first stage's
-    scores at ``weight`` < 1: ``encoders.rerank.fuse_scores``); the rest keep their order below."""
-    return _reranked(_score_heads(score, dataset, first, candidates), dataset, first, weight)
 
 
 Heads = dict[str, tuple[list[str], list[str], list[float]]]  # qid -> (top N, the rest, the reranker's scores)
@@ -220,12 +201,10 @@ def train_reranker(
     score: ScoreFn = lambda q, ps: score_with_model(model, q, ps)  # noqa: E731
     evaluate = dev is not None and bool(dev.queries) and first_stage is not None
     # 5. arguments, 6. trainer
-    out_tmp = Path(tempfile.mkdtemp(prefix="dpr-rerank-"))
-    try:
-        args = training_arguments(CrossEncoderTrainingArguments, config, out_tmp, **extra)
-        steps, losses = fit(model, args, Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer)
-    finally:
-        shutil.rmtree(out_tmp, ignore_errors=True)
+    steps, losses = fit_in_scratch(model, lambda out: training_arguments(CrossEncoderTrainingArguments, config, out,
+                                                                         **extra),
+                                   Dataset.from_dict(columns), loss, progress, trainer_class=CrossEncoderTrainer,
+                                   prefix="dpr-rerank-")
     train_seconds = time.perf_counter() - t0
     # 7. evaluate
     model.eval()
@@ -240,20 +219,14 @@ def train_reranker(
         "format": "sentence-transformers cross-encoder",
         "similarity": None,
         "max_length": config.max_length,
-        "base": {"path": str(base), "fingerprint": model_fingerprint(base), "head": starting_head(base)},
-        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": n_negatives,
-                          "fingerprint": pairs_fingerprint(pairs)},
-        "hyperparameters": {**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
-        "seed": config.seed,
-        "started_at": started.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "train_seconds": round(train_seconds, 1),
-        "peak_rss_mib": peak_rss_mib(),
-        "steps": steps,
-        "final_loss": losses[-1] if losses else None,
-        "dev_metrics": dev_metrics,
+        **card_fields(
+            base=base_record(base, head=starting_head(base)),
+            training_data=data_record(pairs, data_info, hard_negatives_per_pair=n_negatives),
+            hyperparameters={**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
+            seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,
+            dev_metrics=dev_metrics,
+        ),
         "default_on": bool(dev_metrics and dev_metrics["gain"] > 0),
-        "environment": {"python": platform.python_version(), "torch": torch.__version__},
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 

@@ -17,34 +17,18 @@ torch, datasets and sentence_transformers are imported inside functions.
 from __future__ import annotations
 
 import logging
-import platform
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from encoders.blend import blend_with_pretrained, pretrained_root
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.towers import base_model_path, model_fingerprint
-from encoders.train_rows import fit_answers, pairs_fingerprint, pairs_to_columns
-from encoders.training_run import (
-    ProgressFn,
-    TrainResult,
-    fit,
-    offline,
-    peak_rss_mib,
-    save_model,
-    start_run,
-    training_arguments,
-    versioned_name,
-)
-
-if TYPE_CHECKING:
-    from encoders.rerank import Reranker
+from encoders.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
+from encoders.towers import base_model_path
+from encoders.train_rows import fit_answers, pairs_to_columns
+from encoders.training_run import ProgressFn, TrainResult, offline, save_model, start_run, versioned_name
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +66,9 @@ class TrainConfig:
     # WiSE-FT (Wortsman et al. 2022): save blend x trained + (1 - blend) x the weights of the pretrained model the
     # lineage started from (the first model without a dpr training card); keeps more of its out-of-domain quality
     blend: float | None = None
-    # with a teacher (a trained reranker, ``train(teacher=...)``): MNRL + distill_weight x KL(teacher || towers) over
-    # each question's own candidates, the teacher's scores softened by distill_temperature (``encoders.distill``)
-    distill_weight: float = 1.0
-    distill_temperature: float = 1.0
-    distill_negatives_only: bool = False  # the KL term over the hard negatives alone (the positive is the label's)
+    # only the question tower learns; the passage tower stays the base's (``encoders.question_only``): the model
+    # serves the points the base's passage tower embedded, with no re-embed
+    question_only: bool = False
 
     @property
     def cached(self) -> bool:
@@ -103,18 +85,6 @@ class TrainConfig:
             raise ValueError("warmup_ratio must lie in [0, 1)")
         if self.blend is not None and not 0 < self.blend <= 1:
             raise ValueError(f"blend must lie in (0, 1] (the trained weights' share), got {self.blend}")
-        if self.distill_weight <= 0 or self.distill_temperature <= 0:
-            raise ValueError("distill_weight and distill_temperature must be positive")
-
-    def check_distillation(self, hard_negatives: int) -> None:
-        """Whether a reranker can teach these settings (``train(teacher=...)``): it compares a question's positive
-        with its hard negatives (with ``distill_negatives_only``, the negatives among themselves), in the plain loss.
-        ``services.training`` asks before mining starts; ``train`` again on the rows it got."""
-        needed = 2 if self.distill_negatives_only else 1
-        if hard_negatives < needed:
-            raise ValueError(f"--distill needs hard negatives to compare: set --hard-negatives {needed} or more")
-        if self.cached:
-            raise ValueError("--distill runs the plain loss, not GradCache: drop --mini-batch-size (or set it to 0)")
 
 
 # --- model ----------------------------------------------------------------------------------------------------
@@ -208,19 +178,19 @@ def train(
     dev: RetrievalDataset | None = None,
     data_info: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
-    teacher: Reranker | None = None,
 ) -> TrainResult:
     """Train towers on ``pairs`` and save them under ``models_dir``; returns the new model directory.
 
     ``dev``: held-out queries (carved from the training data) evaluated in memory after training (and before, with
     ``config.dev_baseline``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
-    ``teacher``: a reranker whose scores of each row's candidates the towers also learn (``encoders.distill``).
+    ``config.question_only`` is ``encoders.question_only.train_question_only``'s (which reuses ``build_model``).
     """
     config = config or TrainConfig()
     config.validate()
     base = base or base_model_path()
+    if config.question_only:
+        raise ValueError("question-only training is encoders.question_only.train_question_only: its own recipe")
     started, t0 = start_run(config.threads, config.seed)
-    import torch
     from datasets import Dataset
 
     # 1. model
@@ -236,17 +206,8 @@ def train(
         budget = train_tokens - _prompt_tokens(model, config.shared)
         pairs, windowed = fit_answers(pairs, passage_transformer(model, config.shared).tokenizer, budget)
     columns = pairs_to_columns(pairs, corpus, config.seed)
-    labels: dict[str, list[list[float]]] = {}
-    distilled: dict[str, Any] | None = None
-    if teacher is not None:  # scored on the texts the towers train on (answer windows included)
-        from encoders.distill import teacher_scores
-
-        config.check_distillation(len(columns) - 2)
-        labels["label"], summary = teacher_scores(teacher.score, columns)
-        distilled = {"teacher": teacher.name, "fingerprint": teacher.fingerprint, "backend": teacher.backend,
-                     **summary}
     # 3. loss
-    loss = _loss(model, config, distil=teacher is not None)
+    loss = _loss(model, config)
     # 4. evaluator: the dev split, in memory (the same code path as `dpr eval`'s in-memory systems)
     dev_before = None
     if config.dev_baseline:
@@ -254,12 +215,9 @@ def train(
         dev_before = _dev_metrics(model, dev, "before")
         set_passage_tokens(model, train_tokens, config.shared)
     # 5. arguments, 6. trainer
-    out_tmp = Path(tempfile.mkdtemp(prefix="dpr-train-"))
-    try:
-        args = _arguments(config, list(columns), out_tmp, dict(model.prompts or {}))
-        steps, losses = fit(model, args, Dataset.from_dict({**columns, **labels}), loss, progress)
-    finally:
-        shutil.rmtree(out_tmp, ignore_errors=True)
+    prompts = dict(model.prompts or {})
+    steps, losses = fit_in_scratch(model, lambda out: towers_arguments(config, list(columns), out, prompts),
+                                   Dataset.from_dict(columns), loss, progress)
     train_seconds = time.perf_counter() - t0
     set_passage_tokens(model, passage_max, config.shared)
     blended = blend_with_pretrained(model, pretrained_root(base), config.blend) if config.blend is not None else None
@@ -268,36 +226,22 @@ def train(
     # 8. save
     card: dict[str, Any] = {
         "towers": "shared" if config.shared else "separate (Router: query, document)",
-        "base": {"path": str(base), "fingerprint": model_fingerprint(base)},
         **({"blended_with": blended} if blended is not None else {}),
-        **({"distilled_from": distilled} if distilled is not None else {}),
-        "training_data": {**(data_info or {}), "pairs": len(pairs), "hard_negatives_per_pair": len(columns) - 2,
-                          "positives_cut_around_answer": windowed,
-                          "fingerprint": pairs_fingerprint(pairs)},
-        "hyperparameters": {**{k: v for k, v in asdict(config).items() if teacher or not k.startswith("distill_")},
-                            "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
-                            "frozen_embedding_parameters": frozen},
-        "seed": config.seed,
-        "started_at": started.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "train_seconds": round(train_seconds, 1),
-        "peak_rss_mib": peak_rss_mib(),
-        "steps": steps,
-        "final_loss": losses[-1] if losses else None,
-        "dev_metrics": {"before": dev_before, "after": dev_after} if dev_after is not None else None,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__},
+        **card_fields(
+            base=base_record(base),
+            training_data=data_record(pairs, data_info, hard_negatives_per_pair=len(columns) - 2,
+                                      positives_cut_around_answer=windowed),
+            hyperparameters={**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
+                             "frozen_embedding_parameters": frozen},
+            seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,
+            dev_metrics={"before": dev_before, "after": dev_after} if dev_after is not None else None,
+        ),
     }
     return save_model(model, models_dir, versioned_name(config.name, started), card, losses)
 
 
-def _loss(model: Any, config: TrainConfig, distil: bool = False) -> Any:
-    """In-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches; plus the
-    teacher's KL term when distilling."""
-    if distil:
-        from encoders.distill import DistilledMNRL
-
-        return DistilledMNRL(model, config.scale, config.distill_weight, config.distill_temperature,
-                             config.distill_negatives_only)
+def _loss(model: Any, config: TrainConfig) -> Any:
+    """In-batch negatives (+ hard negatives); GradCache when the batch is split into mini-batches."""
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
@@ -316,15 +260,3 @@ def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[st
     metrics = evaluate_model_in_memory(model, dev)
     log.info("dev %s training", when, extra={"metrics": metrics})
     return metrics
-
-
-def _arguments(config: TrainConfig, columns: list[str], output_dir: Path, prompts: dict[str, str]) -> Any:
-    """``prompts``: the model's own (``query`` / ``document``), put before each column's texts as at inference."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
-
-    roles = {c: ("query" if c == "question" else "document") for c in columns}
-    router_mapping = {} if config.shared else roles
-    column_prompts = {c: prompts.get(role, "") for c, role in roles.items()}
-    return training_arguments(SentenceTransformerTrainingArguments, config, output_dir,
-                              lr_scheduler_type=config.scheduler, router_mapping=router_mapping,
-                              prompts=column_prompts if any(column_prompts.values()) else None)

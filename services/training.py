@@ -63,6 +63,7 @@ class TrainingData:
     pretrain_max_pairs: int | None = None
     pair_config: PairConfig = field(default_factory=PairConfig)
     language: str | None = None
+    feedback: bool = False  # also the judgements stored with the collection (``services.feedback``)
 
 
 @dataclass
@@ -82,27 +83,21 @@ def train_model(
     *,
     base: str = "base",
     progress: ProgressFn | None = None,
-    distill: str | None = None,
 ) -> TrainResult:
     """Build the training set, mine hard negatives and train a versioned model directory under ``models_dir``.
 
-    ``distill``: a trained reranker (name or path) whose scores of each question's positive and hard negatives the
-    towers also learn in the fine-tuning stage (``encoders.distill``); it runs on ``rerank.backend``, else fp32
-    ONNX (its scores are targets: no int8).
+    ``config.question_only``: ``base`` (``active`` for `dpr train --question-only`) is the partner whose passage
+    tower the new model keeps; every corpus passage is a negative there, so no hard negatives are mined, and
+    nothing that would move the passage tower (``--pretrain``, ``--shared``, ``--blend``) is accepted.
     """
     from encoders.towers import resolve_model_path
     from encoders.train import train
 
-    base_path, _ = resolve_model_path(base, settings.models_dir)
+    base_path, partner = resolve_model_path(base, settings.models_dir)
+    if config.question_only:
+        return _train_question_only(settings, data, config, base_path, partner, progress)
     if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
         data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
-    teacher = None
-    if distill is not None:  # settings that cannot distil, or a missing reranker, fail before any mining
-        try:
-            config.check_distillation(data.mining.num_negatives)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-        teacher = _teacher(settings, distill)
     stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir
@@ -116,10 +111,30 @@ def train_model(
         dev=training.dev,
         data_info=training.info,
         progress=progress,
-        teacher=teacher,
     )
     if stage1 is not None:
         record_stages(result, stage1)
+    export_for_backends(settings, result.model_dir)
+    return result
+
+
+def _train_question_only(settings: Settings, data: TrainingData, config: TrainConfig, partner_path: Path,
+                         partner: str, progress: ProgressFn | None) -> TrainResult:
+    """`dpr train --question-only`: the labelled (or self-supervised) pairs, no mining, the partner's passage tower
+    frozen (``encoders.question_only``)."""
+    from encoders.question_only import check_config, train_question_only
+
+    if data.pretrain is not None:
+        raise ConfigError("--question-only keeps the passage tower, which --pretrain would train: drop one of them")
+    try:
+        check_config(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    no_mining = replace(data, mining=replace(data.mining, num_negatives=0))  # the whole table is the negatives
+    training = build_training_set(settings, no_mining)
+    result = train_question_only(training.pairs, settings.models_dir, config, base=partner_path,
+                                 partner_name=partner, corpus=training.corpus or None, dev=training.dev,
+                                 data_info=training.info, progress=progress)
     export_for_backends(settings, result.model_dir)
     return result
 
@@ -245,27 +260,23 @@ def record_stages(result: TrainResult, stage1: TrainResult) -> None:
     write_card(result.model_dir, result.card)
 
 
-def _teacher(settings: Settings, spec: str) -> Any:
-    from encoders.rerank import RerankerError, load_reranker
-
-    try:
-        return load_reranker(spec, settings.models_dir, settings.rerank.backend or "onnx",
-                             threads=settings.encoder.threads, cache_dir=settings.onnx_cache_dir)
-    except RerankerError as e:
-        raise ConfigError(f"--distill: {e}") from e
-
-
 def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
     """Pairs (labelled or self-supervised) with hard negatives from their corpus: ranked by BM25 or by dense towers
     (``MiningConfig.source``), optionally denoised by the towers (``MiningConfig.denoise``)."""
     if data.self_supervised is not None or data.from_collection is not None:
         training = _self_supervised_set(settings, data)
+    elif data.data is None and data.feedback:
+        training = feedback_set(settings)
     elif data.data is None:
         raise ConfigError("give DATA: a BEIR folder, SQuAD JSON or labelled pairs JSONL")
     elif dataset_format(data.data, data.fmt) == "jsonl":
         training = _pairs_file_set(data.data, data)
     else:
         training = _labelled_set(data.data, data)
+    if data.feedback and "feedback" not in training.info:  # beside DATA's pairs
+        judged = feedback_set(settings)
+        training.pairs = [*training.pairs, *judged.pairs]
+        training.info["feedback"] = judged.info["feedback"]
     mining = data.mining
     info: dict[str, Any] = {**({"bm25": "bm25s"} if mining.source == "bm25" else {}), **{
         k: v for k, v in mining.__dict__.items() if v is not None and not (k == "source" and v == "bm25")}}
@@ -312,6 +323,30 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
     info = {"dataset": dataset, "self_supervised": mode, "documents": len(corpus),
             **({"pair_config": asdict(data.pair_config)} if data.pair_config != PairConfig() else {})}
     return TrainingSet(pairs, corpus, info=info)
+
+
+def feedback_set(settings: Settings) -> TrainingSet:
+    """`dpr train --feedback`: the judgements stored with ``settings.collection`` as labelled pairs (a passage
+    judged relevant is a positive, the passages judged not relevant to the same question its negatives:
+    ``services.feedback.training_pairs``), over the collection's passages."""
+    from services.feedback import FeedbackStore, training_pairs
+    from services.store import open_store
+
+    collection = settings.collection
+    with FeedbackStore.in_data_dir(settings.data_dir) as judgements_store:
+        judgements = judgements_store.judgements(collection)
+    store = open_store(settings)
+    try:
+        pairs = training_pairs(store, judgements)
+    finally:
+        store.close()
+    if not pairs:
+        raise ConfigError(f"collection {collection!r} has no judgement of a relevant passage to learn from "
+                          f"({len(judgements)} judgements); judge hits in the console or POST /v1/feedback first")
+    info = {"dataset": f"feedback:{collection}", "feedback": {
+        "collection": collection, "judgements": len(judgements), "pairs": len(pairs),
+        "questions": len({p.question for p in pairs}), "judged_negatives": sum(len(p.negatives) for p in pairs)}}
+    return TrainingSet(pairs, collection_corpus(settings, collection), info=info)
 
 
 def _unlabelled_corpus(path: Path, fmt: str) -> Corpus:

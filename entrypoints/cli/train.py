@@ -51,93 +51,112 @@ def register(app: typer.Typer) -> None:
     app.command("train-reranker")(train_reranker)
 
 
+DATA, RECIPE, SPEED, OUTPUT = "Data", "Recipe", "Speed / memory", "Output"
+
+
 def train(
     ctx: typer.Context,
     data: Annotated[
         Path | None,
         typer.Argument(help="BEIR folder, SQuAD JSON, labelled pairs JSONL, or (self-supervised) a corpus."),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad | jsonl")] = "auto",
-    split: Annotated[str, typer.Option(help="BEIR qrels split; SQuAD article split (train | test | all).")] = "train",
-    corpus: Annotated[
-        Path | None, typer.Option(help="Corpus for JSONL pairs that use positive_id (BEIR folder or corpus JSONL).")
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad | jsonl", rich_help_panel=DATA)] = "auto",
+    split: Annotated[str, typer.Option(
+        help="BEIR qrels split; SQuAD article split (train | test | all).", rich_help_panel=DATA)] = "train",
+    corpus: Annotated[Path | None, typer.Option(
+        help="Corpus for JSONL pairs that use positive_id (BEIR folder or corpus JSONL).", rich_help_panel=DATA)
     ] = None,
-    self_supervised: Annotated[
-        str | None, typer.Option("--self-supervised", help="No labels: build ict | title | both pairs from DATA.")
+    self_supervised: Annotated[str | None, typer.Option(
+        "--self-supervised", help="No labels: build ict | title | both pairs from DATA.", rich_help_panel=DATA)
     ] = None,
-    from_collection: Annotated[
-        str | None, typer.Option("--from-collection", help="Self-supervised pairs from an ingested collection.")
+    from_collection: Annotated[str | None, typer.Option(
+        "--from-collection", help="Self-supervised pairs from an ingested collection.", rich_help_panel=DATA)
     ] = None,
-    max_pairs: Annotated[int | None, typer.Option(help="Cap on training pairs (labelled: a seeded sample).")] = None,
-    pretrain: Annotated[
-        str | None, typer.Option(help="Stage 1 first: ict | title | both pairs of the target corpus, then fine-tune.")
-    ] = None,
-    pretrain_epochs: Annotated[float, typer.Option(min=0.01, help="Epochs of the --pretrain stage.")] = 1.0,
-    pretrain_max_pairs: Annotated[int | None, typer.Option(help="Cap on --pretrain pairs.")] = None,
+    feedback: Annotated[bool, typer.Option(
+        "--feedback", help="Learn from the judgements stored with the collection (DPR_COLLECTION; `dpr feedback "
+        "list`): passages judged relevant are positives, those judged not relevant their negatives. Alone, or "
+        "beside DATA's pairs.", rich_help_panel=DATA)] = False,
+    max_pairs: Annotated[int | None, typer.Option(
+        help="Cap on training pairs (labelled: a seeded sample).", rich_help_panel=DATA)] = None,
+    dev_queries: Annotated[int, typer.Option(
+        help="Queries held out of the training data for dev metrics (0: none).", rich_help_panel=DATA)] = 100,
     ict_per_doc: Annotated[int, typer.Option(
-        min=1, help="ICT pairs (--pretrain / --self-supervised): sentences per document that become questions.")] = 1,
+        min=1, help="ICT pairs (--pretrain / --self-supervised): sentences per document that become questions.",
+        rich_help_panel=DATA)] = 1,
     ict_keep_sentence: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="ICT: chance the question's sentence stays in its passage (ORQA: 0.1; higher "
-        "teaches word overlap).")] = 0.1,
+        "teaches word overlap).", rich_help_panel=DATA)] = 0.1,
     ict_context_words: Annotated[int, typer.Option(
         min=10, help="ICT: words of the passage window around the question's sentence (fit it to "
-        "--train-passage-tokens: about 100 English or 55 Korean words per 128 tokens).")] = 200,
-    name: Annotated[str, typer.Option(help="Model name; saved as NAME-YYYYmmdd-HHMMSS.")] = "dpr",
-    base: Annotated[
-        str, typer.Option(help="Initial towers: 'base' (all-MiniLM-L6-v2), a model name or a model directory.")
-    ] = "base",
-    shared: Annotated[bool, typer.Option("--shared", help="One tower for questions and passages.")] = False,
-    epochs: Annotated[float, typer.Option(min=0.01)] = 4.0,
-    batch_size: Annotated[int, typer.Option(min=2, help="Questions per batch (in-batch negatives).")] = 32,
-    mini_batch_size: Annotated[
-        int, typer.Option(min=0, help="Below --batch-size: cached MNRL (GradCache) with this mini-batch; 0: plain.")
-    ] = 0,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 3e-5,
-    warmup: Annotated[float, typer.Option(help="Warm-up fraction of the steps.")] = 0.1,
+        "--train-passage-tokens: about 100 English or 55 Korean words per 128 tokens).", rich_help_panel=DATA)] = 200,
+    language: Annotated[str, typer.Option(
+        help="BM25 tokenisation for hard negatives: auto (detected on the corpus) | en | ko.", rich_help_panel=DATA)
+    ] = "auto",
+    base: Annotated[str | None, typer.Option(
+        help="Initial towers: 'base' (all-MiniLM-L6-v2), 'active', a model name or a model directory (default: "
+        "base; with --question-only, the active model).", rich_help_panel=RECIPE)] = None,
+    question_only: Annotated[bool, typer.Option(
+        "--question-only", help="Train the question tower only: the passage tower stays --base's, so the new model "
+        "serves the points that model embedded (activate it: no re-embed). Every corpus passage is a negative.",
+        rich_help_panel=RECIPE)] = False,
+    shared: Annotated[bool, typer.Option(
+        "--shared", help="One tower for questions and passages.", rich_help_panel=RECIPE)] = False,
+    pretrain: Annotated[str | None, typer.Option(
+        help="Stage 1 first: ict | title | both pairs of the target corpus, then fine-tune.", rich_help_panel=RECIPE)
+    ] = None,
+    pretrain_epochs: Annotated[float, typer.Option(
+        min=0.01, help="Epochs of the --pretrain stage.", rich_help_panel=RECIPE)] = 1.0,
+    pretrain_max_pairs: Annotated[int | None, typer.Option(
+        help="Cap on --pretrain pairs.", rich_help_panel=RECIPE)] = None,
+    epochs: Annotated[float, typer.Option(min=0.01, rich_help_panel=RECIPE)] = 4.0,
+    batch_size: Annotated[int, typer.Option(
+        min=2, help="Questions per batch (in-batch negatives).", rich_help_panel=RECIPE)] = 32,
+    lr: Annotated[float, typer.Option(
+        "--lr", help="Peak learning rate (linear warm-up and decay).", rich_help_panel=RECIPE)] = 3e-5,
+    warmup: Annotated[float, typer.Option(help="Warm-up fraction of the steps.", rich_help_panel=RECIPE)] = 0.1,
     scale: Annotated[float, typer.Option(
-        min=1.0, help="MNRL scale: logits = scale x cosine (1 / temperature; e5 models were trained at 100).")
-    ] = 20.0,
-    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.")] = 1,
-    negative_window: Annotated[str, typer.Option(help="Ranks START:END searched for negatives.")] = "0:30",
-    negatives_from: NegativesFrom = "bm25",
-    negatives_model: NegativesModel = None,
-    denoise: Denoise = None,
-    train_passage_tokens: Annotated[int, typer.Option(help="Passage length while training (0: full).")] = 128,
+        min=1.0, help="MNRL scale: logits = scale x cosine (1 / temperature; e5 models were trained at 100).",
+        rich_help_panel=RECIPE)] = 20.0,
+    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.", rich_help_panel=RECIPE)] = 1,
+    negative_window: Annotated[str, typer.Option(
+        help="Ranks START:END searched for negatives.", rich_help_panel=RECIPE)] = "0:30",
+    negatives_from: Annotated[str, typer.Option(
+        help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
+        "trained --base, its own second mining round, as ANCE).", rich_help_panel=RECIPE)] = "bm25",
+    negatives_model: Annotated[str | None, typer.Option(
+        help="Towers for --negatives-from dense and --denoise (default: the --base model).",
+        rich_help_panel=RECIPE)] = None,
+    denoise: Annotated[float | None, typer.Option(
+        min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
+        "(likely unlabelled positives), e.g. 0.95.", rich_help_panel=RECIPE)] = None,
     answer_windows: Annotated[bool, typer.Option(
         help="Cut a positive whose answer (SQuAD-style data) lies past the training length to a window around "
-             "the answer, its title kept, instead of to its start.")] = True,
-    dev_queries: Annotated[
-        int, typer.Option(help="Queries held out of the training data for dev metrics (0: none).")
-    ] = 100,
-    max_steps: Annotated[int, typer.Option(help="Stop after this many steps (overrides --epochs).")] = -1,
-    freeze_embeddings: Annotated[bool | None, typer.Option(
-        "--freeze-embeddings/--train-embeddings",
-        help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).")
-    ] = None,
+             "the answer, its title kept, instead of to its start.", rich_help_panel=RECIPE)] = True,
     blend: Annotated[float | None, typer.Option(
         min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the weights of the "
-        "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.")
-    ] = None,
-    distill: Annotated[str | None, typer.Option(
-        help="A trained reranker (`dpr train-reranker`) the towers also learn from: its scores of each question's "
-        "positive and hard negatives (KL term beside MNRL; needs --hard-negatives >= 1, not --mini-batch-size).")
-    ] = None,
-    distill_weight: Annotated[float, typer.Option(min=0.001, help="Weight of the --distill term.")] = 1.0,
-    distill_temperature: Annotated[float, typer.Option(
-        min=0.001, help="The teacher's scores are divided by this before their softmax.")] = 1.0,
-    distill_negatives_only: Annotated[bool, typer.Option(
-        "--distill-negatives-only", help="The --distill term over the hard negatives alone: the teacher orders "
-        "them, the labels alone say which passage is right (needs --hard-negatives >= 2).")] = False,
-    dev_baseline: Annotated[
-        bool, typer.Option("--dev-baseline", help="Also measure the dev queries before training (both in the "
-                           "card); --activate then skips a model that scores below the one it started from.")
-    ] = False,
-    seed: Annotated[int, typer.Option()] = 42,
-    activate_model: Annotated[bool, typer.Option("--activate", help="Activate the model when done.")] = False,
-    language: Annotated[
-        str, typer.Option(help="BM25 tokenisation for hard negatives: auto (detected on the corpus) | en | ko.")
-    ] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+        "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.",
+        rich_help_panel=RECIPE)] = None,
+    seed: Annotated[int, typer.Option(rich_help_panel=RECIPE)] = 42,
+    mini_batch_size: Annotated[int, typer.Option(
+        min=0, help="Below --batch-size: cached MNRL (GradCache) with this mini-batch; 0: plain.",
+        rich_help_panel=SPEED)] = 0,
+    train_passage_tokens: Annotated[int, typer.Option(
+        help="Passage length while training (0: full).", rich_help_panel=SPEED)] = 128,
+    max_steps: Annotated[int, typer.Option(
+        help="Stop after this many steps (overrides --epochs).", rich_help_panel=SPEED)] = -1,
+    freeze_embeddings: Annotated[bool | None, typer.Option(
+        "--freeze-embeddings/--train-embeddings",
+        help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).",
+        rich_help_panel=SPEED)] = None,
+    name: Annotated[str, typer.Option(
+        help="Model name; saved as NAME-YYYYmmdd-HHMMSS.", rich_help_panel=OUTPUT)] = "dpr",
+    dev_baseline: Annotated[bool, typer.Option(
+        "--dev-baseline", help="Also measure the dev queries before training (both in the card); --activate then "
+        "skips a model that scores below the one it started from.", rich_help_panel=OUTPUT)] = False,
+    activate_model: Annotated[bool, typer.Option(
+        "--activate", help="Activate the model when done.", rich_help_panel=OUTPUT)] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON document on stdout.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
     """Train DPR towers (MNRL with in-batch and mined hard negatives) into a versioned model directory."""
     from encoders.mining import MiningConfig
@@ -154,11 +173,11 @@ def train(
             fail(f"{flag} {value!r} is not known; use ict, title or both", code=EXIT_USAGE)
     if pretrain is not None and self_supervised is not None:
         fail("--pretrain precedes labelled fine-tuning; drop --self-supervised (or --pretrain)", code=EXIT_USAGE)
-    if data is None and from_collection is None:
-        fail("give DATA (a dataset or corpus) or --from-collection NAME", code=EXIT_USAGE)
+    if data is None and from_collection is None and not feedback:
+        fail("give DATA (a dataset or corpus), --from-collection NAME or --feedback", code=EXIT_USAGE)
     what = TrainingData(
         data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,  # type: ignore[arg-type]
-        from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed,
+        from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed, feedback=feedback,
         mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end, source=negatives_from,
                             model=negatives_model, denoise=denoise),
         language=language, pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
@@ -170,17 +189,14 @@ def train(
         learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
         train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
         freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
-        distill_weight=distill_weight, distill_temperature=distill_temperature,
-        distill_negatives_only=distill_negatives_only,
+        question_only=question_only,
     )  # fmt: skip
-    if distill is None and (distill_weight != 1.0 or distill_temperature != 1.0 or distill_negatives_only):
-        fail("--distill-weight, --distill-temperature and --distill-negatives-only shape --distill: name the "
-             "teacher with --distill RERANKER", code=EXIT_USAGE)
     with cli_errors():
         check_choice(language)
         try:
             with _progress_bar(quiet=as_json) as on_step:
-                result = train_model(settings, what, config, base=base, progress=on_step, distill=distill)
+                result = train_model(settings, what, config, base=base or ("active" if question_only else "base"),
+                                     progress=on_step)
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
         lost = _dev_loss(result.card)

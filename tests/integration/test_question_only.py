@@ -185,3 +185,36 @@ def test_activation_serves_the_stored_points_at_once_and_rollback_is_the_pointer
     run("models", "activate", "tinybase")  # rollback: the pointer
     assert [h["score"] for h in run("query", QUESTION, "-k", "3", "--mode", "dense")] == pytest.approx(
         [h["score"] for h in partner_hits])
+
+
+def test_train_feedback_learns_from_the_collections_judgements(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr train --feedback` (with --question-only: no re-embed after it): the judgements stored with the collection
+    become pairs, a passage judged relevant the positive and those judged not relevant its negatives."""
+    from typer.testing import CliRunner
+
+    from entrypoints.cli.main import app
+    from services.feedback import FeedbackStore
+
+    for key, value in (("DPR_ENCODER__BACKEND", "torch"), ("DPR_ENCODER__QUESTION_BACKEND", "torch"),
+                       ("DPR_COLLECTION", "judged")):
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    data_dir = ["--data-dir", str(world["data_dir"])]
+    assert runner.invoke(app, [*data_dir, "ingest", str(_folder(world["root"] / "judged"))]).exit_code == 0
+    unjudged = runner.invoke(app, [*data_dir, "train", "--feedback", "--question-only", "--base", "tinybase"])
+    assert unjudged.exit_code != 0 and "no judgement of a relevant passage" in unjudged.stderr, unjudged.output
+    with FeedbackStore.in_data_dir(world["data_dir"]) as judgements:
+        for t, words in enumerate(TOPICS):
+            question = f"tell me about {words.split()[1]}"
+            judgements.record("judged", question, f"judged/topic{t}.txt", 0, True)
+            judgements.record("judged", question, f"judged/topic{(t + 1) % len(TOPICS)}.txt", 0, False)
+    trained = runner.invoke(app, [*data_dir, "train", "--feedback", "--question-only", "--base", "tinybase",
+                                  "--max-steps", "2", "--batch-size", "4", "--name", "fb", "--json"])
+    assert trained.exit_code == 0, trained.output
+    card = json.loads(trained.stdout)["card"]
+    assert card["training_data"]["feedback"] == {"collection": "judged", "judgements": 16, "pairs": 8,
+                                                 "questions": 8, "judged_negatives": 8}
+    assert card["training_data"]["dataset"] == "feedback:judged" and card["question_only"] is True
+    assert card["passage_fingerprint"] == world["qo"].card["passage_fingerprint"]
