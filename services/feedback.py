@@ -14,6 +14,7 @@ gives the same as JSON lines (`dpr feedback export`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import sqlite3
 import threading
@@ -27,6 +28,8 @@ from encoders.data import TrainPair, passage_text
 from services.errors import CollectionNotFound, ConfigError
 from services.store.points import Passage, point_id
 from services.store.protocol import VectorStore
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "feedback.sqlite3"
 MAX_QUESTION_CHARS = 2000
@@ -168,10 +171,25 @@ class FeedbackStore:
                 "questions": int(questions)}
 
 
-def counts_in(data_dir: Path, collection: str) -> dict[str, int]:
-    """The counts without creating anything (for `dpr status`)."""
-    with FeedbackStore.in_data_dir(data_dir) as store:
-        return store.counts(collection)
+def counts_in(data_dir: Path, collection: str) -> dict[str, int] | None:
+    """The counts for `dpr status`, read-only (nothing is created; a read-only data dir works); None, with a
+    warning in the log, when the file cannot be read (status still reports everything else)."""
+    path = Path(data_dir) / FILE_NAME
+    if not path.exists():
+        return {"judgements": 0, "relevant": 0, "not_relevant": 0, "questions": 0}
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+        try:
+            total, relevant, questions = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(relevant), 0), COUNT(DISTINCT question) FROM judgements "
+                "WHERE collection = ?", (collection,)).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        log.warning("cannot read the judgements", extra={"path": str(path), "error": str(e)})
+        return None
+    return {"judgements": int(total), "relevant": int(relevant), "not_relevant": int(total) - int(relevant),
+            "questions": int(questions)}
 
 
 # --- what a judgement names: it must exist in the collection -------------------------------------------------

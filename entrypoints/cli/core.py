@@ -163,7 +163,7 @@ def status(
         table.add_row("disk", f"{disk['free_mb']:,.0f} MB free of {disk['total_mb']:,.0f} MB on {disk['path']}"
                       + ("  [red]writes refused: under DPR_MIN_FREE_MB[/]" if disk["writes_refused"] else
                          "  [yellow]low[/]" if disk["low"] else ""))
-    if "feedback" in data:  # judgements of search hits (`dpr feedback list`)
+    if data.get("feedback"):  # judgements of search hits (`dpr feedback list`)
         fb = data["feedback"]
         table.add_row("feedback", f"{fb['judgements']:,} judgements ({fb['relevant']:,} relevant) of "
                       f"{fb['questions']:,} questions")
