@@ -185,6 +185,7 @@ def _search(page: Any, expect: Any) -> None:
     hits = page.locator("#results .hit")
     expect(hits.first).to_have_attribute("data-doc", DROPPED[0])
     expect(hits.first.locator(".rank")).to_have_text("#1")
+    expect(hits.first.locator(".place")).to_have_text(f"{DROPPED[0]} › Honeybees")  # where the passage came from
     marked = {m.lower() for m in hits.first.locator("mark").all_inner_texts()}
     assert {"bees", "nectar", "honey"} <= marked, marked
     assert "how" not in marked and "do" not in marked  # question words too common to mark
