@@ -30,12 +30,18 @@ QUESTIONS = ["Which animal hunts mice?", "Where does the Nile flow?", "How do I 
              "What causes tides?"]
 
 
-def _answers(runtime: Runtime) -> dict[str, list[tuple[str, int, float]]]:
+def _answers(runtime: Runtime) -> dict[str, tuple[object, ...]]:
+    """Every question's hits up to the order of exactly equal scores (the engine orders ties, e.g. hybrid RRF's,
+    differently from one run to the next even on one store): the scores in order, and the hits above the last
+    score (at the cut-off a tie may take either member)."""
     out = {}
     for mode in ("dense", "sparse", "hybrid"):
         for q in QUESTIONS:
             hits = runtime.search(q, QueryOptions(k=5, mode=mode))  # type: ignore[arg-type]
-            out[f"{mode}:{q}"] = [(h.passage.doc_id, h.passage.chunk_index, h.score) for h in hits]
+            scores = [h.score for h in hits]
+            floor = min(scores, default=0.0)
+            above = sorted((h.passage.doc_id, h.passage.chunk_index, h.score) for h in hits if h.score > floor)
+            out[f"{mode}:{q}"] = (tuple(scores), tuple(above))
     return out
 
 
