@@ -17,10 +17,10 @@ tokens the sparse vectors use), so the store keeps it:
 
 Points keep the average of the moment they were written (``bm25_avg`` in the payload): when a collection's
 average moves later, older points drift from the exact BM25. The stats record keeps the range of averages the
-generation's points were weighted with (``low``/``high``); ``Store.bm25_renormalize`` (run by ``optimize`` and
-by ``maybe_optimize`` at the end of every ingest job and re-embed) re-weights the points whose average is more
-than ``DRIFT`` off the current one, from their stored vectors (``recover_counts`` gives back the integer term
-counts), so no text is tokenised again and no dense vector is recomputed. Points written before this record
+generation's points were weighted with (``low``/``high``); ``Store.bm25_renormalize`` (run by ``optimize``, and on
+the embedded engine by ``maybe_optimize`` at the end of every ingest job and re-embed) re-weights the points whose
+average is more than ``DRIFT`` off the current one, from their stored vectors (``recover_counts`` gives back the
+integer term counts), so no text is tokenised again and no dense vector is recomputed. Points written before this record
 existed (no ``bm25_len``: weighted with the 256-token prior) are counted and re-weighted the same way on the
 first ``dpr optimize`` (the record's ``complete`` is False until then).
 """

@@ -230,7 +230,9 @@ class Store:
             return False  # a job that stored nothing: no collection to index
         if due:
             return self.optimize(name)
-        return self.bm25_renormalize(name) > 0
+        # Re-weighting reads and rewrites whole points: safe while writers wait (the edge lease); on a server a
+        # concurrent write to the same point could be undone, so there only an explicit `dpr optimize` does it.
+        return self.bm25_renormalize(name) > 0 if self.backend == "edge" else False
 
     def index_info(self, generation: str | None = None) -> dict[str, Any]:
         with self._use(generation) as (name, _):
