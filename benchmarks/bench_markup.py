@@ -5,6 +5,7 @@ Before: reST and Markdown were read as raw text, HTML by the standard library's 
 (``services.readers.files.html_to_text``, still there). After: ``services.readers.markup`` (sections by heading).
 
     nice -n 10 .venv/bin/python benchmarks/bench_markup.py [DOCS_HTML_DIR] [--out results/ingest-speed/markup.md]
+        [--passages]   # also: passages and passage-tower tokens of the demo's folders, before / after (loads base)
 
 DOCS_HTML_DIR defaults to the demo's unpacked package (``scripts/fetch_python_docs.sh`` prints its ``_sources``).
 """
@@ -63,10 +64,41 @@ def run(name: str, texts: list[str], read: Callable[[str], str], repeat: int = 2
     return row
 
 
+def passages(root: Path) -> str:
+    """Passages and tower tokens of ``make demo``'s folders: raw reST through ``chunk_text`` (before) against
+    ``read_file`` + ``chunk_document`` (after), with the base towers' tokenizer and the default chunk settings."""
+    from encoders.towers import SentenceTransformerTowers, base_model_path
+    from services.chunking import chunk_text
+    from services.ingest import chunk_document
+    from services.readers.files import guess_title, read_file
+    from services.settings import ChunkSettings
+
+    towers = SentenceTransformerTowers(base_model_path(), name="base")
+    files = [f for d in ("tutorial", "howto", "faq", "reference")
+             for f in sorted(glob.glob(str(root / "_sources" / d / "**/*.rst.txt"), recursive=True))]
+    files.append(str(root / "_sources" / "glossary.rst.txt"))
+    cs = ChunkSettings()
+    before = after = before_tokens = after_tokens = 0
+    for f in files:
+        path = Path(f)
+        raw = path.read_text("utf-8")
+        old = chunk_text(raw, guess_title(path, raw), offsets_of=towers.passage_token_offsets,
+                         max_passage_tokens=towers.max_passage_tokens, overlap=cs.overlap,
+                         max_title_tokens=cs.max_title_tokens).chunks
+        new, _ = chunk_document(read_file(path, f, 10**9), towers, cs)
+        before, after = before + len(old), after + len(new)
+        before_tokens += sum(c.tokens for c in old)
+        after_tokens += sum(c.tokens for c in new)
+    return (f"make demo's folders ({len(files)} documents), base towers' tokenizer, default chunking: passages "
+            f"{before:,} -> {after:,}; passage-tower tokens {before_tokens:,} -> {after_tokens:,} "
+            f"({after_tokens / before_tokens:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("html_dir", nargs="?", default=".dpr/corpus/python3.11-doc/usr/share/doc/python3.11/html")
     ap.add_argument("--out", default="benchmarks/results/ingest-speed/markup.md")
+    ap.add_argument("--passages", action="store_true", help="also count the demo's passages before / after")
     args = ap.parse_args()
     root = Path(args.html_dir)
     rst = [Path(f).read_text("utf-8") for f in sorted(glob.glob(str(root / "_sources/**/*.rst.txt"), recursive=True))]
@@ -91,6 +123,8 @@ def main() -> None:
     table += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     ratios = [f"speed after / before: reST {float(rows[1]['MB/s']) / float(rows[0]['MB/s']):.3f} (raw text costs "
               f"nothing), HTML {float(rows[3]['MB/s']) / float(rows[2]['MB/s']):.2f}"]
+    if args.passages:
+        ratios += ["", passages(root)]
     text = "\n".join(head + table + ["", *ratios]) + "\n"
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
