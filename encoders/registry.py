@@ -72,6 +72,8 @@ class ModelEntry:
             "data": (card.get("training_data") or {}).get("dataset"),
             "dev_ndcg@10": dev.get("ndcg@10"),
             "kind": card.get("kind", "towers"),
+            "question_only": bool(card.get("question_only")),
+            "partner": (card.get("partner") or {}).get("name"),  # whose passage tower (and points) it shares
         }
 
 

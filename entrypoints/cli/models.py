@@ -53,7 +53,7 @@ def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
         table.add_row(
             "*" if e.active else "",
             e.name,
-            str(s["towers"] or ""),
+            f"question only (passages: {s['partner']})" if s.get("question_only") else str(s["towers"] or ""),
             str(s["data"] or ""),
             f"{dev:.3f}" if isinstance(dev, float) else "",
             str(s["fingerprint"] or ""),

@@ -166,6 +166,9 @@ def test_activation_serves_the_stored_points_at_once_and_rollback_is_the_pointer
     generation = run("status")["generation"]
     partner_hits = run("query", QUESTION, "-k", "3", "--mode", "dense")
 
+    listed = {m["name"]: m for m in run("models", "list")["models"]}
+    assert listed[qo.name]["question_only"] and listed[qo.name]["partner"] == "tinybase"
+    assert not listed[full.name]["question_only"] and listed[full.name]["partner"] is None
     shown = run("models", "show", qo.name)["passage_tower"]
     assert shown["same"] is True and shown["reembed_needed"] is False
     other = run("models", "show", full.name)["passage_tower"]
