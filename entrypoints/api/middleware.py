@@ -158,7 +158,7 @@ class AccessControl:
             await self.app(scope, receive, send)
             return
         path_params: dict[str, Any] = child.get("path_params", {})
-        collection = self._collection(scope, path_params) if access.collection else None
+        collection = self._collection(scope, route, path_params) if access.collection else None
         client = (scope.get("client") or ("unknown", 0))[0]
         action = f"{scope.get('method', '')} {getattr(route, 'path', '')}"
         token = token_from_headers(scope.get("headers", []))
@@ -197,12 +197,16 @@ class AccessControl:
         if access.audited:
             await self._audit(access, principal, action, collection or self.collection, path_params, status, client)
 
-    def _collection(self, scope: Scope, path_params: dict[str, Any]) -> str:
+    def _collection(self, scope: Scope, route: Any, path_params: dict[str, Any]) -> str:
+        """The route's own ``collection`` path or query parameter, else the server's collection. A query parameter
+        the route does not declare is ignored: the route would not read it, so it must not pick the check."""
         if "collection" in path_params:
             return str(path_params["collection"])
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        values = query.get("collection")
-        return values[0] if values else self.collection
+        if "collection" in _query_params(route):
+            values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("collection")
+            if values:
+                return values[0]
+        return self.collection
 
     async def _audit(self, access: RouteAccess, principal: Any, action: str, collection: str,
                      target: dict[str, Any], status: int, client: str) -> None:
@@ -220,3 +224,16 @@ class AccessControl:
             await run_in_threadpool(self.gate.audit_log.append, entry)
         except OSError:
             log.exception("could not append to the audit log %s", self.gate.audit_log.path)
+
+
+def _query_params(route: Any) -> set[str]:
+    """The query parameters a FastAPI route reads (its dependencies' included)."""
+    names: set[str] = set()
+    pending = [getattr(getattr(route, "original_route", route), "dependant", None)]
+    while pending:
+        dependant = pending.pop()
+        if dependant is None:
+            continue
+        names.update(param.alias for param in getattr(dependant, "query_params", ()))
+        pending.extend(getattr(dependant, "dependencies", ()))
+    return names

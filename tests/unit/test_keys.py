@@ -163,6 +163,9 @@ def test_each_role_does_its_job_and_no_more(keyed: tuple[TestClient, dict[str, s
     err = assert_error(c.post("/v1/search", json={"question": "Nile"}, headers=_h(tokens["other"])), 403,
                        "forbidden")
     assert "'passages'" in err["message"] and "elsewhere" in err["message"]
+    # a collection query parameter the route does not read cannot pick the collection that is checked
+    assert_error(c.post("/v1/search?collection=elsewhere", json={"question": "Nile"}, headers=_h(tokens["other"])),
+                 403, "forbidden")
 
 
 def test_whoami_tells_the_console_what_the_key_may_do(keyed: tuple[TestClient, dict[str, str], KeyStore]) -> None:
@@ -306,3 +309,31 @@ def test_keys_over_http_for_an_unlimited_admin(keyed: tuple[TestClient, dict[str
     assert "every collection" in err["message"]
     actions = [e["action"] for e in AuditLog(store.path.parent / "audit.log").tail()]
     assert actions.count("POST /v1/keys") == 3 and "DELETE /v1/keys/{key_id}" in actions
+
+
+def test_a_route_that_takes_a_collection_is_checked_on_it(tmp_path: Path) -> None:
+    from fastapi import Query
+
+    from entrypoints.api.auth import requires
+
+    settings = make_settings(data_dir=tmp_path / "dpr")
+    store = KeyStore(keys_path(settings.data_dir))
+    token = store.create("read", ["docs"])[1]
+    app = create_app(settings, runtime=FakeRuntime(), warm_model=False)
+
+    @app.get("/v1/count")  # type: ignore[untyped-decorator]
+    @requires("read")
+    def count(collection: str = Query("passages")) -> dict[str, str]:  # noqa: B008
+        return {"collection": collection}
+
+    @app.get("/v1/c/{collection}/count")  # type: ignore[untyped-decorator]
+    @requires("read")
+    def count_in(collection: str) -> dict[str, str]:
+        return {"collection": collection}
+
+    with TestClient(app) as c:
+        assert c.get("/v1/count?collection=docs", headers=_h(token)).status_code == 200
+        assert_error(c.get("/v1/count?collection=other", headers=_h(token)), 403, "forbidden")
+        assert_error(c.get("/v1/count", headers=_h(token)), 403, "forbidden")  # the server's own: passages
+        assert c.get("/v1/c/docs/count", headers=_h(token)).status_code == 200
+        assert_error(c.get("/v1/c/other/count", headers=_h(token)), 403, "forbidden")
