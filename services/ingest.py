@@ -10,7 +10,10 @@ becomes a failure in the report and never stops the others.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -25,9 +28,10 @@ from services.errors import CollectionNotFound, DocumentError
 from services.language import collection_spec, for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
-from services.settings import ChunkSettings, Settings
+from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, sha256_of, signature
+from services.settings import ChunkSettings, DocumentSettings, Settings
 from services.sparse import SparseEncoder, for_spec
-from services.store.points import CollectionSpec, Passage, PassagePoint
+from services.store.points import CollectionSpec, DocState, Passage, PassagePoint
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:
@@ -48,6 +52,9 @@ class IngestReport:
     seconds: float = 0.0
     encode_seconds: float = 0.0
     upsert_seconds: float = 0.0
+    parsed: int = 0  # binary files parsed in this batch (a FileRef found unchanged by its signature is not)
+    parse_seconds: float = 0.0
+    parsed_by: str = ""  # host:pid of the process that parsed them
 
     @property
     def items(self) -> int:
@@ -63,6 +70,9 @@ class IngestReport:
         self.failed.extend(other.failed)
         self.encode_seconds += other.encode_seconds
         self.upsert_seconds += other.upsert_seconds
+        self.parsed += other.parsed
+        self.parse_seconds += other.parse_seconds
+        self.parsed_by = self.parsed_by or other.parsed_by
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +85,9 @@ class IngestReport:
             "failed": self.failed,
             "seconds": round(self.seconds, 3),
             "encode_seconds": round(self.encode_seconds, 3),
+            "parsed": self.parsed,
+            "parse_seconds": round(self.parse_seconds, 3),
+            **({"parsed_by": self.parsed_by} if self.parsed_by else {}),
         }
 
 
@@ -106,7 +119,10 @@ def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Itera
     batch: list[Item] = []
     size = 0
     for item in items:
-        n = len(item.text.encode("utf-8")) if isinstance(item, Document) else 0
+        if isinstance(item, FileRef):  # weighed by its file: a large PDF goes alone, small ones together
+            n = item.size
+        else:
+            n = len(item.text.encode("utf-8")) if isinstance(item, Document) else 0
         if batch and (len(batch) >= max_docs or size + n > max_bytes):
             yield batch
             batch, size = [], 0
@@ -114,6 +130,98 @@ def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Itera
         size += n
     if batch:
         yield batch
+
+
+@dataclass
+class ParsedFiles:
+    """What a batch's ``FileRef``s became: documents (carrying ``file_sig``) and failures to ingest, and the
+    files the store already holds byte for byte (doc id, stored passages, written by this same job)."""
+
+    items: list[Item] = field(default_factory=list)
+    unchanged: list[tuple[str, int, bool]] = field(default_factory=list)
+    parsed: int = 0
+    seconds: float = 0.0
+    by: str = ""
+
+
+def parse_files(
+    refs: list[FileRef],
+    *,
+    store: VectorStore,
+    towers: DualEncoder,
+    chunking: ChunkSettings,
+    limits: DocumentSettings | None = None,
+    max_bytes: int = 20_000_000,
+    path_map: str = "",
+    job: str = "",
+    generation: str | None = None,
+    follows_collection: bool = False,
+    known: tuple[dict[str, DocState], str] | None = None,
+) -> ParsedFiles:
+    """Parse the binary files of a batch in this process's parser sandbox, except those whose signature
+    (``services.readers.filesig``: sha256, size, chunking) and model match what the store holds for their doc
+    id: those are not parsed at all. ``known``: ``file_states`` looked up already (the store is then not
+    touched here, so this may run on another thread while a batch writes). Never raises for a document's sake."""
+    from services.readers.binary import read_binary  # the sandbox client; the parsers run in its child only
+
+    out = ParsedFiles(by=f"{socket.gethostname()}:{os.getpid()}")
+    if not refs:
+        return out
+    pairs = parse_path_map(path_map)
+    states, model = known or file_states(refs, store=store, towers=towers, generation=generation,
+                                         follows_collection=follows_collection)
+    key = chunk_key(chunking.max_tokens, chunking.overlap, chunking.max_title_tokens, towers.max_passage_tokens)
+    for ref in refs:
+        local = local_file(ref, pairs, out.by)
+        if isinstance(local, DocumentFailure):
+            out.items.append(local)
+            continue
+        try:
+            digest = sha256_of(local.path)
+            sig = signature(digest, local.path.stat().st_size, key)
+            state = states.get(ref.doc_id)
+            if state is not None and state.file_sig == sig and state.model == model and state.chunks > 0:
+                out.unchanged.append((ref.doc_id, state.chunks, bool(job) and job in state.jobs))
+                continue
+            ParseLog.note(ref.doc_id)
+            t0 = time.perf_counter()
+            parsed = list(read_binary(local.path, ref.kind, ref.doc_id, max_bytes, limits))
+            out.seconds += time.perf_counter() - t0
+            out.parsed += 1
+        except OSError as e:
+            out.items.append(DocumentFailure(ref.source, "unreadable", f"{ref.source}: cannot be read "
+                                             f"({e.strerror or e}); check its permissions", doc_id=ref.doc_id))
+            continue
+        finally:
+            local.close()
+        here = str(local.path)
+        for item in parsed:
+            if isinstance(item, Document):
+                out.items.append(dataclasses.replace(item, source=ref.source,
+                                                     metadata={**item.metadata, "file_sig": sig}))
+            elif isinstance(item, DocumentFailure):
+                out.items.append(dataclasses.replace(item, source=ref.source,
+                                                     error=item.error.replace(here, ref.source)))
+            else:
+                out.items.append(item)
+    return out
+
+
+def file_states(
+    refs: list[FileRef], *, store: VectorStore, towers: DualEncoder, generation: str | None = None,
+    follows_collection: bool = False,
+) -> tuple[dict[str, DocState], str]:
+    """What the store holds for these files' doc ids, and the model their passages must have been written with
+    to count as unchanged."""
+    model = towers.fingerprint
+    if generation is not None:
+        return store.doc_states([r.doc_id for r in refs], generation=generation), model
+    active = store.active()
+    if active is None:  # a new collection: nothing is stored yet
+        return {}, model
+    if follows_collection:
+        model = active.spec.model  # the towers follow the collection's model
+    return store.doc_states([r.doc_id for r in refs], generation=active.name), model
 
 
 def ingest_batch(
@@ -128,10 +236,31 @@ def ingest_batch(
     generation: str | None = None,
     fence: WriteFence | None = None,
     towers_for: Callable[[str], DualEncoder] | None = None,
+    limits: DocumentSettings | None = None,
+    max_bytes: int = 20_000_000,
+    path_map: str = "",
+    parsed: ParsedFiles | None = None,
 ) -> IngestReport:
     """Ingest one batch of documents. Transient store errors propagate (the caller retries the whole batch,
-    which is safe: writes are idempotent). Document errors are reported per document."""
+    which is safe: writes are idempotent). Document errors are reported per document. The batch's unparsed
+    binary files (``FileRef``) are parsed here (``parse_files``), unless ``parsed`` says what they became
+    (parsed ahead, while the previous batch encoded)."""
     report = IngestReport(job=job)
+    refs = [i for i in items if isinstance(i, FileRef)]
+    if refs and parsed is None:
+        parsed = parse_files(refs, store=store, towers=towers, chunking=chunking, limits=limits,
+                             max_bytes=max_bytes, path_map=path_map, job=job, generation=generation,
+                             follows_collection=towers_for is not None)
+    if parsed is not None:
+        items = [i for i in items if not isinstance(i, FileRef)] + parsed.items
+        report.parsed, report.parse_seconds = parsed.parsed, parsed.seconds
+        report.parsed_by = parsed.by if parsed.parsed else ""
+        for _, chunks, by_this_job in parsed.unchanged:
+            if by_this_job:  # a redelivered batch: what its first attempt wrote
+                report.documents += 1
+                report.chunks += chunks
+            else:
+                report.unchanged += 1
     docs: dict[str, Document] = {}
     for item in items:
         if isinstance(item, Skipped):
@@ -296,6 +425,9 @@ class IngestPipeline:
     batch_bytes: int = 1_000_000
     fence: WriteFence | None = None
     towers_for: Callable[[str], DualEncoder] | None = None
+    documents: DocumentSettings | None = None  # parse limits for the batch's binary files
+    max_document_bytes: int = 20_000_000
+    path_map: str = ""  # DPR_CELERY__PATH_MAP, for files sent by path
 
     @classmethod
     def from_settings(
@@ -312,16 +444,37 @@ class IngestPipeline:
             store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
             batch_size=settings.encoder.batch_size, batch_documents=settings.celery.batch_documents,
             batch_bytes=settings.celery.batch_bytes, fence=fence, towers_for=towers_for,
+            documents=settings.documents, max_document_bytes=settings.max_document_bytes,
+            path_map=settings.celery.path_map,
         )
 
     def batches(self, items: Iterable[Item]) -> Iterator[list[Item]]:
         return batched_items(items, self.batch_documents, self.batch_bytes)
 
-    def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None) -> IngestReport:
+    def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None,
+                     parsed: ParsedFiles | None = None) -> IngestReport:
         return ingest_batch(
             items, store=self.store, towers=self.towers, chunking=self.chunking, sparse=self.sparse,
             batch_size=self.batch_size, job=job, generation=generation, fence=self.fence, towers_for=self.towers_for,
+            limits=self.documents, max_bytes=self.max_document_bytes, path_map=self.path_map, parsed=parsed,
         )
+
+    def file_states(self, items: list[Item]) -> tuple[dict[str, DocState], str] | None:
+        """What the store holds for the batch's binary files (``parse_files``'s ``known``); None if it has none."""
+        refs = [i for i in items if isinstance(i, FileRef)]
+        if not refs:
+            return None
+        return file_states(refs, store=self.store, towers=self.towers, follows_collection=self.towers_for is not None)
+
+    def parse_files(self, items: list[Item], job: str = "",
+                    known: tuple[dict[str, DocState], str] | None = None) -> ParsedFiles | None:
+        """The batch's binary files parsed (or found unchanged) ahead of ``ingest_batch``; None if it has none."""
+        refs = [i for i in items if isinstance(i, FileRef)]
+        if not refs:
+            return None
+        return parse_files(refs, store=self.store, towers=self.towers, chunking=self.chunking, limits=self.documents,
+                           max_bytes=self.max_document_bytes, path_map=self.path_map, job=job,
+                           follows_collection=self.towers_for is not None, known=known)
 
     def ingest(self, items: Iterable[Item], job: str | None = None, progress: ProgressFn | None = None) -> IngestReport:
         """Every batch through ``ingest_batch`` in this process; ``progress`` gets each batch's report. (Jobs

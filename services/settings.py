@@ -121,6 +121,13 @@ class QdrantSettings(BaseModel):
     hnsw_m: int | None = Field(default=None, ge=0)
     hnsw_ef_construct: int | None = Field(default=None, ge=4)
     quantization: Literal["none", "int8"] = "none"
+    # memory levers at scale (docs/capacity.md); creation-time ones apply to new generations
+    on_disk_payload: bool = Field(default=False, description="Payloads on disk (mmap) instead of RAM.")
+    hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the server's default.")
+    rescore: bool = Field(default=True, description="With int8 quantization: re-score candidates with fp32 vectors.")
+    oversampling: float | None = Field(
+        default=None, ge=1.0, description="With int8 quantization: fetch k x this many candidates to re-score."
+    )
 
 
 class EdgeSettings(BaseModel):
@@ -136,6 +143,24 @@ class EdgeSettings(BaseModel):
         default=5000, ge=1, description="Points above which a segment gets an HNSW graph: built after an ingest "
         "job or re-embed leaves this many new points, or by `dpr optimize`; smaller segments are scanned exactly."
     )
+    # Memory levers at scale (docs/capacity.md). Creation-time levers apply to generations created after they are
+    # set (the next `dpr reembed` or a new collection); search-time ones to every query.
+    quantization: Literal["none", "int8"] = Field(
+        default="none", description="int8 scalar quantization of the dense vectors (4x less RAM for the copy "
+        "searched; the fp32 originals re-score the candidates, see rescore)."
+    )
+    vectors_on_disk: bool = Field(
+        default=False, description="fp32 dense vectors memory-mapped from disk (read through the page cache) "
+        "instead of held in RAM; with int8 the quantized copy stays in RAM."
+    )
+    payload_on_disk: bool = Field(default=True, description="Payloads (passage text) memory-mapped from disk.")
+    hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 16.")
+    hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 100.")
+    hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the engine's default.")
+    rescore: bool = Field(default=True, description="With int8: re-score the candidates with the fp32 vectors.")
+    oversampling: float | None = Field(
+        default=None, ge=1.0, description="With int8: fetch k x this many candidates to re-score; unset: k."
+    )
 
 
 class CelerySettings(BaseModel):
@@ -143,6 +168,14 @@ class CelerySettings(BaseModel):
     task_time_limit: int = Field(default=1800, ge=10)
     batch_documents: int = Field(default=64, ge=1, description="Documents per ingest task.")
     batch_bytes: int = Field(default=1_000_000, ge=1024, description="Max text bytes per ingest task.")
+    inline_file_bytes: int = Field(
+        default=2_097_152, ge=0, description="A PDF/DOCX/PPTX/ODT/EPUB up to this size travels in the task (base64);"
+        " larger ones reach the workers by path (docs/documents.md, Parsing with workers). 0: always by path."
+    )
+    path_map: str = Field(
+        default="", description="On workers: CLIENT_PREFIX=WORKER_PREFIX[;...] rewrites the paths of files sent by "
+        "path, where the shared folder is mounted elsewhere than on the submitting machine."
+    )
     max_retries: int = Field(default=8, ge=0)
     unacked_restore_interval: float | None = Field(
         default=None, gt=0, description="Seconds between sweeps that redeliver unacked tasks (kombu default 10)."

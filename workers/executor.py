@@ -19,6 +19,7 @@ from services.ingest import new_job_id
 from services.jobs import JobStore, redact_url, unavailable
 from services.jobs.runner import Submitted, submit_job
 from services.readers import Document, Item
+from services.readers.filesig import FileRef
 from services.settings import Settings
 from workers.app import INGEST_QUEUE, create_app
 
@@ -58,7 +59,7 @@ class CeleryExecutor:
             with app.producer_or_acquire() as producer:
 
                 def send(number: int, docs: list[Document]) -> None:
-                    _send(app, producer, submitted, number, docs)
+                    _send(app, producer, submitted, number, docs, c.inline_file_bytes)
 
                 return submit_job(self.jobs, submitted, items, batch_documents=c.batch_documents,
                                   batch_bytes=c.batch_bytes, hand_over=send)
@@ -80,7 +81,7 @@ class CeleryExecutor:
         try:
             with app.producer_or_acquire() as producer:
                 for number, docs in sorted(batches.items()):
-                    _send(app, producer, submitted, number, docs)
+                    _send(app, producer, submitted, number, docs, self.settings.celery.inline_file_bytes)
         except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
             raise BrokerUnavailable(f"cannot send tasks to the broker at {redact_url(self.url)} ({e})") from e
         finally:
@@ -124,11 +125,14 @@ PRIORITY_STEPS = (3, 6, 9)
 UNACKED_KEY = "unacked"
 
 
-def _send(app: Any, producer: Any, submitted: Submitted, number: int, docs: list[Document]) -> None:
-    """One batch task, tagged with its job and number so a follower can find it in the queue."""
+def _send(app: Any, producer: Any, submitted: Submitted, number: int, docs: list[Document],
+          inline_limit: int = 0) -> None:
+    """One batch task, tagged with its job and number so a follower can find it in the queue. A binary file
+    (``FileRef``) goes unparsed: its bytes inline up to ``inline_limit``, else its path (the worker parses it)."""
+    body = [d.with_bytes(inline_limit).to_json() if isinstance(d, FileRef) else d.to_json() for d in docs]
     app.send_task(
         INGEST_TASK,
-        args=[submitted.job, number, [d.to_json() for d in docs]],
+        args=[submitted.job, number, body],
         kwargs={"collection": submitted.collection},
         queue=INGEST_QUEUE,
         producer=producer,

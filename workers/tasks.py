@@ -34,6 +34,7 @@ from services.errors import TransientError
 from services.jobs import TERMINAL, JobStore
 from services.jobs.runner import batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
+from services.readers.filesig import FileRef, is_file_task
 from services.runtime import Runtime
 from services.settings import Settings
 from workers.app import SOFT_LIMIT_MARGIN
@@ -88,8 +89,8 @@ def load_models_at_pool_start(**_: Any) -> None:
 def parse_documents(documents: list[dict[str, Any]]) -> list[Item]:
     items: list[Item] = []
     for i, data in enumerate(documents):
-        try:
-            items.append(Document.from_json(data))
+        try:  # a binary file travels unparsed ({"file": ...}) and is parsed here, inside the batch
+            items.append(FileRef.from_json(data) if is_file_task(data) else Document.from_json(data))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             source = str(data.get("source") or data.get("doc_id") or f"item {i}") if isinstance(data, dict) else ""
             items.append(DocumentFailure(source, "invalid_task", f"{source}: malformed document in task ({e!r})"))

@@ -55,9 +55,9 @@ def ingest(
         seen = SeenDocuments()
         first = [True]
 
-        def source() -> Any:
+        def source() -> Any:  # binary files go unparsed: the batch's runner (a worker, or this process) parses them
             items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
-                                   limits=settings.documents)
+                                   limits=settings.documents, defer_binary=True)
             if first[0]:  # the first full read decides what is stale (a re-send for a lost batch reads again)
                 first[0] = False
                 return seen.watch(items)

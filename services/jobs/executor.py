@@ -15,11 +15,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from services.errors import DiskFull, DprError
-from services.ingest import IngestPipeline, IngestReport, new_job_id
+from services.ingest import IngestPipeline, IngestReport, ParsedFiles, new_job_id
 from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
 from services.jobs.store import JobStore
 from services.readers import Document, Item
@@ -116,10 +116,11 @@ class LocalExecutor:
         pipeline = self.pipeline_for(submitted.collection)
         c_docs, c_bytes = pipeline.batch_documents, pipeline.batch_bytes
 
-        def run_now(number: int, docs: list[Document]) -> None:
+        def run_now(number: int, docs: list[Document], parsing: Future[ParsedFiles | None] | None = None) -> None:
             batch: list[Item] = list(docs)
             try:
-                report = run_batch(self.jobs, pipeline, submitted.job, number, batch, worker="local")
+                parsed = parsing.result() if parsing is not None else None
+                report = run_batch(self.jobs, pipeline, submitted.job, number, batch, worker="local", parsed=parsed)
             except DiskFull as e:  # every later batch would fail the same way: stop, say which disk (exit 3)
                 with contextlib.suppress(Exception):  # the disk may refuse the job file too
                     self.jobs.record_batch(submitted.job, number,
@@ -133,7 +134,30 @@ class LocalExecutor:
             if report is not None and self.on_batch is not None:
                 self.on_batch(report)
 
-        submit_job(self.jobs, submitted, items, batch_documents=c_docs, batch_bytes=c_bytes, hand_over=run_now)
+        # Parsing overlaps encoding: a batch's binary files are parsed (in the parser sandbox's child process) on
+        # one thread while the batch before it encodes and writes. Its store lookups (is a file unchanged?) run
+        # here first, so the thread touches only files; the two batches hold different documents.
+        held: list[tuple[int, list[Document], Future[ParsedFiles | None]]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpr-parse") as parser:
+
+            def hand_over(number: int, docs: list[Document]) -> None:
+                batch: list[Item] = list(docs)
+                try:
+                    known = pipeline.file_states(batch)
+                except DprError as e:  # the batch runs without the head start and meets the error itself
+                    log.warning("looking up files ahead failed", extra={"job": submitted.job, "error": str(e)})
+                    known = None
+                parsing = parser.submit(pipeline.parse_files, batch, submitted.job, known) if known else None
+                if held:
+                    run_now(*held.pop())
+                if parsing is None:
+                    run_now(number, docs)
+                else:
+                    held.append((number, docs, parsing))
+
+            submit_job(self.jobs, submitted, items, batch_documents=c_docs, batch_bytes=c_bytes, hand_over=hand_over)
+            if held:  # the last batch
+                run_now(*held.pop())
         pipeline.store.maybe_optimize()  # HNSW once enough new points arrived (edge; off the lease, see store)
         if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
             self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))

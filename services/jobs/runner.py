@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.ingest import IngestPipeline, IngestReport, batched_items
+from services.ingest import IngestPipeline, IngestReport, ParsedFiles, batched_items
 from services.jobs.store import KEEP_RECORDS, JobStore
 from services.readers import Document, DocumentFailure, Item
 
@@ -120,6 +120,7 @@ def run_batch(
     attempt: int = 0,
     worker: str = "",
     max_deliveries: int | None = None,
+    parsed: ParsedFiles | None = None,
 ) -> IngestReport | None:
     """Mark the batch started, run it through the pipeline and record its outcome. Errors propagate (the caller
     decides: retry a transient one, or record ``batch_failure``). Returns None when the batch was started more
@@ -135,7 +136,7 @@ def run_batch(
         ), "attempt": attempt})
         return None
     log.info("batch started", extra={**ids, "documents": len(items)})
-    report = pipeline.ingest_batch(items, job=job_id)
+    report = pipeline.ingest_batch(items, job=job_id, parsed=parsed)
     jobs.record_batch(job_id, number, {**report.to_json(), "attempt": attempt})
     log.info("batch recorded", extra={**ids, "chunks": report.chunks})
     return report

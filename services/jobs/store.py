@@ -44,7 +44,7 @@ BatchKey = int | str  # ingest batches are numbered; re-embed batches have strin
 KEEP_RECORDS = 1000  # failure and skip records kept in full per job; the rest are counted (``*_total``)
 
 # Keys of IngestReport.to_json() summed / concatenated over batches.
-COUNTERS = ("documents", "unchanged", "chunks", "title_truncated")
+COUNTERS = ("documents", "unchanged", "chunks", "title_truncated", "parsed")
 
 
 class JobNotFound(PermanentError):
@@ -199,7 +199,8 @@ def summarize(
     totals = {"skipped": int(meta.get("skipped_total") or len(skipped)),
               "failed": int(meta.get("failed_total") or len(failed))}
     counts = dict.fromkeys(COUNTERS, 0)
-    encode_seconds = 0.0
+    encode_seconds = parse_seconds = 0.0
+    parsed_by: list[str] = []  # the processes that parsed this job's binary files (host:pid)
     errors: list[dict[str, Any]] = []
     finished = created
     for number in sorted(batches, key=_order):
@@ -207,6 +208,9 @@ def summarize(
         for name in COUNTERS:
             counts[name] += int(result.get(name, 0) or 0)
         encode_seconds += float(result.get("encode_seconds", 0) or 0)
+        parse_seconds += float(result.get("parse_seconds", 0) or 0)
+        if result.get("parsed_by") and result["parsed_by"] not in parsed_by:
+            parsed_by.append(str(result["parsed_by"]))
         for name, kept in (("skipped", skipped), ("failed", failed)):
             records = result.get(name) or []
             totals[name] += len(records)
@@ -234,8 +238,11 @@ def summarize(
         "errors": errors,
         "seconds": round(max(0.0, end - created), 3),
         "encode_seconds": round(encode_seconds, 3),
+        "parse_seconds": round(parse_seconds, 3),
         "batches_pending": pending,
     }
+    if parsed_by:
+        out["parsed_by"] = parsed_by
     if meta.get("executor"):
         out["executor"] = meta["executor"]
     for name, value in meta.items():

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from services.errors import DocumentError
 from services.readers.binary import BINARY_SUFFIXES, read_binary
 from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
+from services.readers.filesig import FileRef
 from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, duplicate, safe_text
 from services.readers.sandbox import ParserSandbox
@@ -52,12 +53,15 @@ def id_prefix(root: Path) -> PurePosixPath:
 
 
 def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None,
-               limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None) -> Iterator[Item]:
+               limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None,
+               defer_binary: bool = False) -> Iterator[Item]:
     """Every entry under ``root`` (or ``root`` itself). Doc id: path relative to root's parent, as spelled.
-    Binary documents are parsed in ``sandbox`` (default: this process's shared one) within ``limits``."""
+    Binary documents are parsed in ``sandbox`` (default: this process's shared one) within ``limits``; with
+    ``defer_binary`` they are yielded unparsed as ``filesig.FileRef`` (parsed where the batch runs)."""
     ledger = IdLedger() if ledger is None else ledger
     prefix = id_prefix(root)
     read = _Reading(max_bytes, ledger, limits or DocumentSettings(), sandbox)
+    read.defer_binary = defer_binary
     if not root.is_dir():
         yield from _entry(root, prefix, read, given=True)
         return
@@ -142,6 +146,7 @@ class _Reading:
     def __init__(self, max_bytes: int, ledger: IdLedger, limits: DocumentSettings,
                  sandbox: ParserSandbox | None) -> None:
         self.max_bytes, self.ledger, self.limits, self.sandbox = max_bytes, ledger, limits, sandbox
+        self.defer_binary = False
 
 
 SUPPORTED = " ".join(sorted(TEXT_SUFFIXES | set(BINARY_SUFFIXES)))
@@ -180,7 +185,13 @@ def _entry(path: Path, rel: PurePosixPath, read: _Reading, given: bool = False) 
         yield DocumentFailure(source, "unreadable", f"{source}: cannot be read ({e.strerror or e}); check its "
                               "permissions", doc_id=doc_id)
         return
-    if kind in READ_KINDS:
+    if kind in READ_KINDS and read.defer_binary:  # parsed where its batch runs (services.ingest)
+        try:
+            yield _claimed(FileRef.of(path, kind, doc_id), read.ledger, source)
+        except OSError as e:
+            yield DocumentFailure(source, "unreadable", f"{source}: cannot be read ({e.strerror or e}); check its "
+                                  "permissions", doc_id=doc_id)
+    elif kind in READ_KINDS:
         for item in read_binary(path, kind, doc_id, read.max_bytes, read.limits, read.sandbox):
             yield _claimed(item, read.ledger, source)
     elif suffix in TEXT_SUFFIXES:

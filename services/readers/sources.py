@@ -37,12 +37,13 @@ def detect_format(path: Path) -> InputFormat:
 
 def iter_documents(
     paths: Iterable[str | Path], fmt: InputFormat = "auto", max_bytes: int = 20_000_000,
-    limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None,
+    limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None, defer_binary: bool = False,
 ) -> Iterator[Item]:
     """Every document (or failure, or skip) under ``paths``, in a stable order; never raises for bad input (only
     for a path that does not exist, or a format that does not fit it). Ids are unique across the whole run: a
     later document under an id already read fails as ``duplicate_id``. Binary documents (PDF, DOCX, PPTX, ODT,
-    EPUB) are parsed in ``sandbox`` (default: the process's shared one) within ``limits``."""
+    EPUB) are parsed in ``sandbox`` (default: the process's shared one) within ``limits``, or with
+    ``defer_binary`` yielded unparsed as ``filesig.FileRef`` for the batch's runner to parse."""
     ledger = IdLedger()
     for raw in paths:
         path = Path(raw)
@@ -50,7 +51,7 @@ def iter_documents(
             raise ConfigError(f"{path}: no such file or directory; check the path")
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "files":
-            yield from iter_files(path, max_bytes, ledger, limits, sandbox)
+            yield from iter_files(path, max_bytes, ledger, limits, sandbox, defer_binary=defer_binary)
         elif kind == "jsonl":
             if path.is_dir():
                 raise ConfigError(f"{path}: --format jsonl needs a .jsonl file, not a folder")

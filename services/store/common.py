@@ -299,6 +299,7 @@ class DocGroup:
     count: int = 0
     latest: str = ""
     jobs: set[str] = field(default_factory=set)
+    file_sig: str = ""  # the file signature its points carry (services.readers.filesig), if any
 
 
 def pick_doc_state(groups: Mapping[tuple[str, str], DocGroup]) -> tuple[str, str, DocGroup]:
@@ -326,6 +327,8 @@ def add_doc_state(groups: DocStateGroups, payload: Mapping[str, Any]) -> None:
     group.latest = max(group.latest, str(payload.get("ingested_at", "")))
     if payload.get("job"):
         group.jobs.add(str(payload["job"]))
+    if payload.get("file_sig"):
+        group.file_sig = str(payload["file_sig"])
 
 
 def doc_states_from(groups: DocStateGroups) -> dict[str, DocState]:
@@ -333,5 +336,5 @@ def doc_states_from(groups: DocStateGroups) -> dict[str, DocState]:
     for doc_id, doc_groups in groups.items():
         doc_hash, model, group = pick_doc_state(doc_groups)
         states[doc_id] = DocState(doc_id=doc_id, doc_hash=doc_hash, model=model, chunks=group.count,
-                                  jobs=frozenset(group.jobs))
+                                  jobs=frozenset(group.jobs), file_sig=group.file_sig if doc_hash else "")
     return states

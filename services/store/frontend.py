@@ -66,7 +66,7 @@ from services.store.protocol import Branch, Engine, Record
 log = logging.getLogger(__name__)
 
 ACTIVE_MAX_AGE = 5.0  # seconds an unchanged version token keeps the cached active generation
-_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at", "job"]
+_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at", "job", "file_sig"]
 _SCAN_BATCH = 1024
 _CREATE_ATTEMPTS = 5
 # Store methods that take the engine only for short spans and run long outside it (the edge index build): a wrapper

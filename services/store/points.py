@@ -212,6 +212,7 @@ class DocState:
     model: str
     chunks: int
     jobs: frozenset[str] = frozenset()  # the ingest jobs that wrote the passages counted in ``chunks``
+    file_sig: str = ""  # a binary file's bytes and chunking as read (services.readers.filesig); "" if none
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,194 @@
+"""Binary documents parsed where the batch runs, and not at all when the store already holds their bytes.
+
+``FileRef``: a PDF, DOCX, PPTX, ODT or EPUB not yet parsed. The folder walk yields one instead of parsing when
+asked to (``iter_documents(..., defer_binary=True)``, what ``dpr ingest`` does), so the CLI reads only the
+directory and file sizes; the batch's runner (a Celery worker, or the in-process pipeline) parses it in its own
+parser sandbox (``services.readers.sandbox``). A ``FileRef`` is a ``Document`` with no text, so the job
+machinery (batches, ids, re-sends, stale-document sync) treats it as one.
+
+How its bytes reach a worker (``services.settings.CelerySettings``):
+- inline: a file of at most ``DPR_CELERY__INLINE_FILE_BYTES`` (default 2 MiB) travels base64 in the task body
+  (JSON; Celery's serializer here), so a worker on another machine needs nothing else;
+- by path: a larger file is read by the worker at its absolute path as the CLI saw it, rewritten by
+  ``DPR_CELERY__PATH_MAP`` (``/client/prefix=/worker/prefix``, several separated by ``;``) where the workers
+  mount the shared folder elsewhere. A worker that cannot read the path fails that document (``unreachable``)
+  naming both settings.
+
+Unchanged files (``signature``): the signature is the sha256 of the bytes, their size and the chunking that
+shapes the passages (the towers' passage budget and ``DPR_CHUNK__*``). It is stored on every passage of the
+document (payload ``file_sig``); a file whose size differs is changed without hashing, one whose size matches
+is hashed, and one whose hash, size and chunking match what the store holds under its doc id (with the same
+model) is counted unchanged without parsing. The mtime is not trusted to say "unchanged" (a copy, a checkout,
+another machine all change it without changing the bytes, and the same size+mtime with other bytes happens):
+hashing reads the file once, ~1 GB/s, against pages/s for parsing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.readers.records import Document, DocumentFailure, Item, safe_text
+
+HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileRef(Document):
+    """A binary document to parse where its batch runs: ``path`` (absolute, as the submitter saw it), its sniffed
+    ``kind``, and the size/mtime seen when it was listed. ``inline`` holds its bytes when they travel with the
+    task. ``text`` is empty until it is parsed."""
+
+    path: str = ""
+    kind: str = ""
+    size: int = 0
+    mtime_ns: int = 0
+    inline: bytes | None = None
+
+    @classmethod
+    def of(cls, path: Path, kind: str, doc_id: str) -> FileRef:
+        st = path.stat()
+        return cls(doc_id=doc_id, text="", source=safe_text(str(path)), format=kind, path=str(path.resolve()),
+                   kind=kind, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def with_bytes(self, limit: int) -> FileRef:
+        """This reference carrying the file's bytes when they are at most ``limit`` (else unchanged)."""
+        if limit <= 0 or self.size > limit:
+            return self
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(limit + 1)
+        except OSError:
+            return self  # the worker reports it, naming the path
+        if len(data) > limit:
+            return self
+        return FileRef(doc_id=self.doc_id, text="", source=self.source, format=self.kind, path=self.path,
+                       kind=self.kind, size=len(data), mtime_ns=self.mtime_ns, inline=data)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"doc_id": self.doc_id, "source": self.source, "path": self.path, "kind": self.kind,
+                               "size": self.size, "mtime_ns": self.mtime_ns}
+        if self.inline is not None:
+            out["inline_b64"] = base64.b64encode(self.inline).decode("ascii")
+        return {"file": out}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileRef:
+        f = data["file"]
+        inline = base64.b64decode(f["inline_b64"], validate=True) if f.get("inline_b64") is not None else None
+        kind = str(f["kind"])
+        return cls(doc_id=str(f["doc_id"]), text="", source=str(f.get("source") or f["path"]), format=kind,
+                   path=str(f["path"]), kind=kind, size=int(f.get("size") or 0),
+                   mtime_ns=int(f.get("mtime_ns") or 0), inline=inline)
+
+
+def is_file_task(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("file"), dict)
+
+
+def parse_path_map(spec: str) -> list[tuple[str, str]]:
+    """``/a=/b;/c=/d`` -> [("/a", "/b"), ("/c", "/d")], longest prefix first."""
+    pairs = []
+    for part in (spec or "").split(";"):
+        if not part.strip():
+            continue
+        src, sep, dst = part.partition("=")
+        if not sep or not src.strip():
+            raise ValueError(f"DPR_CELERY__PATH_MAP entry {part!r} is not PREFIX=PREFIX")
+        pairs.append((src.strip().rstrip("/") or "/", dst.strip().rstrip("/") or "/"))
+    return sorted(pairs, key=lambda p: len(p[0]), reverse=True)
+
+
+def mapped_path(path: str, pairs: list[tuple[str, str]]) -> str:
+    """``path`` with the first matching prefix rewritten (whole path components only)."""
+    for src, dst in pairs:
+        if path == src or path.startswith(src.rstrip("/") + "/"):
+            return dst.rstrip("/") + path[len(src.rstrip("/")):]
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def signature(digest: str, size: int, chunk_key: str) -> str:
+    return f"{digest[:40]}:{size}:{chunk_key}"
+
+
+def signature_size(sig: str) -> int | None:
+    try:
+        return int(sig.split(":")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def chunk_key(*parts: object) -> str:
+    """A short hash of what shapes a document's passages besides its bytes (chunk settings, passage budget)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:8]
+
+
+@dataclass
+class LocalFile:
+    """Where the runner reads a ``FileRef``'s bytes: the shared path, or a temporary copy of the inline bytes
+    (removed by ``close``)."""
+
+    path: Path
+    temporary: bool = False
+
+    def close(self) -> None:
+        if self.temporary:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def local_file(ref: FileRef, pairs: list[tuple[str, str]], host: str) -> LocalFile | DocumentFailure:
+    """The file behind ``ref`` on this machine, or why it cannot be read here."""
+    if ref.inline is not None:
+        suffix = Path(ref.path).suffix or f".{ref.kind}"
+        fd, name = tempfile.mkstemp(prefix="dpr-inline-", suffix=suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(ref.inline)
+        return LocalFile(Path(name), temporary=True)
+    where = mapped_path(ref.path, pairs)
+    path = Path(where)
+    if not path.is_file():
+        via = f" (mapped from {ref.path})" if where != ref.path else ""
+        return DocumentFailure(
+            ref.source, "unreachable",
+            f"{ref.source}: {host} cannot read {where}{via}; a file over DPR_CELERY__INLINE_FILE_BYTES reaches "
+            "the workers by path: mount its folder at the same path on every worker, or set "
+            "DPR_CELERY__PATH_MAP=/client/prefix=/worker/prefix on the workers", doc_id=ref.doc_id)
+    return LocalFile(path)
+
+
+@dataclass
+class ParseLog:
+    """Test hook: when ``DPR_PARSE_LOG`` names a file, every parse appends ``pid<TAB>doc_id`` to it, so a test can
+    tell which process parsed what (and that an unchanged file was parsed by nobody)."""
+
+    @staticmethod
+    def note(doc_id: str) -> None:
+        target = os.environ.get("DPR_PARSE_LOG")
+        if not target:
+            return
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\t{doc_id}\n")
+
+
+def timed(items: Iterator[Item]) -> tuple[list[Item], float]:
+    t0 = time.perf_counter()
+    out = list(items)
+    return out, time.perf_counter() - t0
