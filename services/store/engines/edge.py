@@ -38,11 +38,13 @@ from qdrant_edge import (
     PayloadSchemaType,
     Point,
     Prefetch,
+    QuantizationSearchParams,
     Query,
     QueryBatchRequest,
     QueryRequest,
     RangeFloat,
     ScrollRequest,
+    SearchParams,
     UpdateOperation,
 )
 from qdrant_edge import SparseVector as EdgeSparseVector
@@ -53,7 +55,7 @@ from services.fsutil import write_atomic
 from services.settings import EdgeSettings
 from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
 from services.store.engines import edge_index
-from services.store.engines.edge_config import edge_config
+from services.store.engines.edge_config import EdgeLevers, edge_config
 from services.store.lease import ShardLease, lease_for
 from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
+LEVERS_FILE = "levers.json"  # the generation's EdgeLevers, beside spec.json (the index build repeats them)
 
 
 class EdgeEngine:
@@ -82,9 +85,13 @@ class EdgeEngine:
         index_threshold: int = _DEFAULTS.index_threshold,
         min_free_mb: int = 0,
         data_dir: Path | None = None,
+        levers: EdgeLevers | None = None,
+        search_params: SearchParams | None = None,
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.diskspace``); ``data_dir``: the data
-        dir whose FORMAT is stamped on the first write (``services.datadir``); engines built by hand skip both."""
+        dir whose FORMAT is stamped on the first write (``services.datadir``); engines built by hand skip both.
+        ``levers``: how new generations store vectors and payloads; ``search_params``: every dense search's
+        (``hnsw_ef``, quantization rescore / oversampling); both from ``settings.edge`` (``levers_from``)."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -97,6 +104,9 @@ class EdgeEngine:
         self._lease = lease_for(self.root)
         self.min_free_mb = min_free_mb
         self.data_dir = data_dir
+        self.levers = levers or EdgeLevers()
+        self.search_params = search_params
+        self._quantized: dict[str, bool] = {}  # generation -> created with int8 (then rescored by default)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -109,6 +119,8 @@ class EdgeEngine:
             index_threshold=settings.edge.index_threshold,
             min_free_mb=settings.min_free_mb,
             data_dir=settings.data_dir,
+            levers=levers_from(settings.edge),
+            search_params=search_params_from(settings.edge),
         )
 
     def __repr__(self) -> str:
@@ -181,13 +193,17 @@ class EdgeEngine:
             return False  # a generation, or a half-made one a crash left behind
         self._require_space("creating a generation")
         with diskspace.translate(self.root, "creating a generation"):
-            shard = EdgeShard.create(str(self._generations_dir / generation / "shard"), edge_config(spec))
+            shard = EdgeShard.create(
+                str(self._generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
+            )
         self._lease.adopt(generation, shard)
+        self._quantized.pop(generation, None)
         for key in INDEXED_KEYWORDS:
             shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
         for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
             shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
         shard.flush()
+        write_atomic(self._generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
         self.write_spec(generation, spec)  # last: a generation without its spec is not complete
         return True
 
@@ -195,6 +211,7 @@ class EdgeEngine:
         if not (self._generations_dir / generation).is_dir():
             return False
         self._lease.forget(generation)
+        self._quantized.pop(generation, None)
         # rename first so that a crash mid-delete never leaves a half generation that looks complete
         trash = self._generations_dir / f".{generation}.dropping.{os.getpid()}"
         os.replace(self._generations_dir / generation, trash)
@@ -214,7 +231,9 @@ class EdgeEngine:
                 with self.session():
                     token, points, spec = self._copy_for_build(generation)
                 kb = edge_index.threshold_kb(self.index_threshold, spec.dim)
-                changed = edge_index.build(gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb)
+                changed = edge_index.build(
+                    gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb, json.dumps(_levers_of(gen_dir))
+                )
                 swapped = False
                 with self.session():
                     if changed and self._unchanged_since(generation, token):
@@ -293,7 +312,7 @@ class EdgeEngine:
             gen_dir = self._generations_dir / generation
             dest.mkdir(parents=True, exist_ok=True)
             copy_tree_sparse(gen_dir / edge_index.SHARD, dest / "shard")
-            for name in ("spec.json", edge_index.INDEX_RECORD):
+            for name in ("spec.json", edge_index.INDEX_RECORD, LEVERS_FILE):
                 if (gen_dir / name).is_file():
                     shutil.copy2(gen_dir / name, dest / name)
             return generation, self.read_spec(generation), points
@@ -328,12 +347,13 @@ class EdgeEngine:
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
-        return _scored(self._shard(generation).query(_request(branch, limit, where)))
+        request = _request(branch, limit, where, params=self._params(generation, branch))
+        return _scored(self._shard(generation).query(request))
 
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        requests = [_request(b, limit, where, with_payload) for b in branches]
+        requests = [_request(b, limit, where, with_payload, self._params(generation, b)) for b in branches]
         return [_scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -353,10 +373,25 @@ class EdgeEngine:
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
         flt = _filter(where)
-        prefetches = [Prefetch(limit=depth, query=_nearest(b), filter=flt) for b in branches]
+        prefetches = [
+            Prefetch(limit=depth, query=_nearest(b), filter=flt, params=self._params(generation, b)) for b in branches
+        ]
         rrf = Fusion.Rrf(k=rrf_k)  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
         request = QueryRequest(limit=limit, prefetches=prefetches, query=rrf, with_payload=True)  # type: ignore[arg-type]
         return _scored(self._shard(generation).query(request))
+
+    def _params(self, generation: str, branch: Branch) -> SearchParams | None:
+        """The dense branch's search params (HNSW ef, quantization rescore); none for the sparse branch. A
+        generation created with int8 is rescored even by a process whose settings name no search lever (the
+        engine's default would rank by the int8 copy alone)."""
+        if isinstance(branch[1], SparseVector):
+            return None
+        if self.search_params is not None:
+            return self.search_params
+        if generation not in self._quantized:
+            levers = EdgeLevers.from_json(_levers_of(self._generations_dir / generation))
+            self._quantized[generation] = levers.quantization != "none"
+        return _RESCORE if self._quantized[generation] else None
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
@@ -401,8 +436,41 @@ def _nearest(branch: Branch) -> Query:
     return Query.Nearest(_vector(vector), using=name)
 
 
-def _request(branch: Branch, limit: int, where: Where | None, with_payload: bool = True) -> QueryRequest:
-    return QueryRequest(limit=limit, query=_nearest(branch), filter=_filter(where), with_payload=with_payload)
+def _request(
+    branch: Branch, limit: int, where: Where | None, with_payload: bool = True, params: SearchParams | None = None
+) -> QueryRequest:
+    return QueryRequest(
+        limit=limit, query=_nearest(branch), filter=_filter(where), with_payload=with_payload, params=params
+    )
+
+
+_RESCORE = SearchParams(quantization=QuantizationSearchParams(rescore=True))
+
+
+def levers_from(edge: EdgeSettings) -> EdgeLevers:
+    """The memory levers new generations are created with (``DPR_EDGE__QUANTIZATION`` etc.)."""
+    return EdgeLevers(
+        quantization=edge.quantization, vectors_on_disk=edge.vectors_on_disk, payload_on_disk=edge.payload_on_disk,
+        hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct,
+    )
+
+
+def search_params_from(edge: EdgeSettings) -> SearchParams | None:
+    """Dense search params from the settings; None (the engine's defaults) when no search lever is set."""
+    if edge.hnsw_ef is None and edge.oversampling is None and edge.quantization == "none":
+        return None
+    quantization = None
+    if edge.quantization != "none" or edge.oversampling is not None:
+        quantization = QuantizationSearchParams(rescore=edge.rescore, oversampling=edge.oversampling)
+    return SearchParams(hnsw_ef=edge.hnsw_ef, quantization=quantization)
+
+
+def _levers_of(generation_dir: Path) -> dict[str, Any]:
+    """The levers a generation was created with (``{}``: one made before levers existed, engine defaults)."""
+    try:
+        return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
 
 
 def _fields(fields: Sequence[str] | bool) -> Any:

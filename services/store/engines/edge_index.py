@@ -113,13 +113,14 @@ def recover_swap(generation_dir: Path) -> None:
         log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
-def build(shard_copy: Path, spec_json: str, indexing_threshold_kb: int) -> bool:
-    """Run ``optimize()`` on ``shard_copy`` in a child process (no model, no lease); True if it changed anything."""
+def build(shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str = "{}") -> bool:
+    """Run ``optimize()`` on ``shard_copy`` in a child process (no model, no lease); True if it changed anything.
+    ``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement)."""
     path = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb)],
+            [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb), levers_json],
             capture_output=True, text=True, timeout=_BUILD_TIMEOUT, check=False, env=env,
         )
     except subprocess.TimeoutExpired as e:
@@ -134,15 +135,17 @@ def build(shard_copy: Path, spec_json: str, indexing_threshold_kb: int) -> bool:
 
 
 def child_main() -> None:
-    """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB). Prints 1 if it changed."""
+    """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB)[, levers JSON]. Prints 1 if it
+    changed."""
     from qdrant_edge import EdgeShard
 
-    from services.store.engines.edge_config import edge_config
+    from services.store.engines.edge_config import EdgeLevers, edge_config
     from services.store.points import CollectionSpec
 
     os.nice(10)  # the serving process's queries come first
     path, spec, kb = sys.argv[1], CollectionSpec.from_json(json.loads(sys.argv[2])), int(sys.argv[3])
-    shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb))
+    levers = EdgeLevers.from_json(json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)
+    shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     changed = shard.optimize()
     shard.flush()
     shard.close()

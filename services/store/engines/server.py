@@ -285,9 +285,23 @@ class ServerEngine:
             params["hnsw_config"] = models.HnswConfigDiff(m=o.hnsw_m, ef_construct=o.hnsw_ef_construct)
         if o.quantization == "int8":
             params["quantization_config"] = models.ScalarQuantization(
-                scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
+                scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, quantile=0.99, always_ram=True)
             )
+        if o.on_disk_payload:
+            params["on_disk_payload"] = True
         return params
+
+    def _search_params(self, vector: Vector) -> models.SearchParams | None:
+        """Dense search params from ``settings.qdrant`` (HNSW ef, int8 rescore / oversampling); None when no search
+        lever is set (the server's defaults) and for the sparse branch."""
+        o = self.options
+        unset = o.hnsw_ef is None and o.oversampling is None and o.quantization == "none"
+        if unset or isinstance(vector, SparseVector):
+            return None
+        quantization = None
+        if o.quantization != "none" or o.oversampling is not None:
+            quantization = models.QuantizationSearchParams(rescore=o.rescore, oversampling=o.oversampling)
+        return models.SearchParams(hnsw_ef=o.hnsw_ef, quantization=quantization)
 
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
@@ -337,6 +351,7 @@ class ServerEngine:
                 query=_vector(vector),
                 using=using,
                 query_filter=_filter(where),
+                search_params=self._search_params(vector),
                 limit=limit,
                 with_payload=True,
             )
@@ -347,7 +362,8 @@ class ServerEngine:
     ) -> list[list[Scored]]:
         flt = _filter(where)
         requests = [
-            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload)
+            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload,
+                                params=self._search_params(v))
             for u, v in branches
         ]
         with self._engine("search", generation):
@@ -376,7 +392,8 @@ class ServerEngine:
         with self._engine("search", generation):
             response = self.client.query_points(
                 generation,
-                prefetch=[models.Prefetch(query=_vector(v), using=u, filter=flt, limit=depth) for u, v in branches],
+                prefetch=[models.Prefetch(query=_vector(v), using=u, filter=flt, limit=depth,
+                                          params=self._search_params(v)) for u, v in branches],
                 query=models.RrfQuery(rrf=models.Rrf(k=rrf_k)),
                 limit=limit,
                 with_payload=True,

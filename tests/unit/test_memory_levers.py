@@ -1,0 +1,243 @@
+"""Memory levers at scale (docs/capacity.md): int8 scalar quantization with rescoring, vectors and payloads on disk,
+HNSW m / ef. On a small random collection, for both engines: a quantized search with rescoring returns the exact
+scan's top 10, the levers reach the engine (and survive the embedded engine's index build), and an on-disk
+collection reopens and answers the same.
+
+qdrant-client's in-process engine (the server adapter's stand-in here) searches exactly and ignores quantization,
+so on it the tests check that the options are sent and accepted and that a persisted collection reopens; with
+``QDRANT_URL`` set, a real server is asked too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from qdrant_client import QdrantClient
+
+from services.settings import EdgeSettings, QdrantSettings, Settings
+from services.store import Store
+from services.store.engines import edge_index
+from services.store.engines.edge import LEVERS_FILE, EdgeEngine, levers_from, search_params_from
+from services.store.engines.edge_config import EdgeLevers
+from services.store.engines.server import ServerEngine
+from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
+
+DIM = 32
+SPEC = CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=False)
+GEN = "c__g0001"
+LEVERS = EdgeSettings(quantization="int8", vectors_on_disk=True, payload_on_disk=True, hnsw_m=16,
+                      hnsw_ef_construct=100, hnsw_ef=512, rescore=True, oversampling=2.0)
+
+
+def unit_vectors(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)  # (n, dim)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def points(vectors: np.ndarray) -> list[PassagePoint]:
+    return [PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"passage {i}"), dense=v.tolist())
+            for i, v in enumerate(vectors)]
+
+
+def top10(store: Store, queries: np.ndarray) -> list[list[int]]:
+    return [[int(h.passage.doc_id[1:]) for h in store.search(SearchRequest(dense=q.tolist(), k=10))] for q in queries]
+
+
+def exact_top10(corpus: np.ndarray, queries: np.ndarray) -> list[list[int]]:
+    return [row.tolist() for row in np.argsort(-(queries @ corpus.T), axis=1)[:, :10]]  # (queries, 10)
+
+
+def edge_store(root: Path, settings: EdgeSettings, threshold: int = 1000) -> Store:
+    return Store(EdgeEngine(root, "c", idle_release=5, index_threshold=threshold, levers=levers_from(settings),
+                            search_params=search_params_from(settings)))
+
+
+def dense_segments(root: Path) -> list[dict[str, Any]]:
+    shard = root / "c" / "generations" / GEN / edge_index.SHARD
+    found = []
+    for path in sorted((shard / "segments").glob("*/segment.json")):
+        config = json.loads(path.read_text(encoding="utf-8"))["config"]
+        found.append({**config["vector_data"]["dense"], "payload": config.get("payload_storage_type")})
+    return found
+
+
+# -- embedded engine ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_edge_int8_with_rescoring_equals_the_exact_scan_after_the_index_build(tmp_path: Path) -> None:
+    corpus, queries = unit_vectors(3000, seed=1), unit_vectors(20, seed=2)
+    store = edge_store(tmp_path, LEVERS)
+    store.ensure_collection(SPEC)
+    store.upsert(points(corpus))
+    assert store.optimize() is True
+    segments = dense_segments(tmp_path)
+    hnsw = [s for s in segments if s["index"]["type"] == "hnsw"]
+    assert hnsw, segments  # a graph answers, not a scan
+    for segment in hnsw:
+        assert segment["quantization_config"]["scalar"]["type"] == "int8"
+        assert "InRam" not in segment["storage_type"]  # the fp32 originals stayed on disk through the build
+        assert segment["index"]["options"]["m"] == 16
+    assert top10(store, queries) == exact_top10(corpus, queries)
+    store.close()
+
+
+@pytest.mark.unit
+def test_edge_int8_without_rescoring_scores_from_the_quantized_copy(tmp_path: Path) -> None:
+    """The lever is live: without rescoring the scores are int8 approximations, with it the fp32 cosines."""
+    corpus, queries = unit_vectors(3000, seed=3), unit_vectors(10, seed=4)
+    rough = edge_store(tmp_path, LEVERS.model_copy(update={"rescore": False, "oversampling": None}))
+    rough.ensure_collection(SPEC)
+    rough.upsert(points(corpus))
+    assert rough.optimize() is True
+    exact = corpus @ queries.T  # (n, queries)
+    errors = []
+    for j, q in enumerate(queries):
+        for hit in rough.search(SearchRequest(dense=q.tolist(), k=10)):
+            errors.append(abs(hit.score - float(exact[int(hit.passage.doc_id[1:]), j])))
+    rough.close()
+    assert max(errors) > 1e-4  # quantized scores
+    rescored = edge_store(tmp_path, LEVERS)
+    for j, q in enumerate(queries):
+        for hit in rescored.search(SearchRequest(dense=q.tolist(), k=10)):
+            assert hit.score == pytest.approx(float(exact[int(hit.passage.doc_id[1:]), j]), abs=1e-4)
+    rescored.close()
+
+
+@pytest.mark.unit
+def test_edge_on_disk_collection_reopens_and_answers_the_same(tmp_path: Path) -> None:
+    corpus, queries = unit_vectors(2000, seed=5), unit_vectors(10, seed=6)
+    store = edge_store(tmp_path, LEVERS)
+    store.ensure_collection(SPEC)
+    store.upsert(points(corpus))
+    store.optimize()
+    before = top10(store, queries)
+    store.close()
+    recorded = json.loads((tmp_path / "c" / "generations" / GEN / LEVERS_FILE).read_text(encoding="utf-8"))
+    assert EdgeLevers.from_json(recorded) == levers_from(LEVERS)
+    reopened = edge_store(tmp_path, LEVERS)
+    assert reopened.count() == 2000
+    assert top10(reopened, queries) == before == exact_top10(corpus, queries)
+    assert all("InRam" not in s["storage_type"] for s in dense_segments(tmp_path))
+    reopened.close()
+    # a process whose settings name no lever still rescores the int8 generation: fp32 scores, not int8 ones
+    plain = Store(EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000))
+    exact = corpus @ queries.T  # (n, queries)
+    for j, q in enumerate(queries):
+        for hit in plain.search(SearchRequest(dense=q.tolist(), k=10)):
+            assert hit.score == pytest.approx(float(exact[int(hit.passage.doc_id[1:]), j]), abs=1e-4)
+    plain.close()
+
+
+@pytest.mark.unit
+def test_edge_levers_come_from_the_settings(tmp_path: Path) -> None:
+    engine = EdgeEngine.from_settings(Settings(data_dir=tmp_path, edge=LEVERS))
+    assert engine.levers == EdgeLevers("int8", True, True, 16, 100)
+    params = engine.search_params
+    assert params is not None and params.hnsw_ef == 512
+    assert params.quantization is not None and params.quantization.rescore is True
+    assert params.quantization.oversampling == 2.0
+    plain = EdgeEngine.from_settings(Settings(data_dir=tmp_path))
+    assert plain.levers == EdgeLevers() and plain.search_params is None  # defaults: requests as before
+
+
+# -- server adapter (qdrant-client) -------------------------------------------------------------------------------
+
+SERVER_LEVERS = QdrantSettings(quantization="int8", on_disk_vectors=True, on_disk_payload=True, hnsw_ef=256,
+                               rescore=True, oversampling=2.0)
+
+
+# the in-process engine warns that it searches exactly whatever the params say; a server uses them
+LOCAL_EXACT = pytest.mark.filterwarnings("ignore:Local mode performs exact")
+
+
+class Recording:
+    """The real client, with the arguments of collection creation and searches kept."""
+
+    def __init__(self, client: QdrantClient) -> None:
+        self._client = client
+        self.created: list[dict[str, Any]] = []
+        self.searched: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def create_collection(self, *args: Any, **kwargs: Any) -> Any:
+        self.created.append(kwargs)
+        return self._client.create_collection(*args, **kwargs)
+
+    def query_points(self, *args: Any, **kwargs: Any) -> Any:
+        self.searched.append(kwargs.get("search_params"))
+        return self._client.query_points(*args, **kwargs)
+
+
+@pytest.mark.unit
+@LOCAL_EXACT
+def test_server_levers_are_sent_and_answers_equal_the_exact_scan() -> None:
+    corpus, queries = unit_vectors(500, seed=7), unit_vectors(10, seed=8)
+    client = Recording(QdrantClient(":memory:"))
+    store = Store(ServerEngine(client, "c", SERVER_LEVERS))  # type: ignore[arg-type]
+    generation = store.ensure_collection(SPEC)
+    store.upsert(points(corpus))
+    [sent] = client.created
+    assert sent["quantization_config"].scalar.type.value == "int8"
+    assert sent["on_disk_payload"] is True
+    vectors = client.get_collection(generation).config.params.vectors
+    assert isinstance(vectors, dict) and vectors["dense"].on_disk is True
+    assert top10(store, queries) == exact_top10(corpus, queries)
+    params = client.searched[-1]
+    assert params.hnsw_ef == 256 and params.quantization.rescore is True and params.quantization.oversampling == 2.0
+    store.close()
+
+
+@pytest.mark.unit
+def test_server_defaults_send_no_search_params() -> None:
+    client = Recording(QdrantClient(":memory:"))
+    store = Store(ServerEngine(client, "c"))  # type: ignore[arg-type]
+    store.ensure_collection(SPEC)
+    store.upsert(points(unit_vectors(50, seed=9)))
+    store.search(SearchRequest(dense=unit_vectors(1, seed=10)[0].tolist(), k=5))
+    assert client.searched == [None] and "on_disk_payload" not in client.created[0]
+
+
+@pytest.mark.unit
+@LOCAL_EXACT
+def test_server_on_disk_collection_reopens_and_answers_the_same(tmp_path: Path) -> None:
+    """qdrant-client's persisted local mode stands in for a server restart (it keeps ``on_disk``)."""
+    corpus, queries = unit_vectors(300, seed=11), unit_vectors(5, seed=12)
+    store = Store(ServerEngine(QdrantClient(path=str(tmp_path)), "c", SERVER_LEVERS, owns_client=True))
+    generation = store.ensure_collection(SPEC)
+    store.upsert(points(corpus))
+    before = top10(store, queries)
+    store.close()
+    client = QdrantClient(path=str(tmp_path))
+    reopened = Store(ServerEngine(client, "c", SERVER_LEVERS, owns_client=True))
+    vectors = client.get_collection(generation).config.params.vectors
+    assert isinstance(vectors, dict) and vectors["dense"].on_disk is True
+    assert top10(reopened, queries) == before == exact_top10(corpus, queries)
+    reopened.close()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.environ.get("QDRANT_URL"), reason="needs a real Qdrant server at $QDRANT_URL")
+def test_real_server_int8_with_rescoring_equals_the_exact_scan() -> None:
+    corpus, queries = unit_vectors(3000, seed=13), unit_vectors(20, seed=14)
+    client = QdrantClient(url=os.environ["QDRANT_URL"])
+    alias = f"dpr_test_{uuid.uuid4().hex[:8]}"
+    store = Store(ServerEngine(client, alias, SERVER_LEVERS.model_copy(update={"hnsw_ef": 512})))
+    generation = store.ensure_collection(SPEC)
+    try:
+        store.upsert(points(corpus))
+        config = client.get_collection(generation).config
+        assert config.quantization_config is not None and config.params.on_disk_payload is True
+        assert top10(store, queries) == exact_top10(corpus, queries)
+    finally:
+        for name in store.engine.generations():
+            client.delete_collection(name)
+        client.close()
