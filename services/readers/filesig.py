@@ -14,13 +14,14 @@ How its bytes reach a worker (``services.settings.CelerySettings``):
   mount the shared folder elsewhere. A worker that cannot read the path fails that document (``unreachable``)
   naming both settings.
 
-Unchanged files (``signature``): the signature is the sha256 of the bytes, their size and the chunking that
-shapes the passages (the towers' passage budget and ``DPR_CHUNK__*``). It is stored on every passage of the
-document (payload ``file_sig``); a file whose size differs is changed without hashing, one whose size matches
-is hashed, and one whose hash, size and chunking match what the store holds under its doc id (with the same
-model) is counted unchanged without parsing. The mtime is not trusted to say "unchanged" (a copy, a checkout,
-another machine all change it without changing the bytes, and the same size+mtime with other bytes happens):
-hashing reads the file once, ~1 GB/s, against pages/s for parsing.
+Unchanged files (``signature``): the signature is the sha256 of the bytes, their size and a key of the chunking
+that shapes the passages (``DPR_CHUNK__*`` and the towers' passage budget). It is stored on every passage of the
+document (payload ``file_sig``; ``DocState.file_sig``), so it lives with the collection (server store, snapshots)
+and every worker sees it, where a ledger in one data dir would not. Where the batch runs, the file is hashed
+and a file whose signature and model match what the store holds under its doc id is counted unchanged without
+being parsed. The mtime is recorded on the reference but never decides "unchanged": a copy, a checkout or
+another machine change it without changing the bytes, and bytes can change under the same size and mtime;
+hashing reads the file once (hundreds of MB/s) where parsing goes at pages/s.
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ import base64
 import hashlib
 import os
 import tempfile
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.readers.records import Document, DocumentFailure, Item, safe_text
+from services.readers.records import Document, DocumentFailure, safe_text
 
 HASH_CHUNK = 1 << 20
 
@@ -148,20 +147,19 @@ class LocalFile:
 
     def close(self) -> None:
         if self.temporary:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for remove, target in ((os.unlink, self.path), (os.rmdir, self.path.parent)):
+                try:
+                    remove(target)
+                except OSError:
+                    pass
 
 
 def local_file(ref: FileRef, pairs: list[tuple[str, str]], host: str) -> LocalFile | DocumentFailure:
     """The file behind ``ref`` on this machine, or why it cannot be read here."""
-    if ref.inline is not None:
-        suffix = Path(ref.path).suffix or f".{ref.kind}"
-        fd, name = tempfile.mkstemp(prefix="dpr-inline-", suffix=suffix)
-        with os.fdopen(fd, "wb") as f:
-            f.write(ref.inline)
-        return LocalFile(Path(name), temporary=True)
+    if ref.inline is not None:  # a private folder, the file under its own name (a title may come from it)
+        path = Path(tempfile.mkdtemp(prefix="dpr-inline-")) / (Path(ref.path).name or f"document.{ref.kind}")
+        path.write_bytes(ref.inline)
+        return LocalFile(path, temporary=True)
     where = mapped_path(ref.path, pairs)
     path = Path(where)
     if not path.is_file():
@@ -187,8 +185,3 @@ class ParseLog:
         with open(target, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\t{doc_id}\n")
 
-
-def timed(items: Iterator[Item]) -> tuple[list[Item], float]:
-    t0 = time.perf_counter()
-    out = list(items)
-    return out, time.perf_counter() - t0
