@@ -1,0 +1,147 @@
+"""Kill -9 anywhere: real `dpr ingest` processes on SciFact abstracts (the real base model, the default backend),
+SIGKILLed at random moments over several rounds. After each kill the next command opens the store at once (with
+DPR_EDGE__LOCK_TIMEOUT=5, a lease left behind would fail it), and the run after the kills gives exactly the points
+a clean run gives (point ids, document hashes, chunk indices). A `dpr reembed` killed mid-way leaves no orphan
+generation that the collection shows or answers from, and the collection still answers.
+
+``CRASH_SEED`` picks the kill moments (default: a fixed seed); ``CRASH_REPORT=FILE`` writes the rounds
+and outcomes as JSON (benchmarks/results/crash.md was made that way).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DOCS = 200
+ROUNDS = 5
+KILL_WINDOW = (0.15, 1.0)  # kill moments, as a share of a whole run's wall time (model load, read, encode, write)
+
+
+def _corpus(shared_data: Path, path: Path) -> Path:
+    with gzip.open(shared_data / "beir-scifact" / "corpus.jsonl.gz", "rt", encoding="utf-8") as f, \
+            path.open("w", encoding="utf-8") as out:
+        for i, line in enumerate(f):
+            if i >= DOCS:
+                break
+            d = json.loads(line)
+            out.write(json.dumps({"id": d["_id"], "title": d.get("title", ""), "text": d["text"]}) + "\n")
+    return path
+
+
+def _env(data: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_") or k == "DPR_ONNX_CACHE"}
+    env |= {"DPR_DATA_DIR": str(data), "DPR_EDGE__LOCK_TIMEOUT": "5", "DPR_MIN_FREE_MB": "0",
+            "DPR_EDGE__INDEX_THRESHOLD": "100000"}
+    return env
+
+
+def _dpr(data: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "entrypoints.cli.main", *args], env=_env(data), text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def _points(data: Path) -> dict[str, tuple[str, int, str]]:
+    from services.settings import Settings
+    from services.store import open_store
+
+    store = open_store(Settings(data_dir=data))
+    try:
+        return {p.id: (p.doc_id, p.chunk_index, p.doc_hash) for batch in store.scroll() for p in batch}
+    finally:
+        store.close()
+
+
+def _status(data: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    done = _dpr(data, "status", "--json", timeout=120)
+    assert done.returncode == 0, f"the store did not open after a kill: {done.stderr[-800:]}"
+    return json.loads(done.stdout) | {"open_seconds": round(time.monotonic() - started, 2)}
+
+
+def test_ingest_killed_at_random_moments_loses_nothing_and_doubles_nothing(shared_data: Path, tmp_path: Path
+                                                                           ) -> None:
+    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    clean_dir, crash_dir = tmp_path / "clean", tmp_path / "crashed"
+    clean = _dpr(clean_dir, "ingest", str(corpus), "--json")
+    assert clean.returncode == 0, clean.stderr[-800:]
+    expected = _points(clean_dir)
+    assert len(expected) >= DOCS
+    started = time.monotonic()  # a whole run's wall time once the ONNX export exists: the kill moments' scale
+    assert _dpr(tmp_path / "timing", "ingest", str(corpus), "--json").returncode == 0
+    run_seconds = time.monotonic() - started
+
+    seed = int(os.environ.get("CRASH_SEED", "20261127"))
+    rng = random.Random(seed)
+    rounds: list[dict[str, Any]] = []
+    for number in range(ROUNDS):
+        delay = round(rng.uniform(*KILL_WINDOW) * run_seconds, 2)
+        proc = subprocess.Popen([sys.executable, "-m", "entrypoints.cli.main", "ingest", str(corpus), "--json"],
+                                env=_env(crash_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        finished_first = proc.poll() is not None
+        if not finished_first:
+            proc.send_signal(signal.SIGKILL)
+        code = proc.wait()
+        status = _status(crash_dir)  # opens at once: the kernel dropped the dead process's lock
+        rounds.append({"round": number + 1, "kill_after_s": delay, "killed": not finished_first, "exit": code,
+                       "points_after": status["points"], "status_exit": 0, "open_s": status["open_seconds"]})
+    final = _dpr(crash_dir, "ingest", str(corpus), "--json")
+    assert final.returncode == 0, final.stderr[-800:]
+    report = json.loads(final.stdout)
+    got = _points(crash_dir)
+    missing, extra = set(expected) - set(got), set(got) - set(expected)
+    changed = [pid for pid in set(expected) & set(got) if expected[pid] != got[pid]]
+    outcome = {"seed": seed, "documents": DOCS, "clean_points": len(expected), "run_seconds": round(run_seconds, 1),
+               "rounds": rounds,
+               "final": {"points": len(got), "missing": len(missing), "extra": len(extra), "changed": len(changed),
+                         "documents_encoded": report.get("documents"), "unchanged": report.get("unchanged")}}
+    if os.environ.get("CRASH_REPORT"):
+        Path(os.environ["CRASH_REPORT"]).write_text(json.dumps(outcome, indent=2))
+    assert any(r["killed"] and 0 < r["points_after"] < len(expected) for r in rounds) or not any(
+        r["killed"] for r in rounds[1:]), f"no kill landed while points were being written: {outcome}"
+    assert (missing, extra, changed) == (set(), set(), []), outcome
+
+
+def test_reembed_killed_midway_leaves_no_orphan_generation(shared_data: Path, tmp_path: Path) -> None:
+    from kit.tiny_models import tiny_sentence_model
+
+    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    data = tmp_path / "data"
+    assert _dpr(data, "ingest", str(corpus), "--json").returncode == 0
+    built = tiny_sentence_model(tmp_path / "tiny")  # another model, so that there is something to re-embed
+    (data / "models").mkdir(exist_ok=True)
+    os.replace(built, data / "models" / "tiny")
+    before = _status(data)
+    rng = random.Random(int(os.environ.get("CRASH_SEED", "20261127")))
+    delay = round(rng.uniform(2.0, 6.0), 2)
+    proc = subprocess.Popen([sys.executable, "-m", "entrypoints.cli.main", "reembed", "--model", "tiny", "--json"],
+                            env=_env(data), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(delay)
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    after = _status(data)
+    outcome = {"kill_after_s": delay, "killed": killed, "before": before["generations"],
+               "after": after["generations"]}
+    if os.environ.get("CRASH_REPORT"):
+        Path(os.environ["CRASH_REPORT"]).with_suffix(".reembed.json").write_text(json.dumps(outcome, indent=2))
+    if killed:  # the collection still answers from the generation it had, with every point
+        assert (after["generation"], after["points"]) == (before["generation"], before["points"]), outcome
+        hidden = {g["name"] for g in after["generations"]} - {g["name"] for g in before["generations"]}
+        assert not hidden, f"a killed re-embed left generation(s) {sorted(hidden)} visible: {outcome}"
+    hits = _dpr(data, "query", "cancer cells", "--json", timeout=300)
+    assert hits.returncode == 0 and json.loads(hits.stdout), hits.stderr[-500:]
