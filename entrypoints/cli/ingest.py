@@ -78,9 +78,10 @@ def ingest(
     if result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged") or result.get("failed")
     ):  # every file was skipped (or there were none): not a success
-        err_console.print(f"nothing was read: {count(result, 'skipped')} files skipped, 0 documents; see the "
-                          "reasons above (supported: PDF, DOCX, PPTX, ODT, EPUB, HTML, text, Markdown, reST, JSONL)",
-                          highlight=False)
+        example = (result.get("skipped") or [{}])[0]
+        why = f", e.g. {example.get('source')}: {example.get('reason')}" if example else ""
+        err_console.print(f"nothing was read: {count(result, 'skipped')} files skipped, 0 documents{why}",
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     if result.get("failed") and result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged")
