@@ -136,7 +136,8 @@ def run_batch(
         ), "attempt": attempt})
         return None
     log.info("batch started", extra={**ids, "documents": len(items)})
-    report = pipeline.ingest_batch(items, job=job_id, parsed=parsed)
+    report = (pipeline.ingest_batch(items, job=job_id) if parsed is None
+              else pipeline.ingest_batch(items, job=job_id, parsed=parsed))
     jobs.record_batch(job_id, number, {**report.to_json(), "attempt": attempt})
     log.info("batch recorded", extra={**ids, "chunks": report.chunks})
     return report
