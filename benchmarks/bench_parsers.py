@@ -324,9 +324,9 @@ def report(sets: list[tuple[str, str, list[Path], list[str]]], tmp: Path) -> lis
         "2.17 from 12 Python 3.11 doc pages)",
         "- Each candidate in its own fresh process, one after the other; peak RSS is that process's whole peak, "
         "'before' its RSS once imported (VmHWM / VmRSS); for the sandbox row, '+ child' is the parser process's "
-        "own peak. Pages: pages with text (or slides). Overlap: words both candidates read / words of the larger, over all files "
-        "(against the first row of the set). Pages: PDF pages or PPTX slides; for DOCX/ODT/EPUB a 'page' is what "
-        "the candidate yields (a section, a document or a chapter).", "",
+        "own peak. Overlap: words both candidates read / words of the larger, over all files "
+        "(against the first row of the set). Pages: PDF pages with text or PPTX slides; for DOCX/ODT/EPUB a "
+        "'page' is what the candidate yields (a section, a document or a chapter).", "",
     ]
     samples: list[str] = []
     for fmt, label, files, names in sets:
@@ -358,7 +358,7 @@ def report(sets: list[tuple[str, str, list[Path], list[str]]], tmp: Path) -> lis
                 f"{mb / max(r['seconds'], 1e-9):.2f} | {r['peak_mb']:.0f} MB ({r['rss_before_mb']:.0f})"
                 f"{' + child ' + format(r['child_peak_mb'], '.0f') + ' MB' if r['child_peak_mb'] else ''} | "
                 f"{r['words']:,} | {both / max(total, 1):.3f} | {len(r['failed'])} | {lic} | {size} | {native} |")
-            if r["sample"]:
+            if r["sample"] and not any(name in x.split("\n", 1)[0] for x in samples):  # once per candidate
                 samples.append(f"### gnuplot.pdf page 42, {name}\n\n```\n{r['sample'][:700]}\n```\n")
         base = results[names[0]]["seconds"]
         ratios = ", ".join(f"{n.split(' ')[0]} {results[n]['seconds'] / max(base, 1e-9):.1f}x" for n in names[1:])
