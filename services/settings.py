@@ -216,6 +216,14 @@ class ApiSettings(BaseModel):
     max_header_bytes: int = Field(
         default=16_384, ge=1024, description="Largest request line + headers; larger ones get 400."
     )
+    # Admission (entrypoints/api/admission.py, docs/capacity.md): a burst beyond capacity gets 503 + Retry-After.
+    max_in_flight: int = Field(default=16, ge=1, description="/v1 requests at work at once per worker process.")
+    max_queue: int = Field(
+        default=256, ge=0, description="/v1 requests that may wait for a slot; more get 503 + Retry-After at once."
+    )
+    queue_timeout: float = Field(
+        default=5.0, gt=0, description="Seconds a request may wait for a slot before it gets 503 + Retry-After."
+    )
 
     @field_validator("api_key", mode="after")
     @classmethod
@@ -254,6 +262,12 @@ class DocumentSettings(BaseModel):
     max_parser_memory_mb: int = Field(
         default=4096, ge=256, description="Address-space cap of the parser process (MiB); over it the document fails."
     )
+    ocr: bool = Field(
+        default=False, description="Read PDF pages without a text layer (scans) with Debian's tesseract (apt-get "
+        "install tesseract-ocr tesseract-ocr-eng); off: a scan fails as no_text_layer. See docs/documents.md."
+    )
+    ocr_language: str = Field(default="eng", pattern=r"^[A-Za-z_+]{2,64}$", description="tesseract -l LANG.")
+    ocr_dpi: int = Field(default=200, ge=72, le=600, description="Resolution pages are rendered at for OCR.")
 
 
 class Settings(BaseSettings):

@@ -21,6 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
 from entrypoints.api import schemas
+from entrypoints.api.admission import Admission
 from entrypoints.api.auth import access_of, flat_routes, security_schemes
 from entrypoints.api.errors import install_error_handlers
 from entrypoints.api.metrics import ApiMetrics
@@ -58,7 +59,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         415: "Unsupported Content-Type",
         422: "Malformed request",
         429: "Over the key's rate limit (see the Retry-After header)",
-        503: "Store or broker unavailable",
+        503: "Store or broker unavailable, or the server at capacity (see the Retry-After header)",
     }.items()
 }
 
@@ -101,6 +102,8 @@ def create_app(
     # Added innermost first: metrics see every response (401/403/429 from access control, 413 from the body
     # limit); access control answers before the body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_request_bytes)
+    app.add_middleware(Admission, max_in_flight=settings.api.max_in_flight, max_queue=settings.api.max_queue,
+                       queue_timeout=settings.api.queue_timeout)  # after access control: 503 + Retry-After
     app.add_middleware(AccessControl, routes=app.router.routes, gate=gate, collection=settings.collection,
                        public_paths=public_paths(app))
     app.add_middleware(HttpMetrics, metrics=metrics)

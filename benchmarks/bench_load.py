@@ -1,0 +1,470 @@
+"""Many clients at once against `dpr serve`, started as a user would, driven by a real load generator.
+
+1. A data dir with the first ``--docs`` SciFact abstracts, ingested by ``dpr ingest`` (a JSONL file of them), or
+   an existing data dir (``--data-dir``, nothing is ingested).
+2. ``dpr serve`` on a free loopback port (its own process; ``DPR_*`` from ``--env`` only), /readyz awaited.
+3. For each ``--clients`` N: wrk (Debian's ``wrk``, a Lua script cycling real SciFact questions as POST
+   /v1/search bodies) with N connections for ``--duration`` seconds; without wrk, a thread-per-client Python
+   generator (``--generator python``). Questions/s, p50 / p99 latency, errors by kind and status, and the server's
+   peak RSS (its process tree's VmRSS sampled from /proc every 0.1 s).
+4. ``--thin N``: N concurrent loops of the thin client, ``dpr query --json`` with ``DPR_API_URL`` (a process per
+   question: its start-up is in the latency, as a user's shell pays it).
+5. ``--burst N``: N connections at once for a few seconds, beyond ``api.max_in_flight + api.max_queue``: how many
+   were answered, how many shed with 503 / 429 and how many of those carried Retry-After, and the RSS under it.
+
+Usage::
+
+    nice -n 10 .venv/bin/python benchmarks/bench_load.py --docs 3000 --clients 16 32 --duration 60 \
+        --burst 600 --thin 4 [--out benchmarks/results/load.md] [--json]
+
+Prints the CPU model and flags, the commit and the load average beside the figures: on a shared machine the
+load generator, the server and other work share the cores, so read figures as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
+DPR = str(Path(sys.executable).with_name("dpr"))
+
+
+# -- machine -----------------------------------------------------------------------------------------------------
+
+
+def machine_line() -> str:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == (platform.processor() or platform.machine()):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags) or "no avx2"
+    load = os.getloadavg()
+    return (f"CPU: {model} ({simd}), {os.cpu_count()} cores visible; load average {load[0]:.1f} / {load[1]:.1f} / "
+            f"{load[2]:.1f}; Python {platform.python_version()}; commit {commit()}")
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# -- data ----------------------------------------------------------------------------------------------------------
+
+
+def write_corpus(path: Path, docs: int) -> int:
+    """The first ``docs`` SciFact abstracts as a JSONL file ``dpr ingest`` reads."""
+    n = 0
+    with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        for line in f:
+            row = json.loads(line)
+            if not row.get("text", "").strip():
+                continue
+            out.write(json.dumps({"_id": str(row["_id"]), "title": row.get("title") or "", "text": row["text"]}) + "\n")
+            n += 1
+            if n >= docs:
+                break
+    return n
+
+
+def questions(n: int = 1000) -> list[str]:
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f][:n]
+
+
+def clean_env(data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    # only the ONNX export cache passes through (a cache keyed by the model's fingerprint, not a setting)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_") or k == "DPR_ONNX_CACHE"}
+    env.update({"DPR_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    env.update(extra)
+    return env
+
+
+def ingest(data_dir: Path, corpus: Path, env: dict[str, str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    done = subprocess.run([DPR, "ingest", str(corpus), "--json"], env=env, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"dpr ingest failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    report = json.loads(done.stdout)
+    return {"seconds": time.perf_counter() - t0, "report": report}
+
+
+# -- the server and its memory ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tree_rss_kb(pid: int) -> int:
+    """VmRSS of ``pid`` and its descendants (uvicorn workers, the index build's child), in KB."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class Server:
+    """``dpr serve`` as its own process (session leader, so the whole tree stops together) and an RSS sampler."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [DPR, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="rss", daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak_kb = max(self.peak_kb, tree_rss_kb(self.process.pid))
+
+    def reset_peak(self) -> None:
+        self.peak_kb = tree_rss_kb(self.process.pid)
+
+    def rss_mb(self) -> float:
+        return tree_rss_kb(self.process.pid) / 1024
+
+    def wait_ready(self, timeout: float = 300) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"dpr serve exited ({self.process.returncode}):\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return time.perf_counter() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"dpr serve not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+def percentile(ms: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``ms`` (nearest rank)."""
+    return ms[max(0, min(len(ms) - 1, math.ceil(q * len(ms)) - 1))]
+
+
+# -- load generators -----------------------------------------------------------------------------------------------
+
+_LUA = r"""
+local bodies = {%(bodies)s}
+local threads = {}
+local i = 0
+function setup(thread) table.insert(threads, thread) end
+function init(args) counts = {}; retry = 0; i = math.random(#bodies) end
+function request()
+  i = (i %% #bodies) + 1
+  return wrk.format("POST", "/v1/search", {["Content-Type"] = "application/json"}, bodies[i])
+end
+function response(status, headers, body)
+  counts[status] = (counts[status] or 0) + 1
+  if status >= 400 and (headers["retry-after"] or headers["Retry-After"]) then retry = retry + 1 end
+end
+function done(summary, latency, requests)
+  local agg, rt = {}, 0
+  for _, t in ipairs(threads) do
+    for k, v in pairs(t:get("counts")) do agg[k] = (agg[k] or 0) + v end
+    rt = rt + t:get("retry")
+  end
+  local parts = {}
+  for k, v in pairs(agg) do table.insert(parts, string.format('"%%d": %%d', k, v)) end
+  local e = summary.errors
+  io.write(string.format('DPRLOAD {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, ' ..
+    '"max_us": %%d, "connect": %%d, "read": %%d, "write": %%d, "timeout": %%d, "status": {%%s}, "retry_after": %%d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.max,
+    e.connect, e.read, e.write, e.timeout, table.concat(parts, ", "), rt))
+end
+"""
+
+
+def _lua_string(text: str) -> str:
+    level = "=" * 3
+    while f"]{level}]" in text:
+        level += "="
+    return f"[{level}[{text}]{level}]"
+
+
+def run_wrk(url: str, bodies: list[str], clients: int, duration: float, workdir: Path) -> dict[str, Any]:
+    script = workdir / "search.lua"
+    script.write_text(_LUA % {"bodies": ", ".join(_lua_string(b) for b in bodies)}, encoding="utf-8")
+    threads = max(1, min(clients, 2))
+    cmd = ["wrk", "-t", str(threads), "-c", str(clients), "-d", f"{max(1, round(duration))}s", "--timeout", "30s",
+           "-s", str(script), url]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("DPRLOAD ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+    raw = json.loads(line[len("DPRLOAD "):])
+    status = {int(k): v for k, v in raw["status"].items()}
+    ok = status.get(200, 0)
+    return {
+        "generator": "wrk", "clients": clients, "seconds": raw["duration_us"] / 1e6, "requests": raw["requests"],
+        "ok": ok, "qps": ok / (raw["duration_us"] / 1e6), "p50_ms": raw["p50_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000, "max_ms": raw["max_us"] / 1000, "status": status,
+        "errors": raw["requests"] - ok + raw["connect"] + raw["read"] + raw["write"] + raw["timeout"],
+        "socket_errors": {k: raw[k] for k in ("connect", "read", "write", "timeout")},
+        "retry_after": raw["retry_after"],
+    }
+
+
+def run_python(url: str, bodies: list[str], clients: int, duration: float) -> dict[str, Any]:
+    """The fallback generator: one thread and one keep-alive connection per client (its own CPU is in the figures)."""
+    latencies: list[float] = []
+    status: Counter[int] = Counter()
+    retry = [0]
+    failures = [0]
+    lock = threading.Lock()
+    deadline = time.perf_counter() + duration
+
+    def client(offset: int) -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            i = offset
+            while time.perf_counter() < deadline:
+                body = bodies[i % len(bodies)]
+                i += 1
+                t = time.perf_counter()
+                try:
+                    r = http.post("/v1/search", content=body, headers={"content-type": "application/json"})
+                except httpx.HTTPError:
+                    with lock:
+                        failures[0] += 1
+                    continue
+                dt = time.perf_counter() - t
+                with lock:
+                    latencies.append(dt)
+                    status[r.status_code] += 1
+                    if r.status_code >= 400 and "retry-after" in r.headers:
+                        retry[0] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k * 7,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ms = sorted(x * 1000 for x in latencies) or [0.0]
+    ok = status.get(200, 0)
+    return {
+        "generator": "python", "clients": clients, "seconds": wall, "requests": len(latencies) + failures[0],
+        "ok": ok, "qps": ok / wall, "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 0.99),
+        "max_ms": ms[-1], "status": dict(status), "errors": len(latencies) - ok + failures[0],
+        "socket_errors": {"failed": failures[0]}, "retry_after": retry[0],
+    }
+
+
+def run_thin(url: str, qs: list[str], clients: int, duration: float, env: dict[str, str]) -> dict[str, Any]:
+    """``dpr query --json`` with DPR_API_URL, ``clients`` loops for ``duration`` s (a process per question)."""
+    env = {**env, "DPR_API_URL": url}
+    latencies: list[float] = []
+    codes: Counter[int] = Counter()
+    lock = threading.Lock()
+    deadline = time.perf_counter() + duration
+
+    def loop(offset: int) -> None:
+        i = offset
+        while time.perf_counter() < deadline:
+            t = time.perf_counter()
+            done = subprocess.run([DPR, "query", qs[i % len(qs)], "--json"], env=env, capture_output=True,
+                                  text=True, check=False)
+            i += 1
+            with lock:
+                latencies.append(time.perf_counter() - t)
+                codes[done.returncode] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=loop, args=(k * 11,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ms = sorted(x * 1000 for x in latencies) or [0.0]
+    return {"clients": clients, "seconds": wall, "requests": len(latencies), "qps": codes.get(0, 0) / wall,
+            "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 0.99),
+            "errors": len(latencies) - codes.get(0, 0), "exit_codes": dict(codes)}
+
+
+# -- main --------------------------------------------------------------------------------------------------------------
+
+
+def load(args: argparse.Namespace, url: str, bodies: list[str], clients: int, duration: float,
+         workdir: Path) -> dict[str, Any]:
+    if args.generator == "wrk":
+        return run_wrk(url, bodies, clients, duration, workdir)
+    return run_python(url, bodies, clients, duration)
+
+
+def row(name: str, r: dict[str, Any], rss_mb: float | None) -> str:
+    shed = sum(v for k, v in r.get("status", {}).items() if k in (429, 503))
+    rss = f"{rss_mb:,.0f}" if rss_mb is not None else "-"
+    return (f"| {name} | {r['clients']} | {r['seconds']:.0f} | {r['requests']:,} | {r['qps']:.1f} | "
+            f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | {shed} | {r.get('retry_after', '-')} | {rss} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=3000, help="SciFact abstracts to ingest (ignored with --data-dir)")
+    ap.add_argument("--data-dir", type=Path, help="serve this existing data dir instead of ingesting")
+    ap.add_argument("--clients", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds per load run")
+    ap.add_argument("--burst", type=int, default=0, help="connections at once for the burst run (0: none)")
+    ap.add_argument("--burst-seconds", type=float, default=5.0)
+    ap.add_argument("--thin", type=int, default=0, help="concurrent thin-client loops (0: none)")
+    ap.add_argument("--mode", default="dense", choices=("dense", "sparse", "hybrid"))
+    ap.add_argument("--generator", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
+    ap.add_argument("--env", action="append", default=[], metavar="DPR_X=Y", help="settings for dpr serve")
+    ap.add_argument("--out", type=Path, help="write the markdown table here")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = ap.parse_args()
+    if not SCIFACT.is_dir():
+        print(f"needs {SCIFACT} (BEIR SciFact questions and abstracts); not found", file=sys.stderr)
+        return 2
+    extra = dict(item.split("=", 1) for item in args.env)
+    qs = questions()
+    bodies = [json.dumps({"question": q, "k": 10, "mode": args.mode}) for q in qs]
+    before = machine_line()
+    result: dict[str, Any] = {"machine": before, "generator": args.generator, "runs": [], "commit": commit()}
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+        work = Path(tmp)
+        data_dir = args.data_dir or work / "dpr"
+        env = clean_env(data_dir, extra)
+        if args.data_dir is None:
+            corpus = work / "scifact.jsonl"
+            result["docs"] = write_corpus(corpus, args.docs)
+            result["ingest"] = ingest(data_dir, corpus, env)
+        server = Server(env, work / "serve.log")
+        try:
+            result["ready_s"] = server.wait_ready()
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                for body in bodies[:5]:  # warm-up: the first questions load the tower's session
+                    http.post("/v1/search", content=body, headers={"content-type": "application/json"})
+                status = http.get("/v1/status").json()
+            result["points"] = status.get("points") or status.get("active", {}).get("points")
+            result["idle_rss_mb"] = server.rss_mb()
+            for clients in args.clients:
+                server.reset_peak()
+                r = load(args, server.url, bodies, clients, args.duration, work)
+                r["peak_rss_mb"] = server.peak_kb / 1024
+                r["name"] = f"{args.mode}, {args.generator}"
+                result["runs"].append(r)
+            if args.burst:
+                server.reset_peak()
+                r = load(args, server.url, bodies, args.burst, args.burst_seconds, work)
+                r["peak_rss_mb"] = server.peak_kb / 1024
+                r["name"] = f"burst, {args.generator}"
+                result["burst"] = r
+            if args.thin:
+                server.reset_peak()
+                r = run_thin(server.url, qs, args.thin, args.duration, env)
+                r["peak_rss_mb"] = server.peak_kb / 1024
+                result["thin"] = r
+        finally:
+            server.stop()
+    result["machine_after"] = machine_line()
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    text = report(args, result)
+    if not args.json:
+        print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
+    lines = [
+        f"Machine before: {result['machine']}",
+        f"Machine after: {result['machine_after']}",
+        "",
+        f"Collection: {result.get('docs', '?')} SciFact abstracts ({result.get('points') or '?'} points), "
+        f"`dpr serve` ready {result.get('ready_s', 0):.1f} s after start, idle RSS "
+        f"{result.get('idle_rss_mb', 0):.0f} MB.",
+    ]
+    if "ingest" in result:
+        lines.append(f"`dpr ingest` of the JSONL file: {result['ingest']['seconds']:.0f} s.")
+    lines += [
+        "",
+        "| run | clients | s | requests | questions/s | p50 ms | p99 ms | errors | shed 429/503 | with Retry-After "
+        "| server peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        lines.append(row(r["name"], r, r["peak_rss_mb"]))
+    if "burst" in result:
+        lines.append(row(result["burst"]["name"], result["burst"], result["burst"]["peak_rss_mb"]))
+    if "thin" in result:
+        t = result["thin"]
+        lines.append(f"| thin client `dpr query` (DPR_API_URL), a process per question | {t['clients']} | "
+                     f"{t['seconds']:.0f} | {t['requests']:,} | {t['qps']:.1f} | {t['p50_ms']:.0f} | "
+                     f"{t['p99_ms']:.0f} | {t['errors']} | - | - | {t['peak_rss_mb']:,.0f} |")
+    for r in [*result["runs"], *([result["burst"]] if "burst" in result else [])]:
+        lines.append("")
+        lines.append(f"- {r['name']} x{r['clients']}: status codes {r['status']}, socket errors {r['socket_errors']}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
