@@ -67,6 +67,8 @@ def read_binary(
         metadata["pages_skipped"] = info.pages_skipped
     if info.metadata.get("salvaged"):
         metadata["salvaged"] = True
+    if info.metadata.get("pages_ocr"):
+        metadata["pages_ocr"] = int(info.metadata["pages_ocr"])
     title = safe_text(info.title) or path.name.split(".")[0].replace("_", " ").replace("-", " ").strip()
     doc = Document.from_sections(doc_id, parsed.sections, title=title, source=source, format=kind,
                                  metadata=metadata)

@@ -8,9 +8,11 @@ a scan: ``no_text_layer`` (OCR is not enabled). A password-protected document is
 
 from __future__ import annotations
 
+import io
 import mmap
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,16 +60,24 @@ def _pages(pdf: Any, limits: DocumentSettings, salvaged: bool) -> Iterator[Part]
             except Exception:  # noqa: BLE001 - one damaged page costs that page: reported, the rest go on
                 info.pages_failed.append(index + 1)
                 continue
+            if not text.strip() and limits.ocr:
+                text = ocr_page(pdf, index, limits)
+                if text.strip():
+                    info.metadata["pages_ocr"] = info.metadata.get("pages_ocr", 0) + 1
             if not text.strip():
                 info.pages_empty += 1
                 continue
             read_any = True
             yield Section(text, heading=headings.get(index, ()), page=index + 1)
         if total and not read_any and not info.pages_failed:
+            if limits.ocr:
+                raise ParseFailure("no_text_layer", f"has {total:,} pages, no text layer, and OCR "
+                                   f"(tesseract -l {limits.ocr_language}) found no text on them; check the scan")
             raise ParseFailure(
                 "no_text_layer",
-                f"has {total:,} pages but no text layer (a scan, or pages of images); OCR is not enabled: run it "
-                "through an OCR tool first (e.g. Debian's ocrmypdf with tesseract) and ingest the result",
+                f"has {total:,} pages but no text layer (a scan, or pages of images); OCR is not enabled: set "
+                "DPR_DOCUMENTS__OCR=true (needs Debian's tesseract-ocr), or run it through an OCR tool first and "
+                "ingest the result",
             )
         yield info
     finally:
@@ -113,6 +123,31 @@ def salvage(path: Path, out: Path) -> bool:
         w.write(b"trailer\n<< /Root %d 0 R /Size %d >>\nstartxref\n%d\n%%%%EOF\n"
                 % (catalog, catalog + 1, base + len(tree) + len(root)))
     return True
+
+
+def ocr_page(pdf: Any, index: int, limits: DocumentSettings) -> str:
+    """The text tesseract reads on page ``index`` rendered at ``ocr_dpi`` ('' when it reads none)."""
+    command = shutil.which("tesseract")
+    if command is None:
+        raise ParseFailure("ocr_unavailable", "has pages without text and DPR_DOCUMENTS__OCR is on, but tesseract "
+                           "is not installed; apt-get install tesseract-ocr tesseract-ocr-eng, or turn OCR off")
+    page = pdf[index]
+    try:
+        image = page.render(scale=limits.ocr_dpi / 72).to_pil()
+    finally:
+        page.close()
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    try:
+        done = subprocess.run([command, "stdin", "stdout", "-l", limits.ocr_language], input=buffer.getvalue(),
+                              capture_output=True, timeout=limits.parse_timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return ""
+    if done.returncode != 0:
+        raise ParseFailure("ocr_unavailable", f"OCR failed (tesseract: {done.stderr.decode(errors='replace')[-200:]}"
+                           f"); check DPR_DOCUMENTS__OCR_LANGUAGE={limits.ocr_language!r} is installed")
+    lines = (_SPACES.sub(" ", line).strip() for line in done.stdout.decode("utf-8", "replace").splitlines())
+    return "\n".join(line for line in lines if line)
 
 
 def page_text(pdf: object, index: int) -> str:
