@@ -65,8 +65,10 @@ class LocalExecutor:
         *,
         background: bool = False,
         on_batch: BatchHook | None = None,
+        prefetch: bool = True,
     ) -> None:
         self.jobs = jobs
+        self.prefetch = prefetch  # parse the next batch's binary files while this one encodes
         self.pipeline_for = pipeline_for
         self.on_batch = on_batch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpr-ingest") if background else None
@@ -143,11 +145,12 @@ class LocalExecutor:
             def hand_over(number: int, docs: list[Document]) -> None:
                 batch: list[Item] = list(docs)
                 try:
-                    known = pipeline.file_states(batch)
+                    known = pipeline.file_states(batch) if self.prefetch else None
                 except DprError as e:  # the batch runs without the head start and meets the error itself
                     log.warning("looking up files ahead failed", extra={"job": submitted.job, "error": str(e)})
                     known = None
-                parsing = parser.submit(pipeline.parse_files, batch, submitted.job, known) if known else None
+                parsing = (parser.submit(pipeline.parse_files, batch, submitted.job, known)
+                           if known is not None and self.prefetch else None)
                 if held:
                     run_now(*held.pop())
                 if parsing is None:
