@@ -38,10 +38,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
     """One ONNX export cache for the session: the default question backend (onnx) exports the base model once
-    (~20 s), not once per test's data dir (exports are keyed by the model's fingerprint, so sharing is safe)."""
-    return tmp_path_factory.mktemp("onnx-cache")
+    (~20 s), not once per test's data dir (exports are keyed by the model's fingerprint, so sharing is safe).
+    Under pytest-xdist the workers of one run share it too (beside their own temp dirs: one export, made under
+    the export's file lock by whichever worker asks first), never a later run's."""
+    if not hasattr(pytestconfig, "workerinput"):  # not an xdist worker
+        return tmp_path_factory.mktemp("onnx-cache")
+    shared = tmp_path_factory.getbasetemp().parent / "onnx-cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture(autouse=True)
