@@ -102,3 +102,14 @@ def test_a_large_file_goes_in_a_batch_of_its_own() -> None:
     big = FileRef(doc_id="big", text="", path="/big", kind="pdf", size=5_000_000)
     batches = list(batched_items([*small, big, *small], max_docs=64, max_bytes=1_000_000))
     assert [[d.doc_id for d in b] for b in batches] == [["s0", "s1", "s2"], ["big"], ["s0", "s1", "s2"]]
+
+
+def test_a_worker_task_reads_file_references_and_documents_alike(tmp_path: Path) -> None:
+    from workers.tasks import parse_documents
+
+    path = make_pdf(tmp_path / "a.pdf", ["words"])
+    ref = FileRef.of(path, "pdf", "docs/a.pdf").with_bytes(limit=1 << 20)
+    items = parse_documents([ref.to_json(), Document("docs/b.md", "text").to_json(), {"file": {"doc_id": "x"}}])
+    assert isinstance(items[0], FileRef) and items[0].inline == path.read_bytes()
+    assert type(items[1]) is Document
+    assert isinstance(items[2], DocumentFailure) and items[2].reason == "invalid_task"
