@@ -346,6 +346,39 @@ def run_thin(url: str, qs: list[str], clients: int, duration: float, env: dict[s
             "errors": len(latencies) - codes.get(0, 0), "exit_codes": dict(codes)}
 
 
+def encode_batching(repeats: int = 3, n: int = 128) -> list[tuple[int, int, float, list[float]]]:
+    """Questions/s of the serving question tower (``dpr serve``'s settings: 1 intra-op thread per call) when
+    ``threads`` concurrent callers each encode ``batch`` questions per call: is micro-batching concurrent
+    questions worth it? Returns (threads, batch, median questions/s, each repeat's)."""
+    sys.path.insert(0, str(REPO))
+    from entrypoints.api.app import serving_settings
+    from services.runtime import Runtime
+    from services.settings import Settings
+
+    qs = questions(n)
+    with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
+        towers = Runtime(serving_settings(Settings(data_dir=Path(tmp)))).question_towers
+        towers.encode_queries(qs[:8])  # load
+        out = []
+        for threads, batch in ((1, 1), (1, 8), (1, 16), (2, 1), (2, 8), (16, 1)):
+            rates = []
+            for _ in range(repeats):
+                def work(k: int, threads: int = threads, batch: int = batch) -> None:
+                    mine = qs[k::threads]
+                    for j in range(0, len(mine), batch):
+                        towers.encode_queries(mine[j:j + batch], batch_size=batch)
+
+                pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+                t0 = time.perf_counter()
+                for t in pool:
+                    t.start()
+                for t in pool:
+                    t.join()
+                rates.append(len(qs) / (time.perf_counter() - t0))
+            out.append((threads, batch, statistics.median(rates), rates))
+    return out
+
+
 # -- main --------------------------------------------------------------------------------------------------------------
 
 
@@ -377,10 +410,18 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], metavar="DPR_X=Y", help="settings for dpr serve")
     ap.add_argument("--out", type=Path, help="write the markdown table here")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ap.add_argument("--encode-batching", action="store_true", help="only measure question-tower micro-batching")
     args = ap.parse_args()
     if not SCIFACT.is_dir():
         print(f"needs {SCIFACT} (BEIR SciFact questions and abstracts); not found", file=sys.stderr)
         return 2
+    if args.encode_batching:
+        print(machine_line())
+        print("| concurrent callers | questions per call | questions/s (median) | each run |\n|---|---|---|---|")
+        for threads, batch, median, rates in encode_batching():
+            print(f"| {threads} | {batch} | {median:.1f} | {', '.join(f'{r:.0f}' for r in rates)} |")
+        print(machine_line())
+        return 0
     extra = dict(item.split("=", 1) for item in args.env)
     qs = questions()
     bodies = [json.dumps({"question": q, "k": 10, "mode": args.mode}) for q in qs]

@@ -1,0 +1,335 @@
+"""Scale of one embedded collection (issue 42): N passages, each memory lever, in-process.
+
+For each lever configuration (``--levers``: fp32, int8, int8-disk) a fresh data dir gets a collection of
+``--passages`` points through the real store (``EdgeEngine.from_settings``, the layout `dpr serve` reads):
+
+- **real part**: the first ``--real-docs`` SciFact abstracts, chunked with the passage tower's tokenizer and
+  embedded by the real passage tower (``encoder.backend``, onnx-int8 by default), with their BM25 vectors;
+- **synthetic bulk**: vectors drawn from a Gaussian fitted to the real passage vectors (their mean and covariance,
+  shrunk by 1e-3 on the diagonal, then normalised to unit length), each with the text and BM25 vector of a real
+  passage (cycled), so payload bytes and the sparse index are realistic; ids ``synNNN``. Deterministic per chunk
+  (seed, chunk), so the exact scan regenerates them instead of holding N x dim floats.
+
+Then: upsert rate; the HNSW build (``store.optimize()``: a child process on a copy) with a thread querying the
+store meanwhile (p50 / p99 and queries answered during the build); after it, dense and hybrid (RRF) p50 / p99 of
+the store search with pre-encoded real SciFact questions (the question tower's own time is reported once,
+beside); recall@10 of dense search against the exact scan (numpy over every vector); disk per passage (``du`` of
+the generation); RSS growth of this process from opening the built store to after the queries. With ``--keep
+DIR`` the data dirs stay, and ``benchmarks/bench_load.py --data-dir DIR/<lever>/dpr`` serves one.
+
+Usage::
+
+    nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages 50000 --real-docs 300 --queries 100
+    # the issue's run (hours on 2 cores; see benchmarks/results/scale.md):
+    nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages 1000000 --real-docs 5183 --queries 300 \
+        --keep /data/scale1m --out benchmarks/results/scale.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+from bench_load import commit, machine_line, percentile  # noqa: E402
+
+from services.ingest import chunk_document  # noqa: E402
+from services.language import collection_spec  # noqa: E402
+from services.readers import Document  # noqa: E402
+from services.runtime import Runtime  # noqa: E402
+from services.settings import EdgeSettings, Settings  # noqa: E402
+from services.store import Store  # noqa: E402
+from services.store.engines.edge import EdgeEngine  # noqa: E402
+from services.store.points import Passage, PassagePoint, SearchRequest, SparseVector  # noqa: E402
+
+SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
+CHUNK = 50_000  # synthetic vectors generated (and scanned) per chunk
+LEVERS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "int8": {"quantization": "int8", "rescore": True, "oversampling": 2.0},
+    "int8-disk": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True},
+}
+
+
+def rss_kb(field: str = "VmRSS") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def load_docs(n: int) -> list[Document]:
+    docs = []
+    with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("text", "").strip():
+                docs.append(Document(doc_id=str(row["_id"]), text=row["text"], title=row.get("title") or ""))
+            if len(docs) >= n:
+                break
+    return docs
+
+
+def load_questions(n: int) -> list[str]:
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f][:n]
+
+
+class Corpus:
+    """Real passages (vectors, texts, BM25) and a Gaussian fitted to their vectors for the synthetic bulk."""
+
+    def __init__(self, runtime: Runtime, docs: list[Document], seed: int) -> None:
+        towers, sparse = runtime.towers, runtime.sparse
+        self.passages: list[tuple[Document, Any]] = []
+        for doc in docs:
+            chunks, _ = chunk_document(doc, towers, runtime.settings.chunk)
+            self.passages += [(doc, c) for c in chunks]
+        texts = [c.encoder_text for _, c in self.passages]
+        t0 = time.perf_counter()
+        self.vectors = np.asarray(towers.encode_documents(texts, batch_size=32), dtype=np.float32)  # (n_real, dim)
+        self.encode_pps = len(texts) / (time.perf_counter() - t0)
+        self.sparse: list[SparseVector] = [sparse.embed_document(t) for t in texts]
+        self.fingerprint = towers.fingerprint
+        self.spec = collection_spec(towers, sparse)
+        self.n_real, self.dim = self.vectors.shape
+        self.mean = self.vectors.mean(axis=0)  # (dim,)
+        cov = np.cov(self.vectors, rowvar=False) + 1e-3 * np.eye(self.dim)  # (dim, dim), shrunk: n_real may be < dim
+        self.factor = np.linalg.cholesky(cov).astype(np.float32)  # (dim, dim)
+        self.seed = seed
+
+    def chunk(self, start: int, total: int) -> np.ndarray:
+        """Vectors of points ``start .. start+CHUNK`` (real first, then synthetic), unit length."""
+        stop = min(total, start + CHUNK)
+        out = np.empty((stop - start, self.dim), dtype=np.float32)  # (m, dim)
+        real = max(0, min(stop, self.n_real) - start)
+        if real:
+            out[:real] = self.vectors[start:start + real]
+        if stop - start > real:
+            rng = np.random.default_rng([self.seed, start // CHUNK])
+            z = rng.standard_normal((stop - start - real, self.dim), dtype=np.float32)  # (m, dim)
+            x = self.mean + z @ self.factor.T
+            out[real:] = x / np.linalg.norm(x, axis=1, keepdims=True)
+        return out
+
+    def point(self, k: int, vector: np.ndarray) -> PassagePoint:
+        i = k % self.n_real
+        doc, c = self.passages[i]
+        synthetic = k >= self.n_real
+        passage = Passage(
+            doc_id=f"syn{k}" if synthetic else doc.doc_id, chunk_index=0 if synthetic else c.index, text=c.text,
+            title=c.title, doc_hash=doc.doc_hash, source="synthetic" if synthetic else "scifact",
+            model=self.fingerprint,
+        )
+        return PassagePoint(passage=passage, dense=vector.tolist(), sparse=self.sparse[i])
+
+    def index_of(self, doc_id: str, chunk_index: int) -> int:
+        if doc_id.startswith("syn"):
+            return int(doc_id[3:])
+        if not hasattr(self, "_real_index"):
+            self._real_index = {(d.doc_id, c.index): i for i, (d, c) in enumerate(self.passages)}
+        return self._real_index[(doc_id, chunk_index)]
+
+
+def exact_top10(corpus: Corpus, total: int, queries: np.ndarray) -> np.ndarray:
+    """Exact top 10 point indexes per question, scanning every vector chunk by chunk."""
+    best_s = np.full((len(queries), 10), -np.inf, dtype=np.float32)  # (q, 10)
+    best_i = np.zeros((len(queries), 10), dtype=np.int64)
+    for start in range(0, total, CHUNK):
+        scores = queries @ corpus.chunk(start, total).T  # (q, m)
+        s = np.concatenate([best_s, scores], axis=1)
+        ids = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)], axis=1)
+        top = np.argsort(-s, axis=1)[:, :10]
+        best_s, best_i = np.take_along_axis(s, top, 1), np.take_along_axis(ids, top, 1)
+    return best_i
+
+
+def timed(store: Store, requests: list[SearchRequest]) -> tuple[list[float], list[Any]]:
+    times, answers = [], []
+    for r in requests:
+        t = time.perf_counter()
+        answers.append(store.search(r))
+        times.append((time.perf_counter() - t) * 1000)
+    return times, answers
+
+
+def stats(ms: list[float]) -> str:
+    if not ms:
+        return "-"
+    s = sorted(ms)
+    return f"{statistics.median(s):.1f} / {percentile(s, 0.99):.1f}"
+
+
+def du_bytes(path: Path) -> int:
+    """Allocated bytes (``du``: sparse files count what they hold)."""
+    done = subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0]) * 1024
+
+
+def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.ndarray, sparse_q: list[SparseVector],
+              truth: np.ndarray, ef: int | None) -> dict[str, Any]:
+    settings = Settings(data_dir=root / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=ef))
+    store = Store(EdgeEngine.from_settings(settings))
+    store.ensure_collection(corpus.spec)
+    t0 = time.perf_counter()
+    batch: list[PassagePoint] = []
+    for start in range(0, total, CHUNK):
+        vectors = corpus.chunk(start, total)
+        for j, v in enumerate(vectors):
+            batch.append(corpus.point(start + j, v))
+            if len(batch) == 1000:
+                store.upsert(batch)
+                batch = []
+    if batch:
+        store.upsert(batch)
+    upsert_s = time.perf_counter() - t0
+    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
+    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=s) for v, s in zip(dense_q, sparse_q,
+                                                                                           strict=True)]
+    # the build, with a thread asking questions meanwhile (exact scans: the graph is not there yet), one every 20 ms
+    during: list[float] = []
+    stop = threading.Event()
+
+    def ask() -> None:
+        i = 0
+        while not stop.is_set():
+            t = time.perf_counter()
+            store.search(dense[i % len(dense)])
+            during.append((time.perf_counter() - t) * 1000)
+            i += 1
+            stop.wait(0.02)  # a steady trickle of questions (~50/s at most), not a loop that starves the build
+
+    asker = threading.Thread(target=ask, name="during-build", daemon=True)
+    t0 = time.perf_counter()
+    asker.start()
+    built = store.optimize()
+    build_s = time.perf_counter() - t0
+    stop.set()
+    asker.join()
+    store.close()
+    generation = next((root / name / "dpr" / "store" / settings.collection / "generations").iterdir())
+    disk = du_bytes(generation)
+    # reopened, as a serving process finds it
+    before_kb = rss_kb()
+    store = Store(EdgeEngine.from_settings(settings))
+    timed(store, dense[:10])  # warm the shard's maps
+    dense_ms, answers = timed(store, dense)
+    hybrid_ms, _ = timed(store, hybrid)
+    rss_growth_mb = (rss_kb() - before_kb) / 1024
+    found = [
+        len({corpus.index_of(h.passage.doc_id, h.passage.chunk_index) for h in hits} & set(truth[q].tolist()))
+        for q, hits in enumerate(answers)
+    ]
+    store.close()
+    return {
+        "lever": name, "points": total, "upsert_pps": total / upsert_s, "built": built, "build_s": build_s,
+        "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": sum(found) / (10 * len(found)),
+        "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--passages", type=int, default=1_000_000)
+    ap.add_argument("--real-docs", type=int, default=300, help="SciFact abstracts embedded by the real tower")
+    ap.add_argument("--queries", type=int, default=100, help="real SciFact questions")
+    ap.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
+    ap.add_argument("--ef", type=int, default=None, help="search-time HNSW ef (default: the engine's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
+    ap.add_argument("--out", type=Path, help="write the markdown here")
+    args = ap.parse_args()
+    if not SCIFACT.is_dir():
+        print(f"needs {SCIFACT} (BEIR SciFact); not found", file=sys.stderr)
+        return 2
+    machine = machine_line()
+    print(machine, flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        root = args.keep or Path(tmp)
+        runtime = Runtime(Settings(data_dir=Path(tmp) / "models"))
+        corpus = Corpus(runtime, load_docs(args.real_docs), args.seed)
+        qs = load_questions(args.queries)
+        qt = runtime.question_towers
+        qt.encode_queries(qs[:4])
+        encode_ms = []
+        for q in qs:
+            t = time.perf_counter()
+            qt.encode_queries([q])
+            encode_ms.append((time.perf_counter() - t) * 1000)
+        dense_q = np.asarray(qt.encode_queries(qs), dtype=np.float32)  # (q, dim)
+        sparse_q = [runtime.sparse.embed_query(q) for q in qs]
+        print(f"{corpus.n_real} real passages ({corpus.encode_pps:.1f}/s); exact top 10 over {args.passages:,}...",
+              flush=True)
+        t0 = time.perf_counter()
+        truth = exact_top10(corpus, args.passages, dense_q)
+        scan_s = time.perf_counter() - t0
+        results = []
+        for name in args.levers:
+            if (root / name).exists():
+                shutil.rmtree(root / name)
+            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef)
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if not k.endswith("_ms")}), flush=True)
+        runtime.close()
+    text = report(args, machine, corpus, results, encode_ms, scan_s)
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list[dict[str, Any]],
+           encode_ms: list[float], scan_s: float) -> str:
+    lines = [
+        f"Machine before: {machine}",
+        f"Machine after: {machine_line()}",
+        f"Commit {commit()}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
+        f"{args.passages} --real-docs {args.real_docs} --queries {args.queries}"
+        + (f" --ef {args.ef}" if args.ef else "") + "`",
+        "",
+        f"{args.passages:,} points: {corpus.n_real:,} real SciFact passages (first {args.real_docs} abstracts, "
+        f"{corpus.dim}-dim, embedded here at {corpus.encode_pps:.1f} passages/s), the rest synthetic: unit vectors "
+        "from a Gaussian fitted to the real ones (mean, covariance + 1e-3 I), each with a real passage's text and "
+        f"BM25 vector. {args.queries} real SciFact questions; question tower alone p50 / p99 "
+        f"{stats(encode_ms)} ms (not in the store figures below). Exact scan for recall: numpy, {scan_s:.1f} s.",
+        "",
+        "| lever | upsert points/s | HNSW build s | during build: queries, p50 / p99 ms | dense p50 / p99 ms | "
+        "hybrid p50 / p99 ms | hybrid / dense p50 | recall@10 vs exact | disk per passage | RSS growth MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        ratio = statistics.median(r["hybrid_ms"]) / max(1e-9, statistics.median(r["dense_ms"]))
+        lines.append(
+            f"| {r['lever']} | {r['upsert_pps']:,.0f} | {r['build_s']:.0f} | {len(r['during_ms'])}, "
+            f"{stats(r['during_ms'])} | {stats(r['dense_ms'])} | {stats(r['hybrid_ms'])} | {ratio:.2f} | "
+            f"{r['recall10']:.3f} | {r['disk_per_passage'] / 1024:.1f} KB | {r['rss_growth_mb']:.0f} |"
+        )
+    lines += [
+        "",
+        "Levers: " + "; ".join(f"{k}: {v or 'engine defaults'}" for k, v in LEVERS.items() if k in args.levers)
+        + ". Store figures are `Store.search` in-process with pre-encoded questions (one thread, sequential).",
+        "RSS growth: this process's VmRSS from reopening the built store to after the queries (the store's "
+        "resident share; a 2-core machine shared with other work reads pages in slowly).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
