@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from kit.documents import make_docx, make_pdf, make_pptx
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from kit.documents import make_docx, make_pdf, make_pptx
 
 pytestmark = pytest.mark.integration
 
