@@ -126,7 +126,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-pdf-"))
     folder = work / "pdfs"
     pages = gather(corpus, {q["document"] for q in questions}, folder)
-    print(f"CPU: {cpu_line()}\ncommit: {commit()}\n{len(questions)} questions, {len(list(folder.iterdir()))} PDFs, "
+    at, cpu = commit(), cpu_line()  # as the run starts (others may commit meanwhile)
+    print(f"CPU: {cpu}\ncommit: {at}\n{len(questions)} questions, {len(list(folder.iterdir()))} PDFs, "
           f"{pages} pages, {sum(p.stat().st_size for p in folder.iterdir()) / 1e6:.1f} MB")
 
     runs: dict[str, dict[str, Any]] = {}
@@ -150,7 +151,7 @@ def main() -> None:
         "# Retrieval on real PDF manuals",
         "",
         f"`nice -n 10 python benchmarks/bench_pdf_retrieval.py --corpus /tmp/corpus/debian-pdfs` at commit "
-        f"{commit()}; CPU: {cpu_line()} (a shared machine: other engineers' jobs ran at the same time).",
+        f"{at}; CPU: {cpu} at the start (a shared machine: other engineers' jobs ran at the same time).",
         "",
         f"{len(questions)} questions written from the pages of {len(list(folder.iterdir()))} PDFs of Debian's "
         f"erlang-doc, gnuplot-doc and octave-doc packages ({pages} pages; questions and the page(s) answering each "
