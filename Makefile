@@ -41,16 +41,26 @@ chromium:
 			|| echo "chromium not installed; the browser test will skip"; \
 	fi
 
+# pytest on several processes (pytest-xdist, --dist loadfile: a test file's tests stay in one process, with its
+# module-scoped fixtures such as a worker cluster); every test has its own temp dir and free ports, and the workers
+# share one ONNX export (tests/conftest.py). The unit suite runs on UNIT_WORKERS (2). The integration suite runs in
+# one process unless INTEGRATION_WORKERS says otherwise: on 2 busy cores (load 15) `-n 2` failed 3 timing-bound
+# tests (a reader's turns, two waits for workers), so try `make test INTEGRATION_WORKERS=2` on a quiet machine.
+UNIT_WORKERS ?= 2
+INTEGRATION_WORKERS ?= 0
+xdist = -n $(1) --dist loadfile
+
 test: $(STAMP) chromium
 	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -m "unit or integration" -q
+	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
+	$(BIN)/pytest -m integration -q $(call xdist,$(INTEGRATION_WORKERS))
 
 test-unit: $(STAMP)
-	$(BIN)/pytest -m unit -q
+	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
 
 test-integration: $(STAMP) chromium
-	$(BIN)/pytest -m integration -q
+	$(BIN)/pytest -m integration -q $(call xdist,$(INTEGRATION_WORKERS))
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
