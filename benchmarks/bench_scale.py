@@ -183,8 +183,16 @@ def du_bytes(path: Path) -> int:
     return int(done.stdout.split()[0]) * 1024
 
 
+def recall(corpus: Corpus, answers: list[Any], truth: np.ndarray) -> float:
+    found = [
+        len({corpus.index_of(h.passage.doc_id, h.passage.chunk_index) for h in hits} & set(truth[q].tolist()))
+        for q, hits in enumerate(answers)
+    ]
+    return sum(found) / (10 * len(found))
+
+
 def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.ndarray, sparse_q: list[SparseVector],
-              truth: np.ndarray, ef: int | None) -> dict[str, Any]:
+              truth: np.ndarray, ef: int | None, sweep: list[int]) -> dict[str, Any]:
     settings = Settings(data_dir=root / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=ef))
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(corpus.spec)
@@ -233,14 +241,19 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     dense_ms, answers = timed(store, dense)
     hybrid_ms, _ = timed(store, hybrid)
     rss_growth_mb = (rss_kb() - before_kb) / 1024
-    found = [
-        len({corpus.index_of(h.passage.doc_id, h.passage.chunk_index) for h in hits} & set(truth[q].tolist()))
-        for q, hits in enumerate(answers)
-    ]
     store.close()
+    by_ef = {}
+    for each in sweep:  # the same generation searched at another HNSW ef
+        tuned = Store(EdgeEngine.from_settings(settings.model_copy(
+            update={"edge": settings.edge.model_copy(update={"hnsw_ef": each})})))
+        timed(tuned, dense[:10])
+        ms, got = timed(tuned, dense)
+        by_ef[each] = (stats(ms), recall(corpus, got, truth))
+        tuned.close()
     return {
         "lever": name, "points": total, "upsert_pps": total / upsert_s, "built": built, "build_s": build_s,
-        "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": sum(found) / (10 * len(found)),
+        "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": recall(corpus, answers, truth),
+        "by_ef": by_ef,
         "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
     }
 
@@ -252,6 +265,7 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=100, help="real SciFact questions")
     ap.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
     ap.add_argument("--ef", type=int, default=None, help="search-time HNSW ef (default: the engine's)")
+    ap.add_argument("--ef-sweep", type=int, nargs="*", default=[64, 128, 256], help="also search at these ef")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
     ap.add_argument("--out", type=Path, help="write the markdown here")
@@ -284,7 +298,7 @@ def main() -> int:
         for name in args.levers:
             if (root / name).exists():
                 shutil.rmtree(root / name)
-            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef)
+            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep)
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.endswith("_ms")}), flush=True)
         runtime.close()
@@ -321,6 +335,13 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
             f"{stats(r['during_ms'])} | {stats(r['dense_ms'])} | {stats(r['hybrid_ms'])} | {ratio:.2f} | "
             f"{r['recall10']:.3f} | {r['disk_per_passage'] / 1024:.1f} KB | {r['rss_growth_mb']:.0f} |"
         )
+    if args.ef_sweep:
+        lines += ["", "Dense search of the same generations at other HNSW ef (p50 / p99 ms, recall@10 vs exact):", "",
+                  "| lever | " + " | ".join(f"ef {e}" for e in args.ef_sweep) + " |",
+                  "|---|" + "---|" * len(args.ef_sweep)]
+        for r in results:
+            cells = [f"{r['by_ef'][e][0]}, {r['by_ef'][e][1]:.3f}" for e in args.ef_sweep]
+            lines.append(f"| {r['lever']} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Levers: " + "; ".join(f"{k}: {v or 'engine defaults'}" for k, v in LEVERS.items() if k in args.levers)
