@@ -65,7 +65,7 @@ def ingest(
 
         with Runtime(settings) as runtime:
             docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
-                                  limits=settings.documents)
+                                  limits=settings.documents, defer_binary=True)  # only "is there a document?"
             prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
             total = count_documents(paths, fmt)  # type: ignore[arg-type]  # a quick look, for the ETA
             result = _ingest(runtime, source, wait=wait, as_json=as_json, total=total)

@@ -166,9 +166,9 @@ def local_file(ref: FileRef, pairs: list[tuple[str, str]], host: str) -> LocalFi
         via = f" (mapped from {ref.path})" if where != ref.path else ""
         return DocumentFailure(
             ref.source, "unreachable",
-            f"{ref.source}: {host} cannot read {where}{via}; a file over DPR_CELERY__INLINE_FILE_BYTES reaches "
-            "the workers by path: mount its folder at the same path on every worker, or set "
-            "DPR_CELERY__PATH_MAP=/client/prefix=/worker/prefix on the workers", doc_id=ref.doc_id)
+            f"{ref.source}: {host} cannot read {where}{via} (moved or deleted since it was listed? on workers: a "
+            "file over DPR_CELERY__INLINE_FILE_BYTES is read by path: mount its folder at the same path on every "
+            "worker, or set DPR_CELERY__PATH_MAP=/client/prefix=/worker/prefix on the workers)", doc_id=ref.doc_id)
     return LocalFile(path)
 
 
