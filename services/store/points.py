@@ -136,7 +136,7 @@ class Passage:
     def from_payload(cls, payload: dict[str, Any]) -> Passage:
         known = {
             "doc_id", "chunk_index", "title", "text", "text_hash", "doc_hash", "source", "ingested_at", "model", "job",
-            "bm25_len",  # the store's BM25 length record (services.store.bm25), not user metadata
+            "bm25_len", "bm25_avg",  # the store's BM25 records (services.store.bm25), not metadata
         }
         page, page_end, heading, fmt = _place_of(payload)
         known |= {k for k, v in (("page", page), ("page_end", page_end), ("heading", heading), ("format", fmt)) if v}
