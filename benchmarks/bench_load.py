@@ -314,6 +314,48 @@ def run_python(url: str, bodies: list[str], clients: int, duration: float) -> di
     }
 
 
+def run_burst(url: str, bodies: list[str], n: int) -> dict[str, Any]:
+    """``n`` requests at once, one per connection (a burst, not a flood: nobody retries): how many were answered,
+    how many shed and whether each refusal carried Retry-After."""
+    import asyncio
+
+    async def burst() -> tuple[list[tuple[int, float, bool]], int, float]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+            gate = asyncio.Event()
+
+            async def one(i: int) -> tuple[int, float, bool] | None:
+                await gate.wait()
+                t = time.perf_counter()
+                try:
+                    r = await http.post("/v1/search", content=bodies[i % len(bodies)],
+                                        headers={"content-type": "application/json"})
+                except httpx.HTTPError:
+                    return None
+                return r.status_code, time.perf_counter() - t, "retry-after" in r.headers
+
+            tasks = [asyncio.create_task(one(i)) for i in range(n)]
+            await asyncio.sleep(0.1)
+            t0 = time.perf_counter()
+            gate.set()
+            done = await asyncio.gather(*tasks)
+            wall = time.perf_counter() - t0
+        answered = [d for d in done if d is not None]
+        return answered, n - len(answered), wall
+
+    answered, failed, wall = asyncio.run(burst())
+    status = Counter(code for code, _, _ in answered)
+    ok_ms = sorted(dt * 1000 for code, dt, _ in answered if code == 200) or [0.0]
+    shed_ms = sorted(dt * 1000 for code, dt, _ in answered if code in (429, 503)) or [0.0]
+    return {
+        "generator": "asyncio burst", "clients": n, "seconds": wall, "requests": n, "ok": status.get(200, 0),
+        "qps": status.get(200, 0) / wall, "p50_ms": statistics.median(ok_ms), "p99_ms": percentile(ok_ms, 0.99),
+        "max_ms": ok_ms[-1], "status": dict(status), "errors": n - status.get(200, 0),
+        "socket_errors": {"failed": failed}, "retry_after": sum(1 for code, _, r in answered if code >= 400 and r),
+        "shed_p50_ms": statistics.median(shed_ms),
+    }
+
+
 def run_thin(url: str, qs: list[str], clients: int, duration: float, env: dict[str, str]) -> dict[str, Any]:
     """``dpr query --json`` with DPR_API_URL, ``clients`` loops for ``duration`` s (a process per question)."""
     env = {**env, "DPR_API_URL": url}
@@ -402,8 +444,10 @@ def main() -> int:
     ap.add_argument("--data-dir", type=Path, help="serve this existing data dir instead of ingesting")
     ap.add_argument("--clients", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per load run")
-    ap.add_argument("--burst", type=int, default=0, help="connections at once for the burst run (0: none)")
-    ap.add_argument("--burst-seconds", type=float, default=5.0)
+    ap.add_argument("--burst", type=int, default=0, help="requests at once, one per connection (0: none)")
+    ap.add_argument("--flood", type=int, default=0,
+                    help="connections for a flood: the generator's clients resend at once after a 503 (0: none)")
+    ap.add_argument("--burst-seconds", type=float, default=5.0, help="length of the flood")
     ap.add_argument("--thin", type=int, default=0, help="concurrent thin-client loops (0: none)")
     ap.add_argument("--mode", default="dense", choices=("dense", "sparse", "hybrid"))
     ap.add_argument("--generator", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
@@ -452,10 +496,16 @@ def main() -> int:
                 result["runs"].append(r)
             if args.burst:
                 server.reset_peak()
-                r = load(args, server.url, bodies, args.burst, args.burst_seconds, work)
+                r = run_burst(server.url, bodies, args.burst)
                 r["peak_rss_mb"] = server.peak_kb / 1024
-                r["name"] = f"burst, {args.generator}"
+                r["name"] = "burst, one request per connection"
                 result["burst"] = r
+            if args.flood:
+                server.reset_peak()
+                r = load(args, server.url, bodies, args.flood, args.burst_seconds, work)
+                r["peak_rss_mb"] = server.peak_kb / 1024
+                r["name"] = f"flood, {args.generator}, resending at once after 503"
+                result["flood"] = r
             if args.thin:
                 server.reset_peak()
                 r = run_thin(server.url, qs, args.thin, args.duration, env)
@@ -494,14 +544,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
     ]
     for r in result["runs"]:
         lines.append(row(r["name"], r, r["peak_rss_mb"]))
-    if "burst" in result:
-        lines.append(row(result["burst"]["name"], result["burst"], result["burst"]["peak_rss_mb"]))
+    for key in ("burst", "flood"):
+        if key in result:
+            lines.append(row(result[key]["name"], result[key], result[key]["peak_rss_mb"]))
     if "thin" in result:
         t = result["thin"]
         lines.append(f"| thin client `dpr query` (DPR_API_URL), a process per question | {t['clients']} | "
                      f"{t['seconds']:.0f} | {t['requests']:,} | {t['qps']:.1f} | {t['p50_ms']:.0f} | "
                      f"{t['p99_ms']:.0f} | {t['errors']} | - | - | {t['peak_rss_mb']:,.0f} |")
-    for r in [*result["runs"], *([result["burst"]] if "burst" in result else [])]:
+    for r in [*result["runs"], *(result[key] for key in ("burst", "flood") if key in result)]:
         lines.append("")
         lines.append(f"- {r['name']} x{r['clients']}: status codes {r['status']}, socket errors {r['socket_errors']}")
     return "\n".join(lines) + "\n"
