@@ -24,10 +24,12 @@ from fastapi.concurrency import run_in_threadpool
 from entrypoints.api.errors import ApiError
 from services.errors import DocumentError
 from services.readers import Document, DocumentFailure, Item, iter_documents
+from services.readers.binary import BINARY_SUFFIXES
 from services.settings import Settings
 
 UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")
-AUTO_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".txt", ".md", ".markdown", ".rst", ".html", ".htm")
+AUTO_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".txt", ".md", ".markdown", ".rst", ".html", ".htm",
+                 *BINARY_SUFFIXES)
 COPY_BLOCK = 1 << 20
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -170,7 +172,9 @@ def parse_upload(source: IO[bytes], filename: str, fmt: str, settings: Settings)
         path = Path(tmp) / filename
         if _copy_capped(source, path, limits.max_request_bytes) == 0:
             raise ApiError(422, "validation", f"uploaded file {filename!r} is empty; send a file with content")
-        items = iter_documents([path], fmt=fmt, max_bytes=settings.max_document_bytes)  # type: ignore[arg-type]
+        # PDF / DOCX / PPTX / ODT / EPUB parse in the process's parser sandbox (a child), within the document limits
+        items = iter_documents([path], fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
+                               limits=settings.documents)
         renamed = (_renamed(item, tmp, filename) for item in items)
         return collect(renamed, limits.max_documents, limits.max_request_bytes)
 
@@ -182,7 +186,7 @@ def _check_format(fmt: object, filename: str) -> str:
         raise ApiError(
             422, "validation",
             f"cannot tell the type of {filename!r}; name it .jsonl (one JSON document per line) or .txt/.md/.rst/"
-            ".html, or pass format=jsonl|files",
+            ".html/.pdf/.docx/.pptx/.odt/.epub, or pass format=jsonl|files",
         )
     return fmt
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from kit.documents import make_docx, make_pdf
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
@@ -137,6 +138,21 @@ def test_upload_text_file_and_jsonl(client: TestClient) -> None:
     assert job["documents"] == 2
     assert [f["reason"] for f in job["failed"]] == ["invalid_json"]
     assert "dpr-upload-" not in job["failed"][0]["error"] and job["failed"][0]["source"].startswith("upload:")
+
+
+def test_upload_pdf_and_docx_keep_their_places(client: TestClient, tmp_path: Path) -> None:
+    pdf = make_pdf(tmp_path / "manual.pdf", ["Installing the pump.", "Resetting the boiler pressure valve."])
+    docx = make_docx(tmp_path / "guide.docx")
+    for path in (pdf, docx):
+        r = client.post("/v1/documents", files={"file": (path.name, path.read_bytes())})
+        assert r.status_code == 202, r.text
+        job = wait_job(client, r.json()["job"])
+        assert job["state"] == "done" and job["documents"] == 1, job
+    hits = client.post("/v1/search", json={"question": "boiler pressure valve", "k": 20}).json()["hits"]
+    pdf_hits = [h for h in hits if h["doc_id"] == "manual.pdf"]  # two short pages: one passage, pages 1-2
+    assert [(h["page"], h["page_end"], h["format"], h["source"]) for h in pdf_hits] == [
+        (1, 2, "pdf", "upload:manual.pdf")]
+    assert any(h["doc_id"] == "guide.docx" and h.get("format") == "docx" for h in hits)
 
 
 def test_upload_errors(client: TestClient) -> None:
