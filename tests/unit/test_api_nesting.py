@@ -38,7 +38,7 @@ def client(tmp_path: Path) -> Any:
 
 def test_a_deep_document_in_a_json_batch_fails_alone(client: TestClient) -> None:
     body = ('{"documents": [{"id": "a", "text": "first [fine] \\" { text"}, '
-            '{"id": "deep", "text": "x", "metadata": {"m": %s}}, {"id": "b", "text": "second"}]}' % DEEP)
+            '{"id": "deep", "text": "x", "metadata": {"m": ' + DEEP + '}}, {"id": "b", "text": "second"}]}')
     r = client.post("/v1/documents", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 202, r.text
     assert r.json()["documents_received"] == 3
@@ -49,14 +49,14 @@ def test_a_deep_document_in_a_json_batch_fails_alone(client: TestClient) -> None
 
 
 def test_a_batch_of_only_deep_documents_is_a_422_naming_it(client: TestClient) -> None:
-    body = '{"documents": [{"id": "deep", "text": "x", "metadata": {"m": %s}}]}' % DEEP
+    body = '{"documents": [{"id": "deep", "text": "x", "metadata": {"m": ' + DEEP + '}}]}'
     r = client.post("/v1/documents", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 422
     assert "request.documents[0]" in r.json()["error"]["message"]
 
 
 def test_a_deep_row_in_an_uploaded_jsonl_fails_alone(client: TestClient) -> None:
-    rows = '{"id": "a", "text": "fine"}\n{"id": "deep", "text": "x", "m": %s}\n{"id": "b", "text": "fine"}\n' % DEEP
+    rows = '{"id": "a", "text": "fine"}\n{"id": "deep", "text": "x", "m": ' + DEEP + '}\n{"id": "b", "text": "fine"}\n'
     r = client.post("/v1/documents", files={"file": ("rows.jsonl", rows.encode())})
     assert r.status_code == 202, r.text
     job = _job(client, r.json()["job"])
@@ -67,8 +67,8 @@ def test_split_too_deep_reads_strings_and_leaves_other_bodies_alone() -> None:
     ok = b'{"language": "en", "documents": [{"id": "a", "text": "[[[[\\"]]"}, {"id": "b", "text": "y"}]}'
     assert split_too_deep(ok) == (ok, [], 2)
     nested = "[" * (MAX_JSON_DEPTH + 5) + "]" * (MAX_JSON_DEPTH + 5)
-    body = ('{"documents": [{"id": "a", "text": "x"}, {"id": "d", "text": "y", "metadata": {"m": %s}}, '
-            '{"id": "c", "text": "z"}], "language": "en"}' % nested).encode()
+    body = ('{"documents": [{"id": "a", "text": "x"}, {"id": "d", "text": "y", "metadata": {"m": ' + nested + '}}, '
+            '{"id": "c", "text": "z"}], "language": "en"}').encode()
     reduced, deep, kept = split_too_deep(body)
     assert (deep, kept) == ([1], 2)
     assert [d["id"] for d in json.loads(reduced)["documents"]] == ["a", "c"]
