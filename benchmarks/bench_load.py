@@ -442,7 +442,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=3000, help="SciFact abstracts to ingest (ignored with --data-dir)")
     ap.add_argument("--data-dir", type=Path, help="serve this existing data dir instead of ingesting")
-    ap.add_argument("--clients", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--clients", type=int, nargs="*", default=[16, 32], help="a load run per value (none: skip)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per load run")
     ap.add_argument("--burst", type=int, default=0, help="requests at once, one per connection (0: none)")
     ap.add_argument("--flood", type=int, default=0,
