@@ -143,5 +143,47 @@ def test_admin_api_snapshots_a_running_server_and_lists_it(tmp_path: Path, sourc
         assert [s["snapshot"] for s in listed] == [body["snapshot"]]
         assert client.post("/v1/search", json={"question": "tides"}, headers={"X-API-Key": "admin-secret"}
                            ).status_code == 200, "the server answers after the snapshot"
+        disk = client.get("/v1/status", headers={"X-API-Key": "admin-secret"}).json()["disk"]
+        assert disk["free_mb"] > 0 and disk["path"] == str(settings.data_dir)
     report = restore_snapshot(Path(body["snapshot"]), settings.model_copy(update={"data_dir": tmp_path / "r"}))
     assert report["points"] == body["points"] == len(TOPICS)
+
+
+def test_server_snapshots_need_a_real_server(tmp_path: Path) -> None:
+    """qdrant-client's in-process engine has no snapshots: the command says what it needs instead of failing late."""
+    from qdrant_client import QdrantClient
+
+    from services.snapshots import create_snapshot
+    from services.store import Store
+    from services.store.engines.server import ServerEngine
+    from services.store.points import CollectionSpec
+
+    engine = ServerEngine(QdrantClient(":memory:"), "passages", location=":memory:")
+    Store(engine).ensure_collection(CollectionSpec(dim=4, distance="cosine", model="m@1", sparse=False))
+    with pytest.raises(SnapshotError, match="need a Qdrant server"):
+        create_snapshot(Settings(data_dir=tmp_path), engine, tmp_path / "snaps")
+    assert not list((tmp_path / "snaps").glob("*.tar.gz")) and not list((tmp_path / "snaps").glob(".staging*"))
+
+
+@pytest.mark.skipif(not os.environ.get("QDRANT_URL"), reason="needs a Qdrant server: set QDRANT_URL")
+def test_server_snapshot_restores_into_a_fresh_collection(tmp_path: Path, base_towers: Any) -> None:
+    import uuid
+
+    url = os.environ["QDRANT_URL"]
+    name = f"snap{uuid.uuid4().hex[:8]}"
+    settings = Settings(data_dir=tmp_path / "d", qdrant_url=url, collection=name, encoder={"backend": "torch"})
+    docs = [Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TOPICS)]
+    with Runtime(settings, towers=base_towers) as runtime:
+        runtime.pipeline.ingest(docs)
+        before = _answers(runtime)
+        engine = runtime.store.engine  # type: ignore[attr-defined]
+        from services.snapshots import create_snapshot
+
+        made = create_snapshot(settings, engine)
+        generation = made["generation"]
+        engine.client.delete_alias(alias_name=name)
+        engine.client.delete_collection(generation)
+    restore_snapshot(Path(made["snapshot"]), settings)
+    with Runtime(settings, towers=base_towers) as runtime:
+        assert runtime.store.count() == made["points"]
+        assert _answers(runtime) == before
