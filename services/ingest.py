@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
@@ -132,6 +132,17 @@ def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Itera
         yield batch
 
 
+class ParseGuard(Protocol):
+    """Told before and after each file is parsed; ``poisoned``: doc ids not to parse (an earlier delivery of the
+    batch died while parsing them). ``services.jobs.runner`` keeps one per batch run."""
+
+    poisoned: set[str]
+
+    def before(self, doc_id: str) -> None: ...
+
+    def after(self, doc_id: str) -> None: ...
+
+
 @dataclass
 class ParsedFiles:
     """What a batch's ``FileRef``s became: documents (carrying ``file_sig``) and failures to ingest, and the
@@ -157,12 +168,14 @@ def parse_files(
     generation: str | None = None,
     follows_collection: bool = False,
     known: tuple[dict[str, DocState], str] | None = None,
+    guard: ParseGuard | None = None,
 ) -> ParsedFiles:
     """Parse the binary files of a batch in this process's parser sandbox, except those whose signature
     (``services.readers.filesig``: sha256, size, chunking) and model match what the store holds for their doc
     id: those are not parsed at all. ``known``: ``file_states`` looked up already (the store is then not
     touched here, so this may run on another thread while a batch writes). Never raises for a document's sake."""
     from services.readers.binary import read_binary  # the sandbox client; the parsers run in its child only
+    from services.readers.sandbox import shared_sandbox
 
     out = ParsedFiles(by=f"{socket.gethostname()}:{os.getpid()}")
     if not refs:
@@ -183,9 +196,25 @@ def parse_files(
             if state is not None and state.file_sig == sig and state.model == model and state.chunks > 0:
                 out.unchanged.append((ref.doc_id, state.chunks, bool(job) and job in state.jobs))
                 continue
+            if guard is not None and ref.doc_id in guard.poisoned:
+                out.items.append(DocumentFailure(
+                    ref.source, "parser_crashed",
+                    f"{ref.source}: the worker running its batch died twice while parsing it; it is quarantined (not "
+                    "parsed again in this job) and the rest of the batch goes on; repair or re-create it (e.g. `qpdf "
+                    "in.pdf out.pdf`), or ingest it alone to see why", doc_id=ref.doc_id))
+                continue
             ParseLog.note(ref.doc_id)
             t0 = time.perf_counter()
-            parsed = list(read_binary(local.path, ref.kind, ref.doc_id, max_bytes, limits))
+            if guard is not None:
+                guard.before(ref.doc_id)
+            try:
+                parsed = list(read_binary(local.path, ref.kind, ref.doc_id, max_bytes, limits))
+            except BaseException:  # e.g. Celery's soft time limit mid-parse: the child may still be sending parts
+                shared_sandbox(limits or DocumentSettings()).close()  # a fresh one for the next document
+                raise
+            finally:  # only a death in the middle leaves the mark
+                if guard is not None:
+                    guard.after(ref.doc_id)
             out.seconds += time.perf_counter() - t0
             out.parsed += 1
         except OSError as e:
@@ -240,6 +269,7 @@ def ingest_batch(
     max_bytes: int = 20_000_000,
     path_map: str = "",
     parsed: ParsedFiles | None = None,
+    guard: ParseGuard | None = None,
 ) -> IngestReport:
     """Ingest one batch of documents. Transient store errors propagate (the caller retries the whole batch,
     which is safe: writes are idempotent). Document errors are reported per document. The batch's unparsed
@@ -250,7 +280,7 @@ def ingest_batch(
     if refs and parsed is None:
         parsed = parse_files(refs, store=store, towers=towers, chunking=chunking, limits=limits,
                              max_bytes=max_bytes, path_map=path_map, job=job, generation=generation,
-                             follows_collection=towers_for is not None)
+                             follows_collection=towers_for is not None, guard=guard)
     if parsed is not None:
         items = [i for i in items if not isinstance(i, FileRef)] + parsed.items
         report.parsed, report.parse_seconds = parsed.parsed, parsed.seconds
@@ -452,11 +482,12 @@ class IngestPipeline:
         return batched_items(items, self.batch_documents, self.batch_bytes)
 
     def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None,
-                     parsed: ParsedFiles | None = None) -> IngestReport:
+                     parsed: ParsedFiles | None = None, guard: ParseGuard | None = None) -> IngestReport:
         return ingest_batch(
             items, store=self.store, towers=self.towers, chunking=self.chunking, sparse=self.sparse,
             batch_size=self.batch_size, job=job, generation=generation, fence=self.fence, towers_for=self.towers_for,
             limits=self.documents, max_bytes=self.max_document_bytes, path_map=self.path_map, parsed=parsed,
+            guard=guard,
         )
 
     def file_states(self, items: list[Item]) -> tuple[dict[str, DocState], str] | None:

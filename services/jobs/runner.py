@@ -13,6 +13,7 @@ from typing import Any
 from services.ingest import IngestPipeline, IngestReport, ParsedFiles, batched_items
 from services.jobs.store import KEEP_RECORDS, JobStore
 from services.readers import Document, DocumentFailure, Item
+from services.readers.filesig import FileRef
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,30 @@ def batch_failure(job_id: str, items: list[Item], reason: str, error: str) -> di
     return {**report.to_json(), "error": f"{reason}: {error}"}
 
 
+PARSE_DEATHS = 2
+
+
+@dataclass
+class ParseGuard:
+    """The job store hears which document a batch's runner is parsing. When deliveries of the batch have died
+    ``PARSE_DEATHS`` times while parsing the same document (the worker process killed or out of memory; the
+    sandbox's child crashing is caught before this, without a redelivery), the next delivery fails that document
+    as ``parser_crashed`` instead of parsing it again, and the rest of its batch is written: a poison document
+    costs two deliveries, never its batch-mates nor a redelivery loop. One death is not enough: a hard time limit
+    or an OOM kill of a busy worker strikes whatever it was parsing."""
+
+    jobs: JobStore
+    job: str
+    batch: int
+    poisoned: set[str] = field(default_factory=set)
+
+    def before(self, doc_id: str) -> None:
+        self.jobs.mark_parsing(self.job, self.batch, doc_id)
+
+    def after(self, doc_id: str) -> None:
+        self.jobs.mark_parsing(self.job, self.batch, "")
+
+
 def run_batch(
     jobs: JobStore,
     pipeline: IngestPipeline,
@@ -125,6 +150,8 @@ def run_batch(
     """Mark the batch started, run it through the pipeline and record its outcome. Errors propagate (the caller
     decides: retry a transient one, or record ``batch_failure``). Returns None when the batch was started more
     than ``max_deliveries`` times (it keeps killing its worker) and was recorded failed instead of run."""
+    files = any(isinstance(i, FileRef) for i in items)
+    was_parsing = jobs.parsing(job_id, number) if files else ""  # left by a delivery that died while parsing
     deliveries = jobs.mark_started(job_id, number, worker=worker, attempt=attempt)
     ids = {"job": job_id, "batch": number, "attempt": attempt}
     if max_deliveries is not None and deliveries > max_deliveries:
@@ -136,8 +163,16 @@ def run_batch(
         ), "attempt": attempt})
         return None
     log.info("batch started", extra={**ids, "documents": len(items)})
-    report = (pipeline.ingest_batch(items, job=job_id) if parsed is None
-              else pipeline.ingest_batch(items, job=job_id, parsed=parsed))
+    if parsed is not None:
+        report = pipeline.ingest_batch(items, job=job_id, parsed=parsed)
+    elif files:
+        poisoned = set()
+        if was_parsing and deliveries > 1 and jobs.parse_died(job_id, number, was_parsing) >= PARSE_DEATHS:
+            poisoned.add(was_parsing)
+        guard = ParseGuard(jobs, job_id, number, poisoned=poisoned)
+        report = pipeline.ingest_batch(items, job=job_id, guard=guard)
+    else:
+        report = pipeline.ingest_batch(items, job=job_id)
     jobs.record_batch(job_id, number, {**report.to_json(), "attempt": attempt})
     log.info("batch recorded", extra={**ids, "chunks": report.chunks})
     return report

@@ -13,6 +13,8 @@ job, all expiring ``ttl`` seconds after the last write:
                               instead of counting twice
 - ``dpr:job:<id>:started``    batch number -> last start (worker, attempt, time)
 - ``dpr:job:<id>:deliveries`` batch number -> how many times a batch was started (poison-batch guard)
+- ``dpr:job:<id>:parsing``    batch number -> the document its runner is parsing ("" between documents);
+                               ``<batch>-<sha256(doc id)>`` -> deliveries that died while parsing it
 
 The hashes live behind ``HashBackend``: Redis (``services.jobs.backends.RedisHashes``, when a broker is
 configured) or files under the data dir (``FileHashes``, the in-process default), so ``dpr jobs`` shows either.
@@ -21,6 +23,7 @@ configured) or files under the data dir (``FileHashes``, the in-process default)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -37,7 +40,7 @@ TERMINAL: tuple[JobState, ...] = ("done", "failed")
 
 DEFAULT_TTL = 7 * 24 * 3600
 KEY_PREFIX = "dpr:job:"
-PARTS = ("", "submitted", "batches", "started", "deliveries")
+PARTS = ("", "submitted", "batches", "started", "deliveries", "parsing")
 
 BatchKey = int | str  # ingest batches are numbered; re-embed batches have string ids
 
@@ -138,6 +141,23 @@ class JobStore:
         record = json.dumps({"worker": worker, "attempt": attempt, "at": time.time()})
         self.backend.hset(self.key(job_id, "started"), {str(batch): record}, self.ttl)
         return self.backend.hincrby(self.key(job_id, "deliveries"), str(batch), self.ttl)
+
+    def mark_parsing(self, job_id: str, batch: BatchKey, doc_id: str) -> None:
+        """The batch's runner starts parsing ``doc_id`` ("" once it is parsed): a delivery that finds a doc id
+        here was preceded by one that died while parsing it (``services.jobs.runner.ParseGuard``)."""
+        self.backend.hset(self.key(job_id, "parsing"), {str(batch): doc_id}, self.ttl)
+
+    def parse_died(self, job_id: str, batch: BatchKey, doc_id: str) -> int:
+        """A delivery of the batch died while parsing ``doc_id``: count it (returns the count) and clear the mark,
+        so a delivery that dies before parsing anything is not counted against the same document."""
+        name = hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]  # a file name, too
+        deaths = self.backend.hincrby(self.key(job_id, "parsing"), f"{batch}-{name}", self.ttl)
+        self.mark_parsing(job_id, batch, "")
+        return deaths
+
+    def parsing(self, job_id: str, batch: BatchKey) -> str:
+        """The document a delivery of this batch was parsing when it last stopped ("" if none)."""
+        return str(self.raw(job_id)["parsing"].get(str(batch), ""))
 
     def record_batch(self, job_id: str, batch: BatchKey, result: Mapping[str, Any]) -> None:
         """Store one batch's outcome (``IngestReport.to_json()`` plus optional ``error``). Idempotent: keyed by

@@ -113,3 +113,49 @@ def test_a_worker_task_reads_file_references_and_documents_alike(tmp_path: Path)
     assert isinstance(items[0], FileRef) and items[0].inline == path.read_bytes()
     assert type(items[1]) is Document
     assert isinstance(items[2], DocumentFailure) and items[2].reason == "invalid_task"
+
+
+def test_a_file_that_killed_two_deliveries_fails_alone_and_the_rest_is_written(tmp_path: Path) -> None:
+    from kit.fakes import FakeRuntime
+
+    from services.jobs.runner import run_batch
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    make_pdf(folder / "a.pdf", ["The boiler is serviced once a year."])
+    make_pdf(folder / "b.pdf", ["This one killed the worker last time."])
+    items = list(iter_documents([folder], defer_binary=True))
+    with FakeRuntime() as runtime:
+        jobs = runtime.jobs
+        jobs.create("j1", collection="passages", executor="broker")
+        jobs.mark_started("j1", 0, worker="w1", attempt=0)  # the first delivery...
+        jobs.mark_parsing("j1", 0, "docs/b.pdf")  # ...died while parsing b.pdf (nothing recorded)
+        once = run_batch(jobs, runtime.pipeline, "j1", 0, items[1:], worker="w2")  # one death: parsed again
+        assert once is not None and once.failed == [] and once.parsed == 1
+        assert jobs.parse_died("j1", 0, "docs/b.pdf") == 2  # as if that delivery had died in b.pdf too...
+        jobs.mark_parsing("j1", 0, "docs/b.pdf")
+
+        store_before = {p.doc_id for batch in runtime.store.scroll() for p in batch}
+        assert store_before == {"docs/b.pdf"}
+        runtime.store.delete_documents(["docs/b.pdf"])
+        report = run_batch(jobs, runtime.pipeline, "j1", 0, items, worker="w3")  # ...so the next skips it
+
+        assert report is not None and report.documents == 1 and report.parsed == 1
+        assert [(f["doc_id"], f["reason"]) for f in report.failed] == [("docs/b.pdf", "parser_crashed")]
+        assert "died twice while parsing it" in report.failed[0]["error"]
+        assert jobs.parsing("j1", 0) == ""  # a.pdf parsed to the end: no mark left
+        assert {p.doc_id for batch in runtime.store.scroll() for p in batch} == {"docs/a.pdf"}
+
+        jobs.create("j2", collection="passages", executor="broker")  # a first delivery never poisons a file
+        fresh = run_batch(jobs, runtime.pipeline, "j2", 0, items, worker="w2")
+        assert fresh is not None and fresh.failed == [] and (fresh.documents, fresh.unchanged) == (1, 1)
+        single = tmp_path / "single"
+        single.mkdir()
+        make_pdf(single / "c.pdf", ["Another page."])
+        jobs.create("j3", collection="passages", executor="broker")
+        jobs.mark_started("j3", 0, worker="w1")
+        jobs.mark_parsing("j3", 0, "single/c.pdf")  # died once in c.pdf, then a delivery died before parsing
+        jobs.mark_started("j3", 0, worker="w2")
+        assert jobs.parse_died("j3", 0, "single/c.pdf") == 1 and jobs.parsing("j3", 0) == ""
+        later = run_batch(jobs, runtime.pipeline, "j3", 0, list(iter_documents([single], defer_binary=True)))
+        assert later is not None and later.failed == [] and later.documents == 1
