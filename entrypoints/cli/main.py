@@ -24,6 +24,7 @@ GROUPS = (  # every module with commands, each with register(app), in the order 
     "entrypoints.cli.ingest",
     "entrypoints.cli.core",
     "entrypoints.cli.train",
+    "entrypoints.cli.adapt",
     "entrypoints.cli.evaluate",
     "entrypoints.cli.models",
     "entrypoints.cli.workers",

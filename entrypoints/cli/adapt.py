@@ -1,0 +1,126 @@
+"""`dpr adapt CORPUS`: adapt the towers to a corpus from its documents alone (``services.adaptation``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
+from services.threads import threads_per_process
+
+if TYPE_CHECKING:
+    from services.adaptation import AdaptProgress, AdaptResult
+
+
+def register(app: typer.Typer) -> None:
+    app.command("adapt")(adapt)
+
+
+def adapt(
+    ctx: typer.Context,
+    corpus: Annotated[Path, typer.Argument(help="A BEIR folder (only its corpus.jsonl is read) or a corpus JSONL.")],
+    name: Annotated[str, typer.Option(help="Model name; saved as NAME-YYYYmmdd-HHMMSS. The same name and options "
+                                      "resume a stopped run.")] = "adapt",
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | jsonl")] = "auto",
+    question_only: Annotated[bool, typer.Option(
+        "--question-only", help="Train the question tower only: the passage tower stays the active model's, so "
+        "the adapted model serves the stored vectors with no re-embed.")] = False,
+    base: Annotated[str, typer.Option(help="Towers to adapt (and to beat on dev): active, base, or a model name."
+                                      )] = "active",
+    pseudo_queries: Annotated[int, typer.Option(
+        "--pseudo-queries", min=20, help="Pseudo-questions per kind (titles, ICT sentences).")] = 500,
+    epochs: Annotated[str, typer.Option(help="Epochs grid, comma-separated; each point is trained and scored on "
+                                        "the held-out pseudo-questions.")] = "1,2",
+    hard_negatives: Annotated[int, typer.Option(min=0, help="Teacher hard negatives per pseudo-question.")] = 1,
+    min_gain: Annotated[float, typer.Option(
+        help="Mean dev nDCG@10 the adapted towers must gain over the start to be activated.")] = 0.005,
+    max_steps_per_epoch: Annotated[int, typer.Option(
+        help="At most this many steps per epoch (-1: all; quick runs).")] = -1,
+    activate_model: Annotated[bool, typer.Option(
+        "--activate/--no-activate", help="Activate the adapted model when dev shows a gain.")] = True,
+    seed: Annotated[int, typer.Option()] = 42,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
+    search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions. The
+    adapted model is activated only if it beats the current one there. Never reads queries or qrels."""
+    from encoders.adapt import TeacherConfig
+    from services.adaptation import AdaptConfig
+    from services.adaptation import adapt as run_adapt
+
+    settings = get_settings(ctx)
+    try:
+        grid = tuple(float(e) for e in epochs.split(",") if e.strip())
+    except ValueError:
+        fail(f"--epochs {epochs!r} must be numbers separated by commas, e.g. 1,2", code=2)
+    config = AdaptConfig(name=name, fmt=fmt, base=base, question_only=question_only, queries=pseudo_queries,
+                         epochs_grid=grid, teacher=TeacherConfig(negatives=hard_negatives), min_gain=min_gain,
+                         max_steps_per_epoch=max_steps_per_epoch, seed=seed,
+                         threads=threads_per_process(settings.encoder.threads))
+    with cli_errors():
+        try:
+            with _stage_bars(quiet=as_json) as on_progress:
+                result = run_adapt(settings, corpus, config, progress=on_progress, activate=activate_model)
+        except ValueError as e:
+            fail(str(e))
+    _print_result(result, as_json)
+
+
+def _print_result(result: AdaptResult, as_json: bool) -> None:
+    record = result.card.get("adaptation", {})
+    dev = record.get("dev", {})
+    if as_json:
+        emit_json({"model": result.model, "path": str(result.model_dir), "activated": result.activated,
+                   "gain_on_dev": result.choice is not None, "dev_gain": result.gain, "chosen": record.get("chosen"),
+                   "stages": result.stages, "run_dir": str(result.run_dir), "card": result.card})
+        return
+    skipped = [s for s, how in result.stages.items() if how == "skipped"]
+    if skipped:
+        console.print(f"resumed: {', '.join(skipped)} done by an earlier run ({result.run_dir})")
+    for key, mean in (dev.get("mean") or {}).items():
+        console.print(f"dev nDCG@10 {key}: {mean:.4f} " + ", ".join(
+            f"{kind} {v:.4f}" for kind, v in dev["scores"][key].items()))
+    console.print(f"saved [bold]{result.model}[/] at {result.model_dir} (chosen: {record.get('chosen')})")
+    if result.activated:
+        console.print(f"activated {result.model}: dev gain {result.gain:+.4f} over the model it started from")
+        if not result.card.get("question_only"):
+            console.print("its passage tower is new: re-embed the collection (dpr reembed) before queries use it")
+    elif result.choice is None:
+        console.print(f"no gain on the held-out pseudo-questions ({result.gain:+.4f}): the active model is left "
+                      f"as it is; dpr models activate {result.model} to use it anyway")
+    else:
+        console.print(f"not activated (--no-activate); dpr models activate {result.model}")
+
+
+@contextmanager
+def _stage_bars(quiet: bool) -> Iterator[AdaptProgress]:
+    """One rich bar per stage on stderr: done / total, a note (the loss, the model scored), elapsed and ETA."""
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                   console=err_console, disable=quiet, transient=False)
+    tasks: dict[str, TaskID] = {}
+
+    def on_progress(stage: str, done: int, total: int | None, note: str) -> None:
+        if not tasks:
+            bar.start()
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total, note=note)
+        bar.update(tasks[stage], completed=done, total=total, note=note)
+
+    try:
+        yield on_progress
+    finally:
+        bar.stop()
