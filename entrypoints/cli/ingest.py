@@ -177,6 +177,10 @@ def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
             f"{count(result, 'failed')} failed",
             highlight=False,
         )
+    if result.get("parsed"):  # PDF, DOCX, PPTX, ODT, EPUB: parsed where their batches ran
+        by = result.get("parsed_by") or []
+        console.print(f"{result['parsed']} files parsed in {result.get('parse_seconds', 0):.1f} s"
+                      + (f" by {', '.join(by[:3])}{' ...' if len(by) > 3 else ''}" if by else ""), highlight=False)
     if result.get("title_truncated"):
         console.print(f"{result['title_truncated']} titles were shortened to fit the passage budget")
     print_failures(result)
