@@ -318,8 +318,8 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
         f"Machine before: {machine}",
         f"Machine after: {machine_line()}",
         f"Commit {commit()}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
-        f"{args.passages} --real-docs {args.real_docs} --queries {args.queries}"
-        + (f" --ef {args.ef}" if args.ef else "") + "`",
+        f"{args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers {' '.join(args.levers)} "
+        f"--ef-sweep {' '.join(map(str, args.ef_sweep))}" + (f" --ef {args.ef}" if args.ef else "") + "`",
         "",
         f"{args.passages:,} points: {corpus.n_real:,} real SciFact passages (first {args.real_docs} abstracts, "
         f"{corpus.dim}-dim, embedded here at {corpus.encode_pps:.1f} passages/s), the rest synthetic: unit vectors "
