@@ -479,6 +479,11 @@ def main() -> int:
             corpus = work / "scifact.jsonl"
             result["docs"] = write_corpus(corpus, args.docs)
             result["ingest"] = ingest(data_dir, corpus, env)
+        # one `dpr query` first, as a user's first question: it makes the question tower's ONNX export if the data
+        # dir has none (torch loads for that, ~1 GB), so the server's RSS below is the serving figure
+        first = subprocess.run([DPR, "query", qs[0], "--json"], env=env, capture_output=True, text=True, check=False)
+        if first.returncode != 0:
+            raise RuntimeError(f"dpr query failed ({first.returncode}): {first.stderr.strip()[-2000:]}")
         server = Server(env, work / "serve.log")
         try:
             result["ready_s"] = server.wait_ready()
