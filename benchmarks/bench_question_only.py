@@ -92,6 +92,22 @@ def dpr(env: dict[str, str], *args: str) -> tuple[float, dict | list]:  # type: 
     return seconds, json.loads(done.stdout)
 
 
+def wait_for_model(pattern: str, minutes: float) -> Path:
+    """The newest directory matching ``pattern`` that holds a model card and its ONNX export, waiting up to
+    ``minutes`` for one."""
+    import glob
+
+    deadline = time.monotonic() + 60 * minutes
+    while True:
+        found = sorted(p for p in glob.glob(pattern) if (Path(p) / "model_card.json").is_file()
+                       and (Path(p) / "onnx" / "manifest.json").is_file())  # `dpr train` exports after saving
+        if found:
+            return Path(found[-1])
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"no model at {pattern}")
+        time.sleep(10)
+
+
 def quality(work: Path, model: str) -> dict[str, object]:
     """SciFact test (300 claims, read once per model) through the stored collection, as `dpr query` answers: the
     base and the question-only model over the SAME stored vectors (one ingest, two question towers); nDCG@10 of
@@ -129,7 +145,10 @@ def quality(work: Path, model: str) -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, required=True, help="a question-only model directory (partner: base)")
+    ap.add_argument("--model", type=Path, required=True,
+                    help="a question-only model directory (partner: base), or a glob pattern of one")
+    ap.add_argument("--wait", type=float, default=0.0,
+                    help="minutes to wait for --model to appear (a training still running) after step 1")
     ap.add_argument("--docs", type=int, default=SCIFACT_DOCS, help="documents (SciFact's 5,183 make ~10k passages)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-question-only"))
     args = ap.parse_args()
@@ -157,10 +176,11 @@ def main() -> None:
                                        "measured": False,
                                        "how": f"passages / ({REEMBED_OVER_INGEST} x the ingest's passages/s)"}
 
+    model = wait_for_model(str(args.model), args.wait)
     models = work / "data" / "models"
-    target = models / args.model.name
+    target = models / model.name
     if not target.exists():
-        shutil.copytree(args.model, target)
+        shutil.copytree(model, target)
     t0 = time.perf_counter()
     activate_s, activated = dpr(env, "models", "activate", target.name)
     query_s, hits = dpr(env, "query", QUESTION, "-k", "10", "--mode", "dense")
