@@ -277,6 +277,7 @@ def main() -> int:
         print(f"needs {SCIFACT} (BEIR SciFact); not found", file=sys.stderr)
         return 2
     machine = machine_line()
+    args.commit = commit()
     print(machine, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = args.keep or Path(tmp)
@@ -317,7 +318,7 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
     lines = [
         f"Machine before: {machine}",
         f"Machine after: {machine_line()}",
-        f"Commit {commit()}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
+        f"Started at commit {args.commit}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
         f"{args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers {' '.join(args.levers)} "
         f"--ef-sweep {' '.join(map(str, args.ef_sweep))}" + (f" --ef {args.ef}" if args.ef else "") + "`",
         "",
