@@ -144,22 +144,25 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
         t = time.perf_counter()
         _pseudo_stage(source, config, run_dir, notify)
         timings["pseudo-questions"] = _stage_time(t)
+        _write_json(run_dir / "timings.json", timings)
     pseudo = _read_json(run_dir / "pseudo.json")
     if stage("mining", (run_dir / "mining.json").is_file()):
         t = time.perf_counter()
         _mining_stage(pseudo, base_path, config, run_dir, notify, settings)
         timings["mining"] = _stage_time(t)
+        _write_json(run_dir / "timings.json", timings)
     mining = _read_json(run_dir / "mining.json")
     if stage("training", _training_done(run_dir, config)):
         t = time.perf_counter()
         _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify)
         timings["training"] = _stage_time(t)
+        _write_json(run_dir / "timings.json", timings)
     training = _read_json(run_dir / "training.json")
     if stage("dev evaluation", (run_dir / "dev.json").is_file()):
         t = time.perf_counter()
         _dev_stage(pseudo, training, base_path, config, run_dir, notify)
         timings["dev evaluation"] = _stage_time(t)
-    _write_json(run_dir / "timings.json", timings)
+        _write_json(run_dir / "timings.json", timings)
     dev = _read_json(run_dir / "dev.json")
     result = _read_json(run_dir / "result.json")
     if result is None:
