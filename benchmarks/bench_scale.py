@@ -77,6 +77,27 @@ def rss_kb(field: str = "VmRSS") -> int:
     return 0
 
 
+def resident_by_file(marker: str = "/generations/") -> dict[str, float]:
+    """This process's resident MB of memory-mapped store files, by kind (``vector_storage-dense/matrix.dat``,
+    ``wal``, ``payload_index``...), from /proc/self/smaps: which parts of the store the RSS is."""
+    groups: dict[str, float] = {}
+    path = ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(None, 5)
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            path = head[5].strip() if len(head) > 5 else ""
+        elif line.startswith("Rss:") and marker in path:
+            rel = path.split("/shard/", 1)[-1]
+            parts = rel.split("/")
+            if parts[0] == "segments" and len(parts) > 2:
+                kind = "payload_index" if parts[2] == "payload_index" else "/".join(parts[2:])
+            else:
+                kind = parts[0]
+            kind = "".join("N" if c.isdigit() else c for c in kind)
+            groups[kind] = groups.get(kind, 0.0) + int(line.split()[1]) / 1024
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
 def load_docs(n: int) -> list[Document]:
     docs = []
     with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
@@ -243,6 +264,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     hybrid_ms, _ = timed(store, hybrid)
     rss_growth_mb = (rss_kb() - before_kb) / 1024
     anon_mb, file_mb = (rss_kb("RssAnon") - before_anon) / 1024, (rss_kb("RssFile") - before_file) / 1024
+    resident = resident_by_file()
     store.close()
     by_ef = {}
     for each in sweep:  # the same generation searched at another HNSW ef
@@ -257,7 +279,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
         "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": recall(corpus, answers, truth),
         "by_ef": by_ef,
         "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
-        "anon_mb": anon_mb, "file_mb": file_mb,
+        "anon_mb": anon_mb, "file_mb": file_mb, "resident": resident,
     }
 
 
@@ -348,6 +370,10 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
         for r in results:
             cells = [f"{r['by_ef'][e][0]}, {r['by_ef'][e][1]:.3f}" for e in args.ef_sweep]
             lines.append(f"| {r['lever']} | " + " | ".join(cells) + " |")
+    lines += ["", "Resident MB of the store's mapped files after the queries, by kind (/proc/self/smaps):", ""]
+    for r in results:
+        top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["resident"].items())[:8])
+        lines.append(f"- {r['lever']}: {sum(r['resident'].values()):.0f} MB: {top}")
     lines += [
         "",
         "Levers: " + "; ".join(f"{k}: {v or 'engine defaults'}" for k, v in LEVERS.items() if k in args.levers)
