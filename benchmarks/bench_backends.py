@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import numpy as np  # noqa: E402
-from bench_hostile import commit  # noqa: E402
-from bench_hotpaths import machine, scifact_dir  # noqa: E402
+from bench_hotpaths import scifact_dir  # noqa: E402
+from machine import commit, machine  # noqa: E402
 
 from encoders.metrics import paired_randomization, per_query  # noqa: E402
 from encoders.registry import Backend, load_towers  # noqa: E402
@@ -140,7 +140,7 @@ def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, dict[str, flo
     torch = {spec: metrics["ndcg@10"] for spec, backend, metrics, _ in rows if backend == "torch"}
     lines = [
         "# Quality per inference backend (issue 13)", "",
-        f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+        f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({m['flags'].replace(' ', ', ')}), "
         f"{m['cores']} cores; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end. BEIR SciFact "
         f"{split} ({queries} claims{'' if split == 'test' else ': the dev split the default backend is chosen on'}), "
         "dense through a temporary embedded collection; passages and questions on the "

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from machine import commit, cpu_flags, cpu_model  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.metrics import ir_metrics  # noqa: E402
@@ -48,35 +49,6 @@ from services.store.points import CollectionSpec, Passage, PassagePoint, SearchR
 DATA = Path("/work/shared/data")
 K, B = 1.2, 0.75
 BATCH = 256  # points per upsert, as an ingest job writes them
-
-
-def cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in have) or "-"
-    except OSError:
-        pass
-    return "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def datasets(names: list[str], squad_questions: int) -> dict[str, tuple[RetrievalDataset, str]]:
@@ -162,7 +134,8 @@ def main() -> None:
                         help="SQuAD/KorQuAD questions read (all their paragraphs are indexed)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    header = [f"CPU: {cpu_model()} (flags: {cpu_flags()}); commit {commit()}; python {platform.python_version()}",
+    header = [f"CPU: {cpu_model()} (flags: {cpu_flags() or '-'}); commit {commit()}; "
+              f"python {platform.python_version()}",
               f"command: {' '.join(sys.argv)}",
               f"bm25s lucene k1 {K} b {B} on the product's tokens; store = embedded qdrant-edge, sparse search, "
               f"upserts of {BATCH}"]

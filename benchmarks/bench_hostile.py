@@ -22,13 +22,14 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
+
+from machine import commit, cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR_MB = 256
@@ -127,24 +128,6 @@ def summary(out: Path) -> str:
     n_skipped = int(data.get("skipped_total", len(data.get("skipped", []))))
     return (f"{data.get('documents', 0)} written, {n_failed:,} failed, {n_skipped} skipped "
             f"(--json output {out.stat().st_size / 1e6:.1f} MB)")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import bench_ingest as bi  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_hostile import commit, cpu_model  # noqa: E402
+from machine import commit, machine  # noqa: E402
 
 from services.ingest import chunk_document, encode_by_length  # noqa: E402
 from services.readers import Document  # noqa: E402
@@ -101,19 +101,19 @@ def scifact_dir() -> Path | None:
     return None
 
 
-def machine() -> dict[str, Any]:
-    flags: set[str] = set()
+def machine_ceiling() -> dict[str, Any]:
+    """:func:`machine.machine` plus the clock and the fp32 ceiling of the usable cores (cgroup quota included)."""
+    m = machine()
     mhz = 0.0
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            flags = set(value.split())
-        elif key.strip() == "cpu MHz" and not mhz:
+        if key.strip() == "cpu MHz":
             mhz = float(value)
+            break
+    flags = set(m["flags"].split())
     per_cycle = 64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else 16
     cores = available_cores()
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni") if f in flags]
-    return {"cpu": cpu_model(), "flags": shown, "cores": cores, "ghz": mhz / 1000, "flop_per_cycle": per_cycle,
+    return {**m, "cores": cores, "ghz": mhz / 1000, "flop_per_cycle": per_cycle,
             "ceiling": cores * per_cycle * mhz * 1e6}
 
 
@@ -494,7 +494,7 @@ def main() -> int:
     if scifact is None:
         print("SciFact not found (../shared/data/beir-scifact beside the repo); skipped")
         return 0
-    m = machine()
+    m = machine_ceiling()
     docs, groups, questions = load_inputs(scifact, args.docs, args.queries)
     demo = demo_inputs(scifact) if args.demo and not args.query_only else None
     passages = sorted((p for g in groups for p in g), key=lambda p: -p[1])
@@ -503,7 +503,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     rows: list[Row] = []
     say = print
-    say(f"{m['cpu']}; flags {' '.join(m['flags'])}; {m['cores']} usable cores x {m['flop_per_cycle']} FLOP/cycle x "
+    say(f"{m['cpu']}; flags {m['flags']}; {m['cores']} usable cores x {m['flop_per_cycle']} FLOP/cycle x "
         f"{m['ghz']:.2f} GHz = {m['ceiling'] / 1e9:.0f} GFLOP/s fp32; {len(docs)} abstracts -> {len(texts)} "
         f"passages, mean {np.mean(tokens):.0f} tokens, {flops / 1e9:.2f} GFLOP each", flush=True)
     with tempfile.TemporaryDirectory(prefix="dpr-hotpaths-") as tmp:
@@ -690,7 +690,8 @@ def peak_rss_mib(pid: int) -> float:
 
 def write(out: Path, m: dict[str, Any], rows: list[Row], notes: list[str], docs: int,
           passages: int) -> None:
-    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} "
+            f"on {m['cpu']} ({m['flags'].replace(' ', ', ')}), "
             f"{m['cores']} usable cores at {m['ghz']:.2f} GHz: fp32 ceiling {m['cores']} x {m['flop_per_cycle']} x "
             f"{m['ghz']:.2f} = {m['ceiling'] / 1e9:.0f} GFLOP/s. Subset: {docs} SciFact abstracts -> {passages} "
             "passages, model all-MiniLM-L6-v2 (base), batch 32, threads by services/threads.py.")

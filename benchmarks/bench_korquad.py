@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shlex
 import subprocess
@@ -43,6 +42,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from machine import machine  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -57,24 +58,6 @@ DPR = [sys.executable, "-c", "from entrypoints.cli.main import main; main()"]
 
 def say(msg: str) -> None:
     print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def machine() -> dict[str, Any]:
-    flags: set[str] = set()
-    model = platform.processor() or "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags" and not flags:
-            flags = set(value.split())
-        elif key.strip() == "model name":
-            model = value.strip()
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8") if f in flags]
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return {"cpu": model, "flags": shown, "cores": len(os.sched_getaffinity(0)),
-            "commit": commit + ("+dirty" if dirty else ""), "load": os.getloadavg()}
 
 
 def dpr(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
@@ -191,8 +174,8 @@ def report(facts: dict[str, Any], rows: list[dict[str, Any]], trained: list[dict
     out = [
         "# KorQuAD v1.0 dev: Korean retrieval (`benchmarks/bench_korquad.py`)",
         "",
-        f"Machine: {env_info['cpu']} ({', '.join(env_info['flags'])}; {env_info['cores']} usable cores), commit "
-        f"{env_info['commit']}, load average {' / '.join(f'{x:.1f}' for x in env_info['load'])} (1/5/15 min) "
+        f"Machine: {env_info['cpu']} ({env_info['flags'].replace(' ', ', ')}; {env_info['cores']} usable cores), "
+        f"commit {env_info['commit']}, load average {' / '.join(f'{x:.1f}' for x in env_info['load'])} (1/5/15 min) "
         f"at the end, "
         f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
         "",

@@ -25,7 +25,7 @@ import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from bench_hostile import commit, cpu_model  # the one CPU / commit probe of the benchmarks
+from machine import commit, cpu_model  # the one CPU / commit probe of the benchmarks
 
 from services.store import Store
 from services.store import lease as lease_module

@@ -28,7 +28,6 @@ import gzip
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -43,40 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machine import commit, machine_line
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
 DPR = str(Path(sys.executable).with_name("dpr"))
-
-
-# -- machine -----------------------------------------------------------------------------------------------------
-
-
-def machine_line() -> str:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == (platform.processor() or platform.machine()):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags) or "no avx2"
-    load = os.getloadavg()
-    return (f"CPU: {model} ({simd}), {os.cpu_count()} cores visible; load average {load[0]:.1f} / {load[1]:.1f} / "
-            f"{load[2]:.1f}; Python {platform.python_version()}; commit {commit()}")
-
-
-def commit() -> str:
-    try:
-        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 # -- data ----------------------------------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import platform
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from machine import commit, cpu_flags, cpu_model
 
 from services.readers.files import html_to_text
 from services.readers.markup import html_sections, rst_sections
@@ -33,19 +33,6 @@ LEFTOVERS = {
     "headerlink ¶": re.compile(r"¶"),
     "nav words (Navigation / previous / next)": re.compile(r"\b(Navigation|previous|next) \|"),
 }
-
-
-def cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
-
-
-def flags() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = [f for f in ("avx2", "avx512f", "avx512_vnni") if re.search(rf"\b{f}\b", text)]
-    return " ".join(found) or "-"
 
 
 def run(name: str, texts: list[str], read: Callable[[str], str], repeat: int = 2) -> dict[str, float | int | str]:
@@ -115,8 +102,7 @@ def main() -> None:
         run("HTML before: html_to_text (stdlib)", pages, lambda t: html_to_text(t)[1]),
         run("HTML after: html_sections (lxml)", pages, sections_text(html_sections)),
     ]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    head = [f"CPU: {cpu()} ({os.cpu_count()} cores; flags {flags()}); commit {commit}; load average "
+    head = [f"CPU: {cpu_model()} ({os.cpu_count()} cores; flags {cpu_flags() or '-'}); commit {commit()}; load average "
             f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", ""]
     keys = list(rows[0])
     table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]

@@ -46,8 +46,8 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_hostile import commit  # noqa: E402
-from bench_hotpaths import machine, peak_run  # noqa: E402
+from bench_hotpaths import peak_run  # noqa: E402
+from machine import commit, machine  # noqa: E402
 
 from encoders.registry import load_towers  # noqa: E402
 from encoders.towers import configure_threads, resolve_model_path  # noqa: E402
@@ -175,7 +175,8 @@ def quality(data_dir: Path, backend: str) -> None:
 
 def write_quality(m: dict[str, Any], backend: str, reports: dict[str, Any], ingest: dict[str, float],
                   load: tuple[float, float], seconds: float) -> None:
-    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} "
+            f"on {m['cpu']} ({m['flags'].replace(' ', ', ')}), "
             f"{m['cores']} usable cores; towers on {backend}; load average (1 min) {load[0]:.1f} at start, "
             f"{load[1]:.1f} at end; {seconds:.0f} s in all.")
     lines = ["# The multilingual towers on English, and across languages (issue 14)", "", head, ""]
@@ -230,7 +231,8 @@ def speed(args: argparse.Namespace) -> int:
 
 def write(out: Path, m: dict[str, Any], rows: list[tuple[str, str, str]], n: int, threads: int,
           load: tuple[float, float]) -> None:
-    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} on {m['cpu']} ({', '.join(m['flags'])}), "
+    head = (f"Run {time.strftime('%Y-%m-%d %H:%M')} at commit {commit()} "
+            f"on {m['cpu']} ({m['flags'].replace(' ', ', ')}), "
             f"{m['cores']} usable cores; {threads} intra-op thread(s), batch 32; {n} KorQuAD v1.0 dev paragraphs "
             f"(the first, in file order); load average (1 min) {load[0]:.1f} at start, {load[1]:.1f} at end.")
     table = ["| measure | result | notes |", "|---|---|---|", *[f"| {a} | {b} | {c} |" for a, b, c in rows]]

@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from machine import commit, cpu_flags, cpu_model  # noqa: E402
+
 DOCS = Path("/work/shared/data/python-3.11-docs/docs.jsonl.gz")
 PAGES = ["library/stdtypes", "library/os", "reference/datamodel", "library/functions", "library/re",
          "howto/logging", "tutorial/controlflow", "tutorial/datastructures", "library/subprocess",
@@ -258,20 +260,6 @@ def package_facts(dist: str) -> tuple[str, str, str]:
     return lic, f"{size / 1e6:.1f} MB", "yes" if native else "no"
 
 
-def cpu_line() -> str:
-    model, flags = platform.processor() or "?", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("?", "x86_64", ""):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "fma") if f in have)
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores visible, flags: {flags or 'none of avx2/avx512'}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pdfs", type=Path, help="folder of PDFs (scripts/fetch_debian_pdfs.sh DEST)")
@@ -313,11 +301,10 @@ def main() -> None:
 
 
 def report(sets: list[tuple[str, str, list[Path], list[str]]], tmp: Path) -> list[str]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                            check=False).stdout.strip()
     lines = [
         "# Parsers per format, measured (benchmarks/bench_parsers.py)", "",
-        f"- CPU: {cpu_line()}; Python {platform.python_version()}; commit {commit}; "
+        f"- CPU: {cpu_model()}, {os.cpu_count()} cores visible, flags: {cpu_flags() or 'none of avx2/avx512'}; "
+        f"Python {platform.python_version()}; commit {commit()}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "- Command: `nice -n 10 .venv/bin/python benchmarks/bench_parsers.py --pdfs \"$(scripts/fetch_debian_pdfs.sh "
         "/tmp/corpus)\"` (PDFs: octave-doc, gnuplot-doc, maxima-doc, erlang-doc; DOCX/ODT/EPUB/PPTX: pandoc "

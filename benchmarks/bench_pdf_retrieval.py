@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import commit, cpu_flags, cpu_model
 
 from services.jobs.executor import LocalExecutor
 from services.query import QueryOptions
@@ -34,26 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ROOT / "benchmarks" / "data" / "pdf-questions.jsonl"
 PACKAGES = {"erlang-doc": None, "gnuplot-doc": None, "octave-doc": None}
 MODES = {"BM25": "sparse", "dense": "dense", "hybrid": "hybrid"}
-
-
-def cpu_line() -> str:
-    model, flags = platform.processor() or "?", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in have)
-                break
-    except OSError:
-        pass
-    return f"{model} ({flags}), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
 
 
 def fetch(dest: Path) -> Path:
@@ -126,7 +107,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-pdf-"))
     folder = work / "pdfs"
     pages = gather(corpus, {q["document"] for q in questions}, folder)
-    at, cpu = commit(), cpu_line()  # as the run starts (others may commit meanwhile)
+    # as the run starts (others may commit meanwhile)
+    at = commit()
+    cpu = f"{cpu_model()} ({cpu_flags()}), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     print(f"CPU: {cpu}\ncommit: {at}\n{len(questions)} questions, {len(list(folder.iterdir()))} PDFs, "
           f"{pages} pages, {sum(p.stat().st_size for p in folder.iterdir()) / 1e6:.1f} MB")
 

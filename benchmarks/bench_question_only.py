@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import commit, cpu_flags, cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 DPR = [sys.executable, "-m", "entrypoints.cli.main"] if not (REPO / ".venv" / "bin" / "dpr").exists() else [
@@ -42,19 +44,6 @@ DPR = [sys.executable, "-m", "entrypoints.cli.main"] if not (REPO / ".venv" / "b
 QUESTION = "Which genes are associated with an increased risk of breast cancer?"
 REEMBED_OVER_INGEST = 0.97  # benchmarks/results/ingest-speed/reembed.md
 SCIFACT_DOCS = 5183
-
-
-def cpu() -> dict[str, object]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return {"model": model or platform.processor(), "cores": os.cpu_count(),
-            "flags": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in flags]}
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 def corpus(path: Path, docs: int) -> int:
@@ -155,7 +144,8 @@ def main() -> None:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DPR_DATA_DIR": str(work / "data"), "PYTHONPATH": str(REPO)}
-    record: dict[str, object] = {"cpu": cpu(), "commit": commit(), "python": platform.python_version()}
+    cpu = {"model": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags().split()}
+    record: dict[str, object] = {"cpu": cpu, "commit": commit(), "python": platform.python_version()}
 
     ingest_file = work / "ingest.json"
     if not ingest_file.is_file():

@@ -41,6 +41,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from machine import cpu_flags  # noqa: E402
+
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
 from encoders.rerank import WEIGHTS  # noqa: E402
@@ -246,7 +248,7 @@ def ndcg(dataset: RetrievalDataset, retrieval: Retrieval) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(data_dir=args.data_dir)
     out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "smoke": args.smoke,
-                           "load_average_start": os.getloadavg(), "cpu": _cpu_flags()}
+                           "load_average_start": os.getloadavg(), "cpu": cpu_flags() or "none"}
     # 1. train (or reuse)
     if args.towers:
         trained = {label: existing(settings, model) for label, model in (t.split("=", 1) for t in args.towers)}
@@ -324,14 +326,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for corpus in corpora.values():
             corpus.close()
     return out
-
-
-def _cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    return ",".join(f for f in ("avx512f", "avx512_vnni", "avx2", "fma") if f" {f}" in flags) or "none"
 
 
 def main() -> None:

@@ -27,9 +27,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from bench_hostile import commit  # noqa: E402
-from bench_hotpaths import machine  # noqa: E402
 from bench_rerank import Timed, latency_ms  # noqa: E402
+from machine import commit, machine  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.evaluate import Retrieval  # noqa: E402
@@ -102,7 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def table(out: dict[str, Any]) -> str:
     m = out["machine"]
     head = [f"# Reranker backends: `{out['reranker']}` over the dev top N of `{out['first_stage']}`", "",
-            f"{m['cpu']} ({', '.join(m['flags'])}), {m['cores']} cores; commit {out['commit']}; {out['ran_at']}; "
+            f"{m['cpu']} ({m['flags'].replace(' ', ', ')}), {m['cores']} cores; "
+            f"commit {out['commit']}; {out['ran_at']}; "
             f"{out['dev_queries']} dev questions (SciFact train claims held out). `alone`: nDCG@10 with the top N in "
             "the reranker's order; `fused`: at the weight the dev split picks (w); latency: the reranker's time per "
             "question; `speed-up`: the first backend's p50 over this one's; agreement with the first backend's "

@@ -49,7 +49,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
-from bench_load import commit, machine_line, percentile  # noqa: E402
+from bench_load import percentile  # noqa: E402
+from machine import commit, machine_line  # noqa: E402
 
 from services.ingest import chunk_document  # noqa: E402
 from services.language import collection_spec  # noqa: E402

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from bench_hostile import commit, cpu_model  # the one CPU / commit probe of the benchmarks
+from machine import commit, cpu_model  # the one CPU / commit probe of the benchmarks
 
 from services.store import Store
 from services.store.engines import edge_index

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from machine import commit, cpu_flags, cpu_model
 
 from services.query import QueryOptions
 from services.runtime import Runtime
@@ -24,25 +24,6 @@ from services.settings import Settings
 from services.snapshots import create_snapshot, restore_snapshot
 
 QUERIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir-scifact" / "queries.jsonl"
-
-
-def cpu_line() -> str:
-    model, flags = platform.processor() or "?", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in have)
-                break
-    except OSError:
-        pass
-    return f"{model} ({flags})"
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def answers(settings: Settings, questions: list[str]) -> dict[str, list[tuple[str, int, float]]]:
@@ -92,7 +73,7 @@ def main() -> None:
     same_self = sum(before[k] == again[k] for k in before)
     ties = sum(canonical(before[k]) == canonical(after[k]) for k in before)
     lines = [
-        f"- CPU: {cpu_line()}; commit {commit()}",
+        f"- CPU: {cpu_model()} ({cpu_flags()}); commit {commit()}",
         f"- collection: {made['points']:,} points ({made['generation']}), store on disk {store_bytes / 1e6:.1f} MB",
         f"- snapshot: {made['bytes'] / 1e6:.2f} MB archive, {made['files']} files, created in {made['seconds']:.2f} s",
         f"- restore into a fresh data dir: {restore_s:.2f} s ({restored['points']:,} points)",

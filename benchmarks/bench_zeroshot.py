@@ -41,8 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_hostile import commit, cpu_model  # noqa: E402
-from bench_rerank import _cpu_flags  # noqa: E402
+from machine import commit, cpu_flags, cpu_model  # noqa: E402
 
 from encoders.blend import (  # noqa: E402
     BLEND_WEIGHTS,
@@ -117,7 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_path = pretrained_root(model_path)
     weights = tuple(sorted({float(w) for w in args.weights.split(",")}, reverse=True))
     out: dict[str, Any] = {"ran_at": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit(),
-                           "cpu_model": cpu_model(), "cpu": _cpu_flags(), "load_average_start": os.getloadavg(),
+                           "cpu_model": cpu_model(), "cpu": cpu_flags() or "none",
+                           "load_average_start": os.getloadavg(),
                            "model": model_name, "base": str(base_path), "choose_on": args.choose_on,
                            "margin": args.margin, "weights": list(weights), "collections": {}}
     print(f"{out['cpu_model']} ({out['cpu']}), commit {out['commit']}", flush=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -30,6 +29,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file (tests/integration/test_chaos.py)
+from machine import commit, cpu_model  # noqa: E402
 
 DPR = str(Path(sys.executable).with_name("dpr"))
 WORDS = ("retrieval passage tower question vector index shard broker worker queue batch encoder token chunk "
@@ -341,13 +343,6 @@ def check(outcome: Outcome, corpus: Path, data_dir: Path, stderr: list[str]) -> 
         outcome.problems.append(f"the CLI reported {outcome.cli_documents} documents of {outcome.documents}")
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--broker", choices=["aof", "ephemeral", "both"], default="both")
@@ -361,9 +356,8 @@ def main() -> int:
     args = parser.parse_args()
     modes = ["aof", "ephemeral"] if args.broker == "both" else [args.broker]
     outcomes = [run(m, args.docs, args.kills, args.restarts, args.workers, hold=args.hold_store) for m in modes]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
-        f"# Chaos run ({time.strftime('%Y-%m-%d')}, commit {commit}, {cpu_model()}, {os.cpu_count()} cores)",
+        f"# Chaos run ({time.strftime('%Y-%m-%d')}, commit {commit()}, {cpu_model()}, {os.cpu_count()} cores)",
         "",
         f"`{' '.join(sys.argv)}`: {args.workers} workers (concurrency 1), SIGKILLs at random (main process, pool "
         "child or whole group) every 1-3 s, broker restarts (killed, down 3 s, started again) among them.",
