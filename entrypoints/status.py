@@ -7,7 +7,7 @@ from typing import Any
 
 from services.errors import DprError
 from services.settings import Settings
-from services.store.points import CollectionInfo
+from services.store.points import CollectionInfo, GenerationInfo
 
 
 def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any]:
@@ -27,8 +27,10 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         "sparse": active.spec.sparse if active else None,
         "search_settings": active.spec.settings if active else {},
         "generations": [
-            {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active} for g in info.generations
+            {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active}
+            for g in info.generations if _unfinished(g) is None
         ],
+        "unfinished": [u for u in map(_unfinished, info.generations) if u is not None],
         "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
         "broker": settings.broker_url is not None,
     }
@@ -43,6 +45,26 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
 
         data["queue_depth"] = queue_depth(settings)
     return data
+
+
+def _unfinished(g: GenerationInfo) -> dict[str, Any] | None:
+    """A generation a re-embed is building (or gave up on), never answered from: shown apart from the collection's
+    generations, with its builder and whether that process still runs (None when it cannot be told here)."""
+    from services.lifecycle.state import ReembedState
+
+    st = ReembedState.from_generation(g)
+    if g.active or st is None or st.status not in ("building", "abandoned"):
+        return None
+    alive = st.owner_alive() if st.status == "building" else False
+    if st.status == "abandoned":
+        next_step = "dropped by `dpr gc`"
+    elif alive is False:
+        next_step = f"its builder died: `dpr reembed --model {st.model_name}` resumes it, `dpr gc` drops it"
+    else:
+        next_step = "being built (re-embed in progress)"
+    return {"name": g.name, "points": g.count, "model": g.spec.model, "model_name": st.model_name,
+            "status": st.status, "source": st.source, "started": st.started,
+            "owner": {"pid": st.pid or None, "host": st.host or None, "alive": alive}, "next": next_step}
 
 
 def disk_status(settings: Settings) -> dict[str, Any]:

@@ -156,6 +156,11 @@ def status(
     table.add_row("search", _describe_search(data["search_settings"], data["sparse"]))
     others = [g for g in data["generations"] if not g["active"]]
     table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
+    for u in data.get("unfinished", []):  # a re-embed's target: never answered from until verified and swapped
+        owner = u["owner"]
+        alive = {True: "alive", False: "dead", None: "unknown"}[owner["alive"]]
+        who = f"pid {owner['pid']} on {owner['host']}: {alive}" if owner["pid"] else "workers"
+        table.add_row("unfinished", f"{u['name']} ({u['points']:,}, {u['status']} by {who}): {u['next']}")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
     if "disk" in data:

@@ -35,12 +35,14 @@ Index = dict[str, tuple[str, str, str]]
 
 
 def plan(
-    store: VectorStore, towers: DualEncoder, *, model_name: str, lock_token: str = "", force: bool = False
+    store: VectorStore, towers: DualEncoder, *, model_name: str, lock_token: str = "", force: bool = False,
+    owned_here: bool = False,
 ) -> ReembedState | None:
     """The re-embed to run: resume the one in progress for this model, or create its target generation.
 
     None when the active generation is already embedded by ``towers`` (nothing to do) unless ``force``.
-    Caller holds the re-embed lock.
+    ``owned_here``: record this process (pid, host) as the builder (an in-process re-embed), so that `dpr status`
+    can tell a running build from one a kill left behind. Caller holds the re-embed lock.
     """
     info = store.info()
     if info.active is None:
@@ -48,10 +50,13 @@ def plan(
     source = info.active
     resumed = _resume_or_retire(store, info.generations, source.name, towers.fingerprint, lock_token)
     if resumed is not None:
+        if owned_here or resumed.pid:  # this process builds it now, or workers do (no pid)
+            resumed = resumed.owned_here() if owned_here else replace(resumed, pid=0, host="")
+            save_state(store, resumed)
         return resumed
     if source.spec.model == towers.fingerprint and not force:
         return None
-    return _create_target(store, source, towers, model_name, lock_token)
+    return _create_target(store, source, towers, model_name, lock_token, owned_here)
 
 
 def _resume_or_retire(
@@ -77,7 +82,8 @@ def _resume_or_retire(
 
 
 def _create_target(
-    store: VectorStore, source: GenerationInfo, towers: DualEncoder, model_name: str, lock_token: str
+    store: VectorStore, source: GenerationInfo, towers: DualEncoder, model_name: str, lock_token: str,
+    owned_here: bool = False,
 ) -> ReembedState:
     if towers.dim < 1:
         raise ConfigError("the new towers report no dimension")
@@ -85,6 +91,8 @@ def _create_target(
         source=source.name, target="", model=towers.fingerprint, model_name=model_name, started=now_iso(),
         lock_token=lock_token,
     )
+    if owned_here:
+        state = state.owned_here()
     kept = {k: v for k, v in source.spec.settings.items() if k not in LIFECYCLE_KEYS}
     spec = CollectionSpec(
         dim=towers.dim,

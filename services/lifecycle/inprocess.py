@@ -35,7 +35,7 @@ def reembed_in_process(
     try:
         towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
         store = runtime.store
-        state = plan(store, towers, model_name=towers.name)
+        state = plan(store, towers, model_name=towers.name, owned_here=True)
         if state is None:
             return {"outcome": "nothing_to_do", "model": towers.fingerprint, "model_name": towers.name}
         source_spec = store.info().active.spec  # type: ignore[union-attr]

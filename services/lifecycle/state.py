@@ -6,7 +6,9 @@ Any process that can open the store can resume or report a re-embed. Statuses: `
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import os
+import socket
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -47,6 +49,8 @@ class ReembedState:
     lock_token: str = ""  # the Redis lock token, so that any task of this re-embed can refresh / release it
     gate: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    pid: int = 0  # the process building it, for an in-process `dpr reembed` (0: workers, through a broker)
+    host: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored (the target is the generation that holds it)."""
@@ -70,7 +74,26 @@ class ReembedState:
             lock_token=str(data.get("lock_token", "")),
             gate=dict(data.get("gate") or {}),
             error=str(data.get("error", "")),
+            pid=int(data.get("pid") or 0),
+            host=str(data.get("host", "")),
         )
+
+    def owner_alive(self) -> bool | None:
+        """Whether the process building this generation still runs: None when it cannot be told here (workers,
+        another host, or a record older than the owner fields)."""
+        if self.pid <= 0 or self.host != socket.gethostname():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # it exists, under another user
+            return True
+        return True
+
+    def owned_here(self) -> ReembedState:
+        """This record with this process as its owner (an in-process re-embed creating or resuming it)."""
+        return replace(self, pid=os.getpid(), host=socket.gethostname())
 
 
 def save_state(store: VectorStore, state: ReembedState) -> None:

@@ -187,6 +187,7 @@ class EdgeEngine:
         write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
+        self._sweep_half_made(keep=generation)
         try:
             (self._generations_dir / generation).mkdir(parents=True)
         except FileExistsError:
@@ -206,6 +207,20 @@ class EdgeEngine:
         write_atomic(self._generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
         self.write_spec(generation, spec)  # last: a generation without its spec is not complete
         return True
+
+    def _sweep_half_made(self, keep: str) -> None:
+        """Remove what a crash left in the generations dir: a generation without ``spec.json`` (killed or SIGBUS
+        mid-creation, never listed or read) and a ``drop``'s trash. Under the lease (creation and drop run whole
+        under it), so no live process is making them. ``keep`` (the name about to be tried) stays: numbers are
+        never reused; its leftover goes with the next creation."""
+        if not self._generations_dir.is_dir():
+            return
+        for entry in self._generations_dir.iterdir():
+            trash = entry.name.startswith(".") and ".dropping." in entry.name
+            half_made = not entry.name.startswith(".") and not (entry / "spec.json").exists()
+            if entry.name != keep and entry.is_dir() and (trash or half_made):
+                log.warning("removing a half-made generation a crash left", extra={"path": str(entry)})
+                shutil.rmtree(entry, ignore_errors=True)
 
     def drop(self, generation: str) -> bool:
         if not (self._generations_dir / generation).is_dir():
