@@ -19,7 +19,7 @@ for Korean); the token hashes are the terms both sides see. Then:
 nDCG@10 on each collection's judged queries (ranx). Prints the CPU, the commit, and the table;
 ``--out`` writes it as markdown.
 
-    nice -n 10 .venv/bin/python benchmarks/bench_bm25.py --out benchmarks/results/bm25.md
+    nice -n 10 .venv/bin/python benchmarks/bench_bm25.py --out benchmarks/results/quality/bm25.md
 """
 
 from __future__ import annotations

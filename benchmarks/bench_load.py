@@ -15,7 +15,7 @@
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/bench_load.py --docs 3000 --clients 16 32 --duration 60 \
-        --burst 600 --thin 4 [--out benchmarks/results/load.md] [--json]
+        --burst 600 --thin 4 [--out benchmarks/results/query-speed/load.md] [--json]
 
 Prints the CPU model and flags, the commit and the load average beside the figures: on a shared machine the
 load generator, the server and other work share the cores, so read figures as ratios.

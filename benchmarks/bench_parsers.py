@@ -12,7 +12,7 @@ shared data set) into a temporary folder (nothing is committed but this script a
 
     nice -n 10 .venv/bin/python benchmarks/bench_parsers.py --pdfs "$(scripts/fetch_debian_pdfs.sh /tmp/corpus)"
 
-Writes benchmarks/results/parsers.md (or --out) and prints it.
+Writes benchmarks/results/ingest-speed/parsers.md (or --out) and prints it.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def main() -> None:
     ap.add_argument("--pdfs", type=Path, help="folder of PDFs (scripts/fetch_debian_pdfs.sh DEST)")
     ap.add_argument("--pdfminer-files", default="gnuplot.pdf",
                     help="comma-separated PDF names pdfminer.six reads (it runs at ~10 pages/s)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/parsers.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/ingest-speed/parsers.md")
     ap.add_argument("--worker", nargs=5, metavar=("FMT", "NAME", "FILES", "SAMPLE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

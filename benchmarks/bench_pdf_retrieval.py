@@ -4,7 +4,8 @@ real store after a real ingest (the `dpr ingest` path: the walk hands over unpar
 in the parser sandbox). Also: the ingest with and without parsing the next batch while one encodes (prefetch),
 and a re-ingest of the unchanged files (nothing parsed).
 
-    nice -n 10 python benchmarks/bench_pdf_retrieval.py [--corpus DIR] [--out benchmarks/results/pdf-retrieval.md]
+    nice -n 10 python benchmarks/bench_pdf_retrieval.py [--corpus DIR]
+        [--out benchmarks/results/quality/pdf-retrieval.md]
 
 The PDFs come from Debian's documentation packages (scripts/fetch_debian_pdfs.sh; erlang-doc, gnuplot-doc,
 octave-doc), never committed: the 12 files the questions cite, 476 pages. Prints the CPU model and flags, the commit
@@ -98,7 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, default=None, help="a folder holding the PDFs (default: fetch them)")
     ap.add_argument("--fetch-dest", type=Path, default=ROOT / ".dpr" / "corpus")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pdf-retrieval.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality" / "pdf-retrieval.md")
     ap.add_argument("--no-prefetch-run", action="store_true", help="skip the ingest without prefetch")
     args = ap.parse_args()
 

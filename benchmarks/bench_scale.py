@@ -20,9 +20,9 @@ DIR`` the data dirs stay, and ``benchmarks/bench_load.py --data-dir DIR/<lever>/
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages 50000 --real-docs 300 --queries 100
-    # the issue's run (hours on 2 cores; see benchmarks/results/scale.md):
+    # the issue's run (hours on 2 cores; see benchmarks/results/query-speed/scale.md):
     nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages 1000000 --real-docs 5183 --queries 300 \
-        --keep /data/scale1m --out benchmarks/results/scale.md
+        --keep /data/scale1m --out benchmarks/results/query-speed/scale.md
 """
 
 from __future__ import annotations

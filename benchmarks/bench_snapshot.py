@@ -1,6 +1,6 @@
 """Snapshot size, time and restore equality through the real store.
 
-    python benchmarks/bench_snapshot.py --data-dir DATA [--queries N] [--out benchmarks/results/snapshot.md]
+    python benchmarks/bench_snapshot.py --data-dir DATA [--queries N] [--out benchmarks/results/reliability/snapshot.md]
 
 Reads the collection under DATA (ingest first, e.g. `dpr --data-dir DATA ingest scifact-600.jsonl`), answers the
 first N SciFact test questions in dense, sparse and hybrid mode, takes a snapshot (`services.snapshots`), restores

@@ -1,5 +1,5 @@
 """DOCX (Word, OOXML) -> sections under their heading path: zip + lxml, no python-docx (measured in
-benchmarks/results/parsers.md: same text, faster, and every inflated byte is bounded by ``SafeZip``).
+benchmarks/results/ingest-speed/parsers.md: same text, faster, and every inflated byte is bounded by ``SafeZip``).
 
 Headings are paragraphs whose style is a heading (``Heading 1``..``9``, ``Title``) or carries an outline level;
 tables come out one row per line, ``cell | cell | cell``; tabs and breaks are kept as whitespace."""

@@ -1,4 +1,4 @@
-"""EPUB -> sections under their heading path: zip + lxml, no ebooklib (benchmarks/results/parsers.md).
+"""EPUB -> sections under their heading path: zip + lxml, no ebooklib (benchmarks/results/ingest-speed/parsers.md).
 The chapters are read in spine order (container.xml -> the package document -> its spine); within a chapter,
 ``h1``..``h3`` start a section under their path (deeper headings stay in the text); tables come out one row per
 line, ``cell | cell``; scripts, styles and navigation are dropped."""

@@ -1,6 +1,6 @@
 """ODT (OpenDocument text) -> sections under their heading path: zip + lxml on content.xml, no odfpy
-(benchmarks/results/parsers.md). Headings are ``text:h`` with their outline level; lists, sections and frames are
-read through; tables come out one row per line, ``cell | cell``."""
+(benchmarks/results/ingest-speed/parsers.md). Headings are ``text:h`` with their outline level; lists, sections and
+frames are read through; tables come out one row per line, ``cell | cell``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """PDF -> one section per page (``page`` 1-based), under the heading path the outline (bookmarks) gives that page.
 
 Parser: pypdfium2 (PDFium, Apache-2.0/BSD; native), chosen by measurement over pypdf and pdfminer.six
-(benchmarks/results/parsers.md). Pages are opened, read and closed one at a time, so memory follows the page, not
-the file; PDFium reads the file on demand. A page that raises is counted in ``Info.pages_failed`` and the others
-are kept; pages over ``max_pages`` are not read (``pages_skipped``). A document with pages but no text at all is
+(benchmarks/results/ingest-speed/parsers.md). Pages are opened, read and closed one at a time, so memory follows the
+page, not the file; PDFium reads the file on demand. A page that raises is counted in ``Info.pages_failed`` and the
+others are kept; pages over ``max_pages`` are not read (``pages_skipped``). A document with pages but no text at all is
 a scan: ``no_text_layer`` (OCR is not enabled). A password-protected document is ``encrypted``."""
 
 from __future__ import annotations

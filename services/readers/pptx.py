@@ -1,7 +1,7 @@
-"""PPTX (PowerPoint, OOXML) -> one section per slide: ``page`` is the slide number, the heading its title.
-zip + lxml, no python-pptx (benchmarks/results/parsers.md). Slides come in presentation order (the slide list in
-presentation.xml, not the part names); tables come out one row per line, ``cell | cell``; a slide's notes are
-kept after its text."""
+"""PPTX (PowerPoint, OOXML) -> one section per slide: ``page`` is the slide number, the heading its title. zip + lxml,
+no python-pptx (benchmarks/results/ingest-speed/parsers.md). Slides come in presentation order (the slide list in
+presentation.xml, not the part names); tables come out one row per line, ``cell | cell``; a slide's notes are kept after
+its text."""
 
 from __future__ import annotations
 

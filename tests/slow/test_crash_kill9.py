@@ -5,7 +5,7 @@ a clean run gives (point ids, document hashes, chunk indices). A `dpr reembed` k
 generation that the collection shows or answers from, and the collection still answers.
 
 ``CRASH_SEED`` picks the kill moments (default: a fixed seed); ``CRASH_REPORT=FILE`` writes the rounds
-and outcomes as JSON (benchmarks/results/crash.md was made that way).
+and outcomes as JSON (benchmarks/results/reliability/crash.md was made that way).
 """
 
 from __future__ import annotations
