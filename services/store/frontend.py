@@ -22,8 +22,8 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
+import services.store.bm25 as bm25
 from services.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
-from services.store import bm25
 from services.store.common import (
     DocStateGroups,
     Scored,
