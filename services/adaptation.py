@@ -132,37 +132,31 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     notify = progress or (lambda *a: None)
     stages: dict[str, str] = {}
 
-    def stage(name: str, done: bool) -> bool:
+    timings = _read_json(run_dir / "timings.json") or {}
+
+    def stage(name: str, done: bool, work: Callable[[], object]) -> None:
+        """Run one stage unless its output exists; its wall time joins timings.json (kept by a stopped run)."""
         stages[name] = "skipped" if done else "ran"
         if done:
             notify(name, 1, 1, "done earlier")
-        return not done
+            return
+        t = time.perf_counter()
+        work()
+        timings[name] = _stage_time(t)
+        _write_json(run_dir / "timings.json", timings)
 
     t0 = time.perf_counter()
-    timings = _read_json(run_dir / "timings.json") or {}
-    if stage("pseudo-questions", (run_dir / "pseudo.json").is_file()):
-        t = time.perf_counter()
-        _pseudo_stage(source, config, run_dir, notify)
-        timings["pseudo-questions"] = _stage_time(t)
-        _write_json(run_dir / "timings.json", timings)
+    stage("pseudo-questions", (run_dir / "pseudo.json").is_file(),
+          lambda: _pseudo_stage(source, config, run_dir, notify))
     pseudo = _read_json(run_dir / "pseudo.json")
-    if stage("mining", (run_dir / "mining.json").is_file()):
-        t = time.perf_counter()
-        _mining_stage(pseudo, base_path, config, run_dir, notify, settings)
-        timings["mining"] = _stage_time(t)
-        _write_json(run_dir / "timings.json", timings)
+    stage("mining", (run_dir / "mining.json").is_file(),
+          lambda: _mining_stage(pseudo, base_path, config, run_dir, notify, settings))
     mining = _read_json(run_dir / "mining.json")
-    if stage("training", _training_done(run_dir, config)):
-        t = time.perf_counter()
-        _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify)
-        timings["training"] = _stage_time(t)
-        _write_json(run_dir / "timings.json", timings)
+    stage("training", _training_done(run_dir, config),
+          lambda: _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify))
     training = _read_json(run_dir / "training.json")
-    if stage("dev evaluation", (run_dir / "dev.json").is_file()):
-        t = time.perf_counter()
-        _dev_stage(pseudo, training, base_path, config, run_dir, notify)
-        timings["dev evaluation"] = _stage_time(t)
-        _write_json(run_dir / "timings.json", timings)
+    stage("dev evaluation", (run_dir / "dev.json").is_file(),
+          lambda: _dev_stage(pseudo, training, base_path, config, run_dir, notify))
     dev = _read_json(run_dir / "dev.json")
     result = _read_json(run_dir / "result.json")
     if result is None:
