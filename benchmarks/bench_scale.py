@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -49,6 +48,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
+from bench_api import load_docs, load_questions  # noqa: E402
 from bench_load import percentile  # noqa: E402
 from machine import commit, machine_line  # noqa: E402
 
@@ -97,23 +97,6 @@ def resident_by_file(marker: str = "/generations/") -> dict[str, float]:
             kind = "".join("N" if c.isdigit() else c for c in kind)
             groups[kind] = groups.get(kind, 0.0) + int(line.split()[1]) / 1024
     return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
-
-
-def load_docs(n: int) -> list[Document]:
-    docs = []
-    with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row.get("text", "").strip():
-                docs.append(Document(doc_id=str(row["_id"]), text=row["text"], title=row.get("title") or ""))
-            if len(docs) >= n:
-                break
-    return docs
-
-
-def load_questions(n: int) -> list[str]:
-    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f][:n]
 
 
 class Corpus:
