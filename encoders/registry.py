@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import threading
 from collections import OrderedDict
@@ -232,15 +233,37 @@ def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None,
     ``dpr train-reranker``, whose ``exporter`` is ``encoders.rerank.export_reranker``, on ``dpr models activate``).
     Returns its manifest; a model the export cannot reproduce is logged and left to torch (``None``): the torch
     backend never needs the export."""
-    from encoders.onnx_export import ensure_export
-
+    export_dir = export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir))
     try:
-        return ensure_export(path, export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir)),
-                             exporter)
+        if "torch" in sys.modules:  # already paid for here (dpr train, the torch backend): export in this process
+            from encoders.onnx_export import ensure_export
+
+            return ensure_export(path, export_dir, exporter)
+        return _export_in_child(path, export_dir, exporter)
     except Exception as e:
         log.warning("no ONNX export of this model; the onnx backends cannot serve it (torch can)",
                     extra={"model_path": str(path), "error": str(e)})
         return None
+
+
+def _ensure_export(path: Path, export_dir: Path,
+                   exporter: Callable[[Path, Path], dict[str, Any]] | None) -> dict[str, Any]:
+    from encoders.onnx_export import ensure_export
+
+    return ensure_export(path, export_dir, exporter)
+
+
+def _export_in_child(path: Path, export_dir: Path,
+                     exporter: Callable[[Path, Path], dict[str, Any]] | None) -> dict[str, Any]:
+    """The export in a fresh (spawned) child process, so that a process which serves ONNX towers (``dpr serve``, a
+    worker, ``dpr query``) never loads torch itself: torch, transformers and the model stay resident for a process's
+    life once imported (measured on ``dpr serve``: idle RSS 1,038 MB after exporting in-process, 403 MB without).
+    The child's exception, if any, is raised here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_ensure_export, path, export_dir, exporter).result()
 
 
 def _model_fingerprint_of(towers: DualEncoder) -> str:

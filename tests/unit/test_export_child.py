@@ -1,0 +1,61 @@
+"""A process that serves ONNX towers makes a missing export in a spawned child (encoders.registry.export_model), so
+it never imports torch itself; a child's failure comes back as the usual "no ONNX export" (None)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from encoders import registry
+
+pytestmark = pytest.mark.unit
+
+
+def pid_exporter(model_path: Path, export_dir: Path) -> dict:
+    """Stands in for the real exporter: records which process ran it (module level, so a spawned child can import
+    it)."""
+    export_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"exported_by": os.getpid(), "model_path": str(model_path)}
+    (export_dir / "made.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def failing_exporter(model_path: Path, export_dir: Path) -> dict:
+    raise RuntimeError(f"cannot export {model_path}")
+
+
+def test_the_export_runs_in_a_child_process(tmp_path: Path) -> None:
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    manifest = registry._export_in_child(model, tmp_path / "export", pid_exporter)
+    assert manifest["model_path"] == str(model)
+    assert manifest["exported_by"] != os.getpid()
+    assert json.loads((tmp_path / "export" / "made.json").read_text())["exported_by"] == manifest["exported_by"]
+
+
+def test_a_failed_export_in_the_child_is_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # so export_model takes the child path
+    assert registry.export_model(model, tmp_path / "models", tmp_path / "cache", failing_exporter) is None
+
+
+def test_a_process_without_torch_does_not_import_it_to_export(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from encoders import registry\n"
+        "from tests.unit.test_export_child import pid_exporter\n"
+        f"m = registry.export_model(Path({str(tmp_path / 'm')!r}), Path({str(tmp_path)!r}), Path({str(tmp_path / 'c')!r}),"
+        " pid_exporter)\n"
+        "print(m['exported_by'] != __import__('os').getpid(), 'torch' in sys.modules)\n"
+    )
+    (tmp_path / "m").mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["True", "False"], out.stderr
