@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,16 @@ from typing import Any
 from encoders.adapt import TeacherConfig
 from services.errors import ConfigError
 from services.settings import Settings
+from services.staged_run import StagedRun, StageProgress
+from services.staged_run import read_json as _read_json
+from services.staged_run import write_json as _write_json
 
 log = logging.getLogger(__name__)
 
 STAGES = ("pseudo-questions", "mining", "training", "dev evaluation")
 RECIPE_VERSION = 1  # part of the run key: a changed recipe never resumes an older run's stages
 
-# stage, done, total (None: not known yet), a short note (the latest loss, the model scored)
-AdaptProgress = Callable[[str, int, int | None, str], None]
+AdaptProgress = StageProgress  # stage, done, total (None: not known yet), a short note
 
 
 @dataclass(frozen=True)
@@ -129,21 +130,8 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / "run.json", {"corpus": str(source), "base": base_name, "base_path": str(base_path),
                                        "config": asdict(config)})
-    notify = progress or (lambda *a: None)
-    stages: dict[str, str] = {}
-
-    timings = _read_json(run_dir / "timings.json") or {}
-
-    def stage(name: str, done: bool, work: Callable[[], object]) -> None:
-        """Run one stage unless its output exists; its wall time joins timings.json (kept by a stopped run)."""
-        stages[name] = "skipped" if done else "ran"
-        if done:
-            notify(name, 1, 1, "done earlier")
-            return
-        t = time.perf_counter()
-        work()
-        timings[name] = _stage_time(t)
-        _write_json(run_dir / "timings.json", timings)
+    run = StagedRun(run_dir, progress)
+    notify, stage, stages, timings = run.notify, run.stage, run.stages, run.timings
 
     t0 = time.perf_counter()
     stage("pseudo-questions", (run_dir / "pseudo.json").is_file(),
@@ -409,24 +397,3 @@ def _save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], mini
     result = {"model": name, "model_dir": str(final), "activated": activated}
     _write_json(run_dir / "result.json", result)
     return result
-
-
-# --- files ----------------------------------------------------------------------------------------------------
-
-
-def _stage_time(t: float) -> float:
-    return round(time.perf_counter() - t, 1)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Written beside and renamed into place: a stage's file exists only once the stage finished."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
-
