@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from encoders.data import DEV_SPLIT_SEED, Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs
+from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs
 from encoders.mining import MiningConfig
 from encoders.pairs import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.errors import ConfigError
@@ -91,30 +90,33 @@ def train_model(
     nothing that would move the passage tower (``--pretrain``, ``--shared``, ``--blend``) is accepted.
     """
     from encoders.towers import resolve_model_path
-    from encoders.train import train
 
     base_path, partner = resolve_model_path(base, settings.models_dir)
     if config.question_only:
         return _train_question_only(settings, data, config, base_path, partner, progress)
+    result = train_stage(settings, data, config, base_path, settings.models_dir, progress)
+    export_for_backends(settings, result.model_dir)
+    return result
+
+
+def train_stage(settings: Settings, data: TrainingData, config: TrainConfig, base_path: Path, models_dir: Path,
+                progress: ProgressFn | None = None) -> TrainResult:
+    """One training stage (``--pretrain``'s stage 1 first when asked) from ``base_path``, saved under
+    ``models_dir`` without ONNX towers: ``train_model``'s, and each stage of `dpr train`'s recipe
+    (``services.training_rounds``). Dense mining and denoising use ``base_path``'s towers unless
+    ``data.mining.model`` names others."""
+    from encoders.train import train
+
     if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
         data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
-    stage1 = pretrain_stage(settings, data, config, base_path, progress) if data.pretrain else None
+    stage1 = pretrain_stage(settings, data, config, base_path, progress, models_dir) if data.pretrain else None
     if stage1 is not None:
         base_path = stage1.model_dir
     training = build_training_set(settings, replace(data, from_collection=None) if stage1 else data)
-    result = train(
-        training.pairs,
-        settings.models_dir,
-        config,
-        base=base_path,
-        corpus=training.corpus or None,
-        dev=training.dev,
-        data_info=training.info,
-        progress=progress,
-    )
+    result = train(training.pairs, models_dir, config, base=base_path, corpus=training.corpus or None,
+                   dev=training.dev, data_info=training.info, progress=progress)
     if stage1 is not None:
         record_stages(result, stage1)
-    export_for_backends(settings, result.model_dir)
     return result
 
 
@@ -148,89 +150,8 @@ def export_for_backends(settings: Settings, model_dir: Path) -> None:
         export_model(model_dir, settings.models_dir, settings.onnx_cache_dir)
 
 
-def blend_model(settings: Settings, model: str, blend: float, name: str | None = None) -> TrainResult:
-    """``dpr models blend``: WiSE-FT of a trained model after the fact (``encoders.blend.blend_saved_model``),
-    saved as a new model under ``models_dir`` with its ONNX towers."""
-    from encoders.blend import blend_saved_model
-    from encoders.towers import resolve_model_path
-
-    path, _ = resolve_model_path(model, settings.models_dir)
-    result = blend_saved_model(path, settings.models_dir, blend, name)
-    export_for_backends(settings, result.model_dir)
-    return result
-
-
-@dataclass(frozen=True)
-class BlendChoice:
-    """``dpr models blend --choose-on``: the scores every candidate got on the target corpus's pseudo-questions,
-    the weight the rule picked (None: the base model; 1: the model unblended) and the blended model saved for it
-    (None when nothing was blended)."""
-
-    source: str
-    dev_sets: dict[str, dict[str, int]]
-    scores: dict[str, dict[str, float]]
-    margin: float
-    weight: float | None
-    result: TrainResult | None
-
-
-def choose_blend(settings: Settings, model: str, *, data: Path | None = None, collection: str | None = None,
-                 fmt: str = "auto", weights: tuple[float, ...] | None = None, queries: int = 500,
-                 margin: float = 0.005, name: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> BlendChoice:
-    """WiSE-FT with the weight chosen for a collection that has no labelled questions: pseudo-questions from its
-    own documents (``encoders.pairs.pseudo_query_sets``: titles and ICT sentences), nDCG@10 of the pretrained
-    base and of ``model`` blended at each weight (``encoders.blend.score_blends``), the rule of
-    ``encoders.blend.pick_blend``; the pick is saved as ``dpr models blend --weight`` would save it, with the
-    scores in its card. Nothing is saved when the base itself or the unblended model is the pick."""
-    from encoders.blend import BLEND_WEIGHTS, pick_blend, pretrained_root, score_blends
-    from encoders.pairs import pseudo_query_sets
-    from encoders.towers import resolve_model_path
-
-    if (data is None) == (collection is None):
-        raise ConfigError("choose the blend on one corpus: give DATA (a BEIR folder or corpus JSONL) or a collection")
-    path, _ = resolve_model_path(model, settings.models_dir)
-    if pretrained_root(path) == path:
-        raise ValueError(f"{path} has no model card naming the model it was trained from, so there is nothing to "
-                         "blend it with; blend a model that `dpr train` made")
-    if collection is not None:
-        corpus, source = collection_corpus(settings, collection), f"collection:{collection}"
-    else:
-        assert data is not None
-        corpus, source = _unlabelled_corpus(data, fmt), str(data)
-    weights = tuple(sorted(set(weights or BLEND_WEIGHTS), reverse=True))
-    if any(not 0 < w <= 1 for w in weights):
-        raise ConfigError(f"blend weights must lie in (0, 1], got {weights}")
-    dev_sets = pseudo_query_sets(corpus, queries=queries, seed=DEV_SPLIT_SEED, name=source)
-    sizes = {k: {"queries": len(d.queries), "documents": len(d.corpus)} for k, d in dev_sets.items()}
-    log.info("choosing the blend weight", extra={"source": source, "dev_sets": sizes, "weights": weights})
-    scores = score_blends(path, dev_sets, weights, progress=progress)
-    weight = pick_blend(scores, weights, margin)
-    result = None
-    if weight is not None and weight < 1:  # 1: the model as it is serves the collection best
-        from encoders.blend import blend_saved_model
-
-        record = {"chosen_on": {"source": source, "dev_sets": sizes, "scores": scores, "margin": margin,
-                                "rule": "largest weight within margin of the best mean pseudo-question nDCG@10"}}
-        result = blend_saved_model(path, settings.models_dir, weight, name, record=record)
-        export_for_backends(settings, result.model_dir)
-    return BlendChoice(source, sizes, scores, margin, weight, result)
-
-
-def soup_models(settings: Settings, models: list[str], name: str | None = None) -> TrainResult:
-    """``dpr models soup``: the uniform average of trained models of one lineage (``encoders.blend``), saved as a
-    new model under ``models_dir`` with its ONNX towers."""
-    from encoders.blend import soup_saved_models
-    from encoders.towers import resolve_model_path
-
-    paths = [resolve_model_path(model, settings.models_dir)[0] for model in models]
-    result = soup_saved_models(paths, settings.models_dir, name)
-    export_for_backends(settings, result.model_dir)
-    return result
-
-
 def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, base: Path,
-                   progress: ProgressFn | None) -> TrainResult:
+                   progress: ProgressFn | None, models_dir: Path | None = None) -> TrainResult:
     """Stage 1 of ``--pretrain``: self-supervised pairs of the target corpus (BM25 negatives as configured), saved
     as ``<name>-pretrain-<time>`` (a model of its own: the benchmark evaluates it too)."""
     from encoders.train import train
@@ -241,8 +162,8 @@ def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, 
     training = build_training_set(settings, stage)
     stage_config = replace(config, name=f"{config.name}-pretrain", epochs=data.pretrain_epochs)
     log.info("pretraining stage", extra={"pairs": len(training.pairs), "mode": data.pretrain})
-    return train(training.pairs, settings.models_dir, stage_config, base=base, corpus=training.corpus or None,
-                 data_info=training.info, progress=progress)
+    return train(training.pairs, models_dir or settings.models_dir, stage_config, base=base,
+                 corpus=training.corpus or None, data_info=training.info, progress=progress)
 
 
 def record_stages(result: TrainResult, stage1: TrainResult) -> None:
@@ -313,7 +234,7 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
         corpus = collection_corpus(settings, data.from_collection)
         dataset = f"collection:{data.from_collection}"
     elif data.data is not None:
-        corpus = _unlabelled_corpus(data.data, data.fmt)
+        corpus = unlabelled_corpus(data.data, data.fmt)
         dataset = str(data.data)
     else:
         raise ConfigError("self-supervised training needs DATA (a corpus) or --from-collection")
@@ -349,7 +270,7 @@ def feedback_set(settings: Settings) -> TrainingSet:
     return TrainingSet(pairs, collection_corpus(settings, collection), info=info)
 
 
-def _unlabelled_corpus(path: Path, fmt: str) -> Corpus:
+def unlabelled_corpus(path: Path, fmt: str) -> Corpus:
     """The documents self-supervised pairs are built from: a BEIR folder's or a corpus JSONL's, or every paragraph
     of a SQuAD file (all articles: no question is read, as a BEIR corpus serves every split)."""
     if dataset_format(path, fmt) == "squad":

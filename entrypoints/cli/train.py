@@ -1,4 +1,5 @@
-"""`dpr train`: parse the flags, call ``services.training.train_model``, print the new model."""
+"""`dpr train`: parse the flags, call ``services.training_rounds.train_recipe`` (the fine-tune, then mining rounds
+chosen on the dev split), print the new model and its stages."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from services.threads import threads_per_process
 
 if TYPE_CHECKING:
     from encoders.training_run import TrainResult
+    from services.staged_run import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,12 @@ def train(
         min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the weights of the "
         "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.",
         rich_help_panel=RECIPE)] = None,
+    rounds: Annotated[int | None, typer.Option(
+        min=0, help="Mining rounds after the fine-tune (default 2 on labelled data with a dev split, else 0): each "
+        "mines 3 negatives with the towers of the stage before (denoised at 0.95), trains 2 epochs at lr 1e-5 "
+        "(mini-batch 16) and is kept only if its dev nDCG@10 beats that stage's; the first that does not stops "
+        "them. 0: the single fine-tune. A killed run started again goes on at its last finished stage.",
+        rich_help_panel=RECIPE)] = None,
     seed: Annotated[int, typer.Option(rich_help_panel=RECIPE)] = 42,
     mini_batch_size: Annotated[int, typer.Option(
         min=0, help="Below --batch-size: cached MNRL (GradCache) with this mini-batch; 0: plain.",
@@ -158,12 +166,14 @@ def train(
     as_json: Annotated[bool, typer.Option(
         "--json", help="One JSON document on stdout.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
-    """Train DPR towers (MNRL with in-batch and mined hard negatives) into a versioned model directory."""
+    """Train DPR towers into a versioned model directory: by default the best recipe measured (a fine-tune with
+    MNRL and a BM25 hard negative, then up to 2 mining rounds of dense negatives, each kept only on a dev gain)."""
     from encoders.mining import MiningConfig
     from encoders.pairs import PairConfig
     from encoders.train import TrainConfig
     from services.language import check_choice
-    from services.training import TrainingData, train_model
+    from services.training import TrainingData
+    from services.training_rounds import RoundConfig, rounds_unavailable, train_recipe
 
     settings = get_settings(ctx)
     start, end = _parse_window(negative_window)
@@ -191,14 +201,17 @@ def train(
         freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
         question_only=question_only,
     )  # fmt: skip
+    if rounds is None:  # the recipe's rounds where they can be chosen on dev, else the single fine-tune
+        rounds = 0 if rounds_unavailable(what, config) else RoundConfig().rounds
     with cli_errors():
         check_choice(language)
         try:
-            with _progress_bar(quiet=as_json) as on_step:
-                result = train_model(settings, what, config, base=base or ("active" if question_only else "base"),
-                                     progress=on_step)
+            with _stage_bars(quiet=as_json) as on_progress:
+                done = train_recipe(settings, what, config, base=base or ("active" if question_only else "base"),
+                                    rounds=RoundConfig(rounds=rounds), progress=on_progress)
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
+        result = done.result
         lost = _dev_loss(result.card)
         if activate_model and lost is not None:
             err_console.print(f"[yellow]not activated:[/] {lost}")
@@ -207,7 +220,7 @@ def train(
             from encoders.registry import activate
 
             activate(settings.models_dir, result.name)
-    _print_result(result, activate_model, as_json)
+    _print_result(result, activate_model, as_json, done.stages)
 
 
 def _dev_loss(card: dict) -> str | None:  # type: ignore[type-arg]
@@ -295,15 +308,22 @@ def train_reranker(
     console.print(f"default reranking: {state}; recorded in {where}; per query: dpr query --rerank N | --rerank 0")
 
 
-def _print_result(result: TrainResult, activated: bool, as_json: bool) -> None:
+def _print_result(result: TrainResult, activated: bool, as_json: bool, ran: dict[str, str] | None = None) -> None:
     card = result.card
     if as_json:
-        emit_json({"model": result.name, "path": str(result.model_dir), "activated": activated, "card": card})
+        emit_json({"model": result.name, "path": str(result.model_dir), "activated": activated,
+                   "stages_run": ran or {}, "card": card})
         return
     console.print(f"saved [bold]{result.name}[/] at {result.model_dir} (fingerprint {result.fingerprint})")
     for stage in card.get("stages") or []:
-        console.print(f"{stage['stage']}: {stage['model']}, {stage['steps']} steps, {stage['train_seconds']:.0f} s, "
-                      f"peak RSS {stage['peak_rss_mib']:.0f} MiB")
+        dev = stage.get("dev_ndcg@10")
+        wall = stage.get("stage_seconds") or stage.get("train_seconds") or 0.0
+        kept = "" if "kept" not in stage else (", chosen" if stage.get("chosen") else
+                                              ", kept" if stage["kept"] else ", not kept (no dev gain)")
+        again = " (done earlier)" if (ran or {}).get(stage["stage"]) == "skipped" else ""
+        console.print(f"{stage['stage']}: {stage['model']}, {stage['steps']} steps, {wall:.0f} s, peak RSS "
+                      f"{stage['peak_rss_mib']:.0f} MiB" + (f", dev nDCG@10 {dev:.3f}" if dev is not None else "")
+                      + kept + again)
     for when, dev in (card.get("dev_metrics") or {}).items():
         if dev:
             console.print(f"dev {when}: " + ", ".join(f"{k} {v:.3f}" for k, v in dev.items()))
@@ -326,30 +346,31 @@ def _parse_window(window: str) -> tuple[int, int]:
 
 @contextmanager
 def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], None]]:
-    """The ``progress`` callback of ``encoders.train.train``: a rich bar on stderr (steps, loss, times) that
-    appears at the first step, so reading the data and mining negatives print nothing."""
-    bar = Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=quiet,
-        transient=False,
-    )
-    task: TaskID | None = None
+    """The ``progress`` callback of ``encoders.train.train`` (`dpr train-reranker`): a rich bar on stderr (steps,
+    loss, times) that appears at the first step, so reading the data and mining negatives print nothing."""
+    with _stage_bars(quiet) as on_progress:
+        yield lambda step, total, loss: on_progress(
+            "training", step, total, f"loss {loss:.4f}" if loss is not None else "")
 
-    def on_step(step: int, total: int, loss: float | None) -> None:
-        nonlocal task
-        if task is None:
+
+@contextmanager
+def _stage_bars(quiet: bool) -> Iterator[StageProgress]:
+    """One rich bar per stage on stderr (`dpr train`'s fine-tune and rounds): steps done / total, a note (the
+    loss, the dev figure), elapsed and ETA; the ``recipe`` line says how many rounds are left and about how long."""
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                   console=err_console, disable=quiet, transient=False)
+    tasks: dict[str, TaskID] = {}
+
+    def on_progress(stage: str, done: int, total: int | None, note: str) -> None:
+        if not tasks:
             bar.start()
-            task = bar.add_task("train", total=None, loss="-")
-        bar.update(task, completed=step, total=total, loss=f"{loss:.4f}" if loss is not None else "-")
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total, note=note)
+        bar.update(tasks[stage], completed=done, total=total, note=note)
 
     try:
-        yield on_step
+        yield on_progress
     finally:
         bar.stop()
 
