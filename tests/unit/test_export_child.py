@@ -51,8 +51,8 @@ def test_a_process_without_torch_does_not_import_it_to_export(tmp_path: Path) ->
         "from pathlib import Path\n"
         "from encoders import registry\n"
         "from tests.unit.test_export_child import pid_exporter\n"
-        f"m = registry.export_model(Path({str(tmp_path / 'm')!r}), Path({str(tmp_path)!r}), Path({str(tmp_path / 'c')!r}),"
-        " pid_exporter)\n"
+        f"m = registry.export_model(Path({str(tmp_path / 'm')!r}), Path({str(tmp_path)!r}),"
+        f" Path({str(tmp_path / 'c')!r}), pid_exporter)\n"
         "print(m['exported_by'] != __import__('os').getpid(), 'torch' in sys.modules)\n"
     )
     (tmp_path / "m").mkdir()
