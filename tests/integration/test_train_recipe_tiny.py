@@ -152,6 +152,10 @@ def test_cli_runs_the_recipe_and_rounds_0_is_the_single_fine_tune(world: dict[st
     stages = out["card"]["stages"]
     assert [s["stage"] for s in stages] == ["finetune", "round 1"] and sum(s["chosen"] for s in stages) == 1
     assert all(isinstance(s["kept"], bool) and s["dev_ndcg@10"] is not None for s in stages)
+    shown = runner.invoke(app, [*args[:-1], "--rounds", "1", "--name", "cr"])  # the same run: nothing trained
+    assert shown.exit_code == 0, shown.output
+    assert f"saved {out['model']}" in shown.stdout and "round 1: cr-round1-" in shown.stdout
+    assert "dev nDCG@10" in shown.stdout and "(done earlier)" in shown.stdout
 
     single = runner.invoke(app, [*args, "--rounds", "0", "--name", "one"])
     assert single.exit_code == 0, single.output
