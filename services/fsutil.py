@@ -1,11 +1,17 @@
-"""Small file helpers shared by the embedded store, the job folder and the model lifecycle."""
+"""Small file helpers shared by the embedded store, the job folder and the model lifecycle: atomic writes, hole-keeping
+copies, and a polled ``flock`` with a deadline (the store's shard lease and ``services.locks`` both take it)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+_POLL = 0.05  # seconds between flock_until's tries (the default)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -59,3 +65,29 @@ def copy_file_sparse(src: Path, dst: Path) -> None:
 
 def copy_tree_sparse(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=lambda s, d: copy_file_sparse(Path(s), Path(d)))
+
+
+def flock_until(
+    fd: int,
+    mode: int,
+    deadline: float,
+    *,
+    on_wait: Callable[[], None] | None = None,
+    poll: float = _POLL,
+    max_poll: float = _POLL,
+) -> bool:
+    """Take ``flock(fd, mode)`` (LOCK_EX or LOCK_SH), polling until ``deadline`` (``time.monotonic()``); the poll
+    interval doubles from ``poll`` up to ``max_poll``; ``on_wait`` runs before each sleep. False on time-out."""
+    delay = poll
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if on_wait is not None:
+                on_wait()
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, max_poll)

@@ -20,11 +20,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from services.errors import StoreUnavailable, TransientError
+from services.fsutil import flock_until
 
 log = logging.getLogger(__name__)
 
@@ -36,32 +37,6 @@ FENCE_HEARTBEAT_TTL = 20.0
 
 class LockBusy(TransientError):
     """Someone else holds the lock; the message names the holder."""
-
-
-def flock_until(
-    fd: int,
-    mode: int,
-    deadline: float,
-    *,
-    on_wait: Callable[[], None] | None = None,
-    poll: float = _POLL,
-    max_poll: float = _POLL,
-) -> bool:
-    """Take ``flock(fd, mode)`` (LOCK_EX or LOCK_SH), polling until ``deadline`` (``time.monotonic()``); the poll
-    interval doubles from ``poll`` up to ``max_poll``; ``on_wait`` runs before each sleep. False on time-out."""
-    delay = poll
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            if on_wait is not None:
-                on_wait()
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, max_poll)
 
 
 def holder_tag() -> str:

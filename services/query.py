@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
 from services.errors import CollectionNotFound, ConfigError
-from services.sparse import SparseEncoder, for_spec
 from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the BM25 side loads only for a sparse or hybrid search: a dense `dpr query` never imports it
     from encoders.rerank import Reranker
+    from services.sparse import SparseEncoder
 
 MAX_K = 1000
 RERANK_KEY = "rerank"  # the setting `dpr train-reranker` stores: model, candidates, enabled, weight, dev gain
@@ -127,8 +127,10 @@ def search_many(
     towers_for: Callable[[str], DualEncoder] | None = None,
     reranker_for: RerankerFor | None = None,
     rerank_batch_size: int = 32,
+    sparse_for: Callable[[], SparseEncoder] | None = None,
 ) -> list[list[Hit]]:
-    """Answer several questions: one question-tower batch, then one store search each (then the reranker)."""
+    """Answer several questions: one question-tower batch, then one store search each (then the reranker).
+    ``sparse_for`` builds the BM25 encoder when ``sparse`` is None and the mode needs one (not for dense)."""
     options = options or QueryOptions()
     for q in questions:
         if not q.strip():
@@ -150,9 +152,14 @@ def search_many(
             towers = towers_for(spec.model)  # the question tower follows the collection across re-embeds
         check_towers(spec, towers, store.alias)
         dense = towers.encode_queries(list(questions), batch_size=batch_size)  # (n, dim)
-    if base.mode != "dense" and sparse is None:
-        raise ConfigError(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
-    sparse = for_spec(spec, sparse)  # tokenise as the collection's passages were (its stored BM25 language)
+    if base.mode != "dense":
+        if sparse is None and sparse_for is not None:
+            sparse = sparse_for()
+        if sparse is None:
+            raise ConfigError(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
+        from services.sparse import for_spec
+
+        sparse = for_spec(spec, sparse)  # tokenise as the collection's passages were (its stored BM25 language)
     results = []
     for i, q in enumerate(questions):
         request = SearchRequest(
@@ -182,6 +189,7 @@ def search(
     towers_for: Callable[[str], DualEncoder] | None = None,
     reranker_for: RerankerFor | None = None,
     rerank_batch_size: int = 32,
+    sparse_for: Callable[[], SparseEncoder] | None = None,
 ) -> list[Hit]:
     return search_many([question], store=store, towers=towers, options=options, sparse=sparse, towers_for=towers_for,
-                       reranker_for=reranker_for, rerank_batch_size=rerank_batch_size)[0]
+                       reranker_for=reranker_for, rerank_batch_size=rerank_batch_size, sparse_for=sparse_for)[0]

@@ -23,17 +23,18 @@ from encoders.towers import DualEncoder, configure_threads, resolve_model_path
 from services.errors import ModelMismatch
 from services.query import QueryOptions, search
 from services.settings import Settings
-from services.sparse import SparseEncoder
 from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
 from services.threads import threads_per_process
 
-if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked for: `dpr query` needs neither
+if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked for, the BM25 encoder for a sparse
+    # or hybrid search: a dense `dpr query` needs none of them
     from encoders.rerank import Reranker
     from services.ingest import IngestPipeline
     from services.jobs import JobStore
     from services.locks import WriteFence
+    from services.sparse import SparseEncoder
 
 T = TypeVar("T")
 
@@ -239,8 +240,8 @@ class Runtime:
             return self._collections[collection]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
-        return search(question, store=self.store, towers=self.question_towers, options=options, sparse=self.sparse,
-                      towers_for=self.question_towers_for, reranker_for=self.reranker,
+        return search(question, store=self.store, towers=self.question_towers, options=options,
+                      sparse_for=lambda: self.sparse, towers_for=self.question_towers_for, reranker_for=self.reranker,
                       rerank_batch_size=self.settings.rerank.batch_size)
 
     def delete(self, doc_ids: Iterable[str]) -> int:

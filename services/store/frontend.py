@@ -3,8 +3,10 @@
 What lives here and nowhere else: generation names and the race-safe choice of the next one, resolving the
 collection to its active generation (cached: ``active()``), validation of specs and requests (the rules are in
 ``common.py``), batching of upserts, per-document state, stale-chunk deletion, and the search modes (dense /
-sparse / hybrid with RRF inside the engine or DPR's linear fusion here). Every call runs inside one engine
-``session()`` so that, on the edge, resolving the generation and using it happen under one lease.
+sparse / hybrid with RRF inside the engine or DPR's linear fusion here). The BM25 bookkeeping of the write paths
+(lengths, the stats record, re-weighting) is ``bm25_upkeep.py``, loaded on the first write: a search needs none.
+Every call runs inside one engine ``session()`` so that, on the edge, resolving the generation and using it
+happen under one lease.
 
 The ``active()`` cache: one ``ActiveGeneration`` per store, kept with the engine's ``version()`` token (edge:
 the CURRENT pointer's content plus the active spec file's stat, no lock needed; server: the alias's target, one
@@ -20,9 +22,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import services.store.bm25 as bm25
 from services.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
 from services.store.common import (
     DocStateGroups,
@@ -57,11 +58,12 @@ from services.store.points import (
     Passage,
     PassagePoint,
     SearchRequest,
-    SparseVector,
-    point_id,
     point_vectors,
 )
 from services.store.protocol import Branch, Engine, Record
+
+if TYPE_CHECKING:
+    from services.store.bm25 import Bm25Stats
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +81,6 @@ class _Cached:
     token: Hashable
     active: ActiveGeneration | None
     read_at: float  # monotonic
-
-
-def _payload(point: PassagePoint) -> dict[str, Any]:
-    """The point's payload, with its BM25 length when its sparse vector carries counts (services.store.bm25)."""
-    payload = point.passage.to_payload()
-    n = bm25.length(point.sparse)
-    if n is not None and point.sparse is not None:
-        payload[bm25.LENGTH_FIELD] = n
-        payload[bm25.AVG_FIELD] = point.sparse.avg_len
-    return payload
 
 
 class Store:
@@ -240,147 +232,39 @@ class Store:
 
     # -- data -----------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
+        import services.store.bm25_upkeep as upkeep  # each point's BM25 length and the generation's stats
+
         if not points:
             return
         versions = document_versions(points) if replace else {}
         with self._use(generation) as (name, spec):
             for p in points:
                 check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
-            points, finish = self._bm25_upsert(name, spec, points, replace)
+            points, finish = upkeep.prepare_upsert(self, name, spec, points, replace)
             size = self.engine.upsert_batch
             for start in range(0, len(points), size):
                 batch = points[start : start + size]
-                self.engine.upsert(name, [(p.passage.id, point_vectors(p, spec.sparse), _payload(p)) for p in batch])
+                self.engine.upsert(name, [(p.passage.id, point_vectors(p, spec.sparse), upkeep.payload(p))
+                                          for p in batch])
             finish(versions)
             for doc_id, (doc_hash, chunks) in versions.items():
                 self.engine.delete(name, stale_filter(doc_id, doc_hash, chunks))
 
-    # -- BM25 length statistics (services.store.bm25) -------------------------------------------------------
-    def bm25_stats(self, generation: str | None = None) -> bm25.Bm25Stats:
+    # -- BM25 length statistics: services.store.bm25_upkeep (write paths only; a search never loads it) ----------
+    def bm25_stats(self, generation: str | None = None) -> Bm25Stats:
         """The generation's BM25 stats record: total tokens and passages of the points that carry a length."""
-        with self._use(generation) as (name, _):
-            return bm25.read_stats(self.engine.read_spec(name), name)
+        import services.store.bm25_upkeep as upkeep
 
-    def _bm25_upsert(
-        self, name: str, spec: CollectionSpec, points: Sequence[PassagePoint], replace: bool
-    ) -> tuple[Sequence[PassagePoint], Any]:
-        """Re-weight the points' sparse vectors with the generation's average length including them, and the
-        step that records the new stats once they are written (``finish(versions)``: subtracts the stale points
-        ``upsert`` is about to delete for those document versions). Points without counts (no sparse vector, a test
-        double's) pass as they are."""
-        lengths = [bm25.length(p.sparse) for p in points]
-        if not spec.sparse or all(n is None for n in lengths):
-            return points, lambda versions: None
-        fresh = self.engine.read_spec(name)
-        stats = bm25.read_stats(fresh, name)
-        if not bm25.has_stats(fresh, name) and self.engine.count(name) > 0:  # points from before the record
-            stats = dataclasses.replace(stats, complete=False)
-        old = self.engine.payloads(name, [p.passage.id for p in points])  # overwritten points leave the stats
-        stats = stats.add([float(v[bm25.LENGTH_FIELD]) for v in old.values() if bm25.LENGTH_FIELD in v], sign=-1)
-        stats = stats.add([n for n in lengths if n is not None])
-        avg = stats.avg_len or 1.0
-        stats = stats.weighted_with(avg)
-        k, b = bm25.params(spec)
-        weighted = [
-            p if p.sparse is None or n is None
-            else dataclasses.replace(p, sparse=bm25.renormalized(p.sparse, avg, k, b))
-            for p, n in zip(points, lengths, strict=True)
-        ]
+        return upkeep.stats(self, generation)
 
-        def finish(versions: dict[str, tuple[str, int]]) -> None:
-            # only documents that were stored before can have stale points (every stored version has its chunk 0,
-            # which this write overwrote): a new document costs no scan
-            stale = [stale_filter(d, h, n) for d, (h, n) in versions.items() if point_id(d, 0) in old]
-            gone = self._bm25_lengths(name, Where(should=tuple(stale))) if stale and replace else []
-            self._bm25_write(name, stats.add(gone, sign=-1))
+    def bm25_renormalize(self, generation: str | None = None, tolerance: float | None = None) -> int:
+        """Re-weight the points whose BM25 weights use an average length more than ``tolerance`` (default
+        ``bm25.DRIFT``) off the generation's own; returns how many were rewritten (``bm25_upkeep.renormalize``)."""
+        import services.store.bm25_upkeep as upkeep
 
-        return weighted, finish
-
-    def bm25_renormalize(self, generation: str | None = None, tolerance: float = bm25.DRIFT) -> int:
-        """Re-weight the points whose weights use an average length more than ``tolerance`` off the generation's
-        own (and count, then re-weight, points from before the stats record); returns how many were rewritten.
-        Nothing is read when the stats record's range says no point drifted. Each page is read and rewritten
-        under one engine session (edge: one lease hold, so no other writer lands in between)."""
-        with self._use(generation) as (name, spec):
-            fresh = self.engine.read_spec(name)
-            stats = bm25.read_stats(fresh, name)
-            if not bm25.has_stats(fresh, name) and spec.sparse and self.engine.count(name) > 0:
-                stats = dataclasses.replace(stats, complete=False)  # a generation from before the record
-        k, b = bm25.params(spec)
-        if not spec.sparse or not stats.drifted(tolerance) or k <= 0 or b <= 0:
-            return 0
-        prior = bm25.prior(spec)
-        migrating = not stats.complete
-        if migrating:  # count every point from scratch (old ones from their vectors), so the average includes them
-            lengths: list[float] = []
-            for records in self._pages(name, _SCAN_BATCH, None, [bm25.LENGTH_FIELD]):
-                lengths.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
-                stale = [pid for pid, p in records if bm25.LENGTH_FIELD not in p]
-                with self.engine.session():
-                    for _, vectors, _ in self.engine.points(name, stale) if stale else []:
-                        sparse = vectors.get(SPARSE)  # none: a passage made only of stopwords (length 0)
-                        lengths.append(sum(bm25.recover_counts(sparse.values, prior, k, b))
-                                       if isinstance(sparse, SparseVector) else 0.0)
-            stats = dataclasses.replace(bm25.Bm25Stats(name).add(lengths), complete=True)
-        avg = stats.avg_len
-        if avg is None:
-            return 0
-        rewritten, low, high = 0, avg, avg
-        for records in self._pages(name, _SCAN_BATCH, None, [bm25.LENGTH_FIELD, bm25.AVG_FIELD]):
-            todo = []
-            for pid, payload in records:
-                used = payload.get(bm25.AVG_FIELD) if bm25.LENGTH_FIELD in payload else prior
-                if not isinstance(used, int | float) or used <= 0:
-                    continue
-                if bm25.LENGTH_FIELD not in payload or bm25.off(float(used), avg, tolerance):
-                    todo.append(pid)
-                else:
-                    low, high = min(low, float(used)), max(high, float(used))
-            if not todo:
-                continue
-            with self.engine.session():
-                batch = []
-                for pid, vectors, payload in self.engine.points(name, todo):
-                    sparse = vectors.get(SPARSE)
-                    length = payload.get(bm25.LENGTH_FIELD)
-                    used = float(payload.get(bm25.AVG_FIELD) or prior) if length is not None else prior
-                    if isinstance(sparse, SparseVector):
-                        counts = bm25.recover_counts(sparse.values, used, k, b,
-                                                     None if length is None else float(length))
-                        vectors[SPARSE] = SparseVector(sparse.indices, bm25.weights(counts, avg, k, b))
-                        length = sum(counts)
-                    payload[bm25.LENGTH_FIELD] = float(length or 0.0)
-                    payload[bm25.AVG_FIELD] = avg
-                    batch.append((pid, vectors, payload))
-                if batch:
-                    self.engine.upsert(name, batch)
-                rewritten += len(batch)
-        with self.engine.session():
-            current = bm25.read_stats(self.engine.read_spec(name), name)  # writers may have moved it meanwhile
-            self._bm25_write(name, dataclasses.replace(stats if migrating else current, low=low, high=high,
-                                                       complete=True))
-        log.info("bm25 re-weighted", extra={"alias": self.alias, "generation": name, "points": rewritten,
-                                            "avg_len": round(avg, 2)})
-        return rewritten
-
-    def _bm25_lengths(self, name: str, where: Where) -> list[float]:
-        """The recorded lengths of the points ``where`` matches (before they are deleted)."""
-        found: list[float] = []
-        for records in self._pages(name, _SCAN_BATCH, where, [bm25.LENGTH_FIELD]):
-            found.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
-        return found
-
-    def _bm25_forget(self, name: str, spec: CollectionSpec, where: Where) -> None:
-        if spec.sparse:
-            gone = self._bm25_lengths(name, where)
-            if gone:
-                self._bm25_write(name, bm25.read_stats(self.engine.read_spec(name), name).add(gone, sign=-1))
-
-    def _bm25_write(self, name: str, stats: bm25.Bm25Stats) -> None:
-        spec = self.engine.read_spec(name)  # fresh: another process may have merged settings meanwhile
-        settings = {**spec.settings, bm25.STATS_KEY: stats.to_json()}
-        self.engine.write_spec(name, dataclasses.replace(spec, settings=settings))
-        self._forget_active()
+        if tolerance is None:
+            return upkeep.renormalize(self, generation)
+        return upkeep.renormalize(self, generation, tolerance)
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
         wanted = sorted(set(doc_ids))
@@ -396,19 +280,23 @@ class Store:
     def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
         if keep_chunks < 0:
             raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
+        import services.store.bm25_upkeep as upkeep
+
         with self._use(generation) as (name, spec):
-            self._bm25_forget(name, spec, stale_filter(doc_id, keep_doc_hash, keep_chunks))
+            upkeep.forget(self, name, spec, stale_filter(doc_id, keep_doc_hash, keep_chunks))
             self.engine.delete(name, stale_filter(doc_id, keep_doc_hash, keep_chunks))
 
     def delete_documents(self, doc_ids: Iterable[str], generation: str | None = None) -> int:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return 0
+        import services.store.bm25_upkeep as upkeep
+
         where = documents_filter(wanted)
         with self._use(generation) as (name, spec):
             removed = self.engine.count(name, where)
             if removed:
-                self._bm25_forget(name, spec, where)
+                upkeep.forget(self, name, spec, where)
                 self.engine.delete(name, where)
         return removed
 

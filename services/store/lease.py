@@ -29,7 +29,7 @@ from pathlib import Path
 from qdrant_edge import EdgeShard
 
 from services.errors import StoreUnavailable
-from services.locks import flock_until
+from services.fsutil import flock_until
 
 log = logging.getLogger(__name__)
 

@@ -3,89 +3,17 @@ normalisation, prompts, truncation, batching, stale exports and the fingerprint 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from kit.onnx_lookup import HIDDEN, TABLE, WORDS, make_export, tower_spec
 
-from encoders.onnx_towers import (
-    FORMAT,
-    MANIFEST,
-    VARIANT_FILES,
-    ExportMissing,
-    OnnxTowers,
-    export_dir_for,
-    pool,
-    split_fingerprint,
-)
-from encoders.towers import ONNX_DIR, model_files_key, model_fingerprint
+from encoders.onnx_towers import ExportMissing, OnnxTowers, export_dir_for, pool, split_fingerprint
+from encoders.towers import ONNX_DIR, model_fingerprint
 
 pytestmark = pytest.mark.unit
-
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "query:", "alpha", "beta", "gamma", "delta"]
-HIDDEN = 4
-TABLE = np.random.default_rng(0).normal(size=(len(WORDS), HIDDEN)).astype(np.float32)  # token id -> embedding
-
-
-def _write_onnx(path: Path) -> None:
-    """token_embeddings = TABLE[input_ids]: a transformer whose output is known without running one."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "input_ids"], ["token_embeddings"], axis=0)],
-        "lookup",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
-        [numpy_helper.from_array(TABLE, "table")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-
-
-def _write_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
-                                                                                                 ("[SEP]", 3)])
-    tok.save(str(path))
-
-
-def _tower(**overrides: Any) -> dict[str, Any]:
-    spec = {"directory": "shared", "max_seq_length": 6, "pooling": ["mean"], "include_prompt": True, "prompt": "",
-            "prompt_length": 0, "normalize": True}
-    return {**spec, **overrides}
-
-
-def make_export(tmp_path: Path, query: dict[str, Any] | None = None, document: dict[str, Any] | None = None,
-                int8_agrees: bool = False) -> tuple[Path, Path]:
-    """A model directory and its export (both variants are the same lookup graph)."""
-    model = tmp_path / "models" / "tiny"
-    model.mkdir(parents=True)
-    (model / "model.safetensors").write_bytes(b"weights")
-    (model / "config.json").write_text("{}")
-    export = export_dir_for(model, tmp_path / "models", tmp_path / "cache")
-    (export / "shared").mkdir(parents=True)
-    for name in VARIANT_FILES.values():
-        _write_onnx(export / "shared" / name)
-    _write_tokenizer(export / "shared" / "tokenizer.json")
-    fp = model_fingerprint(model)
-    manifest = {
-        "format": FORMAT, "model_fingerprint": fp, "model_files": [list(e) for e in model_files_key(model)],
-        "dim": HIDDEN, "similarity": "cosine",
-        "towers": {"query": query or _tower(), "document": {**(document or _tower()), "max_passage_tokens": 4}},
-        "variants": {"onnx": {"fingerprint": fp},
-                     "onnx-int8": {"fingerprint": fp if int8_agrees else f"{fp}-onnx-int8"}},
-    }
-    (export / MANIFEST).write_text(json.dumps(manifest))
-    return model, export
 
 
 def expected(words: list[str], mode: str = "mean", normalize: bool = True, skip: int = 0) -> np.ndarray:
@@ -125,7 +53,7 @@ def test_batches_sorted_by_length_give_the_same_vectors_in_input_order(tmp_path:
 
 
 def test_truncation_to_the_towers_max_length(tmp_path: Path) -> None:
-    model, export = make_export(tmp_path, query=_tower(max_seq_length=4))
+    model, export = make_export(tmp_path, query=tower_spec(max_seq_length=4))
     towers = OnnxTowers(export, model, "onnx")
     long, cut = towers.encode_queries(["alpha beta gamma delta delta", "alpha beta"])
     np.testing.assert_allclose(long, cut, rtol=1e-5)  # [CLS] alpha beta [SEP]
@@ -134,7 +62,7 @@ def test_truncation_to_the_towers_max_length(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("include_prompt", [True, False])
 def test_prompt_prepended_and_excluded_from_pooling_when_declared(tmp_path: Path, include_prompt: bool) -> None:
-    query = _tower(prompt="query: ", prompt_length=2, include_prompt=include_prompt, max_seq_length=16)
+    query = tower_spec(prompt="query: ", prompt_length=2, include_prompt=include_prompt, max_seq_length=16)
     model, export = make_export(tmp_path, query=query)
     towers = OnnxTowers(export, model, "onnx")
     words = ["[CLS]", "query:", "alpha", "[SEP]"]
@@ -146,7 +74,7 @@ def test_prompt_prepended_and_excluded_from_pooling_when_declared(tmp_path: Path
 
 @pytest.mark.parametrize("mode", ["cls", "max"])
 def test_other_pooling_modes_without_normalisation(tmp_path: Path, mode: str) -> None:
-    model, export = make_export(tmp_path, document=_tower(pooling=[mode], normalize=False))
+    model, export = make_export(tmp_path, document=tower_spec(pooling=[mode], normalize=False))
     got = OnnxTowers(export, model, "onnx").encode_documents(["alpha beta", "gamma"], batch_size=2)
     np.testing.assert_allclose(got[1], expected(["[CLS]", "gamma", "[SEP]"], mode, normalize=False), rtol=1e-5)
 
