@@ -2,7 +2,7 @@
 the towers read, on the Python 3.11 documentation (Debian's python3.11-doc: its reST sources and its HTML pages).
 
 Before: reST and Markdown were read as raw text, HTML by the standard library's parser without boilerplate removal
-(``services.readers.files.html_to_text``, still there). After: ``services.readers.markup`` (sections by heading).
+(``services.readers.files.html_to_text``, still there). After: ``services.readers.rst`` / ``html`` (by heading).
 
     nice -n 10 .venv/bin/python benchmarks/bench_markup.py [DOCS_HTML_DIR] [--out results/ingest-speed/markup.md]
         [--passages]   # also: passages and passage-tower tokens of the demo's folders, before / after (loads base)
@@ -23,7 +23,8 @@ from pathlib import Path
 from machine import commit, cpu_flags, cpu_model
 
 from services.readers.files import html_to_text
-from services.readers.markup import html_sections, rst_sections
+from services.readers.html import html_sections
+from services.readers.rst import rst_sections
 
 LEFTOVERS = {
     "reST role": re.compile(r":[a-z:]+:`"),

@@ -1,7 +1,8 @@
 """The one reader layer: files, folders, JSONL, BEIR and SQuAD, for ingest, training and evaluation alike.
 
 - ``records``: what ingest reads (``Document``, ``DocumentFailure``, ``Skipped``).
-- ``files``: one text file (text, Markdown, reST, HTML), and the gzip-aware text opener.
+- ``files``: one text file (text, Markdown, reST, HTML), and the gzip-aware text opener; ``markdown``, ``rst`` and
+  ``html`` read the markup into sections by heading path (``sections``: the section builders every reader shares).
 - ``folders``: the folder walk (every entry a document, a failure or a skip with the reason).
 - ``sniff``: a file's kind by its bytes; ``binary``: PDF, DOCX, PPTX, ODT, EPUB through ``sandbox`` (the parser's
   child process) and the readers behind ``protocol`` (``pdf``, ``docx``, ``pptx``, ``odt``, ``epub``).

@@ -1,7 +1,8 @@
 """One text file -> a ``Document`` (text, Markdown, reST, HTML), and the one gzip-aware text opener.
 
 Markdown, reStructuredText and HTML are read into sections by heading path without their markup
-(``services.readers.markup``: ``format`` md, rst, html); a plain text file is one document text, as it always was.
+(``services.readers.markdown``, ``rst``, ``html``: ``format`` md, rst, html); a plain text file is one document
+text, as it always was.
 
 Reading never raises for one bad file: ``read_file`` raises ``DocumentError`` naming the source, the reason and
 the fix, which the folder walk (``services.readers.folders``) yields as a ``DocumentFailure`` before going on.
@@ -22,9 +23,11 @@ from pathlib import Path
 from typing import TextIO
 
 from services.errors import DocumentError
+from services.readers.html import html_sections
 from services.readers.lines import read_bounded, wide_encoding
-from services.readers.markup import html_sections, markdown_sections, rst_sections
+from services.readers.markdown import markdown_sections
 from services.readers.records import Document, Section, safe_text
+from services.readers.rst import rst_sections
 
 log = logging.getLogger(__name__)
 

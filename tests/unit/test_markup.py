@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from services.readers.files import read_file
-from services.readers.markup import html_sections, markdown_sections, rst_sections
+from services.readers.html import html_sections
+from services.readers.markdown import markdown_sections
 from services.readers.records import Document
+from services.readers.rst import rst_sections
 
 pytestmark = pytest.mark.unit
 

@@ -1,154 +1,22 @@
-"""Markdown, reStructuredText and HTML -> a title and ``Section``s: the text a reader sees, by heading path.
+"""reStructuredText (``.rst``, Sphinx's ``.rst.txt``) -> a title and ``Section``s by heading path, without markup.
 
-The towers read prose, not markup: roles (``:func:`open```), inline literals (````f.readline()````), link targets,
+The markup readers (this one, ``markdown`` and ``html``; their shared builder is ``sections.SectionBuilder``)
+give the towers prose, not markup: roles (``:func:`open```), inline literals (````f.readline()````), link targets,
 directive lines (``.. note::``), code-block markers, table borders and HTML navigation never reach them. What a
 person reads on the rendered page stays, code included (a literal block is text a question may quote).
 
-- Markdown: markdown-it-py (CommonMark + tables, the parser ``rich`` already brings), a YAML front matter dropped.
-- reStructuredText (``.rst``, Sphinx's ``.rst.txt``): a line reader of the constructs documentation uses; a full
-  docutils parse would stop at every Sphinx role and directive it does not know.
-- HTML: lxml; the main content (``<main>``, ``role=main``, a lone ``<article>``, else ``<body>``) without
-  navigation, header and footer (outside the main content), asides, forms, scripts, hidden parts and the usual
-  boilerplate classes (sidebars, breadcrumbs, cookie banners, Sphinx's ``headerlink``); tables as rows
-  ``cell | cell``.
-
-Each function returns ``(title, sections)``: one section per heading (its text without the heading line, its
-heading path outermost first) plus the text before the first heading (empty path).
+reST is read by a line reader of the constructs documentation uses; a full docutils parse would stop at every
+Sphinx role and directive it does not know. Each reader returns ``(title, sections)``: one section per heading
+(its text without the heading line, its heading path outermost first) plus the text before the first heading
+(empty path).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from services.readers.records import Section
-
-_SPACE = re.compile(r"\s+")
-
-
-def _one_line(text: str) -> str:
-    return _SPACE.sub(" ", text).strip()
-
-
-@dataclass
-class _Builder:
-    """Sections by heading path: ``text`` adds to the paragraph being read (``end_line`` ends it: ``clean``
-    removes its inline markup, whitespace is collapsed), ``line`` adds a finished line, ``block`` verbatim text
-    (code), ``heading`` closes the current section and opens one at ``level``."""
-
-    clean: Callable[[str], str] | None = None
-    sections: list[Section] = field(default_factory=list)
-    stack: list[tuple[int, str]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    inline: list[str] = field(default_factory=list)
-
-    def text(self, piece: str) -> None:
-        self.inline.append(piece)
-
-    def end_line(self) -> None:
-        raw = "".join(self.inline)
-        self.inline.clear()
-        line = _one_line(self.clean(raw) if self.clean is not None and raw.strip() else raw)
-        if line:
-            self.lines.append(line)
-
-    def line(self, text: str) -> None:
-        self.end_line()
-        line = _one_line(text)
-        if line:
-            self.lines.append(line)
-
-    def block(self, text: str) -> None:
-        self.end_line()
-        text = text.strip("\n").rstrip()
-        if text.strip():
-            self.lines.append(text)
-
-    def heading(self, level: int, title: str) -> None:
-        self.flush()
-        title = _one_line(title)
-        while self.stack and self.stack[-1][0] >= level:
-            self.stack.pop()
-        if title:
-            self.stack.append((level, title))
-
-    def flush(self) -> None:
-        self.end_line()
-        text = "\n".join(self.lines).strip()
-        self.lines.clear()
-        if text:
-            self.sections.append(Section(text, heading=tuple(t for _, t in self.stack)))
-
-
-# --- Markdown ----------------------------------------------------------------------------------------------------
-
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(?:[^\n]*\n)*?(?:---|\.\.\.)[ \t]*(?:\n|\Z)")
-
-
-def markdown_sections(text: str) -> tuple[str, list[Section]]:
-    """(first ``#`` heading or "", sections) of a Markdown text."""
-    from markdown_it import MarkdownIt
-
-    front = _FRONT_MATTER.match(text)
-    if front and re.search(r"^\w[\w -]*:", front.group(), re.M):
-        text = text[front.end():]
-    tokens = MarkdownIt("commonmark").enable("table").enable("strikethrough").parse(text)
-    out = _Builder()
-    title = ""
-    row: list[str] = []  # the cells of the table row being read
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        kind = tok.type
-        if kind == "heading_open":
-            heading = _md_inline(tokens[i + 1]) if i + 1 < len(tokens) else ""
-            level = int(tok.tag[1:])
-            if level == 1 and not title:
-                title = _one_line(heading)
-            out.heading(level, heading)
-            i += 3  # open, inline, close
-            continue
-        if kind == "inline":
-            if _in_table(tokens, i):
-                row.append(_one_line(_md_inline(tok)))
-            else:
-                out.line(_md_inline(tok))
-        elif kind in ("fence", "code_block"):
-            out.block(tok.content)
-        elif kind == "html_block":
-            _, html_text = html_to_text_blocks(tok.content)
-            if html_text:
-                out.block(html_text)
-        elif kind == "tr_open":
-            row = []
-        elif kind == "tr_close":
-            out.line(" | ".join(c for c in row))
-            row = []
-        i += 1
-    out.flush()
-    return title, out.sections
-
-
-def _in_table(tokens: list[Any], i: int) -> bool:
-    return i > 0 and tokens[i - 1].type in ("th_open", "td_open")
-
-
-def _md_inline(tok: Any) -> str:
-    """The text of an inline token: code spans, link and image texts kept; markup and inline HTML dropped."""
-    parts: list[str] = []
-    for child in tok.children or ():
-        if child.type in ("text", "code_inline"):
-            parts.append(child.content)
-        elif child.type in ("softbreak", "hardbreak"):
-            parts.append("\n")
-        elif child.type == "image":
-            parts.append(child.content or "")
-    return "".join(parts)
-
-
-# --- reStructuredText ----------------------------------------------------------------------------------------------
+from services.readers.sections import SectionBuilder, one_line
 
 _ADORNMENT = re.compile(r"^([!-/:-@\[-`{-~])\1{2,}\s*$")  # a line of one punctuation character repeated
 _DIRECTIVE = re.compile(r"^(\s*)\.\.\s+(\|[^|]+\|\s+)?([\w:.+-]+)::(?:\s+(.*))?$")
@@ -179,7 +47,7 @@ _LABELS = {"impl-detail": "CPython implementation detail:", "availability": "Ava
 def rst_sections(text: str) -> tuple[str, list[Section]]:
     """(first heading or "", sections) of a reStructuredText text (Sphinx's roles and directives included)."""
     lines = text.expandtabs(8).splitlines()
-    out = _Builder(clean=_rst_inline)
+    out = SectionBuilder(clean=_rst_inline)
     styles: list[tuple[str, bool]] = []  # heading styles in order of first use: their index is the level
     title = ""
     literal: int | None = None  # indent the literal block must exceed
@@ -220,7 +88,7 @@ def rst_sections(text: str) -> tuple[str, list[Section]]:
             level = styles.index(style) + 1
             head_text = _rst_inline(head_text)
             if not title:
-                title = _one_line(head_text)
+                title = one_line(head_text)
             out.heading(level, head_text)
             i += used
             continue
@@ -273,7 +141,7 @@ def rst_sections(text: str) -> tuple[str, list[Section]]:
             i = j
             continue
         if stripped.startswith("|") and stripped.endswith("|") and len(stripped) > 1:  # a grid table row
-            cells = [_one_line(_rst_inline(c)) for c in re.split(r"(?:^|\s)\|(?=\s|$)", stripped)]
+            cells = [one_line(_rst_inline(c)) for c in re.split(r"(?:^|\s)\|(?=\s|$)", stripped)]
             out.line(" | ".join(c for c in cells if c))
             i += 1
             continue
@@ -323,7 +191,7 @@ def _rst_heading(lines: list[str], i: int) -> tuple[str, tuple[str, bool], int] 
     return line.strip(), (under.group(1), False), 2
 
 
-def _rst_directive(match: re.Match[str], lines: list[str], i: int, out: _Builder) -> int:
+def _rst_directive(match: re.Match[str], lines: list[str], i: int, out: SectionBuilder) -> int:
     """Write what a directive line shows (a signature, 'New in version 3.2.'), skip its options; the next line."""
     indent = len(match.group(1))
     name = match.group(3).lower()
@@ -394,144 +262,3 @@ def _rst_plain(text: str) -> str:
     text = _REFERENCE.sub(lambda m: m.group(1), text)
     text = _SUBSTITUTION.sub(lambda m: m.group(1), text)
     return re.sub(r"\\(.)", r"\1", text.replace("\\ ", ""))
-
-
-# --- HTML -------------------------------------------------------------------------------------------------------
-
-_DROP_TAGS = {
-    "script", "style", "noscript", "template", "svg", "nav", "aside", "form", "button", "select", "input",
-    "textarea", "iframe", "object", "embed", "canvas", "dialog", "menu", "head", "title", "link", "meta", "option",
-}
-_DROP_ROLES = {"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar", "dialog",
-               "alertdialog", "toolbar"}
-_BOILERPLATE = re.compile(
-    r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|sidebar|sphinxsidebar|breadcrumbs?|footer|related|cookies?|"
-    r"consent|banner|skip-link|skiplink|headerlink|share|social|advert|ads|popup|modal|newsletter|toc-drawer)"
-    r"(?:$|[\s_-])",
-    re.I,
-)
-_BLOCK_TAGS = {
-    "p", "div", "section", "article", "main", "li", "dt", "dd", "ul", "ol", "dl", "blockquote", "figure",
-    "figcaption", "address", "details", "summary", "hr", "br", "center", "caption", "header", "footer", "body",
-}
-_HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
-
-
-def html_sections(markup: str) -> tuple[str, list[Section]]:
-    """(``<title>``, else the first heading of the highest level; sections by h1-h6) of an HTML page's main
-    content."""
-    root = _parse_html(markup)
-    if root is None:
-        return "", []
-    title_el = root.find(".//title")
-    title = _one_line(title_el.text_content()) if title_el is not None else ""
-    body = root.find(".//body")
-    main = _main_content(root if body is None else body)
-    out = _Builder()
-    _walk(main, out, inside_main=main is not body)
-    out.flush()
-    if not title:
-        heads = [el for el in main.iter() if isinstance(el.tag, str) and el.tag.lower() in _HEADINGS]
-        first = min(heads, key=lambda el: _HEADINGS[el.tag.lower()], default=None)  # the first of the highest
-        title = _one_line(_heading_text(first)) if first is not None else ""
-    return title, out.sections
-
-
-def html_to_text_blocks(markup: str) -> tuple[str, str]:
-    """(title, text) of an HTML fragment or page, sections joined (Markdown's inline HTML blocks)."""
-    title, sections = html_sections(markup)
-    return title, "\n".join(s.text for s in sections)
-
-
-def _parse_html(markup: str) -> Any:
-    from lxml import etree
-    from lxml import html as lhtml
-
-    if not markup.strip():
-        return None
-    parser = lhtml.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True)
-    try:
-        return lhtml.document_fromstring(markup.encode("utf-8"), parser=parser)
-    except (etree.ParserError, ValueError):
-        return None
-
-
-def _main_content(body: Any) -> Any:
-    found = body.find(".//main")
-    if found is None:
-        found = next(iter(body.xpath(".//*[@role='main']")), None)
-    if found is not None:
-        return found
-    articles = body.findall(".//article")
-    return articles[0] if len(articles) == 1 else body
-
-
-def _dropped(el: Any, inside_main: bool) -> bool:
-    tag = el.tag.lower()
-    if tag in _DROP_TAGS:
-        return True
-    if tag in ("header", "footer") and not inside_main:
-        return True
-    if el.get("hidden") is not None or el.get("aria-hidden") == "true":
-        return True
-    style = (el.get("style") or "").replace(" ", "").lower()
-    if "display:none" in style or "visibility:hidden" in style:
-        return True
-    if (el.get("role") or "").lower() in _DROP_ROLES:
-        return True
-    marks = f"{el.get('class') or ''} {el.get('id') or ''}"
-    return bool(marks.strip()) and _BOILERPLATE.search(marks) is not None
-
-
-def _heading_text(el: Any) -> str:
-    return _one_line(_text_of(el)).rstrip("¶#").strip()
-
-
-def _text_of(el: Any) -> str:
-    """An element's text without its dropped parts (a Sphinx ``headerlink`` pilcrow, a hidden span)."""
-    parts = [el.text or ""]
-    for child in el:
-        if isinstance(child.tag, str) and not _dropped(child, True):
-            parts.append(_text_of(child))
-        parts.append(child.tail or "")
-    return "".join(parts)
-
-
-def _walk(el: Any, out: _Builder, inside_main: bool) -> None:
-    for child in el:
-        if not isinstance(child.tag, str):  # a comment or processing instruction: only its tail is text
-            if child.tail:
-                out.text(child.tail)
-            continue
-        tag = child.tag.lower()
-        if _dropped(child, inside_main):
-            pass
-        elif tag in _HEADINGS:
-            out.heading(_HEADINGS[tag], _heading_text(child))
-        elif tag == "pre":
-            out.block(child.text_content())
-        elif tag == "table":
-            _table(child, out)
-        elif tag in _BLOCK_TAGS or tag in ("td", "th", "tr"):
-            out.end_line()
-            if child.text:
-                out.text(child.text)
-            _walk(child, out, inside_main or tag in ("main", "article"))
-            out.end_line()
-        else:
-            if child.text:
-                out.text(child.text)
-            _walk(child, out, inside_main)
-        if child.tail:
-            out.text(child.tail)
-
-
-def _table(table: Any, out: _Builder) -> None:
-    out.end_line()
-    caption = table.find("caption")
-    if caption is not None:
-        out.line(caption.text_content())
-    for row in table.iter("tr"):
-        cells = [_one_line(_text_of(c)) for c in row if isinstance(c.tag, str) and c.tag.lower() in ("td", "th")]
-        if any(cells):
-            out.line(" | ".join(cells))
