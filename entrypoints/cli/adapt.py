@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from entrypoints.cli.common import cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_settings
+from entrypoints.cli.progress import stage_bars
 from services.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from services.adaptation import AdaptProgress, AdaptResult
+    from services.adaptation import AdaptResult
 
 
 def register(app: typer.Typer) -> None:
@@ -72,7 +62,7 @@ def adapt(
                          threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
         try:
-            with _stage_bars(quiet=as_json) as on_progress:
+            with stage_bars(quiet=as_json) as on_progress:
                 result = run_adapt(settings, corpus, config, progress=on_progress, activate=activate_model)
         except ValueError as e:
             fail(str(e))
@@ -103,24 +93,3 @@ def _print_result(result: AdaptResult, as_json: bool) -> None:
                       f"as it is; dpr models activate {result.model} to use it anyway")
     else:
         console.print(f"not activated (--no-activate); dpr models activate {result.model}")
-
-
-@contextmanager
-def _stage_bars(quiet: bool) -> Iterator[AdaptProgress]:
-    """One rich bar per stage on stderr: done / total, a note (the loss, the model scored), elapsed and ETA."""
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                   console=err_console, disable=quiet, transient=False)
-    tasks: dict[str, TaskID] = {}
-
-    def on_progress(stage: str, done: int, total: int | None, note: str) -> None:
-        if not tasks:
-            bar.start()
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(stage, total=total, note=note)
-        bar.update(tasks[stage], completed=done, total=total, note=note)
-
-    try:
-        yield on_progress
-    finally:
-        bar.stop()
