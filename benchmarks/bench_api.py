@@ -25,10 +25,7 @@ import gzip
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +42,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+from serve_process import ServeProcess  # noqa: E402  (benchmarks/, sys.path[0])
 
 from entrypoints.api.app import serving_settings  # noqa: E402
 from services.ingest import chunk_document, collection_spec  # noqa: E402
@@ -56,13 +54,6 @@ from services.store.points import Passage, PassagePoint  # noqa: E402
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
 RESULTS = REPO / "benchmarks" / "results" / "query-speed" / "api.md"
-DPR = str(Path(sys.executable).with_name("dpr"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def load_docs(n: int) -> list[Document]:
@@ -180,38 +171,6 @@ def build_store(runtime: Runtime, docs: list[Document], points: int, seed: int =
             "upsert_pps": points / upsert_s, "dim": dim}
 
 
-class Server:
-    def __init__(self, data_dir: Path, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
-        env["DPR_DATA_DIR"] = str(data_dir)
-        self.log = log
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [DPR, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-
-    def wait_ready(self, timeout: float = 180) -> float:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"dpr serve exited:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"dpr serve not ready after {timeout} s:\n{self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(60)
-
-
 def row(name: str, s: dict[str, float]) -> str:
     return f"| {name} | {s['n']:.0f} | {s['rps']:.1f} | {s['p50']:.1f} | {s['p95']:.1f} |"
 
@@ -251,7 +210,8 @@ def main() -> int:
         in_hybrid = timed_loop(questions, local("hybrid"))
         runtime.close()  # release the embedded store: the server process takes it over
 
-        server = Server(settings.data_dir, Path(tmp) / "serve.log")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
+        server = ServeProcess({**env, "DPR_DATA_DIR": str(settings.data_dir)}, Path(tmp) / "serve.log")
         try:
             ready_s = server.wait_ready()
             with httpx.Client(base_url=server.url, timeout=60) as client:

@@ -29,8 +29,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,10 +41,10 @@ from typing import Any
 
 import httpx
 from machine import commit, machine_line
+from serve_process import DPR, ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
-DPR = str(Path(sys.executable).with_name("dpr"))
 
 
 # -- data ----------------------------------------------------------------------------------------------------------
@@ -94,12 +92,6 @@ def ingest(data_dir: Path, corpus: Path, env: dict[str, str]) -> dict[str, Any]:
 # -- the server and its memory ---------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def tree_rss_kb(pid: int) -> int:
     """VmRSS of ``pid`` and its descendants (uvicorn workers, the index build's child), in KB."""
     total, todo, seen = 0, [pid], set()
@@ -119,18 +111,11 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-class Server:
-    """``dpr serve`` as its own process (session leader, so the whole tree stops together) and an RSS sampler."""
+class Server(ServeProcess):
+    """``dpr serve`` (benchmarks/serve_process.py) with an RSS sampler over its process tree."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [DPR, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        super().__init__(env, log)
         self.peak_kb = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="rss", daemon=True)
@@ -146,28 +131,9 @@ class Server:
     def rss_mb(self) -> float:
         return tree_rss_kb(self.process.pid) / 1024
 
-    def wait_ready(self, timeout: float = 300) -> float:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"dpr serve exited ({self.process.returncode}):\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"dpr serve not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
-
     def stop(self) -> None:
         self._stop.set()
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        super().stop()
 
 
 def percentile(ms: list[float], q: float) -> float:
