@@ -12,32 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ["volcano lava magma", "glacier ice snow", "desert sand dune", "ocean wave tide", "forest tree moss",
-          "city street subway", "river bank delta", "mountain peak ridge"]
 QUESTION = "what about lava"
-
-
-def _beir(root: Path) -> Path:
-    """A BEIR folder: 8 topics x 2 documents, 3 questions per topic (train qrels)."""
-    root.mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for t, words in enumerate(TOPICS):
-            for j in range(2):
-                w = words.split()
-                text = f"{words} fact {j}. The {w[0]} is studied here. Notes on the {w[1]} and the {w[2]}."
-                f.write(json.dumps({"_id": f"d{t}-{j}", "title": f"The {w[0]} {j}", "text": text}) + "\n")
-    (root / "qrels").mkdir()
-    with open(root / "queries.jsonl", "w") as q, open(root / "qrels" / "train.tsv", "w") as r:
-        r.write("query-id\tcorpus-id\tscore\n")
-        for t, words in enumerate(TOPICS):
-            for j in range(3):
-                q.write(json.dumps({"_id": f"q{t}-{j}", "text": f"what about {words.split()[j]}"}) + "\n")
-                r.write(f"q{t}-{j}\td{t}-{j % 2}\t1\n")
-    return root
 
 
 def _folder(root: Path) -> Path:
@@ -63,7 +43,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shutil.copytree(tiny_sentence_model(root), partner)
     activate(data_dir / "models", "tinybase")
     settings = Settings(data_dir=data_dir, encoder={"backend": "torch", "question_backend": "torch"})
-    beir = _beir(root / "beir")
+    beir = tiny_beir(root / "beir")
     what = TrainingData(data=beir, dev_queries=4)
     qo = train_model(settings, what, TrainConfig(name="qo", question_only=True, max_steps=6, batch_size=4,
                                                  learning_rate=5e-3, warmup_ratio=0.0, max_query_tokens=32),

@@ -12,39 +12,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPICS = ["volcano lava magma", "glacier ice snow", "desert sand dune", "ocean wave tide", "forest tree moss",
-          "city street subway", "river bank delta", "mountain peak ridge"]
 
 
-def _beir(root: Path) -> Path:
-    """A BEIR folder: 8 topics x 2 documents, 3 questions per topic (train qrels)."""
-    root.mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for t, words in enumerate(TOPICS):
-            for j in range(2):
-                w = words.split()
-                text = (f"{words} fact {j} is noted here. The {w[0]} is studied by many people here. Notes on the "
-                        f"{w[1]} follow in this part. Then the {w[2]} comes up again in the end.")
-                f.write(json.dumps({"_id": f"d{t}-{j}", "title": f"The {w[0]} {j}", "text": text}) + "\n")
-    (root / "qrels").mkdir()
-    with open(root / "queries.jsonl", "w") as q, open(root / "qrels" / "train.tsv", "w") as r:
-        r.write("query-id\tcorpus-id\tscore\n")
-        for t, words in enumerate(TOPICS):
-            for j in range(3):
-                q.write(json.dumps({"_id": f"q{t}-{j}", "text": f"what about {words.split()[j]}"}) + "\n")
-                r.write(f"q{t}-{j}\td{t}-{j % 2}\t1\n")
-    return root
+def _long_passage(words: str, j: int) -> str:
+    """Passages of ~30 words (the reranker here reads pairs of up to 64 tokens)."""
+    w = words.split()
+    return (f"{words} fact {j} is noted here. The {w[0]} is studied by many people here. Notes on the {w[1]} follow "
+            f"in this part. Then the {w[2]} comes up again in the end.")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("rerank")
-    return tiny_sentence_model(root), _beir(root / "beir"), root / "data"
+    return tiny_sentence_model(root), tiny_beir(root / "beir", _long_passage), root / "data"
 
 
 @pytest.fixture(scope="module")
