@@ -10,25 +10,24 @@ becomes a failure in the report and never stops the others.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
 from services.chunking import Chunk, chunk_sections, chunk_text
 from services.errors import CollectionNotFound, DocumentError
+from services.ingest_files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
 from services.language import collection_spec, for_new_collection
 from services.locks import NoFence, WriteFence
 from services.readers import Document, DocumentFailure, Item, Skipped
-from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, sha256_of, signature
+from services.readers.filesig import FileRef
+from services.readers.quarantine import limits_for
 from services.settings import ChunkSettings, DocumentSettings, Settings
 from services.sparse import SparseEncoder, for_spec
 from services.store.points import CollectionSpec, DocState, Passage, PassagePoint
@@ -112,145 +111,6 @@ def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) 
             max_title_tokens=chunking.max_title_tokens, source=source,
         )
     return result.chunks, result.title_truncated
-
-
-def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Iterator[list[Item]]:
-    """Group items into batches bounded by document count and text bytes."""
-    batch: list[Item] = []
-    size = 0
-    for item in items:
-        if isinstance(item, FileRef):  # weighed by its file: a large PDF goes alone, small ones together
-            n = item.size
-        else:
-            n = len(item.text.encode("utf-8")) if isinstance(item, Document) else 0
-        if batch and (len(batch) >= max_docs or size + n > max_bytes):
-            yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += n
-    if batch:
-        yield batch
-
-
-class ParseGuard(Protocol):
-    """Told before and after each file is parsed; ``poisoned``: doc ids not to parse (an earlier delivery of the
-    batch died while parsing them). ``services.jobs.runner`` keeps one per batch run."""
-
-    poisoned: set[str]
-
-    def before(self, doc_id: str) -> None: ...
-
-    def after(self, doc_id: str) -> None: ...
-
-
-@dataclass
-class ParsedFiles:
-    """What a batch's ``FileRef``s became: documents (carrying ``file_sig``) and failures to ingest, and the
-    files the store already holds byte for byte (doc id, stored passages, written by this same job)."""
-
-    items: list[Item] = field(default_factory=list)
-    unchanged: list[tuple[str, int, bool]] = field(default_factory=list)
-    parsed: int = 0
-    seconds: float = 0.0
-    by: str = ""
-
-
-def parse_files(
-    refs: list[FileRef],
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    chunking: ChunkSettings,
-    limits: DocumentSettings | None = None,
-    max_bytes: int = 20_000_000,
-    path_map: str = "",
-    job: str = "",
-    generation: str | None = None,
-    follows_collection: bool = False,
-    known: tuple[dict[str, DocState], str] | None = None,
-    guard: ParseGuard | None = None,
-) -> ParsedFiles:
-    """Parse the binary files of a batch in this process's parser sandbox, except those whose signature
-    (``services.readers.filesig``: sha256, size, chunking) and model match what the store holds for their doc
-    id: those are not parsed at all. ``known``: ``file_states`` looked up already (the store is then not
-    touched here, so this may run on another thread while a batch writes). Never raises for a document's sake."""
-    from services.readers.binary import read_binary  # the sandbox client; the parsers run in its child only
-    from services.readers.sandbox import shared_sandbox
-
-    out = ParsedFiles(by=f"{socket.gethostname()}:{os.getpid()}")
-    if not refs:
-        return out
-    pairs = parse_path_map(path_map)
-    states, model = known or file_states(refs, store=store, towers=towers, generation=generation,
-                                         follows_collection=follows_collection)
-    key = chunk_key(chunking.max_tokens, chunking.overlap, chunking.max_title_tokens, towers.max_passage_tokens)
-    for ref in refs:
-        local = local_file(ref, pairs, out.by)
-        if isinstance(local, DocumentFailure):
-            out.items.append(local)
-            continue
-        try:
-            digest = sha256_of(local.path)
-            sig = signature(digest, local.path.stat().st_size, key)
-            state = states.get(ref.doc_id)
-            if state is not None and state.file_sig == sig and state.model == model and state.chunks > 0:
-                out.unchanged.append((ref.doc_id, state.chunks, bool(job) and job in state.jobs))
-                continue
-            if guard is not None and ref.doc_id in guard.poisoned:
-                out.items.append(DocumentFailure(
-                    ref.source, "parser_crashed",
-                    f"{ref.source}: the worker running its batch died twice while parsing it; it is quarantined (not "
-                    "parsed again in this job) and the rest of the batch goes on; repair or re-create it (e.g. `qpdf "
-                    "in.pdf out.pdf`), or ingest it alone to see why", doc_id=ref.doc_id))
-                continue
-            ParseLog.note(ref.doc_id)
-            t0 = time.perf_counter()
-            if guard is not None:
-                guard.before(ref.doc_id)
-            try:
-                parsed = list(read_binary(local.path, ref.kind, ref.doc_id, max_bytes, limits))
-            except BaseException:  # e.g. Celery's soft time limit mid-parse: the child may still be sending parts
-                shared_sandbox(limits or DocumentSettings()).close()  # a fresh one for the next document
-                raise
-            finally:  # only a death in the middle leaves the mark
-                if guard is not None:
-                    guard.after(ref.doc_id)
-            out.seconds += time.perf_counter() - t0
-            out.parsed += 1
-        except OSError as e:
-            out.items.append(DocumentFailure(ref.source, "unreadable", f"{ref.source}: cannot be read "
-                                             f"({e.strerror or e}); check its permissions", doc_id=ref.doc_id))
-            continue
-        finally:
-            local.close()
-        here = str(local.path)
-        for item in parsed:
-            if isinstance(item, Document):
-                out.items.append(dataclasses.replace(item, source=ref.source,
-                                                     metadata={**item.metadata, "file_sig": sig}))
-            elif isinstance(item, DocumentFailure):
-                out.items.append(dataclasses.replace(item, source=ref.source,
-                                                     error=item.error.replace(here, ref.source)))
-            else:
-                out.items.append(item)
-    return out
-
-
-def file_states(
-    refs: list[FileRef], *, store: VectorStore, towers: DualEncoder, generation: str | None = None,
-    follows_collection: bool = False,
-) -> tuple[dict[str, DocState], str]:
-    """What the store holds for these files' doc ids, and the model their passages must have been written with
-    to count as unchanged."""
-    model = towers.fingerprint
-    if generation is not None:
-        return store.doc_states([r.doc_id for r in refs], generation=generation), model
-    active = store.active()
-    if active is None:  # a new collection: nothing is stored yet
-        return {}, model
-    if follows_collection:
-        model = active.spec.model  # the towers follow the collection's model
-    return store.doc_states([r.doc_id for r in refs], generation=active.name), model
 
 
 def ingest_batch(
@@ -474,7 +334,7 @@ class IngestPipeline:
             store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
             batch_size=settings.encoder.batch_size, batch_documents=settings.celery.batch_documents,
             batch_bytes=settings.celery.batch_bytes, fence=fence, towers_for=towers_for,
-            documents=settings.documents, max_document_bytes=settings.max_document_bytes,
+            documents=limits_for(settings), max_document_bytes=settings.max_document_bytes,
             path_map=settings.celery.path_map,
         )
 

@@ -268,6 +268,10 @@ class DocumentSettings(BaseModel):
     )
     ocr_language: str = Field(default="eng", pattern=r"^[A-Za-z_+]{2,64}$", description="tesseract -l LANG.")
     ocr_dpi: int = Field(default=200, ge=72, le=600, description="Resolution pages are rendered at for OCR.")
+    quarantine_dir: Path | None = Field(
+        default=None, description="Where documents that crashed the parser are remembered (by sha256 of their "
+        "bytes) for every process using it; default DATA_DIR/quarantine. See docs/documents.md."
+    )
 
 
 class Settings(BaseSettings):

@@ -6,8 +6,9 @@ more than the document's text. What can go wrong, and what the document becomes:
 - the reader raises ``ParseFailure``: that failure (``encrypted``, ``corrupt``, ``no_text_layer``, ``zip_bomb``...);
 - it takes longer than ``parse_timeout_s``: the child is killed (``timeout``) and a fresh one starts;
 - the child dies (a segfault in native code, an abort, the OOM killer): ``parser_crashed``, a fresh child starts,
-  and the document's bytes (sha256) are quarantined in this process: the same bytes are never parsed again here
-  (a second path, a re-read of the input), they fail at once naming the first crash;
+  and the document's bytes (sha256) are quarantined (``services.readers.quarantine``: in ``limits.quarantine_dir``,
+  shared by every process using it, else in this process): the same bytes are never parsed again (a second
+  path, a re-read of the input, another run or worker), they fail at once naming the first crash;
 - it asks for more memory than ``max_parser_memory_mb`` (RLIMIT_AS in the child): ``too_large``.
 The child holds no state between documents but the imported parser modules.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from services.readers.protocol import Info, ParseFailure
+from services.readers.quarantine import Quarantine
 from services.readers.records import Section
 from services.settings import DocumentSettings
 
@@ -44,8 +46,6 @@ READERS: dict[str, str] = {
     "epub": "services.readers.epub:read",
 }
 
-_QUARANTINE: dict[str, str] = {}  # sha256 of a document's bytes -> what happened when it crashed a parser
-_QUARANTINE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -132,12 +132,10 @@ class ParserSandbox:
         """Read ``path`` as ``kind`` in the child; never raises for the document's sake."""
         started = time.monotonic()
         digest = _digest(path)
-        with _QUARANTINE_LOCK:
-            crashed = _QUARANTINE.get(digest) if digest else None
-        if crashed:
-            return Parsed(reason="parser_crashed", message=f"is quarantined: the same bytes {crashed} earlier in "
-                          "this process and are not parsed again; repair or re-create the file (or report it with "
-                          "the file attached)")
+        quarantine = Quarantine(self.limits.quarantine_dir)
+        crashed = quarantine.get(digest)
+        if crashed is not None:
+            return Parsed(reason="parser_crashed", message=quarantine.refusal(digest, crashed))
         spec = self.readers.get(kind)
         if spec is None:
             return Parsed(reason="unsupported", message=f"no reader for {kind!r}")
@@ -145,9 +143,8 @@ class ParserSandbox:
             if self._pid != os.getpid():
                 self._proc, self._send, self._recv, self._pid = None, None, None, os.getpid()
             result = self._run(spec, path, started)
-        if result.reason == "parser_crashed" and digest:
-            with _QUARANTINE_LOCK:
-                _QUARANTINE[digest] = result.message.split(";")[0]
+        if result.reason == "parser_crashed":
+            quarantine.add(digest, result.message.split(";")[0], path.name)
         result.seconds = time.monotonic() - started
         return result
 
