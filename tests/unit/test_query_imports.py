@@ -75,3 +75,35 @@ def test_dpr_query_loads_only_what_a_dense_query_needs(tmp_path: Path) -> None:
     assert len(project) <= QUERY_MODULES_MAX, f"{len(project)} project modules: {project}"
     unwanted = [m for m in loaded if any(m == n or m.startswith(n + ".") for n in NEVER)]
     assert unwanted == []
+
+
+def test_the_bm25_encoder_is_built_only_for_a_search_that_uses_it(tmp_path: Path) -> None:
+    """``search``'s ``sparse_for`` (what ``Runtime.search`` passes): a dense search never calls it, a sparse or
+    hybrid one calls it once and ranks with what it built."""
+    from kit.fakes import HashTowers
+
+    from services.language import collection_spec
+    from services.query import QueryOptions, search
+    from services.sparse import default_embedder
+
+    towers, sparse = HashTowers(), default_embedder()
+    texts = {"lava.txt": "volcano lava magma eruption", "ice.txt": "glacier ice snow melt"}
+    built: list[object] = []
+
+    def sparse_for() -> object:
+        built.append(sparse)
+        return sparse
+
+    with open_store(make_settings(data_dir=tmp_path)) as store:
+        store.ensure_collection(collection_spec(towers, sparse))
+        store.upsert([PassagePoint(passage=Passage(doc_id=doc, chunk_index=0, text=text), dense=v.tolist(),
+                                   sparse=sparse.embed_document(text))
+                      for (doc, text), v in zip(texts.items(), towers.encode_documents(list(texts.values())),
+                                                strict=True)])
+        ask = {"store": store, "towers": towers, "sparse_for": sparse_for}
+        assert search("lava", options=QueryOptions(k=1), **ask)[0].passage.doc_id == "lava.txt"
+        assert built == []
+        for mode in ("sparse", "hybrid"):
+            hits = search("glacier", options=QueryOptions(k=1, mode=mode), **ask)
+            assert hits[0].passage.doc_id == "ice.txt"
+        assert built == [sparse, sparse]  # once per search that needed it
