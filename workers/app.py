@@ -68,6 +68,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_url": settings.broker_url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        # A broker that answers but refuses a write (MISCONF: its disk is full; OOM) fails an ack with a Redis
+        # ResponseError, a "channel error": reconnect and go on instead of the worker shutting down; the
+        # message stays unacked and is delivered again once the broker takes writes.
+        "broker_channel_error_retry": True,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

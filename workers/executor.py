@@ -16,7 +16,7 @@ import redis.exceptions
 
 from services.errors import ConfigError, TransientError
 from services.ingest import new_job_id
-from services.jobs import JobStore, redact_url, unavailable
+from services.jobs import BrokerWriteRefused, JobStore, redact_url, unavailable, write_refused
 from services.jobs.runner import Submitted, submit_job
 from services.readers import Document, Item
 from services.readers.filesig import FileRef
@@ -69,8 +69,36 @@ class CeleryExecutor:
                 f"after {submitted.batches} batches: fix the broker and ingest again (unchanged documents cost "
                 "nothing)"
             ) from e
+        except redis.exceptions.ResponseError as e:  # the broker answers but refuses the write (full disk, OOM)
+            raise self._refused(e, f"job {submitted.job} stopped after {submitted.batches} batches") from e
         finally:
             app.close()
+
+    def _refused(self, error: Exception, what: str) -> Exception:
+        """``BrokerWriteRefused`` naming the broker's disk (or memory) and the fix; ``error`` itself otherwise."""
+        if isinstance(error, BrokerWriteRefused):
+            return error
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            return write_refused(self.url, error, client, what) or error
+        finally:
+            client.close()
+
+    def writable(self) -> None:
+        """Raise ``BrokerWriteRefused`` when the broker refuses writes now (one tiny expiring key): a follower
+        asks this while a job makes no progress, since workers can neither take nor record batches then."""
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            client.set(WRITE_PROBE_KEY, "1", ex=60)
+        except redis.exceptions.ResponseError as e:
+            refused = write_refused(self.url, e, client, "workers can neither take nor record batches meanwhile")
+            if refused is None:
+                raise
+            raise refused from e
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return  # an outage, not a refusal: the follower rides it out through the job store
+        finally:
+            client.close()
 
     def pending(self) -> int:
         return queue_depth(self.settings)
@@ -84,6 +112,8 @@ class CeleryExecutor:
                     _send(app, producer, submitted, number, docs, self.settings.celery.inline_file_bytes)
         except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
             raise BrokerUnavailable(f"cannot send tasks to the broker at {redact_url(self.url)} ({e})") from e
+        except redis.exceptions.ResponseError as e:
+            raise self._refused(e, f"re-sending batches of job {submitted.job} stopped") from e
         finally:
             app.close()
 
@@ -123,6 +153,7 @@ class CeleryExecutor:
 QUEUE_SEP = "\x06\x16"
 PRIORITY_STEPS = (3, 6, 9)
 UNACKED_KEY = "unacked"
+WRITE_PROBE_KEY = "dpr:write-probe"
 
 
 def _send(app: Any, producer: Any, submitted: Submitted, number: int, docs: list[Document],

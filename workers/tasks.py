@@ -10,6 +10,9 @@ Celery's default 4 s (``worker_proc_alive_timeout`` in ``workers.app``), and tas
 meanwhile. A load that fails there is logged and tried again by the first task, which then reports the error
 per batch. Outside a prefork pool (eager tests, another pool) the Runtime is still built on first use.
 
+A broker that refuses writes (its disk is full: Redis' MISCONF; out of memory) can record neither an outcome nor a
+retry: the batch is handed back to it untouched (``Reject(requeue=True)``) and runs again once it takes writes.
+
 Retries: ``TransientError`` (store or Redis unavailable, shard lock held too long) and a soft time limit are
 retried with exponential backoff and jitter, up to ``celery.max_retries``; the failure after the last retry
 names the limit that fired. Bad documents are already reported one by one by the pipeline; anything else that
@@ -27,14 +30,15 @@ import time
 from typing import Any
 
 from celery import Task, current_app, shared_task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from services.errors import TransientError
 from services.jobs import TERMINAL, JobStore
+from services.jobs.backends import refusal_kind
 from services.jobs.runner import batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
-from services.readers.filesig import FileRef, is_file_task
+from services.readers.filesig import FileRef, is_file_task, release_spooled
 from services.runtime import Runtime
 from services.settings import Settings
 from workers.app import SOFT_LIMIT_MARGIN
@@ -120,16 +124,34 @@ def ingest_batch_task(
             max_deliveries=settings.celery.max_retries + 1 + EXTRA_DELIVERIES,
         )
     except TransientError as e:
+        _leave_with_a_refusing_broker(e, ids)
         return _retry_or_fail(self, runtime.jobs, items, ids, e, "unavailable", str(e))
     except SoftTimeLimitExceeded as e:
         return _retry_or_fail(self, runtime.jobs, items, ids, e, "time_limit", time_limit_message(self))
     except Exception as e:  # a permanent failure of the whole batch: report its documents, keep the others
+        _leave_with_a_refusing_broker(e, ids)
         log.exception("batch failed", extra=ids)
         _record_failure(runtime.jobs, job_id, batch,
                         batch_failure(job_id, items, "batch_error", f"{type(e).__name__}: {e}"))
+        release_spooled(items, settings.celery.path_map)
         return {"job": job_id, "batch": batch, "state": "failed"}
+    release_spooled(items, settings.celery.path_map)  # API uploads kept for this batch: its outcome is recorded
     _index_when_the_job_ends(runtime, job_id)
     return {"job": job_id, "batch": batch, "state": "done"}
+
+
+def _leave_with_a_refusing_broker(error: Exception, ids: dict[str, Any]) -> None:
+    """The broker refuses writes (its disk is full, it is out of memory): neither the outcome, nor a retry, nor a
+    failure can be recorded. Raise ``Reject(requeue=True)``: the message goes back to the queue, or, while the
+    broker refuses that write too, stays in its unacked set and is delivered again after the visibility timeout
+    once the broker takes writes (the worker's consumer reconnects: ``broker_channel_error_retry``). Whatever
+    the batch wrote to the store stays and is unchanged the next time: nothing lost, nothing twice."""
+    kind = refusal_kind(error)
+    if kind is None:
+        return
+    log.error("the broker refuses writes (%s); the batch stays with the broker and runs again once it takes "
+              "writes: %s", kind, error, extra=ids)
+    raise Reject(f"the broker refuses writes ({kind})", requeue=True) from error
 
 
 def _index_when_the_job_ends(runtime: Runtime, job_id: str) -> None:

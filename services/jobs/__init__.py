@@ -8,10 +8,21 @@ job routes, a Runtime's ``jobs``) must not import the ingest pipeline. Running o
 ``services.jobs.executor`` / ``runner`` / ``follow``.
 """
 
-from services.jobs.backends import FileHashes, HashBackend, JobStoreUnavailable, RedisHashes, redact_url, unavailable
+from services.jobs.backends import (
+    BrokerDiskFull,
+    BrokerWriteRefused,
+    FileHashes,
+    HashBackend,
+    JobStoreUnavailable,
+    RedisHashes,
+    redact_url,
+    unavailable,
+    write_refused,
+)
 from services.jobs.store import COUNTERS, DEFAULT_TTL, TERMINAL, JobNotFound, JobState, JobStore, summarize
 
 __all__ = [
+    "BrokerDiskFull", "BrokerWriteRefused", "write_refused",
     "COUNTERS", "DEFAULT_TTL", "TERMINAL", "FileHashes", "HashBackend", "JobNotFound", "JobState", "JobStore",
     "JobStoreUnavailable", "RedisHashes", "redact_url", "summarize", "unavailable",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from services.errors import TransientError
+from services.errors import DiskFull, TransientError
 from services.fsutil import write_atomic
 
 T = TypeVar("T")
@@ -24,6 +24,80 @@ T = TypeVar("T")
 
 class JobStoreUnavailable(TransientError):
     """The job store (Redis, which also carries the queue) cannot be reached."""
+
+
+class BrokerWriteRefused(JobStoreUnavailable):
+    """The broker's Redis answers but refuses writes: its disk is full (MISCONF: the AOF or RDB write failed), it
+    is out of memory (``maxmemory``), or it is a read-only replica. Reads keep working; nothing more can be sent
+    or recorded until it accepts writes again (exit 3, like a full data dir)."""
+
+
+class BrokerDiskFull(BrokerWriteRefused, DiskFull):
+    """The broker's Redis refuses writes because its disk is full (``MISCONF`` ... ``No space left on device``)."""
+
+
+# Redis' answers to a write it refuses (the text of its ResponseError), and what each means for the user
+_REFUSALS = (("No space left on device", "disk"), ("MISCONF", "persistence"), ("OOM command not allowed", "memory"),
+             ("READONLY", "replica"))
+
+
+def refusal_kind(error: BaseException) -> str | None:
+    """``disk`` | ``persistence`` | ``memory`` | ``replica`` when ``error`` (or an error it was raised from) is
+    Redis refusing a write, else None."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        for marker, kind in _REFUSALS:
+            if marker in text:
+                return kind
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def broker_dir(client: Any) -> str | None:
+    """Where the broker keeps its AOF / RDB files (``CONFIG GET dir``; None when CONFIG is not allowed)."""
+    try:
+        value = client.config_get("dir").get("dir")
+    except Exception:  # noqa: BLE001 - managed Redis often disables CONFIG: the message goes without the folder
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (str(value) if value else None)
+
+
+def write_refused(url: str, error: BaseException, client: Any = None, what: str = "") -> BrokerWriteRefused | None:
+    """The one-line error for Redis refusing a write (None when ``error`` is something else): names the broker,
+    its folder when it says, why, and the fix. ``what``: what stopped (e.g. "job J stopped after 3 batches")."""
+    kind = refusal_kind(error)
+    if kind is None:
+        return None
+    answer = " ".join(str(error).split())
+    answer = answer[answer.find("MISCONF"):] if "MISCONF" in answer else answer
+    where = f"Redis broker at {redact_url(url)}"
+    folder = broker_dir(client) if client is not None and kind in ("disk", "persistence") else None
+    done = f"{what}; " if what else ""
+    tail = "and run the command again (documents already written are unchanged and cost nothing)"
+    if kind == "disk":
+        disk = f"the disk of its folder {folder}" if folder else "its disk (the folder `CONFIG GET dir` names)"
+        return BrokerDiskFull(
+            f"broker disk full: the {where} refuses writes ({answer[:160]}); {done}reads go on: free space on "
+            f"{disk} (or move its dir / appendonly files to a larger disk) {tail}"
+        )
+    if kind == "persistence":
+        disk = f" in {folder}" if folder else ""
+        return BrokerWriteRefused(
+            f"the {where} refuses writes: it cannot save its data{disk} ({answer[:160]}); {done}reads go on: fix "
+            f"the broker's persistence (its log says why: a full disk, permissions) {tail}"
+        )
+    if kind == "memory":
+        return BrokerWriteRefused(
+            f"the {where} refuses writes: it is out of memory ({answer[:120]}); {done}reads go on: raise its "
+            f"maxmemory or free memory there {tail}"
+        )
+    return BrokerWriteRefused(
+        f"the {where} refuses writes: it is a read-only replica ({answer[:120]}); {done}point DPR_BROKER_URL at "
+        f"the primary {tail}"
+    )
 
 
 class HashBackend(Protocol):
@@ -92,6 +166,11 @@ class RedisHashes:
             return fn()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
             raise unavailable(self.url, e) from e
+        except redis.exceptions.ResponseError as e:
+            refused = write_refused(self.url, e, self.client)
+            if refused is None:
+                raise
+            raise refused from e
 
     def ping(self) -> None:
         self._run(self.client.ping)

@@ -5,9 +5,10 @@ batch that was handed over but can no longer arrive is detected through the exec
 outcome), nobody is running it, and the executor holds no message for it (``in_flight``), twice in a row. Such
 batches are re-sent when the caller can read the input again (``source``: the submitting ``dpr ingest``); else
 their documents are recorded failed with reason ``lost`` and their ids, so the job ends failed, naming them.
-A job whose whole record vanished (a broker restarted without persistence) is re-created from what the
-submitter still knows (``Submitted.batch_ids``) and every batch is re-sent: documents that did arrive are
-unchanged and cost nothing.
+A broker that refuses writes (its disk is full, it is out of memory) stops the follower at once with
+``BrokerWriteRefused``: no worker can take or record a batch until it is fixed. A job whose whole record
+vanished (a broker restarted without persistence) is re-created from what the submitter still knows
+(``Submitted.batch_ids``) and every batch is re-sent: documents that did arrive are unchanged and cost nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Resending(Protocol):
     def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None: ...
 
 
+WRITE_PROBE_EVERY = 5.0  # seconds without a batch done before the follower asks whether the broker takes writes
+
+
 class JobWaitTimeout(TransientError):
     """The job did not end within the time the caller was willing to wait."""
 
@@ -56,13 +60,17 @@ def follow_job(
     timeout: float | None = None,
     outage: float = 120.0,
     settle: float = 3.0,
+    probe_every: float = WRITE_PROBE_EVERY,
 ) -> dict[str, Any]:
     """Poll until the job is done or failed; re-send or fail batches that can no longer arrive. ``outage``: how
-    long the job store may stay unreachable before giving up (``JobStoreUnavailable``)."""
+    long the job store may stay unreachable before giving up (``JobStoreUnavailable``). ``probe_every``: seconds
+    without a batch done before asking the executor whether the broker still takes writes."""
     jobs = executor.jobs
     deadline = None if timeout is None else time.monotonic() + timeout
     down_since: float | None = None
     suspects: dict[int, float] = {}  # pending batch -> when it was first seen with no message and not running
+    writable = getattr(executor, "writable", None)  # the Celery executor: raises BrokerWriteRefused (a full disk)
+    moved, last_done = time.monotonic(), -1
     while True:
         try:
             status = jobs.status(job_id)
@@ -86,6 +94,11 @@ def follow_job(
             on_status(status)
         if status["state"] in TERMINAL:
             return status
+        if status.get("batches_done") != last_done:
+            moved, last_done = time.monotonic(), status.get("batches_done", 0)
+        elif writable is not None and time.monotonic() - moved >= probe_every:
+            moved = time.monotonic()
+            writable()  # a broker that refuses writes stops the follower with one line naming its disk and the fix
         lost = _lost(executor, job_id, status, suspects, settle)
         if lost:
             log.warning("batches can no longer arrive", extra={"job": job_id, "batches": sorted(lost)})

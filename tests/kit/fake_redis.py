@@ -8,14 +8,50 @@ import redis.exceptions
 
 
 class FakeRedis:
-    def __init__(self, down: bool = False) -> None:
+    """``down``: every call fails as an unreachable server; ``refusing``: writes fail with this answer, as a server
+    whose disk is full does (``MISCONF Errors writing to the AOF file: No space left on device``)."""
+
+    def __init__(self, down: bool = False, refusing: str | None = None) -> None:
         self.hashes: dict[str, dict[bytes, bytes]] = {}
+        self.strings: dict[str, bytes] = {}
         self.ttls: dict[str, int] = {}
         self.down = down
+        self.refusing = refusing
+        self.config = {"dir": "/var/lib/redis"}
 
-    def _check(self) -> None:
+    def _check(self, write: bool = False) -> None:
         if self.down:
             raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
+        if write and self.refusing:
+            raise redis.exceptions.ResponseError(self.refusing)
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        return self.strings.get(key)
+
+    def set(self, key: str, value: Any, nx: bool = False, px: int | None = None, ex: int | None = None) -> bool:
+        self._check(write=True)
+        if nx and key in self.strings:
+            return False
+        self.strings[key] = self._b(value)
+        return True
+
+    def eval(self, script: str, numkeys: int, key: str, token: Any, *args: Any) -> int:
+        """The two scripts ``services.locks.RedisLease`` runs: refresh (pexpire) and release (del) while the key
+        still holds ``token``."""
+        self._check(write=True)
+        if self.strings.get(key) != self._b(token):
+            return 0
+        if "'del'" in script:
+            del self.strings[key]
+        return 1
+
+    def config_get(self, pattern: str) -> dict[str, str]:
+        self._check()
+        return {k: v for k, v in self.config.items() if k == pattern}
+
+    def close(self) -> None:
+        return None
 
     @staticmethod
     def _b(value: Any) -> bytes:
@@ -26,7 +62,7 @@ class FakeRedis:
         return True
 
     def hset(self, key: str, field: Any = None, value: Any = None, mapping: dict[str, Any] | None = None) -> int:
-        self._check()
+        self._check(write=True)
         h = self.hashes.setdefault(key, {})
         items = dict(mapping or {})
         if field is not None:
@@ -36,7 +72,7 @@ class FakeRedis:
         return new
 
     def hincrby(self, key: str, field: Any, amount: int = 1) -> int:
-        self._check()
+        self._check(write=True)
         h = self.hashes.setdefault(key, {})
         value = int(h.get(self._b(field), b"0")) + amount
         h[self._b(field)] = self._b(value)
@@ -47,13 +83,14 @@ class FakeRedis:
         return dict(self.hashes.get(key, {}))
 
     def expire(self, key: str, seconds: int) -> bool:
-        self._check()
+        self._check(write=True)
         self.ttls[key] = seconds
         return key in self.hashes
 
     def delete(self, *keys: str) -> int:
-        self._check()
+        self._check(write=True)
         removed = sum(self.hashes.pop(key, None) is not None for key in keys)
+        removed += sum(self.strings.pop(key, None) is not None for key in keys)
         for key in keys:
             self.ttls.pop(key, None)
         return removed

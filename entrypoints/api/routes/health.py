@@ -72,9 +72,16 @@ def _store_check(state: ApiState) -> dict[str, Any]:
 def _broker_check(settings: Settings, timeout: float) -> dict[str, Any]:
     import redis
 
+    from services.jobs import write_refused
+
     client = redis.Redis.from_url(str(settings.broker_url), socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
+    except redis.exceptions.ResponseError as e:  # reachable but refusing writes (its disk is full): queries go on
+        refused = write_refused(str(settings.broker_url), e, client, "ingest is refused meanwhile")
+        if refused is None:
+            raise
+        return {"ok": True, "writes_refused": True, "warning": str(refused)}
     finally:
         client.close()
     return {"ok": True}
