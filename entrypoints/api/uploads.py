@@ -25,6 +25,8 @@ from entrypoints.api.errors import ApiError
 from services.errors import DocumentError
 from services.readers import Document, DocumentFailure, Item, iter_documents
 from services.readers.binary import BINARY_SUFFIXES
+from services.readers.filesig import FileRef, spool
+from services.readers.quarantine import limits_for
 from services.settings import Settings
 
 UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")
@@ -165,18 +167,34 @@ def _renamed(item: Item, tmp: str, filename: str) -> Item:
     return item
 
 
-def parse_upload(source: IO[bytes], filename: str, fmt: str, settings: Settings) -> list[Item]:
-    """The uploaded file, copied (capped) to a private directory and read with the limits applied while reading."""
+def parse_upload(source: IO[bytes], filename: str, fmt: str, settings: Settings, to_workers: bool = False
+                 ) -> list[Item]:
+    """The uploaded file, copied (capped) to a private directory and read with the limits applied while reading.
+
+    A PDF / DOCX / PPTX / ODT / EPUB parses in this process's parser sandbox (a child), within the document limits;
+    with ``to_workers`` (the service runs Celery workers) it is not parsed here but handed to a worker as
+    ``dpr ingest`` hands a file over: its bytes inline up to ``DPR_CELERY__INLINE_FILE_BYTES``, else moved to
+    ``DATA_DIR/uploads/`` for the worker to read by path (and remove once its batch ends)."""
     limits = settings.api
     with tempfile.TemporaryDirectory(prefix="dpr-upload-") as tmp:
         path = Path(tmp) / filename
         if _copy_capped(source, path, limits.max_request_bytes) == 0:
             raise ApiError(422, "validation", f"uploaded file {filename!r} is empty; send a file with content")
-        # PDF / DOCX / PPTX / ODT / EPUB parse in the process's parser sandbox (a child), within the document limits
         items = iter_documents([path], fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
-                               limits=settings.documents)
-        renamed = (_renamed(item, tmp, filename) for item in items)
+                               limits=limits_for(settings), defer_binary=to_workers)
+        renamed = (_handed_over(_renamed(item, tmp, filename), settings) for item in items)
         return collect(renamed, limits.max_documents, limits.max_request_bytes)
+
+
+def _handed_over(item: Item, settings: Settings) -> Item:
+    """An unparsed binary file made ready for a worker before the private directory goes: inline, or spooled."""
+    if not isinstance(item, FileRef):
+        return item
+    ref = item.with_bytes(settings.celery.inline_file_bytes)
+    if ref.inline is not None:
+        return ref
+    spooled = spool(Path(ref.path), settings.data_dir)
+    return dataclasses.replace(ref, path=str(spooled.resolve()), spooled=True)
 
 
 def _check_format(fmt: object, filename: str) -> str:
@@ -191,7 +209,7 @@ def _check_format(fmt: object, filename: str) -> str:
     return fmt
 
 
-async def read_upload(request: Request, settings: Settings) -> list[Item]:
+async def read_upload(request: Request, settings: Settings, to_workers: bool = False) -> list[Item]:
     try:
         form = await request.form(max_files=1, max_fields=8, max_part_size=settings.api.max_request_bytes)
     except ApiError:
@@ -204,7 +222,7 @@ async def read_upload(request: Request, settings: Settings) -> list[Item]:
             raise ApiError(422, "validation", "multipart body has no 'file' field with a file in it; add one")
         filename = safe_filename(upload.filename)
         fmt = _check_format(form.get("format") or "auto", filename)
-        return await run_in_threadpool(parse_upload, upload.file, filename, fmt, settings)
+        return await run_in_threadpool(parse_upload, upload.file, filename, fmt, settings, to_workers)
     except (ApiError, DocumentError):
         raise
     except (ValueError, OSError, EOFError, zlib.error) as e:  # e.g. a corrupt or truncated .gz

@@ -29,7 +29,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ class FileRef(Document):
     size: int = 0
     mtime_ns: int = 0
     inline: bytes | None = None
+    spooled: bool = False  # an API upload kept under DATA_DIR/uploads for the worker: removed once its batch ends
 
     @classmethod
     def of(cls, path: Path, kind: str, doc_id: str) -> FileRef:
@@ -69,13 +72,15 @@ class FileRef(Document):
         if len(data) > limit:
             return self
         return FileRef(doc_id=self.doc_id, text="", source=self.source, format=self.kind, path=self.path,
-                       kind=self.kind, size=len(data), mtime_ns=self.mtime_ns, inline=data)
+                       kind=self.kind, size=len(data), mtime_ns=self.mtime_ns, inline=data, spooled=self.spooled)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"doc_id": self.doc_id, "source": self.source, "path": self.path, "kind": self.kind,
                                "size": self.size, "mtime_ns": self.mtime_ns}
         if self.inline is not None:
             out["inline_b64"] = base64.b64encode(self.inline).decode("ascii")
+        if self.spooled:
+            out["spooled"] = True
         return {"file": out}
 
     @classmethod
@@ -85,7 +90,48 @@ class FileRef(Document):
         kind = str(f["kind"])
         return cls(doc_id=str(f["doc_id"]), text="", source=str(f.get("source") or f["path"]), format=kind,
                    path=str(f["path"]), kind=kind, size=int(f.get("size") or 0),
-                   mtime_ns=int(f.get("mtime_ns") or 0), inline=inline)
+                   mtime_ns=int(f.get("mtime_ns") or 0), inline=inline, spooled=f.get("spooled") is True)
+
+
+UPLOADS = "uploads"  # DATA_DIR/uploads/<random>/<name>: API uploads waiting for a worker (``spool``)
+
+
+def spool(path: Path, data_dir: Path) -> Path:
+    """Move an uploaded file into ``DATA_DIR/uploads/<random>/`` (same name), where workers read it by path."""
+    folder = Path(tempfile.mkdtemp(prefix="upload-", dir=_mkdir(data_dir / UPLOADS)))
+    target = folder / path.name
+    shutil.move(path, target)
+    return target
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def release_spooled(items: Iterable[object], path_map: str = "") -> int:
+    """Remove the spooled uploads (``FileRef.spooled``) among ``items`` once their batch has ended (written or
+    failed for good); only a file in its own ``uploads/upload-*`` folder is touched. Returns how many."""
+    pairs = parse_path_map(path_map) if path_map else []
+    removed = 0
+    for item in items:
+        if not isinstance(item, FileRef) or not item.spooled:
+            continue
+        path = Path(mapped_path(item.path, pairs))
+        if path.parent.parent.name != UPLOADS or not path.parent.name.startswith("upload-"):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass
+    return removed
 
 
 def is_file_task(data: Any) -> bool:

@@ -136,7 +136,7 @@ async def post_documents(
             items.insert(index, too_deep_failure(index))
         language: str = batch.language
     elif content_type == "multipart/form-data":
-        items = await read_upload(request, settings)
+        items = await read_upload(request, settings, to_workers=state.executor.name == "broker")  # workers parse
         language = str((await request.form()).get("language") or "auto")  # the parsed form, cached by starlette
     else:
         raise ApiError(
