@@ -28,9 +28,9 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
         "search_settings": active.spec.settings if active else {},
         "generations": [
             {"name": g.name, "points": g.count, "model": g.spec.model, "active": g.active}
-            for g in info.generations if _unfinished(g) is None
+            for g in info.generations if _unfinished(settings, g, info.alias) is None
         ],
-        "unfinished": [u for u in map(_unfinished, info.generations) if u is not None],
+        "unfinished": [u for u in (_unfinished(settings, g, info.alias) for g in info.generations) if u is not None],
         "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
         "broker": settings.broker_url is not None,
     }
@@ -47,15 +47,18 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
     return data
 
 
-def _unfinished(g: GenerationInfo) -> dict[str, Any] | None:
+def _unfinished(settings: Settings, g: GenerationInfo, alias: str) -> dict[str, Any] | None:
     """A generation a re-embed is building (or gave up on), never answered from: shown apart from the collection's
-    generations, with its builder and whether that process still runs (None when it cannot be told here)."""
+    generations, with its builder (a process, or the workers' job and lease: services.lifecycle.builder) and
+    whether it still runs (None when it cannot be told here)."""
+    from services.lifecycle.builder import builder
     from services.lifecycle.state import ReembedState
 
     st = ReembedState.from_generation(g)
     if g.active or st is None or st.status not in ("building", "abandoned"):
         return None
-    alive = st.owner_alive() if st.status == "building" else False
+    owner = builder(settings, st, alias) if st.status == "building" else None
+    alive = owner["alive"] if owner is not None else False
     if st.status == "abandoned":
         next_step = "dropped by `dpr gc`"
     elif alive is False:
@@ -64,7 +67,8 @@ def _unfinished(g: GenerationInfo) -> dict[str, Any] | None:
         next_step = "being built (re-embed in progress)"
     return {"name": g.name, "points": g.count, "model": g.spec.model, "model_name": st.model_name,
             "status": st.status, "source": st.source, "started": st.started,
-            "owner": {"pid": st.pid or None, "host": st.host or None, "alive": alive}, "next": next_step}
+            "owner": (owner or {"pid": st.pid or None, "host": st.host or None, "job": None, "lease": None})
+            | {"alive": alive}, "next": next_step}
 
 
 def disk_status(settings: Settings) -> dict[str, Any]:

@@ -159,7 +159,8 @@ def status(
     for u in data.get("unfinished", []):  # a re-embed's target: never answered from until verified and swapped
         owner = u["owner"]
         alive = {True: "alive", False: "dead", None: "unknown"}[owner["alive"]]
-        who = f"pid {owner['pid']} on {owner['host']}: {alive}" if owner["pid"] else "workers"
+        who = (f"pid {owner['pid']} on {owner['host']}" if owner["pid"] else
+               f"workers, job {owner['job']}" if owner.get("job") else "workers") + f": {alive}"
         table.add_row("unfinished", f"{u['name']} ({u['points']:,}, {u['status']} by {who}): {u['next']}")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))

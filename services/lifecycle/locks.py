@@ -20,6 +20,11 @@ def redis_client(url: str) -> Any:
     return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
 
 
+def reembed_lock_key(alias: str) -> str:
+    """The Redis key of a collection's re-embed lease (its value: the holder's token)."""
+    return f"dpr:lock:reembed:{alias}"
+
+
 def reembed_lease(
     alias: str, data_dir: Path, broker_url: str | None, ttl: float, token: str | None = None
 ) -> Lease:
@@ -27,7 +32,7 @@ def reembed_lease(
 
     ``token``: adopt the Redis lease another task of the same re-embed took (its token is in the re-embed record)."""
     if broker_url:
-        lease = RedisLease(redis_client(broker_url), f"dpr:lock:reembed:{alias}", ttl, name=f"reembed-{alias}")
+        lease = RedisLease(redis_client(broker_url), reembed_lock_key(alias), ttl, name=f"reembed-{alias}")
         if token:
             lease.token = token
             lease._held = True  # noqa: SLF001 - adopting a lease another task of this re-embed took

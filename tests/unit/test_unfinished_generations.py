@@ -12,18 +12,24 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from kit.fake_redis import FakeRedis
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.status import collection_status
 from services.ingest import ingest_batch
+from services.lifecycle import locks as lifecycle_locks
 from services.lifecycle import plan, save_state
-from services.lifecycle.gc import gc
+from services.lifecycle.builder import builder_alive
+from services.lifecycle.gc import gc, gc_collection
+from services.lifecycle.locks import lease_for
+from services.lifecycle.progress import reembed_job_id
 from services.lifecycle.state import ReembedState
 from services.readers import Document
 from services.settings import ChunkSettings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec
+from workers import executor as workers_executor
 
 pytestmark = pytest.mark.unit
 
@@ -84,13 +90,66 @@ def test_a_building_generation_is_listed_apart_with_its_builder_and_gc_drops_it_
     assert status["unfinished"] == [] and [g["name"] for g in status["generations"]] == [source]
 
 
-def test_a_generation_built_by_workers_is_kept_and_listed_as_theirs(runtime: FakeRuntime) -> None:
-    state = plan(runtime.store, V2, model_name="v2")  # through a broker: no process owns it
-    assert state is not None and ReembedState.from_generation(
-        next(g for g in runtime.store.info().generations if g.name == state.target)).pid == 0  # type: ignore[union-attr]
+def test_a_generation_of_an_older_record_without_owner_fields_is_kept_as_unknown(runtime: FakeRuntime) -> None:
+    state = plan(runtime.store, V2, model_name="v2")  # neither a process nor a lease token recorded
+    assert state is not None and state.pid == 0 and not state.lock_token
     [building] = _status(runtime)["unfinished"]
-    assert building["owner"] == {"pid": None, "host": None, "alive": None}
+    assert building["owner"] == {"pid": None, "host": None, "job": None, "lease": None, "alive": None}
     assert gc(runtime.store, keep=0) == []
+
+
+def test_a_generation_built_by_workers_shows_their_job_and_is_dropped_or_resumed_once_their_lease_expired(
+    runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = FakeRedis()
+    monkeypatch.setattr(lifecycle_locks, "redis_client", lambda url: broker)
+    monkeypatch.setattr(workers_executor, "queue_depth", lambda settings: 0)  # `dpr status` reads it with a broker
+    settings = runtime.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
+    store = runtime.store
+    lease = lease_for(settings)  # what `dpr reembed` through a broker takes before planning
+    assert lease.acquire()
+    state = plan(store, V2, model_name="v2", lock_token=lease.token)  # type: ignore[attr-defined]
+    assert state is not None and state.pid == 0 and state.lock_token == lease.token  # type: ignore[attr-defined]
+
+    def status() -> dict:  # type: ignore[type-arg]
+        return collection_status(settings, store.info())
+
+    [building] = status()["unfinished"]
+    owner = building["owner"]
+    assert owner["job"] == reembed_job_id("passages", state.target) and owner["lease"] == "dpr:lock:reembed:passages"
+    assert owner["alive"] is True and building["next"] == "being built (re-embed in progress)"
+    assert gc_collection(settings, keep=0, store=store)[0] == []  # the workers hold the lease: kept
+
+    broker.strings.clear()  # no step refreshed the lease for lock_ttl: it expired (the workers were stopped)
+    [orphan] = status()["unfinished"]
+    assert orphan["owner"]["alive"] is False and "dpr reembed" in orphan["next"] and "dpr gc" in orphan["next"]
+    assert builder_alive(settings, ReembedState.from_generation(  # type: ignore[arg-type]
+        next(g for g in store.info().generations if g.name == state.target))) is False
+
+    again = lease_for(settings)  # the next `dpr reembed` resumes it, under its own lease
+    assert again.acquire()
+    resumed = plan(store, V2, model_name="v2", lock_token=again.token)  # type: ignore[attr-defined]
+    assert resumed is not None and resumed.target == state.target and resumed.lock_token == again.token  # type: ignore[attr-defined]
+    assert status()["unfinished"][0]["owner"]["alive"] is True
+    again.release()
+
+    dropped, _ = gc_collection(settings, keep=5, store=store)  # its lease is gone: gc takes the lease, drops it
+    assert dropped == [state.target]
+    assert status()["unfinished"] == []
+    assert broker.strings == {}  # gc let go of the lease
+
+
+def test_a_broker_that_cannot_be_read_leaves_the_workers_generation_unknown_and_kept(
+    runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lifecycle_locks, "redis_client", lambda url: FakeRedis(down=True))
+    monkeypatch.setattr(workers_executor, "queue_depth", lambda settings: 0)
+    settings = runtime.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
+    state = plan(runtime.store, V2, model_name="v2", lock_token="tok 1@host")
+    assert state is not None
+    [building] = collection_status(settings, runtime.store.info())["unfinished"]
+    assert building["owner"]["alive"] is None and building["owner"]["job"]
+    assert gc(runtime.store, keep=0, alive=lambda st: builder_alive(settings, st)) == []
 
 
 def test_a_half_made_generation_directory_is_removed_by_the_next_creation(tmp_path: Path) -> None:
