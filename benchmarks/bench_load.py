@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,17 @@ class Server(ServeProcess):
         super().stop()
 
 
+def run_threads(target: Callable[[int], None], offsets: list[int]) -> float:
+    """``target(offset)`` on one thread per offset, all at once; the seconds until the last one ends."""
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=target, args=(offset,)) for offset in offsets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def percentile(ms: list[float], q: float) -> float:
     """The ``q`` quantile of sorted ``ms`` (nearest rank)."""
     return ms[max(0, min(len(ms) - 1, math.ceil(q * len(ms)) - 1))]
@@ -233,13 +245,7 @@ def run_python(url: str, bodies: list[str], clients: int, duration: float) -> di
                     if r.status_code >= 400 and "retry-after" in r.headers:
                         retry[0] += 1
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k * 7,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_threads(client, [k * 7 for k in range(clients)])
     ms = sorted(x * 1000 for x in latencies) or [0.0]
     ok = status.get(200, 0)
     return {
@@ -311,13 +317,7 @@ def run_thin(url: str, qs: list[str], clients: int, duration: float, env: dict[s
                 latencies.append(time.perf_counter() - t)
                 codes[done.returncode] += 1
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=loop, args=(k * 11,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_threads(loop, [k * 11 for k in range(clients)])
     ms = sorted(x * 1000 for x in latencies) or [0.0]
     return {"clients": clients, "seconds": wall, "requests": len(latencies), "qps": codes.get(0, 0) / wall,
             "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 0.99),
