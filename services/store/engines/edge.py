@@ -30,43 +30,54 @@ from typing import TYPE_CHECKING, Any
 from qdrant_edge import (
     CountRequest,
     EdgeShard,
-    FieldCondition,
-    Filter,
     Fusion,
-    MatchAny,
-    MatchValue,
     PayloadSchemaType,
     Point,
     Prefetch,
     QuantizationSearchParams,
-    Query,
     QueryBatchRequest,
     QueryRequest,
-    RangeFloat,
     ScrollRequest,
     SearchParams,
     UpdateOperation,
 )
-from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services import datadir, diskspace
-from services.errors import CollectionNotFound, ConfigError, SnapshotError
+from services.errors import ConfigError
 from services.fsutil import write_atomic
 from services.settings import EdgeSettings
-from services.store.common import AtLeast, Match, Scored, Where, build_filter, missing_generation
-from services.store.engines import edge_index
-from services.store.engines.edge_config import EdgeLevers, edge_config
+from services.store.common import Scored, Where, missing_generation
+from services.store.engines import edge_index, edge_snapshots
+from services.store.engines.edge_config import (
+    LEVERS_FILE,
+    EdgeLevers,
+    edge_config,
+    levers_from,
+    levers_of,
+    search_params_from,
+)
+from services.store.engines.edge_convert import (
+    from_engine,
+    nearest,
+    payload_fields,
+    query_request,
+    scored,
+    to_filter,
+    to_vector,
+    to_where,
+)
 from services.store.lease import ShardLease, lease_for
 from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector
-from services.store.protocol import Branch, PointRecord, Record, Vector
+from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
     from services.settings import Settings
 
 log = logging.getLogger(__name__)
 
+__all__ = ["LEVERS_FILE", "EdgeEngine", "levers_from", "search_params_from"]  # the levers live in edge_config
+
 _DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
-LEVERS_FILE = "levers.json"  # the generation's EdgeLevers, beside spec.json (the index build repeats them)
 
 
 class EdgeEngine:
@@ -247,7 +258,7 @@ class EdgeEngine:
                     token, points, spec = self._copy_for_build(generation)
                 kb = edge_index.threshold_kb(self.index_threshold, spec.dim)
                 changed = edge_index.build(
-                    gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb, json.dumps(_levers_of(gen_dir))
+                    gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir))
                 )
                 swapped = False
                 with self.session():
@@ -297,7 +308,7 @@ class EdgeEngine:
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
-        batch = [Point(pid, {n: _vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
+        batch = [Point(pid, {n: to_vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
         self._require_space(f"writing {len(batch)} points")
         with diskspace.translate(self.root, f"writing {len(batch)} points"):
             self._shard(generation).update(UpdateOperation.upsert_points(batch))
@@ -307,69 +318,38 @@ class EdgeEngine:
         """Before a write through the memory maps: below ``min_free_mb`` a full disk would SIGBUS the process."""
         diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
 
-    # -- snapshots ---------------------------------------------------------------------------------------------
+    # -- snapshots: edge_snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        """Copy the active generation (flushed, under the lease: no write lands mid-copy) into ``dest``:
-        ``spec.json``, ``shard/`` and ``index.json`` if any; holes of sparse files stay holes. Returns the
-        generation's name, spec and point count. The lease is held only for the copy (the archive is written
-        after, without it)."""
-        from services.fsutil import copy_tree_sparse
-
-        with self.session():
-            generation = self.read_pointer()
-            if generation is None:
-                raise CollectionNotFound(
-                    f"collection {self.alias!r} under {self.root.parent} has nothing to snapshot yet; ingest first"
-                )
-            shard = self._shard(generation)
-            shard.flush()
-            points = shard.info().points_count
-            gen_dir = self._generations_dir / generation
-            dest.mkdir(parents=True, exist_ok=True)
-            copy_tree_sparse(gen_dir / edge_index.SHARD, dest / "shard")
-            for name in ("spec.json", edge_index.INDEX_RECORD, LEVERS_FILE):
-                if (gen_dir / name).is_file():
-                    shutil.copy2(gen_dir / name, dest / name)
-            return generation, self.read_spec(generation), points
+        return edge_snapshots.snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        """Move ``source`` (a generation directory unpacked from a snapshot, on this disk) in as ``generation``
-        and point the collection at it; refused when the collection exists here."""
-        with self.session(create=True):
-            if self.read_pointer() is not None or self.generations():
-                raise SnapshotError(
-                    f"collection {self.alias!r} already exists in {self.root.parent}; restore into a new data dir "
-                    "(--data-dir) or delete that collection first"
-                )
-            self._generations_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(source, self._generations_dir / generation)
-            self.write_pointer(generation, None)
+        edge_snapshots.restore_generation(self, source, generation)
 
     def delete(self, generation: str, where: Where) -> None:
-        self._shard(generation).update(UpdateOperation.delete_points_by_filter(_where(where)))
+        self._shard(generation).update(UpdateOperation.delete_points_by_filter(to_where(where)))
         self._lease.mark_dirty(generation)
 
     def count(self, generation: str, where: Where | None = None) -> int:
-        return self._shard(generation).count(CountRequest(exact=True, filter=_filter(where)))
+        return self._shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))
 
     def scroll(
         self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> tuple[list[Record], Any]:
         request = ScrollRequest(
-            offset=offset, limit=limit, filter=_filter(where), with_payload=_fields(fields), with_vector=False
+            offset=offset, limit=limit, filter=to_filter(where), with_payload=payload_fields(fields), with_vector=False
         )
         records, offset = self._shard(generation).scroll(request)
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
-        request = _request(branch, limit, where, params=self._params(generation, branch))
-        return _scored(self._shard(generation).query(request))
+        request = query_request(branch, limit, where, params=self._params(generation, branch))
+        return scored(self._shard(generation).query(request))
 
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        requests = [_request(b, limit, where, with_payload, self._params(generation, b)) for b in branches]
-        return [_scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
+        requests = [query_request(b, limit, where, with_payload, self._params(generation, b)) for b in branches]
+        return [scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=False)
@@ -381,19 +361,19 @@ class EdgeEngine:
         out: list[PointRecord] = []
         for r in records:
             named = r.vector if isinstance(r.vector, dict) else {}
-            out.append((str(r.id), {n: _ours(v) for n, v in named.items()}, dict(r.payload or {})))
+            out.append((str(r.id), {n: from_engine(v) for n, v in named.items()}, dict(r.payload or {})))
         return out
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
-        flt = _filter(where)
+        flt = to_filter(where)
         prefetches = [
-            Prefetch(limit=depth, query=_nearest(b), filter=flt, params=self._params(generation, b)) for b in branches
+            Prefetch(limit=depth, query=nearest(b), filter=flt, params=self._params(generation, b)) for b in branches
         ]
         rrf = Fusion.Rrf(k=rrf_k)  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
         request = QueryRequest(limit=limit, prefetches=prefetches, query=rrf, with_payload=True)  # type: ignore[arg-type]
-        return _scored(self._shard(generation).query(request))
+        return scored(self._shard(generation).query(request))
 
     def _params(self, generation: str, branch: Branch) -> SearchParams | None:
         """The dense branch's search params (HNSW ef, quantization rescore); none for the sparse branch. A
@@ -404,7 +384,7 @@ class EdgeEngine:
         if self.search_params is not None:
             return self.search_params
         if generation not in self._quantized:
-            levers = EdgeLevers.from_json(_levers_of(self._generations_dir / generation))
+            levers = EdgeLevers.from_json(levers_of(self._generations_dir / generation))
             self._quantized[generation] = levers.quantization != "none"
         return _RESCORE if self._quantized[generation] else None
 
@@ -413,84 +393,4 @@ class EdgeEngine:
         self._lease.release()
 
 
-# --------------------------------------------------------------------------------------------------------------
-# converters: neutral records -> qdrant-edge
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _filter(where: Where | None) -> Filter | None:
-    return None if where is None else _where(where)
-
-
-def _where(where: Where) -> Filter:
-    return build_filter(where, Filter, _field)  # type: ignore[no-any-return]
-
-
-def _field(condition: Match | AtLeast) -> FieldCondition:
-    if isinstance(condition, AtLeast):
-        return FieldCondition(key=condition.key, range=RangeFloat(gte=float(condition.value)))
-    match = MatchAny(condition.any_values()) if condition.any_of else MatchValue(condition.values[0])
-    return FieldCondition(key=condition.key, match=match)
-
-
-def _ours(vector: Any) -> Vector:
-    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
-    if hasattr(vector, "indices"):
-        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
-    return [float(v) for v in vector]
-
-
-def _vector(vector: Vector) -> Any:
-    if isinstance(vector, SparseVector):
-        return EdgeSparseVector(indices=list(vector.indices), values=list(vector.values))
-    return vector
-
-
-def _nearest(branch: Branch) -> Query:
-    name, vector = branch
-    return Query.Nearest(_vector(vector), using=name)
-
-
-def _request(
-    branch: Branch, limit: int, where: Where | None, with_payload: bool = True, params: SearchParams | None = None
-) -> QueryRequest:
-    return QueryRequest(
-        limit=limit, query=_nearest(branch), filter=_filter(where), with_payload=with_payload, params=params
-    )
-
-
 _RESCORE = SearchParams(quantization=QuantizationSearchParams(rescore=True))
-
-
-def levers_from(edge: EdgeSettings) -> EdgeLevers:
-    """The memory levers new generations are created with (``DPR_EDGE__QUANTIZATION`` etc.)."""
-    return EdgeLevers(
-        quantization=edge.quantization, vectors_on_disk=edge.vectors_on_disk, payload_on_disk=edge.payload_on_disk,
-        hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct,
-    )
-
-
-def search_params_from(edge: EdgeSettings) -> SearchParams | None:
-    """Dense search params from the settings; None (the engine's defaults) when no search lever is set."""
-    if edge.hnsw_ef is None and edge.oversampling is None and edge.quantization == "none":
-        return None
-    quantization = None
-    if edge.quantization != "none" or edge.oversampling is not None:
-        quantization = QuantizationSearchParams(rescore=edge.rescore, oversampling=edge.oversampling)
-    return SearchParams(hnsw_ef=edge.hnsw_ef, quantization=quantization)
-
-
-def _levers_of(generation_dir: Path) -> dict[str, Any]:
-    """The levers a generation was created with (``{}``: one made before levers existed, engine defaults)."""
-    try:
-        return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
-
-
-def _fields(fields: Sequence[str] | bool) -> Any:
-    return fields if isinstance(fields, bool) else list(fields)
-
-
-def _scored(points: Sequence[Any]) -> list[Scored]:
-    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]

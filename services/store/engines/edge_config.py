@@ -10,8 +10,10 @@ vector storage came back ``InRamMmap`` after ``optimize()``); quantization and p
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from qdrant_edge import (
     Distance,
@@ -22,15 +24,21 @@ from qdrant_edge import (
     HnswIndexConfig,
     Memory,
     Modifier,
+    QuantizationSearchParams,
     ScalarQuantizationConfig,
     ScalarType,
+    SearchParams,
 )
 
 from services.store.points import DENSE, SPARSE, CollectionSpec
 
+if TYPE_CHECKING:
+    from services.settings import EdgeSettings
+
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
 # Qdrant's defaults, used for the half of (m, ef_construct) a user leaves unset; full_scan_threshold in KB
 _HNSW_M, _HNSW_EF_CONSTRUCT, _FULL_SCAN_KB = 16, 100, 10_000
+LEVERS_FILE = "levers.json"  # a generation's EdgeLevers, beside spec.json (the index build repeats them)
 QUANTILE = 0.99  # int8 range from the 0.99 quantile of the values (Qdrant's quantization guide)
 
 
@@ -81,3 +89,29 @@ def edge_config(
         quantization_config=quantization,
         payload_memory=Memory.Cold if levers.payload_on_disk else Memory.Cached,
     )
+
+
+def levers_from(edge: EdgeSettings) -> EdgeLevers:
+    """The memory levers new generations are created with (``DPR_EDGE__QUANTIZATION`` etc.)."""
+    return EdgeLevers(
+        quantization=edge.quantization, vectors_on_disk=edge.vectors_on_disk, payload_on_disk=edge.payload_on_disk,
+        hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct,
+    )
+
+
+def search_params_from(edge: EdgeSettings) -> SearchParams | None:
+    """Dense search params from the settings; None (the engine's defaults) when no search lever is set."""
+    if edge.hnsw_ef is None and edge.oversampling is None and edge.quantization == "none":
+        return None
+    quantization = None
+    if edge.quantization != "none" or edge.oversampling is not None:
+        quantization = QuantizationSearchParams(rescore=edge.rescore, oversampling=edge.oversampling)
+    return SearchParams(hnsw_ef=edge.hnsw_ef, quantization=quantization)
+
+
+def levers_of(generation_dir: Path) -> dict[str, Any]:
+    """The levers a generation was created with (``{}``: one made before levers existed, engine defaults)."""
+    try:
+        return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}

@@ -16,7 +16,6 @@ API, exact search, payload indexes ignored, not thread-safe). Unreachable server
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
@@ -27,18 +26,17 @@ import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from services.errors import ConfigError, DprError, SnapshotError, StoreUnavailable
+from services.errors import ConfigError, DprError, StoreUnavailable
 from services.settings import QdrantSettings
 from services.store.common import (
     SPEC_METADATA_KEY,
-    AtLeast,
-    Match,
     Scored,
     Where,
-    build_filter,
     generation_number,
     missing_generation,
 )
+from services.store.engines import server_snapshots
+from services.store.engines.server_convert import from_engine, scored, to_filter, to_vector, to_where
 from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
@@ -47,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVER_SNAPSHOT_FILE = "collection.snapshot"
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT, "euclid": models.Distance.EUCLID}
 
 
@@ -83,6 +80,7 @@ class ServerEngine:
         self._owns_client = owns_client
         self._location = location or "the Qdrant server"
         self.api_key: str | None = None  # for the snapshot download/upload (plain HTTP beside the client)
+        self.http: httpx.Client | None = None  # that HTTP client (server_snapshots.http_for builds it; tests hand one)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerEngine:
@@ -131,60 +129,23 @@ class ServerEngine:
                 raise StoreUnavailable(f"{self._location} is unreachable ({what}): {e}") from e
             raise
 
-    # -- snapshots (Qdrant's own collection snapshots, moved over HTTP) ---------------------------------------
-    def _snapshot_url(self, path: str) -> str:
-        if not self._location.startswith(("http://", "https://")):
-            raise SnapshotError(
-                f"snapshots of a server collection need a Qdrant server (DPR_QDRANT_URL=http://host:6333); "
-                f"{self._location!r} is qdrant-client's in-process engine"
-            )
-        return self._location.rstrip("/") + path
-
-    def _headers(self) -> dict[str, str]:
-        return {"api-key": self.api_key} if self.api_key else {}
-
+    # -- snapshots: server_snapshots.py (Qdrant's snapshot API; the file moved over HTTP, checked) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        """Qdrant snapshots the active generation (consistent on the server), we download it to
-        ``dest/collection.snapshot`` with ``spec.json`` beside it, and delete it on the server. Returns the
-        generation's name, spec and point count."""
-        generation = self.read_pointer()
-        if generation is None:
-            raise missing_generation(self.alias, self.alias)
-        spec = self.read_spec(generation)
-        url = self._snapshot_url(f"/collections/{generation}/snapshots")
-        with self._engine("snapshot the collection", generation):
-            described = self.client.create_snapshot(collection_name=generation, wait=True)
-        if described is None:
-            raise StoreUnavailable(f"{self._location} did not describe the snapshot of {generation}; retry later")
-        dest.mkdir(parents=True, exist_ok=True)
-        try:
-            with self._engine("download the snapshot", generation), httpx.stream(
-                "GET", f"{url}/{described.name}", headers=self._headers(), timeout=self.options.timeout
-            ) as response:
-                response.raise_for_status()
-                with open(dest / SERVER_SNAPSHOT_FILE, "wb") as out:
-                    for block in response.iter_bytes(1 << 20):
-                        out.write(block)
-        finally:
-            with contextlib.suppress(Exception), self._engine("delete the server snapshot", generation):
-                self.client.delete_snapshot(collection_name=generation, snapshot_name=described.name, wait=True)
-        (dest / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True), encoding="utf-8")
-        return generation, spec, self.count(generation)
+        return server_snapshots.snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        """Upload ``source/collection.snapshot`` as collection ``generation`` and point the alias at it (refused
-        when the alias exists: restore into a fresh server or another collection name)."""
-        if self.read_pointer() is not None or self._exists(generation):
-            raise SnapshotError(
-                f"collection {self.alias!r} (or {generation!r}) already exists on {self._location}; restore into "
-                "a server without it, or delete it first"
-            )
-        url = self._snapshot_url(f"/collections/{generation}/snapshots/upload?priority=snapshot&wait=true")
-        with self._engine("upload the snapshot", generation), open(source / SERVER_SNAPSHOT_FILE, "rb") as f:
-            response = httpx.post(url, headers=self._headers(), files={"snapshot": (SERVER_SNAPSHOT_FILE, f)},
-                                  timeout=max(self.options.timeout, 600.0))
-            response.raise_for_status()
-        self.write_pointer(generation, None)
+        server_snapshots.restore_generation(self, source, generation)
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def guard(self, what: str, collection: str | None = None) -> contextlib.AbstractContextManager[None]:
+        """Errors of a request inside, as the store's (``StoreUnavailable``, ``ConfigError``, missing generation)."""
+        return self._engine(what, collection)
+
+    def exists(self, name: str) -> bool:
+        return self._exists(name)
 
     # -- pointer and generations ---------------------------------------------------------------------------
     def version(self) -> Hashable:
@@ -315,7 +276,7 @@ class ServerEngine:
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
         structs = [
-            models.PointStruct(id=pid, vector={n: _vector(v) for n, v in vectors.items()}, payload=payload)
+            models.PointStruct(id=pid, vector={n: to_vector(v) for n, v in vectors.items()}, payload=payload)
             for pid, vectors, payload in points
         ]
         with self._engine("upsert points", generation):
@@ -323,11 +284,11 @@ class ServerEngine:
 
     def delete(self, generation: str, where: Where) -> None:
         with self._engine("delete points", generation):
-            self.client.delete(generation, points_selector=models.FilterSelector(filter=_where(where)), wait=True)
+            self.client.delete(generation, points_selector=models.FilterSelector(filter=to_where(where)), wait=True)
 
     def count(self, generation: str, where: Where | None = None) -> int:
         with self._engine("count points", generation):
-            return int(self.client.count(generation, count_filter=_filter(where), exact=True).count)
+            return int(self.client.count(generation, count_filter=to_filter(where), exact=True).count)
 
     def scroll(
         self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
@@ -335,7 +296,7 @@ class ServerEngine:
         with self._engine("scroll points", generation):
             records, offset = self.client.scroll(
                 generation,
-                scroll_filter=_filter(where),
+                scroll_filter=to_filter(where),
                 limit=limit,
                 offset=offset,
                 with_payload=fields if isinstance(fields, bool) else list(fields),
@@ -348,27 +309,27 @@ class ServerEngine:
         with self._engine("search", generation):
             response = self.client.query_points(
                 generation,
-                query=_vector(vector),
+                query=to_vector(vector),
                 using=using,
-                query_filter=_filter(where),
+                query_filter=to_filter(where),
                 search_params=self._search_params(vector),
                 limit=limit,
                 with_payload=True,
             )
-        return _scored(response.points)
+        return scored(response.points)
 
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        flt = _filter(where)
+        flt = to_filter(where)
         requests = [
-            models.QueryRequest(query=_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload,
+            models.QueryRequest(query=to_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload,
                                 params=self._search_params(v))
             for u, v in branches
         ]
         with self._engine("search", generation):
             responses = self.client.query_batch_points(generation, requests=requests)
-        return [_scored(r.points) for r in responses]
+        return [scored(r.points) for r in responses]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         with self._engine("retrieve points", generation):
@@ -382,65 +343,26 @@ class ServerEngine:
         out: list[PointRecord] = []
         for r in records:
             named = r.vector if isinstance(r.vector, dict) else {}
-            out.append((str(r.id), {n: _ours(v) for n, v in named.items()}, dict(r.payload or {})))
+            out.append((str(r.id), {n: from_engine(v) for n, v in named.items()}, dict(r.payload or {})))
         return out
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
-        flt = _filter(where)
+        flt = to_filter(where)
         with self._engine("search", generation):
             response = self.client.query_points(
                 generation,
-                prefetch=[models.Prefetch(query=_vector(v), using=u, filter=flt, limit=depth,
+                prefetch=[models.Prefetch(query=to_vector(v), using=u, filter=flt, limit=depth,
                                           params=self._search_params(v)) for u, v in branches],
                 query=models.RrfQuery(rrf=models.Rrf(k=rrf_k)),
                 limit=limit,
                 with_payload=True,
             )
-        return _scored(response.points)
+        return scored(response.points)
 
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# converters: neutral records -> qdrant-client models
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _filter(where: Where | None) -> models.Filter | None:
-    return None if where is None else _where(where)
-
-
-def _where(where: Where) -> models.Filter:
-    return build_filter(where, models.Filter, _field)  # type: ignore[no-any-return]
-
-
-def _field(condition: Match | AtLeast) -> models.FieldCondition:
-    if isinstance(condition, AtLeast):
-        return models.FieldCondition(key=condition.key, range=models.Range(gte=condition.value))
-    match: Any = (
-        models.MatchAny(any=condition.any_values())
-        if condition.any_of
-        else models.MatchValue(value=condition.values[0])
-    )
-    return models.FieldCondition(key=condition.key, match=match)
-
-
-def _ours(vector: Any) -> Vector:
-    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
-    if isinstance(vector, models.SparseVector):
-        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
-    return [float(v) for v in vector]
-
-
-def _vector(vector: Vector) -> Any:
-    if isinstance(vector, SparseVector):
-        return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
-    return vector
-
-
-def _scored(points: Sequence[Any]) -> list[Scored]:
-    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
+        if self.http is not None and self._owns_client:
+            self.http.close()

@@ -1,0 +1,49 @@
+"""Converters of the server engine (``server.py``): the store's neutral records (filters, vectors) to qdrant-client
+models, and its answers back. Pure functions, no client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from qdrant_client import models
+
+from services.store.common import AtLeast, Match, Scored, Where, build_filter
+from services.store.points import SparseVector
+from services.store.protocol import Vector
+
+
+def to_filter(where: Where | None) -> models.Filter | None:
+    return None if where is None else to_where(where)
+
+
+def to_where(where: Where) -> models.Filter:
+    return build_filter(where, models.Filter, to_field)  # type: ignore[no-any-return]
+
+
+def to_field(condition: Match | AtLeast) -> models.FieldCondition:
+    if isinstance(condition, AtLeast):
+        return models.FieldCondition(key=condition.key, range=models.Range(gte=condition.value))
+    match: Any = (
+        models.MatchAny(any=condition.any_values())
+        if condition.any_of
+        else models.MatchValue(value=condition.values[0])
+    )
+    return models.FieldCondition(key=condition.key, match=match)
+
+
+def from_engine(vector: Any) -> Vector:
+    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
+    if isinstance(vector, models.SparseVector):
+        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
+    return [float(v) for v in vector]
+
+
+def to_vector(vector: Vector) -> Any:
+    if isinstance(vector, SparseVector):
+        return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
+    return vector
+
+
+def scored(points: Sequence[Any]) -> list[Scored]:
+    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
