@@ -35,7 +35,7 @@ def limits_for(settings: Settings) -> DocumentSettings:
     docs = settings.documents
     if docs.quarantine_dir is not None:
         return docs
-    return docs.model_copy(update={"quarantine_dir": settings.data_dir / "quarantine"})
+    return docs.model_copy(update={"quarantine_dir": (settings.data_dir / "quarantine").absolute()})
 
 
 @dataclass
