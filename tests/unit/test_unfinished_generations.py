@@ -103,7 +103,8 @@ def test_a_generation_built_by_workers_shows_their_job_and_is_dropped_or_resumed
 ) -> None:
     broker = FakeRedis()
     monkeypatch.setattr(lifecycle_locks, "redis_client", lambda url: broker)
-    monkeypatch.setattr(workers_executor, "queue_depth", lambda settings: 0)  # `dpr status` reads it with a broker
+    monkeypatch.setattr(workers_executor, "queue_depth", lambda settings: 0)  # `dpr status` reads them with a broker
+    monkeypatch.setattr(workers_executor, "broker_refusal", lambda settings: None)
     settings = runtime.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
     store = runtime.store
     lease = lease_for(settings)  # what `dpr reembed` through a broker takes before planning
@@ -144,6 +145,7 @@ def test_a_broker_that_cannot_be_read_leaves_the_workers_generation_unknown_and_
 ) -> None:
     monkeypatch.setattr(lifecycle_locks, "redis_client", lambda url: FakeRedis(down=True))
     monkeypatch.setattr(workers_executor, "queue_depth", lambda settings: 0)
+    monkeypatch.setattr(workers_executor, "broker_refusal", lambda settings: None)
     settings = runtime.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
     state = plan(runtime.store, V2, model_name="v2", lock_token="tok 1@host")
     assert state is not None
