@@ -41,9 +41,12 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
     if settings.broker_url:
-        from workers.executor import queue_depth
+        from workers.executor import broker_refusal, queue_depth
 
         data["queue_depth"] = queue_depth(settings)
+        refused = broker_refusal(settings)  # a full broker disk: reads go on, ingest is refused
+        if refused:
+            data["broker_warning"] = refused
     return data
 
 

@@ -171,6 +171,23 @@ def _send(app: Any, producer: Any, submitted: Submitted, number: int, docs: list
     )
 
 
+def broker_refusal(settings: Settings) -> str | None:
+    """The one line saying why the broker refuses writes now (a full disk makes Redis refuse even PING), or None.
+    Reads only: `dpr status` asks it."""
+    url = broker_url(settings)
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        client.ping()
+    except redis.exceptions.ResponseError as e:
+        refused = write_refused(url, e, client, "ingest is refused meanwhile")
+        return str(refused) if refused is not None else None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return None  # unreachable: queue_depth says so
+    finally:
+        client.close()
+    return None
+
+
 def queue_depth(settings: Settings, queue: str = INGEST_QUEUE) -> int:
     """Messages waiting in ``queue`` (not counting the ones workers hold)."""
     url = broker_url(settings)

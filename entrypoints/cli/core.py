@@ -164,6 +164,8 @@ def status(
         table.add_row("unfinished", f"{u['name']} ({u['points']:,}, {u['status']} by {who}): {u['next']}")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
+    if data.get("broker_warning"):
+        table.add_row("broker", f"[red]{escape(data['broker_warning'])}[/]")
     if "disk" in data:
         disk = data["disk"]
         table.add_row("disk", f"{disk['free_mb']:,.0f} MB free of {disk['total_mb']:,.0f} MB on {disk['path']}"

@@ -14,6 +14,7 @@ and ``read_pointer()`` read them without the lease.
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, with the lease held only to copy and
 to swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan. ``needs_index`` says
 whether ``index_threshold`` points arrived since the last build (``Store.maybe_optimize`` at the end of a job).
+Beside it: ``edge_snapshots.py`` (snapshot / restore), ``edge_convert.py`` (converters), ``edge_config.py`` (levers).
 """
 
 from __future__ import annotations
