@@ -6,8 +6,8 @@ device``), BRPOP and acks included; reads go on. Checked here, against a clean i
 
 - `dpr jobs J --wait` on a job the disk filled under stops with one line naming the broker (URL and folder) and
   the fix, exit 3; a new `dpr ingest` is refused the same way; `POST /v1/documents` answers 503 with that line;
-- `dpr status`, `dpr query` and `GET /v1/status` keep answering, and `/readyz` stays ready (its broker check says
-  ``writes_refused``; Redis fails even PING on a full disk);
+- `dpr status` (with a ``broker_warning``: that line), `dpr query` and `GET /v1/status` keep answering, and
+  `/readyz` stays ready (its broker check says ``writes_refused``; Redis fails even PING on a full disk);
 - the worker survives (it used to shut down: "Unrecoverable error: ResponseError" on the ack);
 - once space is freed, the interrupted job ends done and a re-run of `dpr ingest` ends done, and the store
   holds exactly the clean run's points (ids, document hashes, chunk indices): nothing lost, nothing twice.
@@ -171,8 +171,9 @@ def test_a_full_broker_disk_stops_ingest_with_one_line_keeps_reads_and_loses_not
         assert again.returncode == 3, (again.returncode, again.stderr)
         _one_line_naming_the_broker(again.stderr, url, disk)
 
-        status = cluster.dpr_json("status")  # reads go on
+        status = cluster.dpr_json("status")  # reads go on, and say why ingest is refused
         assert status["exists"] and status["points"] > 0
+        assert "broker disk full" in status["broker_warning"] and url in status["broker_warning"], status
         hits = json.loads(cluster.dpr("query", "vitamin D and bone density", "--json").stdout)
         assert hits, "dpr query answered nothing on a full broker disk"
 
