@@ -65,9 +65,11 @@ def broker_dir(client: Any) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else (str(value) if value else None)
 
 
-def write_refused(url: str, error: BaseException, client: Any = None, what: str = "") -> BrokerWriteRefused | None:
+def write_refused(url: str, error: BaseException, client: Any = None, what: str = "",
+                  again: str = "documents already written are unchanged and cost nothing") -> BrokerWriteRefused | None:
     """The one-line error for Redis refusing a write (None when ``error`` is something else): names the broker,
-    its folder when it says, why, and the fix. ``what``: what stopped (e.g. "job J stopped after 3 batches")."""
+    its folder when it says, why, and the fix. ``what``: what stopped (e.g. "job J stopped after 3 batches");
+    ``again``: why running the command again is safe."""
     kind = refusal_kind(error)
     if kind is None:
         return None
@@ -76,7 +78,7 @@ def write_refused(url: str, error: BaseException, client: Any = None, what: str 
     where = f"Redis broker at {redact_url(url)}"
     folder = broker_dir(client) if client is not None and kind in ("disk", "persistence") else None
     done = f"{what}; " if what else ""
-    tail = "and run the command again (documents already written are unchanged and cost nothing)"
+    tail = f"and run the command again ({again})"
     if kind == "disk":
         disk = f"the disk of its folder {folder}" if folder else "its disk (the folder `CONFIG GET dir` names)"
         return BrokerDiskFull(

@@ -80,6 +80,9 @@ def submit_reembed(
     ``adopt``: when the lock is held by the very re-embed in progress (its token is in the record), take it over
     and re-send what is still pending (what `dpr reembed` run again does after Ctrl-C or a dead worker). The beat
     passes False: a live run is left alone, and only a run whose lock expired is resumed."""
+    import redis.exceptions
+
+    from services.jobs import write_refused
     from services.store import open_store
 
     towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
@@ -87,7 +90,15 @@ def submit_reembed(
     lease = lease_for(settings)
     try:
         building = find_state(store)
-        if not lease.acquire():
+        try:
+            acquired = lease.acquire()
+        except redis.exceptions.ResponseError as e:  # the broker refuses writes (its disk is full): one line
+            refused = write_refused(settings.broker_url or "", e, lease.client,  # type: ignore[attr-defined]
+                                    "no re-embed was started", "a re-embed resumes where it stopped")
+            if refused is None:
+                raise
+            raise refused from e
+        if not acquired:
             lease = _adopt(settings, lease, building if adopt else None)
         state = plan(store, towers, model_name=towers.name, lock_token=getattr(lease, "token", ""))
         if state is None:
