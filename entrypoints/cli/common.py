@@ -137,7 +137,11 @@ def cli_errors() -> Iterator[None]:
         fail(message + ("" if isinstance(e, DiskFull) else _HINTS.get(code, "")), code=code)
     except Exception as e:  # a write that met a full disk anywhere (a job file, an export): one line, exit 3
         from services.diskspace import full_disk_error
+        from services.jobs.backends import write_refused
 
+        refused = write_refused("DPR_BROKER_URL", e)  # Redis refusing a write (its disk is full), not the data dir's
+        if refused is not None:
+            fail(str(refused), code=EXIT_UNAVAILABLE)
         full = full_disk_error(e)
         if full is None:
             raise

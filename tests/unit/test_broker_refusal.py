@@ -163,3 +163,18 @@ def test_a_worker_hands_the_batch_back_when_the_broker_refuses_its_outcome(harne
 def test_a_worker_reconnects_instead_of_shutting_down_on_a_refused_ack(tmp_path: Path) -> None:
     conf = celery_config(Settings(broker_url=URL, data_dir=tmp_path))
     assert conf["broker_channel_error_retry"] is True
+
+
+def test_a_refusal_no_caller_translated_is_still_the_broker_line_on_the_cli(capsys: pytest.CaptureFixture[str]
+                                                                            ) -> None:
+    import typer
+
+    from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors
+
+    with pytest.raises((SystemExit, typer.Exit)) as stopped, cli_errors():
+        raise redis.exceptions.ResponseError(AOF_FULL)  # e.g. a lock's SET deep in a command
+    code = getattr(stopped.value, "exit_code", None) or getattr(stopped.value, "code", None)
+    assert code == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert "broker disk full" in err and "DPR_BROKER_URL" in err and "the disk of" not in err  # not the data dir's
+    assert "Traceback" not in err
