@@ -6,7 +6,7 @@ GET the file, delete_snapshot(wait=True) whatever happens; upload with wait, pri
 a restore into a fresh server answers every question as before; a download that does not match the server's
 size / sha256, an archive with a flipped byte, a checksum the server refuses and a recovery that comes back short
 are each refused and leave nothing behind (no archive, no collection, no alias, no snapshot on the server).
-The same against a real server: tests/integration/test_server_snapshots.py (QDRANT_URL)."""
+The same against a real server: tests/integration/test_server_snapshots_live.py (QDRANT_URL)."""
 
 from __future__ import annotations
 
