@@ -178,3 +178,38 @@ def test_a_refusal_no_caller_translated_is_still_the_broker_line_on_the_cli(caps
     err = capsys.readouterr().err
     assert "broker disk full" in err and "DPR_BROKER_URL" in err and "the disk of" not in err  # not the data dir's
     assert "Traceback" not in err
+
+
+class RefusingApp:
+    """A Celery app whose broker takes the first task and refuses the next (its disk filled meanwhile)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def producer_or_acquire(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext(object())
+
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        if self.sent >= 1:
+            raise redis.exceptions.ResponseError(AOF_FULL)
+        self.sent += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_submit_the_broker_refuses_midway_stops_with_the_line_naming_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import executor as celery_executor
+
+    settings = Settings(broker_url=URL, data_dir=tmp_path, celery=CelerySettings(batch_documents=1))
+    monkeypatch.setattr(celery_executor, "create_app", lambda _s: RefusingApp())
+    monkeypatch.setattr(celery_executor.redis.Redis, "from_url", lambda *a, **k: FakeRedis())  # CONFIG GET dir
+    executor = celery_executor.CeleryExecutor(settings, jobs=JobStore(RedisHashes(FakeRedis(), url=URL)))
+    docs = [Document(doc_id=f"d{i}", text=f"text {i}") for i in range(3)]
+    with pytest.raises(BrokerDiskFull, match=r"job \w+ stopped after 1 batches") as refused:
+        executor.submit(iter(docs), collection="c")
+    assert "redis://:***@10.0.0.5:6379/0" in str(refused.value) and "/var/lib/redis" in str(refused.value)
