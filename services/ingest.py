@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
@@ -263,8 +263,13 @@ def _encode_and_store(
                 source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
                 job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format,
             )
-            points.append(PassagePoint(passage=passage, dense=vectors[i].tolist(),
+            # a row of the float32 matrix, not a list: the store only takes its length and turns each engine
+            # batch into floats (``points.point_vectors``), so a 2,400-page document never holds every vector as
+            # Python floats at once (~14 KB a passage as a list, ~100 bytes as a row)
+            dense = cast("list[float]", vectors[i])
+            points.append(PassagePoint(passage=passage, dense=dense,
                                        sparse=sparse_vectors[i] if sparse_vectors is not None else None))
+    del texts, sparse_vectors  # the points hold what is written
     t0 = time.perf_counter()
     store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks go, in one write
     report.upsert_seconds = time.perf_counter() - t0
