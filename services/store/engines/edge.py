@@ -14,7 +14,7 @@ and ``read_pointer()`` read them without the lease.
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, with the lease held only to copy and
 to swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan. ``needs_index`` says
 whether ``index_threshold`` points arrived since the last build (``Store.maybe_optimize`` at the end of a job).
-Beside it: ``edge_snapshots.py`` (snapshot / restore), ``edge_convert.py`` (converters), ``edge_config.py`` (levers).
+Beside it: ``edge_snapshots.py`` (snapshot / restore), ``edge_config.py`` (shard config, levers, converters).
 """
 
 from __future__ import annotations
@@ -48,21 +48,19 @@ from services.errors import ConfigError
 from services.fsutil import write_atomic
 from services.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
-from services.store.engines import edge_index, edge_snapshots
-from services.store.engines.edge_config import (
+from services.store.engines import edge_index
+from services.store.engines.edge_config import (  # converters
     LEVERS_FILE,
     EdgeLevers,
     edge_config,
+    from_engine,
     levers_from,
     levers_of,
-    search_params_from,
-)
-from services.store.engines.edge_convert import (
-    from_engine,
     nearest,
     payload_fields,
     query_request,
     scored,
+    search_params_from,
     to_filter,
     to_vector,
     to_where,
@@ -321,10 +319,14 @@ class EdgeEngine:
 
     # -- snapshots: edge_snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        return edge_snapshots.snapshot_generation(self, dest)
+        from services.store.engines.edge_snapshots import snapshot_generation  # only `dpr snapshot` loads it
+
+        return snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        edge_snapshots.restore_generation(self, source, generation)
+        from services.store.engines.edge_snapshots import restore_generation
+
+        restore_generation(self, source, generation)
 
     def delete(self, generation: str, where: Where) -> None:
         self._shard(generation).update(UpdateOperation.delete_points_by_filter(to_where(where)))

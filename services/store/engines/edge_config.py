@@ -6,11 +6,14 @@ original vectors and payloads on disk, HNSW m / ef_construct; docs/capacity.md).
 generation's spec (``levers.json``) because the index build reloads the shard with a config, and a dense vector's
 memory placement that the reload does not repeat falls back to RAM (measured on qdrant-edge 0.9.0: a ``Cold``
 vector storage came back ``InRamMmap`` after ``optimize()``); quantization and payload placement persist.
+``levers_from`` / ``search_params_from`` read them from the settings. Below: the converters of the store's neutral
+records to qdrant-edge's types and back (pure functions; in this module so `dpr query` loads one module for both).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,16 +24,26 @@ from qdrant_edge import (
     EdgeOptimizersConfig,
     EdgeSparseVectorParams,
     EdgeVectorParams,
+    FieldCondition,
+    Filter,
     HnswIndexConfig,
+    MatchAny,
+    MatchValue,
     Memory,
     Modifier,
     QuantizationSearchParams,
+    Query,
+    QueryRequest,
+    RangeFloat,
     ScalarQuantizationConfig,
     ScalarType,
     SearchParams,
 )
+from qdrant_edge import SparseVector as EdgeSparseVector
 
-from services.store.points import DENSE, SPARSE, CollectionSpec
+from services.store.common import AtLeast, Match, Scored, Where, build_filter
+from services.store.points import DENSE, SPARSE, CollectionSpec, SparseVector
+from services.store.protocol import Branch, Vector
 
 if TYPE_CHECKING:
     from services.settings import EdgeSettings
@@ -115,3 +128,58 @@ def levers_of(generation_dir: Path) -> dict[str, Any]:
         return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return {}
+
+
+# -- converters: the store's neutral records (filters, vectors, branches) to qdrant-edge's types and back -------
+
+
+def to_filter(where: Where | None) -> Filter | None:
+    return None if where is None else to_where(where)
+
+
+def to_where(where: Where) -> Filter:
+    return build_filter(where, Filter, to_field)  # type: ignore[no-any-return]
+
+
+def to_field(condition: Match | AtLeast) -> FieldCondition:
+    if isinstance(condition, AtLeast):
+        return FieldCondition(key=condition.key, range=RangeFloat(gte=float(condition.value)))
+    match = MatchAny(condition.any_values()) if condition.any_of else MatchValue(condition.values[0])
+    return FieldCondition(key=condition.key, match=match)
+
+
+def from_engine(vector: Any) -> Vector:
+    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
+    if hasattr(vector, "indices"):
+        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
+    return [float(v) for v in vector]
+
+
+def to_vector(vector: Vector) -> Any:
+    if isinstance(vector, SparseVector):
+        return EdgeSparseVector(indices=list(vector.indices), values=list(vector.values))
+    return vector
+
+
+def nearest(branch: Branch) -> Query:
+    name, vector = branch
+    return Query.Nearest(to_vector(vector), using=name)
+
+
+def query_request(
+    branch: Branch, limit: int, where: Where | None, with_payload: bool = True, params: SearchParams | None = None
+) -> QueryRequest:
+    return QueryRequest(
+        limit=limit, query=nearest(branch), filter=to_filter(where), with_payload=with_payload, params=params
+    )
+
+
+
+
+
+def payload_fields(fields: Sequence[str] | bool) -> Any:
+    return fields if isinstance(fields, bool) else list(fields)
+
+
+def scored(points: Sequence[Any]) -> list[Scored]:
+    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]

@@ -35,7 +35,6 @@ from services.store.common import (
     generation_number,
     missing_generation,
 )
-from services.store.engines import server_snapshots
 from services.store.engines.server_convert import from_engine, scored, to_filter, to_vector, to_where
 from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Record, Vector
@@ -131,10 +130,14 @@ class ServerEngine:
 
     # -- snapshots: server_snapshots.py (Qdrant's snapshot API; the file moved over HTTP, checked) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        return server_snapshots.snapshot_generation(self, dest)
+        from services.store.engines.server_snapshots import snapshot_generation  # only `dpr snapshot` loads it
+
+        return snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        server_snapshots.restore_generation(self, source, generation)
+        from services.store.engines.server_snapshots import restore_generation
+
+        restore_generation(self, source, generation)
 
     @property
     def location(self) -> str:
