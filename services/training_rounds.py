@@ -148,6 +148,7 @@ def _finetune(settings: Settings, data: TrainingData, config: TrainConfig, base_
     result = train_stage(settings, data, stage_config, base_path, stages_dir, _steps(notify, "finetune"))
     record = _record("finetune", result, kept=True)
     write_json(run_dir / "finetune.json", record)
+    log.info("dpr train stage finished", extra={"stage": "finetune", "dev_ndcg@10": record["dev_ndcg@10"]})
     notify("finetune", 1, 1, f"dev nDCG@10 {_dev(record)}")
 
 
@@ -168,6 +169,7 @@ def _round(settings: Settings, data: TrainingData, config: TrainConfig, rounds: 
     kept = after is not None and before is not None and after > before + rounds.min_gain
     record = {**_record(label, result, kept=kept), "dev_ndcg@10_before": before, "base": previous["model"]}
     write_json(run_dir / f"round-{k}.json", record)
+    log.info("dpr train stage finished", extra={"stage": label, "dev_ndcg@10": after, "before": before, "kept": kept})
     notify(label, 1, 1, f"dev nDCG@10 {before} -> {after}: {'kept' if kept else 'not kept'}")
 
 
