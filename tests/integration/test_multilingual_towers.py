@@ -133,7 +133,8 @@ def test_korean_question_finds_the_korean_document(converted: Path, tmp_path: Pa
         (folder / name).write_text(text, encoding="utf-8")
     monkeypatch.setenv("DPR_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DPR_ENCODER__MODEL", "multilingual")
-    monkeypatch.setenv("DPR_ENCODER__QUESTION_BACKEND", "torch")  # its ONNX export takes minutes: not in the suite
+    # torch on both sides: the model's ONNX export takes minutes (tests/slow/test_multilingual_onnx.py makes it)
+    monkeypatch.setenv("DPR_ENCODER__BACKEND", "torch")
     runner = CliRunner()
     res = runner.invoke(app, ["ingest", str(folder), "--json"])
     assert res.exit_code == 0, res.output
