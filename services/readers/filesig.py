@@ -13,6 +13,9 @@ How its bytes reach a worker (``services.settings.CelerySettings``):
   ``DPR_CELERY__PATH_MAP`` (``/client/prefix=/worker/prefix``, several separated by ``;``) where the workers
   mount the shared folder elsewhere. A worker that cannot read the path fails that document (``unreachable``)
   naming both settings.
+- an API upload (``POST /v1/documents`` with a file, when the service runs workers) travels the same way: inline,
+  or moved to ``DATA_DIR/uploads/upload-*/`` (``spool``; ``FileRef.spooled``) and removed by the worker once its
+  batch's outcome is recorded (``release_spooled``).
 
 Unchanged files (``signature``): the signature is the sha256 of the bytes, their size and a key of the chunking
 that shapes the passages (``DPR_CHUNK__*`` and the towers' passage budget). It is stored on every passage of the
