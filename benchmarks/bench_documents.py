@@ -139,14 +139,14 @@ class Sampler(threading.Thread):
                 total, stack = 0, [(tree.root, 0)]
                 while stack:
                     pid, depth = stack.pop()
-                    s = stats.get(pid)
-                    if s is None:
+                    st = stats.get(pid)
+                    if st is None:
                         continue
-                    total += s.get("VmRSS", 0)
+                    total += st.get("VmRSS", 0)
                     seen = tree.procs.get(pid)
                     if seen is None:
                         seen = tree.procs[pid] = Seen(role=_role(pid, depth))
-                    seen.hwm_kb = max(seen.hwm_kb, s.get("VmHWM", 0))
+                    seen.hwm_kb = max(seen.hwm_kb, st.get("VmHWM", 0))
                     stack.extend((c, depth + 1) for c in children.get(pid, []))
                 tree.peak_kb = max(tree.peak_kb, total)
 
