@@ -43,7 +43,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from services import datadir, diskspace
+from services import datadir
 from services.errors import ConfigError
 from services.fsutil import write_atomic
 from services.settings import EdgeSettings
@@ -202,8 +202,7 @@ class EdgeEngine:
             (self._generations_dir / generation).mkdir(parents=True)
         except FileExistsError:
             return False  # a generation, or a half-made one a crash left behind
-        self._require_space("creating a generation")
-        with diskspace.translate(self.root, "creating a generation"):
+        with self._writing("creating a generation"):
             shard = EdgeShard.create(
                 str(self._generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
             )
@@ -308,14 +307,18 @@ class EdgeEngine:
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
         batch = [Point(pid, {n: to_vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
-        self._require_space(f"writing {len(batch)} points")
-        with diskspace.translate(self.root, f"writing {len(batch)} points"):
+        with self._writing(f"writing {len(batch)} points"):
             self._shard(generation).update(UpdateOperation.upsert_points(batch))
         self._lease.mark_dirty(generation)
 
-    def _require_space(self, what: str) -> None:
-        """Before a write through the memory maps: below ``min_free_mb`` a full disk would SIGBUS the process."""
-        diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Stop below ``min_free_mb`` before a write through the maps (a full disk would SIGBUS); ENOSPC -> DiskFull."""
+        from services import diskspace  # loaded by writers only
+
+        with diskspace.translate(self.root, what):
+            diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
+            yield
 
     # -- snapshots: edge_snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
