@@ -10,15 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from entrypoints.cli.common import (
     EXIT_USAGE,
@@ -30,11 +21,11 @@ from entrypoints.cli.common import (
     get_settings,
     settings_for,
 )
+from entrypoints.cli.progress import stage_bars
 from services.threads import threads_per_process
 
 if TYPE_CHECKING:
     from encoders.training_run import TrainResult
-    from services.staged_run import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +197,7 @@ def train(
     with cli_errors():
         check_choice(language)
         try:
-            with _stage_bars(quiet=as_json) as on_progress:
+            with stage_bars(quiet=as_json) as on_progress:
                 done = train_recipe(settings, what, config, base=base or ("active" if question_only else "base"),
                                     rounds=RoundConfig(rounds=rounds), progress=on_progress)
         except ValueError as e:  # DataError, and the encoders' argument checks
@@ -348,31 +339,9 @@ def _parse_window(window: str) -> tuple[int, int]:
 def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], None]]:
     """The ``progress`` callback of ``encoders.train.train`` (`dpr train-reranker`): a rich bar on stderr (steps,
     loss, times) that appears at the first step, so reading the data and mining negatives print nothing."""
-    with _stage_bars(quiet) as on_progress:
+    with stage_bars(quiet) as on_progress:
         yield lambda step, total, loss: on_progress(
             "training", step, total, f"loss {loss:.4f}" if loss is not None else "")
-
-
-@contextmanager
-def _stage_bars(quiet: bool) -> Iterator[StageProgress]:
-    """One rich bar per stage on stderr (`dpr train`'s fine-tune and rounds): steps done / total, a note (the
-    loss, the dev figure), elapsed and ETA; the ``recipe`` line says how many rounds are left and about how long."""
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                   console=err_console, disable=quiet, transient=False)
-    tasks: dict[str, TaskID] = {}
-
-    def on_progress(stage: str, done: int, total: int | None, note: str) -> None:
-        if not tasks:
-            bar.start()
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(stage, total=total, note=note)
-        bar.update(tasks[stage], completed=done, total=total, note=note)
-
-    try:
-        yield on_progress
-    finally:
-        bar.stop()
 
 
 def _check_negatives_from(source: str) -> None:
