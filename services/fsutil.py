@@ -4,6 +4,7 @@ copies, and a polled ``flock`` with a deadline (the store's shard lease and ``se
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import threading
@@ -91,3 +92,12 @@ def flock_until(
                 on_wait()
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, max_poll)
+
+
+def sha256_of(path: Path, block: int = 1 << 20) -> str:
+    """The sha256 hex digest of a file's bytes, read in blocks (snapshots, uploads, a document's signature)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -39,7 +39,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from services import datadir, diskspace
 from services.errors import DprError, SnapshotError
-from services.fsutil import write_atomic
+from services.fsutil import sha256_of, write_atomic
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -59,14 +59,6 @@ _ZERO = bytes(BLOCK)
 
 def allocated_bytes(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_sparse(source: IO[bytes], path: Path, size: int) -> str:
@@ -136,7 +128,7 @@ def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None
             _write_archive(staging, manifest, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    digest = _sha256_file(path)
+    digest = sha256_of(path)
     write_atomic(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n")
     return {
         "snapshot": str(path), "collection": settings.collection, "backend": engine.backend,
@@ -168,7 +160,7 @@ def _file_entries(staging: Path) -> list[dict[str, Any]]:
     out = []
     for p in sorted(staging.rglob("*")):
         if p.is_file():
-            out.append({"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size, "sha256": _sha256_file(p)})
+            out.append({"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size, "sha256": sha256_of(p)})
     return out
 
 
@@ -241,7 +233,7 @@ def verify_checksum(path: Path) -> str | None:
     if not sidecar.is_file():
         return None
     expected = sidecar.read_text(encoding="utf-8").split()[0] if sidecar.read_text(encoding="utf-8").strip() else ""
-    actual = _sha256_file(path)
+    actual = sha256_of(path)
     if actual != expected:
         raise SnapshotError(
             f"{path} does not match its checksum ({sidecar.name} says {expected[:16]}..., the file is "

@@ -41,8 +41,6 @@ from typing import Any
 
 from services.readers.records import Document, DocumentFailure, safe_text
 
-HASH_CHUNK = 1 << 20
-
 
 @dataclass(frozen=True)
 class FileRef(Document):
@@ -160,14 +158,6 @@ def mapped_path(path: str, pairs: list[tuple[str, str]]) -> str:
         if path == src or path.startswith(src.rstrip("/") + "/"):
             return dst.rstrip("/") + path[len(src.rstrip("/")):]
     return path
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def signature(digest: str, size: int, chunk_key: str) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from kit.documents import make_pdf
 
+from services.fsutil import sha256_of
 from services.ingest import batched_items
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.filesig import (
@@ -17,7 +18,6 @@ from services.readers.filesig import (
     local_file,
     mapped_path,
     parse_path_map,
-    sha256_of,
     signature,
     signature_size,
 )

@@ -35,6 +35,7 @@ from urllib.parse import quote
 import httpx
 
 from services.errors import SnapshotError, StoreUnavailable
+from services.fsutil import sha256_of
 from services.store.common import missing_generation
 from services.store.points import CollectionSpec
 
@@ -141,7 +142,7 @@ def restore_generation(engine: ServerEngine, source: Path, generation: str) -> N
         )
     record = _record(source)
     path = source / SNAPSHOT_FILE
-    sha = record.get("sha256") or _sha256(path)
+    sha = record.get("sha256") or sha256_of(path)
     route = f"/collections/{quote(generation)}/snapshots/upload"
     with engine.guard("upload the snapshot", generation), open(path, "rb") as f:
         response = http.post(route, params={"wait": "true", "priority": "snapshot", "checksum": sha},
@@ -183,9 +184,3 @@ def _record(source: Path) -> dict[str, Any]:
         return {}  # a snapshot made before the record existed: the server checks the sha256 computed here
 
 
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_BLOCK):
-            sha.update(block)
-    return sha.hexdigest()
