@@ -32,7 +32,9 @@ def failing_exporter(model_path: Path, export_dir: Path) -> dict:
 def test_the_export_runs_in_a_child_process(tmp_path: Path) -> None:
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)
-    manifest = registry._export_in_child(model, tmp_path / "export", pid_exporter)
+    from encoders.onnx_export import ensure_export
+
+    manifest = registry._in_child(ensure_export, model, tmp_path / "export", pid_exporter)
     assert manifest["model_path"] == str(model)
     assert manifest["exported_by"] != os.getpid()
     assert json.loads((tmp_path / "export" / "made.json").read_text())["exported_by"] == manifest["exported_by"]

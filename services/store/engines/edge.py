@@ -11,10 +11,9 @@ Every call runs under the directory's ``ShardLease`` (``services/store/lease.py`
 opened lazily and released when idle). The pointer and the spec files are written atomically, so ``version()``
 and ``read_pointer()`` read them without the lease.
 
-HNSW graphs are built only by ``optimize()``, on a copy in a child process, with the lease held only to copy and
-to swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan. ``needs_index`` says
-whether ``index_threshold`` points arrived since the last build (``Store.maybe_optimize`` at the end of a job).
-Beside it: ``edge_snapshots.py`` (snapshot / restore), ``edge_config.py`` (shard config, levers, converters).
+HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
+swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many
+points arrived since the last build. Beside it: ``edge_snapshots.py``, ``edge_config.py`` (config, levers).
 """
 
 from __future__ import annotations
@@ -338,9 +337,8 @@ class EdgeEngine:
     def count(self, generation: str, where: Where | None = None) -> int:
         return self._shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))
 
-    def scroll(
-        self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
-    ) -> tuple[list[Record], Any]:
+    def scroll(self, generation: str, limit: int, offset: Any, where: Where | None = None,
+               fields: Sequence[str] | bool = True) -> tuple[list[Record], Any]:
         request = ScrollRequest(
             offset=offset, limit=limit, filter=to_filter(where), with_payload=payload_fields(fields), with_vector=False
         )
