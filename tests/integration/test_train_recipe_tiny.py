@@ -11,37 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.tiny_beir import short_passage, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ["volcano lava magma", "glacier ice snow", "desert sand dune", "ocean wave tide", "forest tree moss",
-          "city street subway", "river bank delta", "mountain peak ridge"]
-
-
-def _beir(root: Path) -> Path:
-    """A BEIR folder: 8 topics x 2 documents, 3 questions per topic (train qrels)."""
-    root.mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for t, words in enumerate(TOPICS):
-            for j in range(2):
-                w = words.split()
-                text = f"{words} fact {j}. The {w[0]} is studied here. Notes on the {w[1]} and the {w[2]} follow."
-                f.write(json.dumps({"_id": f"d{t}-{j}", "title": f"The {w[0]} {j}", "text": text}) + "\n")
-    (root / "qrels").mkdir()
-    with open(root / "queries.jsonl", "w") as q, open(root / "qrels" / "train.tsv", "w") as r:
-        r.write("query-id\tcorpus-id\tscore\n")
-        for t, words in enumerate(TOPICS):
-            for j in range(3):
-                q.write(json.dumps({"_id": f"q{t}-{j}", "text": f"what about {words.split()[j]}"}) + "\n")
-                r.write(f"q{t}-{j}\td{t}-{j % 2}\t1\n")
-    return root
+def _passage(words: str, j: int) -> str:
+    """This file's wording of a tiny BEIR passage (kit.tiny_beir): ``short_passage`` with " follow." at the end."""
+    return short_passage(words, j)[:-1] + " follow."
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("recipe")
-    return {"base": tiny_sentence_model(root), "beir": _beir(root / "beir")}
+    return {"base": tiny_sentence_model(root), "beir": tiny_beir(root / "beir", _passage)}
 
 
 def _settings(tmp_path: Path) -> Any:
