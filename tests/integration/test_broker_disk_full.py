@@ -15,7 +15,6 @@ device``), BRPOP and acks included; reads go on. Checked here, against a clean i
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_server import ServeProcess, wait_ready
+from kit.documents import scifact_jsonl
 from worker_cluster import DPR, Cluster, cluster_env, free_port, wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,17 +109,6 @@ def _free(disk: Path, url: str) -> None:
     client.close()
 
 
-def _corpus(shared_data: Path, path: Path) -> Path:
-    with gzip.open(shared_data / "beir-scifact" / "corpus.jsonl.gz", "rt", encoding="utf-8") as f, \
-            path.open("w", encoding="utf-8") as out:
-        for i, line in enumerate(f):
-            if i >= DOCS:
-                break
-            d = json.loads(line)
-            out.write(json.dumps({"id": d["_id"], "title": d.get("title", ""), "text": d["text"]}) + "\n")
-    return path
-
-
 def _points(data: Path) -> dict[str, tuple[str, int, str]]:
     from services.settings import Settings
     from services.store import open_store
@@ -143,7 +132,7 @@ def test_a_full_broker_disk_stops_ingest_with_one_line_keeps_reads_and_loses_not
     broker_on_a_small_disk: tuple[str, Path], shared_data: Path, tmp_path: Path, onnx_cache: Path
 ) -> None:
     url, disk = broker_on_a_small_disk
-    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    corpus = scifact_jsonl(shared_data, tmp_path / "corpus.jsonl", DOCS)
     root = tmp_path / "cluster"
     root.mkdir()
     cluster = Cluster(broker_url=url, data_dir=root / "data", root=root,

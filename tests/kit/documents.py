@@ -3,6 +3,8 @@ python-pptx, odfpy, ebooklib), and hostile ones (encrypted, truncated, text-less
 
 from __future__ import annotations
 
+import gzip
+import json
 import zipfile
 from pathlib import Path
 
@@ -166,3 +168,15 @@ def _declare_small(path: Path, suffix: str) -> None:
         pos = data.find(b"PK\x01\x02", pos + 4)
     del cd
     path.write_bytes(bytes(data))
+
+
+def scifact_jsonl(shared_data: Path, path: Path, docs: int) -> Path:
+    """The first ``docs`` SciFact abstracts (``shared_data``/beir-scifact) as a dpr JSONL file at ``path``."""
+    with gzip.open(shared_data / "beir-scifact" / "corpus.jsonl.gz", "rt", encoding="utf-8") as f, \
+            path.open("w", encoding="utf-8") as out:
+        for i, line in enumerate(f):
+            if i >= docs:
+                break
+            d = json.loads(line)
+            out.write(json.dumps({"id": d["_id"], "title": d.get("title", ""), "text": d["text"]}) + "\n")
+    return path

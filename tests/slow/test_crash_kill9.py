@@ -12,7 +12,6 @@ and outcomes as JSON (benchmarks/results/reliability/crash.md was made that way)
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import random
@@ -24,23 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.documents import scifact_jsonl
 
 pytestmark = pytest.mark.slow
 
 DOCS = 200
 ROUNDS = 5
 KILL_WINDOW = (0.15, 1.0)  # kill moments, as a share of a whole run's wall time (model load, read, encode, write)
-
-
-def _corpus(shared_data: Path, path: Path) -> Path:
-    with gzip.open(shared_data / "beir-scifact" / "corpus.jsonl.gz", "rt", encoding="utf-8") as f, \
-            path.open("w", encoding="utf-8") as out:
-        for i, line in enumerate(f):
-            if i >= DOCS:
-                break
-            d = json.loads(line)
-            out.write(json.dumps({"id": d["_id"], "title": d.get("title", ""), "text": d["text"]}) + "\n")
-    return path
 
 
 def _env(data: Path) -> dict[str, str]:
@@ -75,7 +64,7 @@ def _status(data: Path) -> dict[str, Any]:
 
 def test_ingest_killed_at_random_moments_loses_nothing_and_doubles_nothing(shared_data: Path, tmp_path: Path
                                                                            ) -> None:
-    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    corpus = scifact_jsonl(shared_data, tmp_path / "corpus.jsonl", DOCS)
     clean_dir, crash_dir = tmp_path / "clean", tmp_path / "crashed"
     clean = _dpr(clean_dir, "ingest", str(corpus), "--json")
     assert clean.returncode == 0, clean.stderr[-800:]
@@ -120,7 +109,7 @@ def test_ingest_killed_at_random_moments_loses_nothing_and_doubles_nothing(share
 def test_reembed_killed_midway_leaves_no_orphan_generation(shared_data: Path, tmp_path: Path) -> None:
     from kit.tiny_models import tiny_sentence_model
 
-    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    corpus = scifact_jsonl(shared_data, tmp_path / "corpus.jsonl", DOCS)
     data = tmp_path / "data"
     assert _dpr(data, "ingest", str(corpus), "--json").returncode == 0
     built = tiny_sentence_model(tmp_path / "tiny")  # another model, so that there is something to re-embed
@@ -191,7 +180,7 @@ def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_clean_poi
     accepted a JSONL upload; then `dpr status`, then a new server, the same upload, to the end."""
     from integration.api_server import ServeProcess, wait_job, wait_ready
 
-    corpus = _corpus(shared_data, tmp_path / "corpus.jsonl")
+    corpus = scifact_jsonl(shared_data, tmp_path / "corpus.jsonl", DOCS)
     started = time.monotonic()
     clean = _dpr(tmp_path / "clean", "ingest", str(corpus), "--json")
     run_seconds = time.monotonic() - started  # the kill moments' scale
