@@ -105,7 +105,9 @@ def submit_reembed(
             lease.release()
             return Submitted(outcome="nothing_to_do", model=towers.fingerprint, model_name=towers.name)
         resumed = building is not None and building.target == state.target
-        if not resumed:
+        if resumed:
+            progress_for(settings, state.target).supersede_pending()
+        else:
             progress_for(settings, state.target).reset()
         with open_sender(settings) as sender:
             sent = _send(settings, store, state, gate, sender)

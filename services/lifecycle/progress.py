@@ -50,6 +50,17 @@ class ReembedProgress:
         """Every batch is sent (by this run and, when it resumed, earlier ones)."""
         self.jobs.seal(self.job, batches=self.counts()[1], documents=passages, skipped=[], failed=[])
 
+    def supersede_pending(self) -> list[str]:
+        """A resumed run re-sends every passage still missing from the target, so the batches an earlier run sent
+        and never finished (a worker killed mid-batch, a redelivery not yet due) are covered by the new ones:
+        close them, so neither the finalize step waits for them nor the job shows them pending. One of them that
+        runs late anyway copies the same passages again (idempotent) and replaces its record."""
+        status = self._status()
+        stale = [str(b) for b in status["batches_pending"]] if status else []
+        for batch_id in stale:
+            self.jobs.record_batch(self.job, batch_id, {"passages": 0, "superseded": True})
+        return stale
+
     def done(self, batch_id: str, passages: int = 0) -> None:
         self.jobs.record_batch(self.job, batch_id, {"passages": passages})
         self.touch()

@@ -50,3 +50,18 @@ def test_a_resumed_run_whose_record_was_lost_starts_a_new_one(jobs: JobStore) ->
     assert progress.counts() == (0, 0) and progress.idle_seconds() == float("inf")
     progress.sent(["r2-0"])  # no reset: the record had expired or the broker lost it
     assert jobs.status(progress.job)["batches_pending"] == ["r2-0"]
+
+
+def test_a_resumed_run_closes_the_batches_an_earlier_run_left_unfinished(jobs: JobStore) -> None:
+    progress = ReembedProgress(jobs, "docs", "docs-g2")
+    progress.reset()
+    progress.sent(["r1-0", "r1-1", "r1-2"])
+    progress.done("r1-0", 2)  # r1-1 was in flight on a killed worker, r1-2 still queued
+    assert progress.supersede_pending() == ["r1-1", "r1-2"]
+    progress.sent(["r2-0"])  # the resumed run re-sends what the target still lacks
+    assert jobs.status(progress.job)["batches_pending"] == ["r2-0"] and progress.pending() == 1
+    progress.done("r2-0", 4)
+    progress.done("r1-2", 2)  # the old batch runs late after all: its record is replaced, nothing pends
+    status = jobs.status(progress.job)
+    assert status["batches_pending"] == [] and status["batches_done"] == 4
+    assert progress.supersede_pending() == []
