@@ -35,7 +35,7 @@ def main() -> None:
 
     from entrypoints.api.app import create_app
     from services.access import AccessGate, KeyStore, keys_path
-    from services.settings import ApiSettings
+    from services.core.settings import ApiSettings
 
     print(f"CPU: {cpu_model()}; commit {commit()}; python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """The store's BM25 against a reference BM25 (bm25s), with the same tokens, on every shared collection.
 
 For each collection, every document (title + text, one passage per document) is tokenised once by the product's
-sparse encoder (``services.sparse``: qdrant-edge Bm25, English stopwords and Snowball stemming; Kiwi morphemes
+sparse encoder (``services.store.sparse``: qdrant-edge Bm25, English stopwords and Snowball stemming; Kiwi morphemes
 for Korean); the token hashes are the terms both sides see. Then:
 
 - ``bm25s``: bm25s (method ``lucene``, k1 1.2, b 0.75: the product's k and b, and the IDF Qdrant's IDF modifier
@@ -38,13 +38,13 @@ sys.path.insert(0, str(REPO))
 from machine import commit, cpu_flags, cpu_model  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.metrics import ir_metrics  # noqa: E402
+from encoders.learn.metrics import ir_metrics  # noqa: E402
 from services.readers.beir import load_beir  # noqa: E402
 from services.readers.squad import load_squad  # noqa: E402
-from services.sparse import Bm25Embedder, embedder_for  # noqa: E402
 from services.store import Store  # noqa: E402
 from services.store.engines.edge import EdgeEngine  # noqa: E402
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest  # noqa: E402
+from services.store.sparse import Bm25Embedder, embedder_for  # noqa: E402
 
 DATA = Path("/work/shared/data")
 K, B = 1.2, 0.75

@@ -70,11 +70,11 @@ import bench_ingest as bi  # noqa: E402
 import numpy as np  # noqa: E402
 from machine import commit, machine  # noqa: E402
 
+from services.core.settings import EncoderSettings, Settings  # noqa: E402
+from services.core.threads import available_cores, threads_per_process  # noqa: E402
 from services.ingest import chunk_document, encode_by_length  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
-from services.settings import EncoderSettings, Settings  # noqa: E402
-from services.threads import available_cores, threads_per_process  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "ingest-speed" / "hotpaths.md"
 DPR = str(Path(sys.executable).with_name("dpr"))
@@ -332,7 +332,8 @@ def scale_out_rows(scale: dict[str, list[tuple[float, str]] | str], backend: str
         "a": ("ingest via Redis + 1 worker, 1 thread", "concurrency 1; DPR_ENCODER__THREADS=1"),
         "b": ("ingest via Redis + 2 workers, 1 thread each", "concurrency 1 each; DPR_ENCODER__THREADS=1"),
         "c": ("ingest via Redis + 2 pool processes sharing the cores (`dpr worker --concurrency 2`)",
-              f"DPR_ENCODER__THREADS unset: services/threads.py gives each pool process usable cores // concurrency "
+              f"DPR_ENCODER__THREADS unset: services/core/threads.py gives each pool process usable cores // "
+              f"concurrency "
               f"= {policy} thread(s): {2 * policy} on {cores} cores"),
         "i": ("in-process ingest, run beside c", "`dpr ingest` without DPR_BROKER_URL, the same documents"),
     }
@@ -694,7 +695,7 @@ def write(out: Path, m: dict[str, Any], rows: list[Row], notes: list[str], docs:
             f"on {m['cpu']} ({m['flags'].replace(' ', ', ')}), "
             f"{m['cores']} usable cores at {m['ghz']:.2f} GHz: fp32 ceiling {m['cores']} x {m['flop_per_cycle']} x "
             f"{m['ghz']:.2f} = {m['ceiling'] / 1e9:.0f} GFLOP/s. Subset: {docs} SciFact abstracts -> {passages} "
-            "passages, model all-MiniLM-L6-v2 (base), batch 32, threads by services/threads.py.")
+            "passages, model all-MiniLM-L6-v2 (base), batch 32, threads by services/core/threads.py.")
     table = ["| measure | result | notes |", "|---|---|---|", *[f"| {a} | {b} | {c} |" for a, b, c in rows]]
     text = "\n".join([head, "", *table, "", *(f"- {n}" for n in notes)])
     print(text)

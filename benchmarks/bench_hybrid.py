@@ -50,14 +50,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from encoders import data as d  # noqa: E402
-from encoders.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
+from encoders.learn.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
 from services import readers  # noqa: E402
-from services.evaluation import StoreCorpus  # noqa: E402
-from services.hybrid import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.learn.evaluation import StoreCorpus  # noqa: E402
+from services.learn.hybrid import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
 from services.readers import load_dev_split  # noqa: E402
-from services.settings import Settings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "benchmarks" / "results" / "quality"
@@ -272,8 +272,8 @@ def section_latency(args: argparse.Namespace, settings: Settings) -> dict[str, A
 
     from services.query import search
     from services.runtime import Runtime
-    from services.sparse import default_embedder
     from services.store.points import SearchRequest
+    from services.store.sparse import default_embedder
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hybrid-lat-", dir=args.work))
     cfg = settings.model_copy(update={"data_dir": tmp, "collection": "latency", "qdrant_url": None})

@@ -15,7 +15,8 @@ and the ratios 2/1 and 3/1 (floor: 0.8). Then:
 
 4. the whole corpus (5,183 abstracts) ingested in-process in a child process: wall time and the child's peak RSS
    (``os.wait4`` rusage); the child also keeps every passage vector it encoded;
-5. query latency (question tower encode + search through ``services.query.search``, k=10, dense and hybrid RRF) on
+5. query latency (question tower encode + search through ``services.query.search``, k=10,
+   dense and hybrid RRF) on
    the embedded store at 5k passages (real vectors from step 4) and 50k passages (those 5k real ones plus 45k
    synthetic points: each a copy of real passage ``i % 5000`` whose vector is ``normalise(v + e)``,
    ``e ~ N(0, (0.5 / sqrt(dim))^2)`` per component, i.e. noise of norm ~0.5, cosine ~0.89 to its source; same
@@ -54,8 +55,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 from entrypoints.compose import executor_for  # noqa: E402
+from services.core.settings import ChunkSettings, Settings  # noqa: E402
 from services.readers import Document, iter_documents  # noqa: E402
-from services.settings import ChunkSettings, Settings  # noqa: E402
 
 log = logging.getLogger("bench_ingest")
 
@@ -108,7 +109,7 @@ def bench_raw(towers: Any, texts: list[str]) -> float:
 
 def bench_in_process(towers: Any, docs: list[Document], work: Path) -> tuple[float, Any]:
     from services.runtime import Runtime
-    from services.sparse import default_embedder
+    from services.store.sparse import default_embedder
 
     settings = Settings(data_dir=work / "in_process", collection="bench")
     settings = settings.model_copy(update={"encoder": settings.encoder.model_copy(update={"batch_size": ENCODE_BATCH})})
@@ -312,10 +313,10 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
     from services.ingest import collection_spec
-    from services.sparse import default_embedder
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
     from services.store.points import Passage, PassagePoint
+    from services.store.sparse import default_embedder
 
     sparse = default_embedder()
     sparse_of = [sparse.embed_document(t) for t in texts]
@@ -335,7 +336,7 @@ def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total:
 
 def bench_queries(towers: Any, store: Any, questions: list[str], mode: str) -> tuple[float, float, float, float]:
     from services.query import QueryOptions, search
-    from services.sparse import default_embedder
+    from services.store.sparse import default_embedder
 
     sparse = default_embedder()
     options = QueryOptions(k=10, mode=mode)  # type: ignore[arg-type]

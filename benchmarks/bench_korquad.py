@@ -2,7 +2,7 @@
 
 Needs ../shared/data/korquad-v1.0-dev beside the repo (the official dev file; see its SOURCE.md). Passage =
 paragraph, qrel = the question's own paragraph, answer@k = a gold answer inside a retrieved passage (Korean
-matching: ``encoders.metrics.has_answer``). The article split is ``services.readers.squad`` (sha256 of the title,
+matching: ``encoders.learn.metrics.has_answer``). The article split is ``services.readers.squad`` (sha256 of the title,
 half the articles test); dev questions for any choice are carved from the TRAIN articles
 (``services.readers.load_dev_split``, the ``dpr train`` / ``dpr tune-hybrid`` seed).
 
@@ -15,7 +15,7 @@ Systems, each one `dpr eval ... --format squad --split test --json` run (the com
 - ``--train BASE`` (repeat): `dpr train DATA --format squad --split train --base BASE` first (extra flags with
   ``--train-args``), wall time and the children's peak RSS recorded, then evaluated like ``--model``;
 - ``--hybrid NAME`` (repeat; a ``--model``/``--train`` name, or ``trained:BASE`` for the model ``--train BASE``
-  made): fusion tuned on ``--dev-queries`` dev questions of the train articles (``services.hybrid``, through a
+  made): fusion tuned on ``--dev-queries`` dev questions of the train articles (``services.learn.hybrid``, through a
   temporary store with Korean BM25), then `dpr eval --mode hybrid` on test with the chosen fusion.
 
 Also printed: the split counts, the Hangul share that ``services.language`` detects on (KorQuAD vs English
@@ -73,7 +73,7 @@ def dpr(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
 
 def data_facts(data: Path) -> dict[str, Any]:
     """Split counts, Hangul shares and the gold-paragraph answer rate under both answer matchings."""
-    from encoders.metrics import has_answer, normalize_answer
+    from encoders.learn.metrics import has_answer, normalize_answer
     from services.language import hangul_share
     from services.readers import load_beir, load_dev_split, load_squad
 
@@ -132,8 +132,8 @@ def train_system(data: Path, base: str, train_args: list[str], env: dict[str, st
 
 def tune(data: Path, name: str, settings: Any, dev_queries: int) -> Any:
     """Fusion chosen on dev questions of the train articles (never test), through a temporary Korean store."""
-    from services.evaluation import StoreCorpus, _served_towers
-    from services.hybrid import tune_on_corpus
+    from services.learn.evaluation import StoreCorpus, _served_towers
+    from services.learn.hybrid import tune_on_corpus
     from services.readers import load_dev_split
 
     dev = load_dev_split(data, "train", "squad", dev_queries)
@@ -209,7 +209,7 @@ def main() -> None:
     if not args.data.is_file():
         raise SystemExit(f"{args.data}: not found; this benchmark needs ../shared/data/korquad-v1.0-dev")
 
-    from services.settings import Settings
+    from services.core.settings import Settings
 
     data_dir = args.data_dir or Path(os.environ.get("DPR_DATA_DIR") or REPO / ".dpr-bench-korquad")
     env = {**os.environ, "PYTHONPATH": str(REPO), "DPR_DATA_DIR": str(data_dir)}

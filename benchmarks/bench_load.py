@@ -330,8 +330,8 @@ def encode_batching(repeats: int = 3, n: int = 128) -> list[tuple[int, int, floa
     questions worth it? Returns (threads, batch, median questions/s, each repeat's)."""
     sys.path.insert(0, str(REPO))
     from entrypoints.api.app import serving_settings
+    from services.core.settings import Settings
     from services.runtime import Runtime
-    from services.settings import Settings
 
     qs = questions(n)
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:

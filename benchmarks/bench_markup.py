@@ -57,9 +57,9 @@ def passages(root: Path) -> str:
     ``read_file`` + ``chunk_document`` (after), with the base towers' tokenizer and the default chunk settings."""
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services.chunking import chunk_text
+    from services.core.settings import ChunkSettings
     from services.ingest import chunk_document
     from services.readers.files import guess_title, read_file
-    from services.settings import ChunkSettings
 
     towers = SentenceTransformerTowers(base_model_path(), name="base")
     files = [f for d in ("tutorial", "howto", "faq", "reference")

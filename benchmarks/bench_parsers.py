@@ -47,9 +47,9 @@ _WORD = re.compile(r"\w+")
 
 
 def pdf_pypdfium2(path: Path) -> Iterator[str]:
+    from services.core.settings import DocumentSettings
     from services.readers import pdf
     from services.readers.records import Section
-    from services.settings import DocumentSettings
 
     for part in pdf.read(path, DocumentSettings(max_pages=100_000)):
         if isinstance(part, Section):
@@ -79,8 +79,8 @@ def _ours(module: str) -> Callable[[Path], Iterator[str]]:
     def read(path: Path) -> Iterator[str]:
         import importlib
 
+        from services.core.settings import DocumentSettings
         from services.readers.records import Section
-        from services.settings import DocumentSettings
 
         for part in importlib.import_module(f"services.readers.{module}").read(path, DocumentSettings()):
             if isinstance(part, Section):
@@ -135,8 +135,8 @@ def epub_ebooklib(path: Path) -> Iterator[str]:
 
 def pdf_through_sandbox(path: Path) -> Iterator[str]:
     """The product's path: sniff, parse in the sandbox's child, assemble the Document in this process."""
+    from services.core.settings import DocumentSettings
     from services.readers import Document, iter_documents
-    from services.settings import DocumentSettings
 
     for item in iter_documents([path], limits=DocumentSettings(max_pages=100_000)):
         if isinstance(item, Document):
@@ -165,7 +165,7 @@ WARM = {"pypdfium2": ("pypdfium2",), "pypdf": ("pypdf",), "pdfminer.six": ("pdfm
 
 def worker(fmt: str, name: str, files: list[str], sample: str, out: str) -> None:
     read = CANDIDATES[fmt][name]
-    for module in WARM.get(DISTS[name], ()) + ("services.settings", f"services.readers.{fmt}"):
+    for module in WARM.get(DISTS[name], ()) + ("services.core.settings", f"services.readers.{fmt}"):
         __import__(module)  # imports are not parsing: done before the clock starts, for every candidate
     rss_before = _status_mb("VmRSS")
     pages = words = 0

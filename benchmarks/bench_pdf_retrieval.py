@@ -26,11 +26,11 @@ from typing import Any
 
 from machine import commit, cpu_flags, cpu_model
 
+from services.core.settings import Settings
 from services.jobs.executor import LocalExecutor
 from services.query import QueryOptions
 from services.readers import iter_documents
 from services.runtime import Runtime
-from services.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ROOT / "benchmarks" / "data" / "pdf-questions.jsonl"

@@ -32,13 +32,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from encoders.evaluate import EvalReport, write_report  # noqa: E402
-from encoders.mining import MiningConfig  # noqa: E402
-from encoders.train import TrainConfig  # noqa: E402
-from services.evaluation import compare_systems  # noqa: E402
+from encoders.learn.evaluate import EvalReport, write_report  # noqa: E402
+from encoders.learn.mining import MiningConfig  # noqa: E402
+from encoders.learn.train import TrainConfig  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.learn.evaluation import compare_systems  # noqa: E402
+from services.learn.training import TrainingData, train_model  # noqa: E402
 from services.readers import load_beir, load_squad  # noqa: E402
-from services.settings import Settings  # noqa: E402
-from services.training import TrainingData, train_model  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "benchmarks" / "results" / "quality"
@@ -63,7 +63,7 @@ def _progress(step: int, total: int, loss: float | None) -> None:
 def _train(
     settings: Settings, data: TrainingData, name: str, **hyper: Any
 ) -> tuple[str, dict[str, Any]]:
-    """`dpr train`'s recipe (``services.training``) with ``RECIPE`` and ``hyper`` as hyper-parameters."""
+    """`dpr train`'s recipe (``services.learn.training``) with ``RECIPE`` and ``hyper`` as hyper-parameters."""
     config = TrainConfig(name=name, **{**RECIPE, **hyper})  # type: ignore[arg-type]
     t0 = time.perf_counter()
     result = train_model(settings, data, config, progress=_progress)

@@ -64,12 +64,12 @@ def main() -> None:
 
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import lifecycle as rb
+    from services.core.settings import Settings
     from services.ingest import IngestPipeline
     from services.readers import Document, load_beir
-    from services.settings import Settings
-    from services.sparse import default_embedder
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
+    from services.store.sparse import default_embedder
 
     corpus = load_beir(DATA, "test").corpus
     docs = [Document(doc_id=d.doc_id, text=d.text, title=d.title, source="scifact")

@@ -1,9 +1,10 @@
 """Issue 16 on SciFact in one command: BM25, base, fine-tuned, pre-trained + fine-tuned, hybrid, + reranker.
 
 Every choice is made on the dev split (the 100 SciFact train queries `dpr train` holds out, seed 13): which towers
-serve alone and under hybrid (dev nDCG@10 through the store), the hybrid fusion (``services.hybrid.tune_on_corpus``),
-and the reranker's N (20 or 50) and whether it is on at all. The test split is read once, at the end, for every
-system together (nDCG@10, recall@100, and each system against BM25 and base with a paired randomization test).
+serve alone and under hybrid (dev nDCG@10 through the store), the hybrid fusion
+(``services.learn.hybrid.tune_on_corpus``), and the reranker's N (20 or 50) and whether it is on at all. The test
+split is read once, at the end, for every system together (nDCG@10, recall@100, and each system against BM25 and
+base with a paired randomization test).
 
 Training runs as real `dpr train` / `dpr train-reranker` subprocesses (one per model) so each reports its own wall
 time and peak RSS (``os.wait4``); the two stages of ``--pretrain`` are split in its model card. Reranker latency per
@@ -44,15 +45,15 @@ sys.path.insert(0, str(REPO))
 from machine import cpu_flags  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
+from encoders.learn.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
 from encoders.rerank import WEIGHTS  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_model_path  # noqa: E402
-from services.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
-from services.hybrid import TuneResult, tune_on_corpus  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.learn.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
+from services.learn.hybrid import TuneResult, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions, search_many  # noqa: E402
 from services.readers import load_beir, load_dev_split  # noqa: E402
-from services.settings import Settings  # noqa: E402
-from services.sparse import default_embedder  # noqa: E402
+from services.store.sparse import default_embedder  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
 RESULTS = REPO / "benchmarks" / "results" / "quality"

@@ -31,12 +31,12 @@ from bench_rerank import Timed, latency_ms  # noqa: E402
 from machine import commit, machine  # noqa: E402
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.evaluate import Retrieval  # noqa: E402
+from encoders.learn.evaluate import Retrieval  # noqa: E402
+from encoders.learn.rerank_train import dev_rerank_metrics  # noqa: E402
 from encoders.rerank import load_reranker  # noqa: E402
-from encoders.rerank_train import dev_rerank_metrics  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.learn.reranking import first_stage_retriever  # noqa: E402
 from services.readers import load_dev_split  # noqa: E402
-from services.reranking import first_stage_retriever  # noqa: E402
-from services.settings import Settings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
 RESULTS = REPO / "benchmarks" / "results" / "quality"

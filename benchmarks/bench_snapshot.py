@@ -3,7 +3,7 @@
     python benchmarks/bench_snapshot.py --data-dir DATA [--queries N] [--out benchmarks/results/reliability/snapshot.md]
 
 Reads the collection under DATA (ingest first, e.g. `dpr --data-dir DATA ingest scifact-600.jsonl`), answers the
-first N SciFact test questions in dense, sparse and hybrid mode, takes a snapshot (`services.snapshots`), restores
+first N SciFact test questions in dense, sparse and hybrid mode, takes a snapshot (`services.ops.snapshots`), restores
 it into a fresh data dir, answers the same questions there and compares every hit (document, chunk, score). Prints
 the CPU model and flags, the commit, and the figures.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from machine import commit, cpu_flags, cpu_model
 
+from services.core.settings import Settings
+from services.ops.snapshots import create_snapshot, restore_snapshot
 from services.query import QueryOptions
 from services.runtime import Runtime
-from services.settings import Settings
-from services.snapshots import create_snapshot, restore_snapshot
 
 QUERIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir-scifact" / "queries.jsonl"
 

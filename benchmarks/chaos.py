@@ -198,10 +198,10 @@ def write_corpus(path: Path, n: int, rng: random.Random) -> None:
 
 def expected_passages(corpus: Path, data_dir: Path) -> tuple[set[tuple[str, int]], str]:
     """(doc id, chunk) pairs the corpus must produce, chunked in this process exactly as the pipeline does."""
+    from services.core.settings import Settings
     from services.ingest import chunk_document
     from services.readers import Document, iter_documents
     from services.runtime import Runtime
-    from services.settings import Settings
 
     settings = Settings(_env_file=None, data_dir=data_dir, chunk={"max_tokens": 64, "overlap": 8})  # type: ignore[call-arg]
     runtime = Runtime(settings)
@@ -215,8 +215,8 @@ def expected_passages(corpus: Path, data_dir: Path) -> tuple[set[tuple[str, int]
 
 
 def stored_passages(data_dir: Path) -> list[tuple[str, int, str, str]]:
-    from services.errors import CollectionNotFound
-    from services.settings import Settings
+    from services.core.errors import CollectionNotFound
+    from services.core.settings import Settings
     from services.store import open_store
 
     store = open_store(Settings(_env_file=None, data_dir=data_dir))  # type: ignore[call-arg]

@@ -41,7 +41,7 @@ def setting_problems(env: dict[str, str], where: str) -> list[str]:
     """Unknown ``DPR_*`` keys, and values the Settings object refuses."""
     from pydantic import BaseModel, ValidationError
 
-    from services.settings import Settings
+    from services.core.settings import Settings
 
     problems: list[str] = []
     nested: dict[str, Any] = {}

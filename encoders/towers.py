@@ -99,7 +99,7 @@ _intra_op_threads: int | None = None  # this process's towers' intra-op threads,
 
 
 def configure_threads(threads: int | None) -> None:
-    """Set the intra-op threads of this process's towers (``services.threads`` decides the number).
+    """Set the intra-op threads of this process's towers (``services.core.threads`` decides the number).
 
     torch's pool is process-wide: it is set now if torch is loaded, else when a torch tower loads, so a process
     whose towers run on onnxruntime never imports torch. onnxruntime sessions read ``intra_op_threads()`` when

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.errors import DprError
-from services.settings import Settings
+from services.core.errors import DprError
+from services.core.settings import Settings
 from services.store.points import CollectionInfo, GenerationInfo
 
 
@@ -36,7 +36,7 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
     data["disk"] = disk_status(settings)
-    from services.feedback import counts_in  # judgements of search hits (docs/feedback.md)
+    from services.learn.feedback import counts_in  # judgements of search hits (docs/feedback.md)
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
@@ -76,7 +76,7 @@ def _unfinished(settings: Settings, g: GenerationInfo, alias: str) -> dict[str, 
 
 def disk_status(settings: Settings) -> dict[str, Any]:
     """Free space on the data dir's disk; ``low`` below 4 x DPR_MIN_FREE_MB, ``writes_refused`` below it."""
-    from services.diskspace import disk_space
+    from services.core.diskspace import disk_space
 
     data = disk_space(settings.data_dir).to_json(settings.min_free_mb)
     if data["writes_refused"]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 from services.readers.records import SECTION_SEPARATOR, Section
 
 # Token budget kept free for re-tokenisation effects at window edges (a window may start inside a word).

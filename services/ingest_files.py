@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from encoders.towers import DualEncoder
-from services.fsutil import sha256_of
+from services.core.fsutil import sha256_of
+from services.core.settings import ChunkSettings, DocumentSettings
 from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, signature
-from services.settings import ChunkSettings, DocumentSettings
 from services.store.points import DocState
 from services.store.protocol import VectorStore
 

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from encoders.data import CorpusDoc
 from encoders.korean import is_hangul
 from encoders.towers import DualEncoder
-from services.errors import ConfigError, TransientError
+from services.core.errors import ConfigError, TransientError
 from services.readers import Document, Item
 from services.store.points import CollectionSpec
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:
-    from services.sparse import SparseEncoder
+    from services.store.sparse import SparseEncoder
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def corpus_language(requested: str | None, corpus: Mapping[str, CorpusDoc]) -> s
 def for_new_collection(sparse: Any, docs: Iterable[Document]) -> Any:
     """The sparse encoder a collection created now by ``docs`` gets: a chosen one as it is; for ``AutoBm25`` (no
     language chosen) the one for the language detected on the first documents."""
-    from services.sparse import AutoBm25, embedder_for
+    from services.store.sparse import AutoBm25, embedder_for
 
     if not isinstance(sparse, AutoBm25):
         return sparse
@@ -114,7 +114,7 @@ def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) ->
     """The spec a new collection is created with; a sparse encoder's BM25 configuration (its language) is stored
     in it (``settings["bm25"]``) so every later ingest, query and re-embed tokenises the same way. (Here, below
     ``services.ingest``, which re-exports it, so ``prepare_collection`` needs no import of the pipeline.)"""
-    from services.sparse import BM25_KEY
+    from services.store.sparse import BM25_KEY
 
     config = getattr(sparse, "config", None)
     settings = {BM25_KEY: config()} if callable(config) else {}
@@ -131,7 +131,7 @@ def prepare_collection(
     ``auto`` does nothing here: the first batch detects the language when it creates the collection
     (``for_new_collection``). Returns the language when settled; None for ``auto`` or when the store is
     unavailable (the batches then meet the same error and report it, as before)."""
-    from services.sparse import embedder_for, spec_language
+    from services.store.sparse import embedder_for, spec_language
 
     choice = check_choice(requested)
     if choice == "auto":

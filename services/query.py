@@ -15,14 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
-from services.errors import CollectionNotFound, ConfigError
+from services.core.errors import CollectionNotFound, ConfigError
 from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:  # the BM25 side loads only for a sparse or hybrid search: a dense `dpr query` never imports it
     from encoders.rerank import Reranker
-    from services.sparse import SparseEncoder
+    from services.store.sparse import SparseEncoder
 
 MAX_K = 1000
 RERANK_KEY = "rerank"  # the setting `dpr train-reranker` stores: model, candidates, enabled, weight, dev gain
@@ -157,7 +157,7 @@ def search_many(
             sparse = sparse_for()
         if sparse is None:
             raise ConfigError(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
-        from services.sparse import for_spec
+        from services.store.sparse import for_spec
 
         sparse = for_spec(spec, sparse)  # tokenise as the collection's passages were (its stored BM25 language)
     results = []

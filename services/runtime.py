@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from encoders.onnx_towers import Backend
 from encoders.registry import export_model, load_towers
 from encoders.towers import DualEncoder, configure_threads, resolve_model_path
-from services.errors import ModelMismatch
+from services.core.errors import ModelMismatch
+from services.core.settings import Settings
+from services.core.threads import threads_per_process
 from services.query import QueryOptions, search
-from services.settings import Settings
 from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
-from services.threads import threads_per_process
 
 if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked for, the BM25 encoder for a sparse
     # or hybrid search: a dense `dpr query` needs none of them
     from encoders.rerank import Reranker
+    from services.core.locks import WriteFence
     from services.ingest import IngestPipeline
     from services.jobs import JobStore
-    from services.locks import WriteFence
-    from services.sparse import SparseEncoder
+    from services.store.sparse import SparseEncoder
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ class Runtime:
 
     def _load(self, backend: Backend) -> DualEncoder:
         s = self.settings
-        threads = threads_per_process(s.encoder.threads)  # services.threads: the policy
+        threads = threads_per_process(s.encoder.threads)  # services.core.threads: the policy
         configure_threads(threads)
         return load_towers(s.encoder.model, s.models_dir, device=s.encoder.device, backend=backend,
                            threads=threads, cache_dir=s.onnx_cache_dir)
@@ -143,7 +143,7 @@ class Runtime:
         m = self._models
         with m.lock:
             if m.sparse is None:
-                from services.sparse import default_embedder
+                from services.store.sparse import default_embedder
 
                 m.sparse = default_embedder()
             return m.sparse

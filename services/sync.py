@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.errors import CollectionNotFound, ConfigError
+from services.core.errors import CollectionNotFound, ConfigError
 from services.jobs.store import KEEP_RECORDS
 from services.readers import Document, Item
 from services.readers.folders import id_prefix

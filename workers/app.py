@@ -16,9 +16,9 @@ from typing import Any
 
 from celery import Celery
 
-from services.errors import ConfigError
-from services.settings import Settings
-from services.threads import resolve_threads
+from services.core.errors import ConfigError
+from services.core.settings import Settings
+from services.core.threads import resolve_threads
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def worker_settings(settings: Settings, concurrency: int, cores: int | None = None) -> Settings:
     """The settings a worker runs with: the usable cores split between its ``concurrency`` pool processes
-    (``services.threads``: an explicit ``DPR_ENCODER__THREADS`` wins)."""
+    (``services.core.threads``: an explicit ``DPR_ENCODER__THREADS`` wins)."""
     return resolve_threads(settings, processes=concurrency, cores=cores)
 
 

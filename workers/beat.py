@@ -14,11 +14,11 @@ import signal
 import threading
 from typing import Any
 
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.locks import RedisLease
+from services.core.settings import Settings
 from services.lifecycle.locks import redis_client
 from services.lifecycle.state import ReembedBusy
-from services.locks import RedisLease
-from services.settings import Settings
 from workers.reembed_dispatch import CHECK_TASK, REEMBED_QUEUE
 
 log = logging.getLogger(__name__)

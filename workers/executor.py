@@ -14,13 +14,13 @@ import kombu.exceptions
 import redis
 import redis.exceptions
 
-from services.errors import ConfigError, TransientError
+from services.core.errors import ConfigError, TransientError
+from services.core.settings import Settings
 from services.ingest import new_job_id
 from services.jobs import BrokerWriteRefused, JobStore, redact_url, unavailable, write_refused
 from services.jobs.runner import Submitted, submit_job
 from services.readers import Document, Item
 from services.readers.filesig import FileRef
-from services.settings import Settings
 from workers.app import INGEST_QUEUE, create_app
 
 log = logging.getLogger(__name__)

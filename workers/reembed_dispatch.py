@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from services import lifecycle
-from services.settings import Settings
+from services.core.settings import Settings
 
 REEMBED_QUEUE = "reembed"
 BATCH_TASK = "dpr.reembed.batch"

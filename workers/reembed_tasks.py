@@ -17,9 +17,9 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from services.errors import TransientError
+from services.core.errors import TransientError
+from services.core.settings import Settings
 from services.lifecycle import check_and_submit, copy_sent_batch, finalize_sent
-from services.settings import Settings
 from workers.reembed_dispatch import BATCH_TASK, CHECK_TASK, FINALIZE_TASK, celery_sender
 from workers.tasks import backoff_seconds, worker_runtime
 

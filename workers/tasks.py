@@ -33,14 +33,14 @@ from celery import Task, current_app, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
-from services.errors import TransientError
+from services.core.errors import TransientError
+from services.core.settings import Settings
 from services.jobs import TERMINAL, JobStore
 from services.jobs.backends import refusal_kind
 from services.jobs.runner import batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, is_file_task, release_spooled
 from services.runtime import Runtime
-from services.settings import Settings
 from workers.app import SOFT_LIMIT_MARGIN
 
 log = logging.getLogger(__name__)

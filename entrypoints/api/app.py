@@ -41,9 +41,9 @@ from entrypoints.api.routes import (
 from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
 from services.access import AccessGate
+from services.core.settings import Settings
 from services.jobs.executor import Executor
 from services.runtime import Runtime
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

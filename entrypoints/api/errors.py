@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.errors import (
+from services.core.errors import (
     CollectionNotFound,
     ConfigError,
     DocumentError,

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from entrypoints.api.auth import PUBLIC, RouteAccess, access_of, flat_routes, token_from_headers
 from entrypoints.api.metrics import ApiMetrics
 from services.access import AccessGate
-from services.errors import DprError
+from services.core.errors import DprError
 
 log = logging.getLogger(__name__)
 

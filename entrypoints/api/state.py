@@ -14,9 +14,9 @@ from fastapi import Request
 
 from entrypoints.api.metrics import ApiMetrics
 from services.access import AccessGate
+from services.core.settings import Settings
 from services.jobs.executor import Executor
 from services.runtime import Runtime
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
 from entrypoints.api.errors import ApiError
-from services.errors import DocumentError
+from services.core.errors import DocumentError
+from services.core.settings import Settings
 from services.readers import Document, DocumentFailure, Item, iter_documents
 from services.readers.binary import BINARY_SUFFIXES
 from services.readers.filesig import FileRef, spool
 from services.readers.quarantine import limits_for
-from services.settings import Settings
 
 UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")
 AUTO_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".txt", ".md", ".markdown", ".rst", ".html", ".htm",

@@ -1,4 +1,4 @@
-"""`dpr adapt CORPUS`: adapt the towers to a corpus from its documents alone (``services.adaptation``)."""
+"""`dpr adapt CORPUS`: adapt the towers to a corpus from its documents alone (``services.learn.adaptation``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import typer
 
 from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_settings
 from entrypoints.cli.progress import stage_bars
-from services.threads import threads_per_process
+from services.core.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from services.adaptation import AdaptResult
+    from services.learn.adaptation import AdaptResult
 
 
 def register(app: typer.Typer) -> None:
@@ -47,9 +47,9 @@ def adapt(
     """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
     search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions. The
     adapted model is activated only if it beats the current one there. Never reads queries or qrels."""
-    from encoders.adapt import TeacherConfig
-    from services.adaptation import AdaptConfig
-    from services.adaptation import adapt as run_adapt
+    from encoders.learn.adapt import TeacherConfig
+    from services.learn.adaptation import AdaptConfig
+    from services.learn.adaptation import adapt as run_adapt
 
     settings = get_settings(ctx)
     try:

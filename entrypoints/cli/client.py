@@ -13,9 +13,16 @@ from typing import Any
 
 import httpx
 
-from services.errors import CollectionNotFound, ConfigError, DprError, ModelMismatch, StoreUnavailable, TransientError
+from services.core.errors import (
+    CollectionNotFound,
+    ConfigError,
+    DprError,
+    ModelMismatch,
+    StoreUnavailable,
+    TransientError,
+)
+from services.core.settings import Settings
 from services.query import QueryOptions
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 
-from services.errors import ConfigError, DiskFull, DprError, TransientError
-from services.settings import Settings
+from services.core.errors import ConfigError, DiskFull, DprError, TransientError
+from services.core.settings import Settings
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -136,7 +136,7 @@ def cli_errors() -> Iterator[None]:
         message = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
         fail(message + ("" if isinstance(e, DiskFull) else _HINTS.get(code, "")), code=code)
     except Exception as e:  # a write that met a full disk anywhere (a job file, an export): one line, exit 3
-        from services.diskspace import full_disk_error
+        from services.core.diskspace import full_disk_error
         from services.jobs.backends import write_refused
 
         refused = write_refused("DPR_BROKER_URL", e)  # Redis refusing a write (its disk is full), not the data dir's

@@ -11,10 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from entrypoints.cli.common import cli_errors, console, emit_json, fail, settings_for
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import Settings
 from services.query import QueryOptions
 from services.runtime import Runtime
-from services.settings import Settings
 
 COMMANDS = ("query", "status", "delete")
 

@@ -10,10 +10,10 @@ import typer
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import Settings
 from services.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,8 @@ def evaluate(
             fail(str(e))
         md = None
         if report is not None:
-            from encoders.evaluate import write_report
-            from services.eval_reports import keep_latest
+            from encoders.learn.evaluate import write_report
+            from services.learn.eval_reports import keep_latest
 
             md = write_report(result, report)
             keep_latest(settings, report)  # the copy `dpr serve`'s console shows
@@ -144,7 +144,7 @@ def run_evaluation(
     """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store. With
     ``dev_queries``, on the dev split `dpr train` holds out of ``split`` instead of the whole split."""
     from encoders.towers import resolve_model_path
-    from services.evaluation import compare_systems
+    from services.learn.evaluation import compare_systems
 
     if dev_queries is not None:
         dataset = load_dev_split(data, split, kind, dev_queries)
@@ -170,7 +170,7 @@ def _hybrid_options(
     settings: Settings, tuned_from: str | None, fusion: str | None, weight: float | None, rrf_k: int | None
 ) -> tuple[Any, str]:
     """Hybrid fusion for `dpr eval`: explicit flags over ``--tuned-from`` settings over the defaults; and a note."""
-    from services.evaluation import describe_fusion
+    from services.learn.evaluation import describe_fusion
     from services.query import QueryOptions
 
     tuned: dict[str, Any] = {}

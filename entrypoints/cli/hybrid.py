@@ -39,7 +39,7 @@ def tune_hybrid_command(
     when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
     """
     from entrypoints.cli.evaluate import detect_dataset_format
-    from services.hybrid import check_target, tune_hybrid, tuning_metrics
+    from services.learn.hybrid import check_target, tune_hybrid, tuning_metrics
     from services.readers import DataError, load_dev_split
     from services.runtime import Runtime
 
@@ -92,7 +92,7 @@ def _tuning_towers(runtime: Any, model: str | None) -> Any:
     """The towers that built the collection, or ``--model`` if it is that same model (fusion weights tuned for
     other towers do not transfer)."""
     from encoders.registry import load_towers
-    from services.errors import ModelMismatch
+    from services.core.errors import ModelMismatch
 
     settings = runtime.settings
     spec = runtime.store.active().spec  # check_target: the collection exists

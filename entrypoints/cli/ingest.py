@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, settings_for
 from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
-from services.errors import ConfigError, TransientError
+from services.core.errors import ConfigError, TransientError
 from services.ingest import IngestReport
 from services.jobs import TERMINAL
 from services.language import LANGUAGE_HELP, prepare_collection

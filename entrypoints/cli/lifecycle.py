@@ -20,8 +20,8 @@ from entrypoints.cli.common import (
     settings_for,
 )
 from services import lifecycle
-from services.errors import ConfigError
-from services.settings import Settings
+from services.core.errors import ConfigError
+from services.core.settings import Settings
 
 
 def register(app: typer.Typer) -> None:

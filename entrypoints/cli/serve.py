@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from entrypoints.cli.common import cli_errors, console, fail, get_settings
-from services.settings import Settings
+from services.core.settings import Settings
 
 
 def register(app: typer.Typer) -> None:

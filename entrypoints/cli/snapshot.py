@@ -35,7 +35,7 @@ def create(
     as_json: AsJson = False,
 ) -> None:
     """Snapshot the collection's active generation (safe while `dpr serve` or an ingest runs)."""
-    from services.snapshots import create_snapshot
+    from services.ops.snapshots import create_snapshot
     from services.store import open_store
 
     settings = settings_for(ctx, collection)
@@ -60,7 +60,7 @@ def list_(
     as_json: AsJson = False,
 ) -> None:
     """The snapshots kept, newest last, with what each holds."""
-    from services.snapshots import list_snapshots
+    from services.ops.snapshots import list_snapshots
 
     settings = get_settings(ctx)
     with cli_errors():
@@ -91,7 +91,7 @@ def restore(
     as_json: AsJson = False,
 ) -> None:
     """Check the snapshot's checksums and restore its collection into a data dir."""
-    from services.snapshots import restore_snapshot
+    from services.ops.snapshots import restore_snapshot
 
     settings = get_settings(ctx)
     if data_dir is not None:
@@ -113,7 +113,7 @@ def _print_restore(result: dict[str, Any], as_json: bool) -> None:
 
 def migrate(ctx: typer.Context, as_json: AsJson = False) -> None:
     """Bring the data dir to this release's format (records it; a no-op on a current dir)."""
-    from services.datadir import migrate as run_migration
+    from services.core.datadir import migrate as run_migration
 
     settings = get_settings(ctx)
     with cli_errors():

@@ -1,4 +1,4 @@
-"""`dpr train`: parse the flags, call ``services.training_rounds.train_recipe`` (the fine-tune, then mining rounds
+"""`dpr train`: parse the flags, call ``services.learn.training_rounds.train_recipe`` (the fine-tune, then mining rounds
 chosen on the dev split), print the new model and its stages."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from entrypoints.cli.common import (
     settings_for,
 )
 from entrypoints.cli.progress import stage_bars
-from services.threads import threads_per_process
+from services.core.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from encoders.training_run import TrainResult
+    from encoders.learn.training_run import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,12 @@ def train(
 ) -> None:
     """Train DPR towers into a versioned model directory: by default the best recipe measured (a fine-tune with
     MNRL and a BM25 hard negative, then up to 2 mining rounds of dense negatives, each kept only on a dev gain)."""
-    from encoders.mining import MiningConfig
-    from encoders.pairs import PairConfig
-    from encoders.train import TrainConfig
+    from encoders.learn.mining import MiningConfig
+    from encoders.learn.pairs import PairConfig
+    from encoders.learn.train import TrainConfig
     from services.language import check_choice
-    from services.training import TrainingData
-    from services.training_rounds import RoundConfig, rounds_unavailable, train_recipe
+    from services.learn.training import TrainingData
+    from services.learn.training_rounds import RoundConfig, rounds_unavailable, train_recipe
 
     settings = get_settings(ctx)
     start, end = _parse_window(negative_window)
@@ -262,10 +262,10 @@ def train_reranker(
 ) -> None:
     """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and mined hard negatives; measure
     the dev split before/after reranking the first stage's top N; on by default for the collection only on a gain."""
-    from encoders.mining import MiningConfig
-    from encoders.rerank_train import RerankConfig
-    from services.reranking import train_reranker_model
-    from services.training import TrainingData
+    from encoders.learn.mining import MiningConfig
+    from encoders.learn.rerank_train import RerankConfig
+    from services.learn.reranking import train_reranker_model
+    from services.learn.training import TrainingData
 
     settings = settings_for(ctx, collection)
     start, end = _parse_window(negative_window)
@@ -337,7 +337,7 @@ def _parse_window(window: str) -> tuple[int, int]:
 
 @contextmanager
 def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], None]]:
-    """The ``progress`` callback of ``encoders.train.train`` (`dpr train-reranker`): a rich bar on stderr (steps,
+    """The ``progress`` callback of ``encoders.learn.train.train`` (`dpr train-reranker`): a rich bar on stderr (steps,
     loss, times) that appears at the first step, so reading the data and mining negatives print nothing."""
     with stage_bars(quiet) as on_progress:
         yield lambda step, total, loss: on_progress(

@@ -2,8 +2,9 @@
 
 The towers learn the labels (MNRL: in-batch and hard negatives) and, on each question's own candidates, the
 reranker's preferences among them (``distill.DistilledMNRL``). Built from the product's own steps: the training set
-of ``services.training`` (with its hard-negative mining), the model of ``encoders.train``, the recipe skeleton of
-``encoders.recipe``; only the loss is this experiment's.
+of ``services.learn.training`` (with its hard-negative mining), the model of ``encoders.learn.train``, the
+recipe skeleton of
+``encoders.learn.recipe``; only the loss is this experiment's.
 
     python research/distillation/train_distilled.py DATA --teacher RERANKER [--base NAME] [--hard-negatives 3] \
         [--negatives-from dense --denoise 0.95] [--epochs 2 --lr 1e-5] [--weight 1 --temperature 1] \
@@ -54,15 +55,15 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     from datasets import Dataset
     from distill import DistilledMNRL, teacher_scores
 
-    from encoders.mining import MiningConfig
-    from encoders.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
+    from encoders.learn.mining import MiningConfig
+    from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
+    from encoders.learn.train import TrainConfig, build_model, passage_transformer, set_passage_tokens
+    from encoders.learn.train_rows import pairs_to_columns
+    from encoders.learn.training_run import save_model, start_run, versioned_name
     from encoders.rerank import load_reranker
     from encoders.towers import resolve_model_path
-    from encoders.train import TrainConfig, build_model, passage_transformer, set_passage_tokens
-    from encoders.train_rows import pairs_to_columns
-    from encoders.training_run import save_model, start_run, versioned_name
-    from services.settings import Settings
-    from services.training import TrainingData, build_training_set
+    from services.core.settings import Settings
+    from services.learn.training import TrainingData, build_training_set
 
     settings = Settings()
     config = TrainConfig(name=args.name, epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
@@ -91,7 +92,7 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
                                    Dataset.from_dict({**columns, "label": labels}), loss, None)
     set_passage_tokens(model, passage_max, False)
     # 7. evaluate
-    from encoders.evaluate import evaluate_model_in_memory
+    from encoders.learn.evaluate import evaluate_model_in_memory
 
     dev = evaluate_model_in_memory(model, training.dev) if training.dev is not None else None
     # 8. save

@@ -17,7 +17,7 @@ from services.access.audit import AuditLog, audit_path
 from services.access.keys import KeyStore, keys_path
 from services.access.ratelimit import RateLimiter
 from services.access.roles import Role, allows
-from services.settings import Settings
+from services.core.settings import Settings
 
 AUTH_HINT = "send it as header 'X-API-Key: KEY' or 'Authorization: Bearer KEY'"
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from services.access.roles import ROLES, Role, parse_role
-from services.errors import ConfigError
-from services.fsutil import write_atomic
+from services.core.errors import ConfigError
+from services.core.fsutil import write_atomic
 
 KEYS_FILE = "keys.json"
 FORMAT = 1

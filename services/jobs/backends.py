@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from services.errors import DiskFull, TransientError
-from services.fsutil import write_atomic
+from services.core.errors import DiskFull, TransientError
+from services.core.fsutil import write_atomic
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-from services.errors import DiskFull, DprError
+from services.core.errors import DiskFull, DprError
 from services.ingest import IngestPipeline, IngestReport, ParsedFiles, new_job_id
 from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
 from services.jobs.store import JobStore

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from services.errors import TransientError
+from services.core.errors import TransientError
 from services.jobs.backends import JobStoreUnavailable
 from services.jobs.runner import Submitted
 from services.jobs.store import TERMINAL, BatchKey, JobNotFound, JobStore

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from services.errors import PermanentError
+from services.core.errors import PermanentError
 from services.jobs.backends import HashBackend, RedisHashes, redact_url
 
 log = logging.getLogger(__name__)

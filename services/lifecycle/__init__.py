@@ -9,7 +9,7 @@ Plain functions over the ``VectorStore`` protocol (never Celery). One module per
 - ``swap``: ``finalize`` (catch up, gate, verify and swap under the write fence) and ``run_in_process``;
 - ``rollback``, ``gc``: the alias back to the previous generation; dropping old generations;
 - ``models``: towers by fingerprint, the ACTIVE model after a swap, the beat's "is a re-embed needed?";
-- ``locks``: the re-embed lease and the collection's write fence (over ``services.locks``);
+- ``locks``: the re-embed lease and the collection's write fence (over ``services.core.locks``);
 - ``progress``: a re-embed spread over workers as a job of ``services.jobs`` (batches sent / done, result);
 - ``inprocess`` / ``distributed``: the whole re-embed here, or submitted to workers through a ``Sender``.
 

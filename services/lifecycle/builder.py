@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from services.core.settings import Settings
 from services.lifecycle import locks
 from services.lifecycle.locks import reembed_lock_key
 from services.lifecycle.progress import reembed_job_id
 from services.lifecycle.state import ReembedState
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

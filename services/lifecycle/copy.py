@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from encoders.towers import DualEncoder
 from services.chunking import Chunk
-from services.errors import CollectionNotFound, ConfigError
+from services.core.errors import CollectionNotFound, ConfigError
 from services.lifecycle.state import (
     LIFECYCLE_KEYS,
     MODEL_NAME_KEY,
@@ -24,9 +24,9 @@ from services.lifecycle.state import (
     now_iso,
     save_state,
 )
-from services.sparse import SparseEncoder
 from services.store.points import CollectionSpec, GenerationInfo, Passage, PassagePoint
 from services.store.protocol import VectorStore
+from services.store.sparse import SparseEncoder
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 from encoders.registry import load_towers
 from encoders.towers import DualEncoder
-from services.errors import TransientError
+from services.core.errors import TransientError
+from services.core.locks import Lease, WriteFence
+from services.core.settings import Settings
 from services.lifecycle.copy import copy_batch, pending_batches, plan
 from services.lifecycle.gate import promotion_gate
 from services.lifecycle.locks import lease_for, reembed_lease
@@ -26,11 +28,9 @@ from services.lifecycle.models import check_needed, promote_model
 from services.lifecycle.progress import progress_for
 from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, current_state, find_state, state_and_spec
 from services.lifecycle.swap import finalize
-from services.locks import Lease, WriteFence
-from services.settings import Settings
-from services.sparse import SparseEncoder, for_spec
 from services.store.points import Passage
 from services.store.protocol import VectorStore
+from services.store.sparse import SparseEncoder, for_spec
 
 log = logging.getLogger(__name__)
 

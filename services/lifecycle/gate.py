@@ -1,7 +1,7 @@
 """The promotion gate: promote a re-embed only if its model scores at least as well as the active one on dev data.
 
 ``promotion_gate`` is the one wiring that `dpr reembed --gate` (in-process) and the finalize task both use; the
-score is `dpr eval`'s store-backed evaluation (``services.evaluation``).
+score is `dpr eval`'s store-backed evaluation (``services.learn.evaluation``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from encoders.towers import DualEncoder
-from services.errors import CollectionNotFound, ConfigError
+from services.core.errors import CollectionNotFound, ConfigError
+from services.core.settings import Settings
 from services.lifecycle.state import ReembedState, now_iso
-from services.settings import Settings
 from services.store.protocol import VectorStore
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,8 @@ def eval_scorer(
     """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
     (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
     compares models on the same dev data, as ``dpr eval`` does."""
-    from encoders.evaluate import evaluate_systems
-    from services.evaluation import store_retriever
+    from encoders.learn.evaluate import evaluate_systems
+    from services.learn.evaluation import store_retriever
 
     if not data.exists():
         raise ConfigError(f"gate data {data} does not exist; give a BEIR folder or a SQuAD JSON file")

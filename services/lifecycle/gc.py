@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import Settings
 from services.lifecycle.state import ReembedState
-from services.settings import Settings
 from services.store.protocol import VectorStore
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from encoders.registry import load_towers
+from services.core.settings import Settings
 from services.lifecycle.copy import plan
 from services.lifecycle.gate import promotion_gate
 from services.lifecycle.locks import lease_for
 from services.lifecycle.models import promote_model
 from services.lifecycle.state import ReembedBusy
 from services.lifecycle.swap import run_in_process
-from services.settings import Settings
-from services.sparse import for_spec
+from services.store.sparse import for_spec
 
 
 def reembed_in_process(

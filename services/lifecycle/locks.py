@@ -1,4 +1,4 @@
-"""The lifecycle's locks over ``services.locks``: one re-embed per collection (a lease) and the collection's
+"""The lifecycle's locks over ``services.core.locks``: one re-embed per collection (a lease) and the collection's
 write fence (writers hold it shared; a re-embed swap and a rollback take it exclusive).
 
 Both live in Redis when a broker is configured, else in files under ``DATA_DIR/locks``: all processes of one
@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.locks import FileFence, FileLease, Lease, RedisFence, RedisLease, WriteFence
-from services.settings import Settings
+from services.core.locks import FileFence, FileLease, Lease, RedisFence, RedisLease, WriteFence
+from services.core.settings import Settings
 
 
 def redis_client(url: str) -> Any:

@@ -11,9 +11,9 @@ from typing import Any
 from encoders import registry
 from encoders.onnx_towers import Backend, split_fingerprint
 from encoders.towers import DualEncoder, passage_fingerprint, resolve_model_path
-from services.errors import ModelMismatch
+from services.core.errors import ModelMismatch
+from services.core.settings import Settings
 from services.lifecycle.state import ReembedState
-from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

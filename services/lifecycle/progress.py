@@ -13,8 +13,8 @@ import hashlib
 import time
 from typing import Any
 
+from services.core.settings import Settings
 from services.jobs import JobNotFound, JobStore
-from services.settings import Settings
 
 TTL = 7 * 24 * 3600
 

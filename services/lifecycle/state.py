@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from services.errors import DprError, PermanentError
+from services.core.errors import DprError, PermanentError
 from services.store.points import GenerationInfo
 from services.store.protocol import VectorStore
 

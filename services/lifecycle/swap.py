@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from encoders.towers import DualEncoder
+from services.core.locks import NoFence, WriteFence
 from services.lifecycle.copy import check_towers, copy_batch, pending_batches
 from services.lifecycle.gate import Gate, GateDecision
 from services.lifecycle.state import (
@@ -28,9 +29,8 @@ from services.lifecycle.state import (
     save_state,
 )
 from services.lifecycle.verify import Verification, catch_up, verified_by, verify
-from services.locks import NoFence, WriteFence
-from services.sparse import SparseEncoder
 from services.store.protocol import VectorStore
+from services.store.sparse import SparseEncoder
 
 log = logging.getLogger(__name__)
 

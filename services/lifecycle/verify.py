@@ -13,9 +13,9 @@ from typing import Any
 from encoders.towers import DualEncoder
 from services.lifecycle.copy import copy_batch, index_of, is_done
 from services.lifecycle.state import ReembedState
-from services.sparse import SparseEncoder
 from services.store.points import Passage
 from services.store.protocol import VectorStore
+from services.store.sparse import SparseEncoder
 
 log = logging.getLogger(__name__)
 

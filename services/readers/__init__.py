@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from services.errors import DataError
+from services.core.errors import DataError
 from services.readers.beir import beir_corpus_path, load_beir, load_corpus, load_qrels, load_queries
 from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
 from services.readers.folders import iter_files

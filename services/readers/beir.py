@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from encoders.data import Corpus, CorpusDoc, Qrels, Queries, RetrievalDataset
-from services.errors import DataError
+from services.core.errors import DataError
 from services.readers.jsonl import read_rows
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from services.core.settings import DocumentSettings
 from services.readers.files import oversized
 from services.readers.records import Document, DocumentFailure, Item, safe_text
 from services.readers.sandbox import ParserSandbox, shared_sandbox
 from services.readers.sniff import READ_KINDS
-from services.settings import DocumentSettings
 
 KIND_NAMES = {"pdf": "PDF", "docx": "DOCX", "pptx": "PPTX", "odt": "ODT", "epub": "EPUB"}
 BINARY_SUFFIXES = (".pdf", ".docx", ".pptx", ".odt", ".epub")

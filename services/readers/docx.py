@@ -12,10 +12,10 @@ from pathlib import Path
 
 from lxml import etree
 
+from services.core.settings import DocumentSettings
 from services.readers.office import SafeZip, local, row_text
 from services.readers.protocol import Info, Part
 from services.readers.sections import HeadingSections
-from services.settings import DocumentSettings
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 _HEADING = re.compile(r"^(?:heading|überschrift|titre|titolo|encabezado)\s*(\d)$", re.IGNORECASE)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from lxml import etree
 
+from services.core.settings import DocumentSettings
 from services.readers.office import SafeZip, local, parse_html, resolve, row_text
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.sections import HeadingSections
-from services.settings import DocumentSettings
 
 OPF = "{http://www.idpf.org/2007/opf}"
 DC = "{http://purl.org/dc/elements/1.1/}"

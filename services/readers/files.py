@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 from services.readers.html import html_sections
 from services.readers.lines import read_bounded, wide_encoding
 from services.readers.markdown import markdown_sections

@@ -6,7 +6,7 @@ directory and file sizes; the batch's runner (a Celery worker, or the in-process
 parser sandbox (``services.readers.sandbox``). A ``FileRef`` is a ``Document`` with no text, so the job
 machinery (batches, ids, re-sends, stale-document sync) treats it as one.
 
-How its bytes reach a worker (``services.settings.CelerySettings``):
+How its bytes reach a worker (``services.core.settings.CelerySettings``):
 - inline: a file of at most ``DPR_CELERY__INLINE_FILE_BYTES`` (default 2 MiB) travels base64 in the task body
   (JSON; Celery's serializer here), so a worker on another machine needs nothing else;
 - by path: a larger file is read by the worker at its absolute path as the CLI saw it, rewritten by

@@ -26,7 +26,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from services.errors import DocumentError
+from services.core.errors import DocumentError
+from services.core.settings import DocumentSettings
 from services.readers.binary import BINARY_SUFFIXES, read_binary
 from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
 from services.readers.filesig import FileRef
@@ -34,7 +35,6 @@ from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, duplicate, safe_text
 from services.readers.sandbox import ParserSandbox
 from services.readers.sniff import READ_KINDS, Kind, sniff
-from services.settings import DocumentSettings
 
 log = logging.getLogger(__name__)
 

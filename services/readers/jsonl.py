@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from services.errors import DataError, DocumentError
+from services.core.errors import DataError, DocumentError
 from services.readers.files import oversized
 from services.readers.lines import CORRUPT, Line, bounded_lines, open_bytes, wide_encoding
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, duplicate, safe_text

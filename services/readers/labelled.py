@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import Corpus, TrainPair
-from services.errors import DataError
+from services.core.errors import DataError
 from services.readers.jsonl import iter_objects, row_id, strict
 
 FIX = (

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from lxml import etree
 
+from services.core.settings import DocumentSettings
 from services.readers.office import SafeZip, local, row_text
 from services.readers.protocol import Info, Part
 from services.readers.sections import HeadingSections
-from services.settings import DocumentSettings
 
 TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
 TABLE = "{urn:oasis:names:tc:opendocument:xmlns:table:1.0}"

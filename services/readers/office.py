@@ -15,8 +15,8 @@ from pathlib import Path
 
 from lxml import etree
 
+from services.core.settings import DocumentSettings
 from services.readers.protocol import ParseFailure
-from services.settings import DocumentSettings
 
 _LARGE_ENTRY = 1 << 20
 _XML = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False,

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from services.core.settings import DocumentSettings
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.records import Section
-from services.settings import DocumentSettings
 
 _MAX_OUTLINE = 20_000
 _SPACES = re.compile(r"[ \t\f\v]+")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from lxml import etree
 
+from services.core.settings import DocumentSettings
 from services.readers.office import SafeZip, local, resolve, row_text
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.records import Section
-from services.settings import DocumentSettings
 
 P = "{http://schemas.openxmlformats.org/presentationml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.core.settings import DocumentSettings
 from services.readers.records import Section
-from services.settings import DocumentSettings
 
 
 @dataclass

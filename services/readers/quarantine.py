@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.settings import DocumentSettings, Settings
+from services.core.settings import DocumentSettings, Settings
 
 _MEMORY: dict[str, dict[str, str]] = {}  # records kept in this process: no directory, or it cannot be written
 _LOCK = threading.Lock()

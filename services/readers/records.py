@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 
 
 @dataclass(frozen=True)

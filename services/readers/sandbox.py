@@ -30,10 +30,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from services.core.settings import DocumentSettings
 from services.readers.protocol import Info, ParseFailure
 from services.readers.quarantine import Quarantine
 from services.readers.records import Section
-from services.settings import DocumentSettings
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from encoders.data import DEV_SPLIT_SEED, RetrievalDataset
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import DocumentSettings
 from services.readers.beir import beir_corpus_path, load_beir
 from services.readers.binary import BINARY_SUFFIXES
 from services.readers.files import TEXT_SUFFIXES
@@ -19,7 +20,6 @@ from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import IdLedger, Item
 from services.readers.sandbox import ParserSandbox
 from services.readers.squad import load_squad
-from services.settings import DocumentSettings
 
 InputFormat = Literal["auto", "files", "jsonl", "beir"]
 DatasetFormat = Literal["beir", "squad", "jsonl"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from encoders.data import CorpusDoc, RetrievalDataset
-from services.errors import DataError
+from services.core.errors import DataError
 from services.readers.files import open_text
 
 SquadSplit = Literal["train", "test", "all"]

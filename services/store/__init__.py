@@ -15,7 +15,7 @@ from services.store.frontend import Store
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:
-    from services.settings import Settings
+    from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

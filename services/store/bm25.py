@@ -5,7 +5,7 @@ the saturated and length-normalised term frequency ``tf * (k + 1) / (tf + k * (1
 baked into each stored document vector. ``avg_len`` must be the generation's own average passage length (in the
 tokens the sparse vectors use), so the store keeps it:
 
-- every sparse vector made by ``services.sparse.Bm25Embedder.embed_document`` carries its raw term counts
+- every sparse vector made by ``services.store.sparse.Bm25Embedder.embed_document`` carries its raw term counts
   (``SparseVector.counts``); the passage length is their sum;
 - ``Store.upsert`` records each point's length in its payload (``bm25_len``) and keeps a small stats record in
   the generation's spec (``settings["bm25_stats"]``: the generation's name, total tokens, passage count),
@@ -37,7 +37,7 @@ STATS_KEY = "bm25_stats"  # the stats record inside CollectionSpec.settings
 LENGTH_FIELD = "bm25_len"  # a point's passage length in BM25 tokens, in its payload
 AVG_FIELD = "bm25_avg"  # the average length its stored weights were computed with, in its payload
 DRIFT = 0.05  # a point weighted with an average more than 5% off the generation's is re-weighted by optimize
-CONFIG_KEY = "bm25"  # the tokenisation / weighting configuration inside CollectionSpec.settings (services.sparse)
+CONFIG_KEY = "bm25"  # the tokenisation / weighting configuration inside CollectionSpec.settings (services.store.sparse)
 DEFAULT_K = 1.2
 DEFAULT_B = 0.75
 

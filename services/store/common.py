@@ -1,5 +1,6 @@
 """Engine-free logic of the store front end: generation names, the validation rules (one function per rule,
-also called by ``services/query.py`` and ``services/hybrid.py``), the engine-neutral filter, linear fusion and
+also called by ``services/query.py`` and ``services/learn/hybrid.py``), the engine-neutral filter, linear fusion
+and
 per-document state.
 
 Kept apart from ``points.py`` (records and converters) and ``frontend.py`` (the ``Store`` that sequences these
@@ -13,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from services.errors import CollectionNotFound, ConfigError, ModelMismatch
+from services.core.errors import CollectionNotFound, ConfigError, ModelMismatch
 from services.store.points import CollectionSpec, DocState, PassagePoint, SearchRequest
 
 GENERATION_FORMAT = "{alias}__g{number:04d}"
@@ -121,7 +122,7 @@ def validate_request(alias: str, generation: str, spec: CollectionSpec, request:
     check_mode(request.mode)
     require_sparse(alias, generation, spec, request.mode)
     if request.mode != "dense" and request.sparse is None:
-        raise ConfigError(f"{request.mode} search needs a sparse query vector (services.sparse.embed_query)")
+        raise ConfigError(f"{request.mode} search needs a sparse query vector (services.store.sparse.embed_query)")
     if request.mode != "sparse":
         if request.dense is None:
             raise ConfigError(f"{request.mode} search needs a dense query vector from the question tower")

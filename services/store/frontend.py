@@ -24,7 +24,7 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from services.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
+from services.core.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
 from services.store.common import (
     DocStateGroups,
     Scored,

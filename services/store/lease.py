@@ -28,8 +28,8 @@ from pathlib import Path
 
 from qdrant_edge import EdgeShard
 
-from services.errors import StoreUnavailable
-from services.fsutil import flock_until
+from services.core.errors import StoreUnavailable
+from services.core.fsutil import flock_until
 
 log = logging.getLogger(__name__)
 

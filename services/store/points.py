@@ -36,7 +36,7 @@ def text_hash(text: str) -> str:
 class SparseVector:
     indices: list[int]
     values: list[float]
-    # BM25 document side only (services.sparse / services.store.bm25): the raw term counts aligned with
+    # BM25 document side only (services.store.sparse / services.store.bm25): the raw term counts aligned with
     # ``indices`` (their sum is the passage length) and the average length ``values`` were weighted with; the
     # store re-weights with the generation's own average. Not part of equality; engines read indices/values only.
     counts: list[float] | None = field(default=None, compare=False)

@@ -8,7 +8,7 @@ Data operations act on the active generation unless ``generation=`` names anothe
 names, pointer resolution, validation, batching, per-document state, search modes and fusion) and drives an
 ``Engine``: ``engines/edge.py`` (qdrant-edge, embedded) or ``engines/server.py`` (qdrant-client, a Qdrant server
 or its in-process engine). An engine translates engine-neutral records (``common.Where``, named vectors,
-``Scored``) into its own calls, maps its own errors onto ``services.errors``, and decides nothing.
+``Scored``) into its own calls, maps its own errors onto ``services.core.errors``, and decides nothing.
 """
 
 from __future__ import annotations

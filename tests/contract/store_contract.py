@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from services.errors import CollectionNotFound, ConfigError, ModelMismatch
-from services.sparse import default_embedder
+from services.core.errors import CollectionNotFound, ConfigError, ModelMismatch
 from services.store import Store, VectorStore
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 from services.store.protocol import Engine
+from services.store.sparse import default_embedder
 
 DIM = 8
 MODEL = "towers-a@1111"

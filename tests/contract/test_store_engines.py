@@ -21,7 +21,7 @@ import pytest
 from qdrant_client import QdrantClient, models
 from store_contract import SPEC, EngineFactory, StoreContract
 
-from services.settings import Settings
+from services.core.settings import Settings
 from services.store import Store, VectorStore, open_store
 from services.store.common import linear_fusion, min_max
 from services.store.engines.edge import EdgeEngine

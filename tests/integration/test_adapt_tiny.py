@@ -60,7 +60,7 @@ def _corpus(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from encoders.registry import activate
-    from services.settings import Settings
+    from services.core.settings import Settings
 
     root = tmp_path_factory.mktemp("adapt")
     data_dir = root / "data"
@@ -74,8 +74,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _config(**overrides: Any) -> Any:
-    from encoders.adapt import TeacherConfig
-    from services.adaptation import AdaptConfig
+    from encoders.learn.adapt import TeacherConfig
+    from services.learn.adaptation import AdaptConfig
 
     # a random tiny model puts every passage within cosine 0.9 of every other: the duplicate rule is checked on
     # vectors made by hand below, off here
@@ -121,7 +121,7 @@ def test_adapt_cli_runs_every_stage_and_never_opens_queries_or_qrels(world: dict
 
 
 def test_card_records_recipe_teacher_and_dev_figures(world: dict[str, Any]) -> None:
-    from services.adaptation import adapt
+    from services.learn.adaptation import adapt
 
     result = adapt(world["settings"], world["corpus"], _config(name="card"))
     record = result.card["adaptation"]
@@ -152,7 +152,7 @@ def _best(dev: dict[str, Any]) -> str:
 
 
 def test_a_rerun_resumes_from_the_last_finished_stage(world: dict[str, Any]) -> None:
-    from services.adaptation import adapt
+    from services.learn.adaptation import adapt
 
     settings, models = world["settings"], world["models"]
     first = adapt(settings, world["corpus"], _config(name="resume", epochs_grid=(1.0,)))
@@ -176,7 +176,7 @@ def test_a_rerun_resumes_from_the_last_finished_stage(world: dict[str, Any]) -> 
 
 def test_no_dev_gain_leaves_the_active_model_alone(world: dict[str, Any]) -> None:
     from encoders.registry import activate
-    from services.adaptation import adapt
+    from services.learn.adaptation import adapt
 
     models = world["models"]
     activate(models, "tinybase")
@@ -190,7 +190,7 @@ def test_no_dev_gain_leaves_the_active_model_alone(world: dict[str, Any]) -> Non
 def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
     from encoders.registry import activate
     from encoders.towers import passage_fingerprint
-    from services.adaptation import adapt
+    from services.learn.adaptation import adapt
 
     models = world["models"]
     activate(models, "tinybase")
@@ -203,8 +203,8 @@ def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
 def test_teacher_drops_duplicates_and_candidates_both_retrievers_put_above_the_source() -> None:
     import numpy as np
 
-    from encoders.adapt import TeacherConfig, TeacherStats, label_with_teacher, rrf
     from encoders.data import CorpusDoc, TrainPair
+    from encoders.learn.adapt import TeacherConfig, TeacherStats, label_with_teacher, rrf
 
     corpus = {d: CorpusDoc(d, "", f"text of {d}") for d in ("src", "dup", "both", "bm25only", "other")}
     vectors = np.eye(5, dtype=np.float32)

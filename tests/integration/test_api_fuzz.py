@@ -29,8 +29,8 @@ from schemathesis.specs.openapi.checks import status_code_conformance
 
 from entrypoints.api.app import create_app
 from services.access import ROLES, KeyStore, allows, keys_path
+from services.core.settings import ApiSettings, ChunkSettings, Settings
 from services.runtime import Runtime
-from services.settings import ApiSettings, ChunkSettings, Settings
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from api_server import LiveServer, ServeProcess, wait_job, wait_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 from entrypoints.api.app import create_app
+from services.core.settings import Settings
 from services.runtime import Runtime
-from services.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -110,7 +110,7 @@ def _free(disk: Path, url: str) -> None:
 
 
 def _points(data: Path) -> dict[str, tuple[str, int, str]]:
-    from services.settings import Settings
+    from services.core.settings import Settings
     from services.store import open_store
 
     store = open_store(Settings(data_dir=data))

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from services import datadir
+from services.core import datadir
+from services.core.settings import Settings
 from services.query import QueryOptions
 from services.runtime import Runtime
-from services.settings import Settings
 
 pytestmark = pytest.mark.integration
 

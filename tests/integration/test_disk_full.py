@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 WRITER = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from services.errors import DiskFull
+    from services.core.errors import DiskFull
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
     from services.store.points import CollectionSpec, Passage, PassagePoint

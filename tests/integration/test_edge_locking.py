@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.errors import StoreUnavailable
+from services.core.errors import StoreUnavailable
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.lease import lease_for

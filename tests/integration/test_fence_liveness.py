@@ -19,9 +19,9 @@ import pytest
 import redis
 from worker_cluster import RedisServer
 
-from services.errors import StoreUnavailable
+from services.core.errors import StoreUnavailable
+from services.core.locks import RedisFence
 from services.lifecycle.locks import write_fence
-from services.locks import RedisFence
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import Settings
 from services.ingest import IngestPipeline
 from services.query import QueryOptions, search, search_many
 from services.readers import Document
-from services.settings import Settings
-from services.sparse import default_embedder
 from services.store import open_store
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,14 @@ from kit.fakes import CountingTowers
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from services.errors import ModelMismatch
+from services.core.errors import ModelMismatch
+from services.core.settings import Settings
 from services.ingest import IngestPipeline, chunk_document
 from services.query import QueryOptions, search
 from services.readers import Document, iter_documents
-from services.settings import Settings
-from services.sparse import default_embedder
 from services.store import open_store
 from services.store.points import point_id
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.integration
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from kit.documents import make_pdf
 
+from services.core.settings import Settings
 from services.jobs.executor import LocalExecutor
 from services.readers import iter_documents
 from services.runtime import Runtime
-from services.settings import Settings
-from services.sparse import default_embedder
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 from kit.documents import make_pdf
 from worker_cluster import DPR, Cluster
 
+from services.core.settings import Settings
 from services.jobs import JobStore
-from services.settings import Settings
 from services.store import open_store
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from kit.documents import make_pdf
 
+from services.core.settings import DocumentSettings
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.sandbox import ParserSandbox
-from services.settings import DocumentSettings
 
 pytestmark = pytest.mark.integration
 HOSTILE = {"pdf": "kit.hostile_readers:by_name"}

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from kit.documents import make_pdf
 
+from services.core.settings import DocumentSettings
 from services.readers import DocumentFailure, iter_documents
 from services.readers.quarantine import forget_all_in_process
 from services.readers.sandbox import ParserSandbox
-from services.settings import DocumentSettings
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from services.readers import DocumentFailure, iter_documents
 from services.readers.quarantine import forget_all_in_process
 from services.readers.sandbox import ParserSandbox
-from services.settings import DocumentSettings
+from services.core.settings import DocumentSettings
 limits = DocumentSettings(quarantine_dir=Path(sys.argv[1]))
 with ParserSandbox(limits, readers={"pdf": "kit.hostile_readers:by_name"}) as sandbox:
     items = list(iter_documents([Path(sys.argv[2])], limits=limits, sandbox=sandbox))

@@ -31,10 +31,10 @@ def _folder(root: Path) -> Path:
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A data dir whose active model is a tiny partner (``tinybase``), a question-only model trained from it
     (``qo``), and an incompatible pair: a fully trained model (``full``) and a question-only model of that one."""
+    from encoders.learn.train import TrainConfig
     from encoders.registry import activate
-    from encoders.train import TrainConfig
-    from services.settings import Settings
-    from services.training import TrainingData, train_model
+    from services.core.settings import Settings
+    from services.learn.training import TrainingData, train_model
 
     root = tmp_path_factory.mktemp("qo")
     data_dir = root / "data"
@@ -106,7 +106,7 @@ def test_a_question_only_model_queries_its_partners_points_and_an_incompatible_t
 ) -> None:
     from encoders.registry import model_for_fingerprint
     from encoders.towers import SentenceTransformerTowers, model_fingerprint
-    from services.errors import ModelMismatch
+    from services.core.errors import ModelMismatch
     from services.query import check_towers
     from services.store.points import CollectionSpec
 
@@ -178,7 +178,7 @@ def test_train_feedback_learns_from_the_collections_judgements(
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
-    from services.feedback import FeedbackStore
+    from services.learn.feedback import FeedbackStore
 
     for key, value in (("DPR_ENCODER__BACKEND", "torch"), ("DPR_ENCODER__QUESTION_BACKEND", "torch"),
                        ("DPR_COLLECTION", "judged")):

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from worker_cluster import DPR, Cluster, Worker, wait_until
 
+from services.core.settings import Settings
 from services.jobs import JobStore
 from services.lifecycle import reembed_status
 from services.lifecycle.progress import ReembedProgress
 from services.runtime import Runtime
-from services.settings import Settings
 from services.store import open_store
 
 pytestmark = pytest.mark.integration

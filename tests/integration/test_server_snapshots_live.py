@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from services.errors import SnapshotError
+from services.core.errors import SnapshotError
+from services.core.settings import Settings
+from services.ops.snapshots import create_snapshot, restore_snapshot
 from services.query import QueryOptions
 from services.readers import Document
 from services.runtime import Runtime
-from services.settings import Settings
-from services.snapshots import create_snapshot, restore_snapshot
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not os.environ.get("QDRANT_URL"), reason="needs a Qdrant server: set QDRANT_URL")]

@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from services.errors import SnapshotError
+from services.core.errors import SnapshotError
+from services.core.settings import Settings
+from services.ops.snapshots import restore_snapshot
 from services.query import QueryOptions
 from services.readers import Document
 from services.runtime import Runtime
-from services.settings import Settings
-from services.snapshots import restore_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,7 @@ def test_admin_api_snapshots_a_running_server_and_lists_it(tmp_path: Path, sourc
     from fastapi.testclient import TestClient
 
     from entrypoints.api.app import create_app
-    from services.settings import ApiSettings
+    from services.core.settings import ApiSettings
 
     settings = source.model_copy(update={"api": ApiSettings(api_key="admin-secret")})
     runtime = Runtime(settings, towers=base_towers, serialize_store=True)
@@ -153,7 +153,7 @@ def test_server_snapshots_need_a_real_server(tmp_path: Path) -> None:
     """qdrant-client's in-process engine has no snapshots: the command says what it needs instead of failing late."""
     from qdrant_client import QdrantClient
 
-    from services.snapshots import create_snapshot
+    from services.ops.snapshots import create_snapshot
     from services.store import Store
     from services.store.engines.server import ServerEngine
     from services.store.points import CollectionSpec
@@ -177,7 +177,7 @@ def test_server_snapshot_restores_into_a_fresh_collection(tmp_path: Path, base_t
         runtime.pipeline.ingest(docs)
         before = _answers(runtime)
         engine = runtime.store.engine  # type: ignore[attr-defined]
-        from services.snapshots import create_snapshot
+        from services.ops.snapshots import create_snapshot
 
         made = create_snapshot(settings, engine)
         generation = made["generation"]

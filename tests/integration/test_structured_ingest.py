@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
+from services.core.settings import Settings
 from services.ingest import IngestPipeline
 from services.readers import Document, Section
-from services.settings import Settings
-from services.sparse import default_embedder
 from services.store import open_store
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.integration
 

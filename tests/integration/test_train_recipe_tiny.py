@@ -1,4 +1,4 @@
-"""`dpr train`'s recipe (the fine-tune, then mining rounds chosen on dev: ``services.training_rounds``) on a tiny
+"""`dpr train`'s recipe (the fine-tune, then mining rounds chosen on dev: ``services.learn.training_rounds``) on a tiny
 randomly initialised model and a tiny BEIR folder (seconds): every stage is recorded in the card with its dev
 figure, times, peak RSS and whether it was kept; a round without a dev gain is not kept and ends the rounds; a run
 stopped after the fine-tune goes on at the first round without training the fine-tune again; `--rounds 0` is the
@@ -28,13 +28,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _settings(tmp_path: Path) -> Any:
-    from services.settings import Settings
+    from services.core.settings import Settings
 
     return Settings(data_dir=tmp_path / "data", encoder={"backend": "torch", "question_backend": "torch"})
 
 
 def _config(name: str) -> Any:
-    from encoders.train import TrainConfig
+    from encoders.learn.train import TrainConfig
 
     return TrainConfig(name=name, max_steps=2, batch_size=4, learning_rate=5e-3, max_query_tokens=32,
                        max_passage_tokens=64)
@@ -47,8 +47,8 @@ class Killed(Exception):
 def test_fine_tune_and_a_round_are_recorded_and_a_killed_run_resumes_at_the_round(world: dict[str, Any],
                                                                                    tmp_path: Path) -> None:
     from encoders.towers import model_fingerprint
-    from services.training import TrainingData
-    from services.training_rounds import RoundConfig, train_recipe
+    from services.learn.training import TrainingData
+    from services.learn.training_rounds import RoundConfig, train_recipe
 
     settings = _settings(tmp_path)
     data = TrainingData(data=world["beir"], dev_queries=4)
@@ -104,8 +104,8 @@ def test_fine_tune_and_a_round_are_recorded_and_a_killed_run_resumes_at_the_roun
 
 def test_a_round_without_a_dev_gain_is_not_kept_and_ends_the_rounds(world: dict[str, Any], tmp_path: Path) -> None:
     from encoders.towers import model_fingerprint
-    from services.training import TrainingData
-    from services.training_rounds import RoundConfig, train_recipe
+    from services.learn.training import TrainingData
+    from services.learn.training_rounds import RoundConfig, train_recipe
 
     settings = _settings(tmp_path)
     done = train_recipe(settings, TrainingData(data=world["beir"], dev_queries=4), _config("ng"),

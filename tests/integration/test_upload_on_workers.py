@@ -13,7 +13,7 @@ from api_server import ServeProcess, wait_job, wait_ready
 from kit.documents import make_pdf
 from worker_cluster import Cluster
 
-from services.settings import Settings
+from services.core.settings import Settings
 from services.store import open_store
 
 pytestmark = pytest.mark.integration

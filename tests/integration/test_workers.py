@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from worker_cluster import Cluster, wait_until
 
+from services.core.settings import ChunkSettings, Settings
 from services.ingest import chunk_document
 from services.jobs import JobStore
 from services.readers import Document, iter_documents
-from services.settings import ChunkSettings, Settings
 from services.store import open_store
 from services.store.points import Passage, point_id
 

@@ -37,7 +37,7 @@ class FakeRedis:
         return True
 
     def eval(self, script: str, numkeys: int, key: str, token: Any, *args: Any) -> int:
-        """The two scripts ``services.locks.RedisLease`` runs: refresh (pexpire) and release (del) while the key
+        """The two scripts ``services.core.locks.RedisLease`` runs: refresh (pexpire) and release (del) while the key
         still holds ``token``."""
         self._check(write=True)
         if self.strings.get(key) != self._b(token):

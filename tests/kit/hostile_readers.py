@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from services.core.settings import DocumentSettings
 from services.readers import pdf
 from services.readers.protocol import Part
-from services.settings import DocumentSettings
 
 
 def by_name(path: Path, limits: DocumentSettings) -> Iterator[Part]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from services.settings import Settings
+from services.core.settings import Settings
 
 SUITE_MARKERS = ("unit", "integration", "slow")
 ENV_PREFIX = str(Settings.model_config.get("env_prefix") or "DPR_")

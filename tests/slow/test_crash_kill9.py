@@ -45,7 +45,7 @@ def _dpr(data: Path, *args: str, timeout: float = 600) -> subprocess.CompletedPr
 
 
 def _points(data: Path) -> dict[str, tuple[str, int, str]]:
-    from services.settings import Settings
+    from services.core.settings import Settings
     from services.store import open_store
 
     store = open_store(Settings(data_dir=data))

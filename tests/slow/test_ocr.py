@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from services.core.settings import DocumentSettings
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.sandbox import ParserSandbox
-from services.settings import DocumentSettings
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_cranfield_bm25_and_base_through_the_store(shared_data: Path, tmp_path: Path) -> None:
-    from services.evaluation import compare_systems
+    from services.core.settings import Settings
+    from services.learn.evaluation import compare_systems
     from services.readers import load_beir
-    from services.settings import Settings
 
     dataset = load_beir(shared_data / "cranfield", "test")
     report = compare_systems(dataset, settings=Settings(data_dir=tmp_path), models=["base"])

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from entrypoints.api.admission import Admission
 from entrypoints.api.app import create_app
-from services.settings import ApiSettings, Settings
+from services.core.settings import ApiSettings, Settings
 
 pytestmark = pytest.mark.unit
 

@@ -20,8 +20,8 @@ from test_api_routes import DOCS, assert_error, ingest
 
 from entrypoints.api.app import create_app
 from entrypoints.api.uploads import collect
+from services.core.settings import ApiSettings, Settings
 from services.readers import MAX_ID_CHARS, Document, DocumentFailure, Item
-from services.settings import ApiSettings, Settings
 
 pytestmark = pytest.mark.unit
 

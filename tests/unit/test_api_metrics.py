@@ -11,7 +11,7 @@ from kit.fakes import FakeRuntime
 from prometheus_client.parser import text_string_to_metric_families
 
 from entrypoints.api.app import create_app
-from services.settings import Settings
+from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from kit.fakes import FakeRuntime
 
 from entrypoints.api.app import create_app
 from entrypoints.api.uploads import MAX_JSON_DEPTH, split_too_deep
-from services.settings import Settings
+from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from kit.fakes import FakeRuntime
 from test_api_routes import DOCS, ingest
 
 from entrypoints.api.app import create_app
-from services.settings import ApiSettings, Settings
+from services.core.settings import ApiSettings, Settings
 
 pytestmark = pytest.mark.unit
 

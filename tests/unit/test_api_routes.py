@@ -17,8 +17,8 @@ from kit.documents import make_docx, make_pdf
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
-from services.errors import StoreUnavailable
-from services.settings import ApiSettings, Settings
+from services.core.errors import StoreUnavailable
+from services.core.settings import ApiSettings, Settings
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from entrypoints.api.app import SERVE_TORCH_THREADS, serving_settings
 from entrypoints.cli.main import app
-from services.settings import Settings
+from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kit.fake_redis import FakeRedis
 
+from services.core.settings import CelerySettings, Settings
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document, DocumentFailure, Skipped
-from services.settings import CelerySettings, Settings
 from workers import executor as celery_executor
 
 pytestmark = pytest.mark.unit

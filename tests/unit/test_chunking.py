@@ -5,7 +5,7 @@ import re
 import pytest
 
 from services.chunking import SAFETY_TOKENS, chunk_text, window_size
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.chunking import HEADING_SEPARATOR, chunk_sections, chunk_text, context_line
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 from services.readers.records import SECTION_SEPARATOR, Document, Section
 
 pytestmark = pytest.mark.unit

@@ -21,8 +21,8 @@ from entrypoints.api.app import create_app
 from entrypoints.cli import client as client_module
 from entrypoints.cli.main import app
 from entrypoints.status import collection_status
+from services.core.settings import ApiSettings, Settings
 from services.query import QueryOptions
-from services.settings import ApiSettings, Settings
 
 pytestmark = pytest.mark.unit
 

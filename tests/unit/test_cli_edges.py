@@ -17,8 +17,15 @@ from entrypoints.cli.common import (
     exit_code_for,
 )
 from entrypoints.cli.main import CORE, app
-from services.errors import CollectionNotFound, ConfigError, DataError, DocumentError, ModelMismatch, StoreUnavailable
-from services.settings import Settings
+from services.core.errors import (
+    CollectionNotFound,
+    ConfigError,
+    DataError,
+    DocumentError,
+    ModelMismatch,
+    StoreUnavailable,
+)
+from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 

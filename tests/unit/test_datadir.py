@@ -1,4 +1,5 @@
-"""Data dir format versions (services/datadir.py) and `dpr migrate`: new, legacy, current, older, newer, corrupt."""
+"""Data dir format versions (services/core/datadir.py) and `dpr migrate`: new, legacy, current, older, newer,
+corrupt."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
-from services import datadir
-from services.errors import DataDirFormatError
-from services.settings import Settings
+from services.core import datadir
+from services.core.errors import DataDirFormatError
+from services.core.settings import Settings
 from services.store.engines.edge import EdgeEngine
 
 pytestmark = pytest.mark.unit

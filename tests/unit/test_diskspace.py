@@ -1,4 +1,4 @@
-"""Free space before writing (services/diskspace.py): the embedded store refuses a write below DPR_MIN_FREE_MB
+"""Free space before writing (services/core/diskspace.py): the embedded store refuses a write below DPR_MIN_FREE_MB
 and writes nothing, ENOSPC anywhere becomes one line naming the disk (exit 3), `dpr status` shows free space.
 
 The real full disk (a small loop-mounted filesystem) is in tests/integration/test_disk_full.py; here the threshold
@@ -15,9 +15,9 @@ import typer
 
 from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors
 from entrypoints.status import disk_status
-from services import diskspace
-from services.errors import DiskFull
-from services.settings import Settings
+from services.core import diskspace
+from services.core.errors import DiskFull
+from services.core.settings import Settings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint

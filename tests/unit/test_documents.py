@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.errors import ConfigError
+from services.core.errors import ConfigError
 from services.readers import (
     Document,
     DocumentFailure,

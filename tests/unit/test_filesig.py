@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kit.documents import make_pdf
 
-from services.fsutil import sha256_of
+from services.core.fsutil import sha256_of
 from services.ingest import batched_items
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.filesig import (

@@ -12,14 +12,14 @@ from kit.fakes import HashTowers
 
 from encoders import data as d
 from services import readers
-from services.errors import CollectionNotFound, ConfigError
-from services.evaluation import dataset_documents
-from services.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
+from services.core.errors import CollectionNotFound, ConfigError
+from services.core.settings import Settings
 from services.ingest import IngestPipeline, collection_spec
+from services.learn.evaluation import dataset_documents
+from services.learn.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
 from services.query import QueryOptions, resolve_request
-from services.settings import Settings
-from services.sparse import default_embedder
 from services.store import open_store
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.unit
 
@@ -119,7 +119,7 @@ def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> N
 def test_training_holds_out_the_same_dev_split(tmp_path: Path) -> None:
     """`dpr train`'s dev questions are the ones `dpr tune-hybrid` and `dpr eval --dev-queries` read, and never
     become training pairs."""
-    from services.training import TrainingData, build_training_set
+    from services.learn.training import TrainingData, build_training_set
 
     beir = write_beir(tmp_path)
     training = build_training_set(_settings(tmp_path), TrainingData(data=beir, fmt="beir", dev_queries=5))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kit.fake_redis import FakeRedis
 
-from services.errors import TransientError
+from services.core.errors import TransientError
 from services.jobs import FileHashes, JobNotFound, JobStore, JobStoreUnavailable, RedisHashes, redact_url, summarize
 
 pytestmark = pytest.mark.unit

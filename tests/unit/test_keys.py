@@ -19,7 +19,7 @@ from entrypoints.api.app import create_app
 from entrypoints.cli.main import app as cli
 from entrypoints.cli.serve import is_loopback
 from services.access import AccessGate, AuditLog, KeyStore, KeyStoreError, RateLimiter, allows, keys_path
-from services.settings import ApiSettings
+from services.core.settings import ApiSettings
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from kit.fakes import CountingTowers, HashTowers
 from kit.policy import make_settings, scrub_settings_env
 
 from encoders.towers import DualEncoder
-from services.settings import Settings
+from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 

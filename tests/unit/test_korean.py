@@ -16,16 +16,16 @@ from typer.testing import CliRunner
 
 from encoders.data import CorpusDoc, RetrievalDataset
 from encoders.korean import korean_terms
-from encoders.metrics import has_answer
-from encoders.mining import BM25Config, BM25Index
+from encoders.learn.metrics import has_answer
+from encoders.learn.mining import BM25Config, BM25Index
 from entrypoints.cli.main import app
-from services.errors import ConfigError, StoreUnavailable
+from services.core.errors import ConfigError, StoreUnavailable
 from services.ingest import IngestPipeline
 from services.language import detect_language, hangul_share, prepare_collection, resolve_language
 from services.query import QueryOptions, search
 from services.readers import Document
-from services.sparse import Bm25Embedder, default_embedder, embedder_for, for_spec, spec_language
 from services.store import open_store
+from services.store.sparse import Bm25Embedder, default_embedder, embedder_for, for_spec, spec_language
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ def test_english_vectors_are_those_of_the_implementation_before_languages() -> N
 
 def test_term_ids_are_the_same_in_another_process() -> None:
     code = (
-        "import json; from services.sparse import embedder_for; "
+        "import json; from services.store.sparse import embedder_for; "
         "print(json.dumps([embedder_for(l).embed_document(t).indices for l, t in "
         "[('ko', '한강은 서울을 가로지른다'), ('en', 'foxes jumping')]]))"
     )
@@ -159,7 +159,7 @@ import json
 from kit.fakes import HashTowers
 from kit.policy import make_settings
 from services.query import QueryOptions, search
-from services.sparse import default_embedder, spec_language
+from services.store.sparse import default_embedder, spec_language
 from services.store import open_store
 store = open_store(make_settings(data_dir={str(tmp_path)!r}, collection="ko-docs"))
 hits = search("배추로 만든 음식", store=store, towers=HashTowers(), sparse=default_embedder(),
@@ -237,7 +237,7 @@ def test_korean_answers_match_with_particles_english_rule_unchanged() -> None:
 
 
 def test_eval_detects_korean_and_tokenises_its_bm25_baseline_so() -> None:
-    from services.evaluation import compare_systems
+    from services.learn.evaluation import compare_systems
 
     corpus = {k: CorpusDoc(k, t, x) for k, (t, x) in KO_DOCS.items()}
     ds = RetrievalDataset(
@@ -277,7 +277,7 @@ def test_korquad_folder_reads_with_an_article_split() -> None:
 
 
 def test_a_squad_folder_must_hold_one_json(tmp_path: Path) -> None:
-    from services.errors import DataError
+    from services.core.errors import DataError
     from services.readers import load_squad
 
     with pytest.raises(DataError, match="exactly one .json"):

@@ -4,7 +4,9 @@ The layers, top to bottom: ``entrypoints`` (the CLI, the HTTP API: the compositi
 -> ``services`` (the domain) -> ``encoders`` (the ML). A package may import only the packages below it;
 ``services`` never imports Celery or kombu, not even lazily; the module top level of ``services`` and
 ``entrypoints`` never imports the ML stack (torch, transformers, sentence-transformers): a lazy import inside a
-function is fine, so the query path and the CLI start without torch. No import cycle between two of the project's
+function is fine, so the query path and the CLI start without torch. Inside ``services``, ``services.core`` is the
+bottom folder, and the learning code (``services.learn``, ``encoders.learn``) is loaded at module level only by itself
+and by the entrypoints that run it. No import cycle between two of the project's
 modules, lazy imports (inside a function) included, those under ``if TYPE_CHECKING:`` excluded: a cycle closed by a
 lazy import still ties the modules together. Run with ``-s`` to print the graph.
 """
@@ -129,6 +131,32 @@ def test_the_ml_stack_is_imported_lazily(layer: str) -> None:
     assert eager == [], "import these inside the function that needs them:\n" + "\n".join(eager)
 
 
+# Folders inside a layer: ``services.core`` is the bottom of ``services``; the learning code (training, evaluation,
+# tuning, adaptation: ``services.learn``, ``encoders.learn``) is loaded at module level only by itself and by the
+# entrypoints that run it, so neither the query nor the ingest path carries it.
+CORE = "services.core"
+LEARN = ("services.learn", "encoders.learn")
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_services_core_imports_nothing_else_of_services() -> None:
+    upward = [str(i) for i in IMPORTS if _under(i.module, CORE) and _root(i.target) == "services"
+              and not _under(i.target, CORE)]
+    assert upward == [], f"{CORE} is the bottom of services:\n" + "\n".join(upward)
+
+
+def test_the_learning_code_is_loaded_at_module_level_only_where_it_runs() -> None:
+    eager = [str(i) for i in IMPORTS if i.top_level and any(_under(i.target, p) for p in LEARN)
+             and not any(_under(i.module, p) for p in LEARN) and _root(i.module) != "entrypoints"]
+    assert eager == [], "import the learning code inside the function that trains or measures:\n" + "\n".join(eager)
+    lab_in_towers = [str(i) for i in IMPORTS if _under(i.module, "encoders") and not _under(i.module, "encoders.learn")
+                     and _under(i.target, "encoders.learn") and i.top_level]
+    assert lab_in_towers == [], "the towers never load the training lab at import:\n" + "\n".join(lab_in_towers)
+
+
 def test_the_query_path_loads_no_ml_stack() -> None:
     """Follow top-level imports through the project from the query path's modules: no torch on the way."""
     seen: set[str] = set()
@@ -147,8 +175,8 @@ def test_the_query_path_loads_no_ml_stack() -> None:
 
 
 def test_the_package_graph_is_acyclic_and_printed() -> None:
-    """Printed per folder (``services.store -> services`` is the store reading ``services.errors`` and
-    ``services.settings``, inside one layer); asserted acyclic per layer."""
+    """Printed per folder (``services.store -> services`` is the store reading ``services.core.errors`` and
+    ``services.core.settings``, inside one layer); asserted acyclic per layer."""
     edges = Counter((_package(i.module), _package(i.target)) for i in IMPORTS if i.target in MODULES)
     print("\npackage import graph (importer -> imported: imports, lazy ones included):")
     for (a, b), n in sorted((edge, n) for edge, n in edges.items() if edge[0] != edge[1]):

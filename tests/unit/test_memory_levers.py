@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient
 
-from services.settings import EdgeSettings, QdrantSettings, Settings
+from services.core.settings import EdgeSettings, QdrantSettings, Settings
 from services.store import Store
 from services.store.engines import edge_index
 from services.store.engines.edge import LEVERS_FILE, EdgeEngine, levers_from, search_params_from

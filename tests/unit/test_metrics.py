@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from encoders.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer
+from encoders.learn.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer
 
 pytestmark = pytest.mark.unit
 

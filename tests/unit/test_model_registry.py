@@ -86,9 +86,9 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
     from kit.fakes import HashTowers
     from kit.policy import make_settings
 
-    import services.evaluation as evaluation
+    import services.learn.evaluation as evaluation
     from encoders.registry import SplitTowers
-    from services.settings import EncoderSettings
+    from services.core.settings import EncoderSettings
 
     class Backended(HashTowers):
         def __init__(self, backend: str, salt: str) -> None:
@@ -132,8 +132,8 @@ def test_question_backend_follows_the_passage_backend_except_fp32_beside_int8(
         backend: str, question: str | None, served: str) -> None:
     from kit.policy import make_settings
 
+    from services.core.settings import EncoderSettings
     from services.runtime import Runtime
-    from services.settings import EncoderSettings
 
     encoder = EncoderSettings(backend=backend, question_backend=question)  # type: ignore[arg-type]
     assert encoder.questions == served

@@ -11,10 +11,10 @@ from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
 from services.chunking import Chunk
+from services.core.settings import Settings
 from services.lifecycle.copy import embed_passages
 from services.query import QueryOptions
 from services.readers.records import Document, Section
-from services.settings import Settings
 from services.store.points import Passage, place_label, point_id
 
 pytestmark = pytest.mark.unit

@@ -10,10 +10,10 @@ import pytest
 from kit.fakes import HashTowers
 
 from services.query import QueryOptions, search
-from services.sparse import default_embedder
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
+from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.unit
 

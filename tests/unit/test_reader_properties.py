@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.chunking import chunk_text
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 from services.readers import Document, DocumentFailure, Item, Skipped, iter_documents
 
 pytestmark = pytest.mark.unit

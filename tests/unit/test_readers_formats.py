@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kit.documents import make_docx, make_epub, make_odt, make_pdf, make_pptx, make_zip_bomb
 
+from services.core.settings import DocumentSettings
 from services.readers import Document, DocumentFailure, Skipped, iter_documents
 from services.readers import docx as docx_reader
 from services.readers import epub as epub_reader
@@ -20,7 +21,6 @@ from services.readers.office import SafeZip
 from services.readers.protocol import Info, ParseFailure
 from services.readers.records import Section
 from services.readers.sources import count_documents
-from services.settings import DocumentSettings
 
 pytestmark = pytest.mark.unit
 LIMITS = DocumentSettings()

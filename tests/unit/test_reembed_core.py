@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from kit.fakes import HashTowers
 
+from services.core.locks import FileFence, FileLease
+from services.core.settings import ChunkSettings
 from services.ingest import delete_documents, ingest_batch
 from services.lifecycle import (
     GateDecision,
@@ -24,10 +26,8 @@ from services.lifecycle import (
 from services.lifecycle.gc import gc
 from services.lifecycle.rollback import rollback
 from services.lifecycle.verify import verify
-from services.locks import FileFence, FileLease
 from services.query import search
 from services.readers import Document
-from services.settings import ChunkSettings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 

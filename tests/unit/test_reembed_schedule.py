@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.errors import ConfigError
+from services.core.errors import ConfigError
+from services.core.settings import ReembedSettings, Settings
 from services.lifecycle import ReembedState, check_needed, save_state
-from services.settings import ReembedSettings, Settings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec

@@ -11,7 +11,7 @@ import pytest
 from kit.fakes import FakeRuntime
 
 from encoders.rerank import fuse_scores
-from services.errors import ConfigError
+from services.core.errors import ConfigError
 from services.query import RERANK_KEY, QueryOptions, RerankPlan, rerank_plan
 from services.readers.records import Document
 from services.store.points import CollectionSpec
@@ -145,7 +145,7 @@ def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from entrypoints.api.app import create_app
-    from services.settings import Settings
+    from services.core.settings import Settings
 
     runtime = _runtime_with_docs()
     runtime.reranker = lambda recorded=None: WordReranker("ocean")  # type: ignore[method-assign]
@@ -160,7 +160,7 @@ def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
 
 
 def test_pointwise_rows_label_each_positive_and_negative() -> None:
-    from encoders.rerank_train import RerankConfig, columns_to_rows
+    from encoders.learn.rerank_train import RerankConfig, columns_to_rows
 
     columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1a", "n2a"],
                "negative_2": ["n1b", "n2b"]}
@@ -176,7 +176,7 @@ def test_pointwise_rows_label_each_positive_and_negative() -> None:
 def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) -> None:
     import json
 
-    from encoders.rerank_train import encoder_to_start_from
+    from encoders.learn.rerank_train import encoder_to_start_from
 
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -199,7 +199,7 @@ def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) ->
 def test_a_reranker_given_as_base_keeps_its_trained_head(tmp_path: Path) -> None:
     import json
 
-    from encoders.rerank_train import starting_head
+    from encoders.learn.rerank_train import starting_head
 
     encoder, reranker = tmp_path / "encoder", tmp_path / "reranker"
     for path, architecture in ((encoder, "BertModel"), (reranker, "BertForSequenceClassification")):

@@ -18,7 +18,7 @@ from kit.policy import make_settings
 from entrypoints.api.app import create_app, public_paths
 from entrypoints.api.auth import access_of, declared_access, flat_routes
 from services.access import ROLES, KeyStore, keys_path
-from services.settings import ApiSettings
+from services.core.settings import ApiSettings
 
 pytestmark = pytest.mark.unit
 

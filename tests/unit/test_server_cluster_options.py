@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from qdrant_client import QdrantClient
 
-from services.errors import StoreUnavailable
-from services.settings import QdrantSettings
+from services.core.errors import StoreUnavailable
+from services.core.settings import QdrantSettings
 from services.store import Store
 from services.store.engines.server import ServerEngine
 from services.store.points import CollectionSpec

@@ -21,10 +21,10 @@ from kit.fake_qdrant import BASE_URL, SnapshottingQdrant
 from kit.fakes import FakeRuntime, HashTowers
 from kit.policy import make_settings
 
-from services.errors import SnapshotError
+from services.core.errors import SnapshotError
+from services.ops.snapshots import create_snapshot, read_manifest, restore_snapshot
 from services.query import QueryOptions
 from services.readers import Document
-from services.snapshots import create_snapshot, read_manifest, restore_snapshot
 from services.store import Store
 from services.store.engines import server_snapshots
 from services.store.engines.server import ServerEngine

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from services.sparse import Bm25Embedder, default_embedder, embedder_for
 from services.store import Store
 from services.store import bm25 as store_bm25
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
+from services.store.sparse import Bm25Embedder, default_embedder, embedder_for
 
 pytestmark = pytest.mark.unit
 

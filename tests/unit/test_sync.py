@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kit.fakes import FakeRuntime
 
-from services.errors import ConfigError
+from services.core.errors import ConfigError
 from services.readers import iter_documents
 from services.readers.sources import count_documents
 from services.sync import SeenDocuments, SyncScope, stale_documents, sync

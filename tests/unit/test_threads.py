@@ -1,4 +1,5 @@
-"""The thread policy (services.threads): usable cores from affinity and the cgroup quota, split between processes."""
+"""The thread policy (services.core.threads): usable cores from affinity and the cgroup quota, split between
+processes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from encoders import towers
-from services.settings import EncoderSettings, Settings
-from services.threads import available_cores, cgroup_cpu_limit, resolve_threads, threads_per_process
+from services.core.settings import EncoderSettings, Settings
+from services.core.threads import available_cores, cgroup_cpu_limit, resolve_threads, threads_per_process
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +85,7 @@ def test_threads_split_cores_between_processes() -> None:
 
 
 def test_explicit_threads_win_and_oversubscription_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="services.threads"):
+    with caplog.at_level(logging.WARNING, logger="services.core.threads"):
         assert threads_per_process(1, 2, cores=2) == 1
         assert not caplog.records
         assert threads_per_process(3, 2, cores=2) == 3

@@ -16,6 +16,7 @@ from kit.fake_redis import FakeRedis
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.status import collection_status
+from services.core.settings import ChunkSettings
 from services.ingest import ingest_batch
 from services.lifecycle import locks as lifecycle_locks
 from services.lifecycle import plan, save_state
@@ -25,7 +26,6 @@ from services.lifecycle.locks import lease_for
 from services.lifecycle.progress import reembed_job_id
 from services.lifecycle.state import ReembedState
 from services.readers import Document
-from services.settings import ChunkSettings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.points import CollectionSpec

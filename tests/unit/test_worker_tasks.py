@@ -16,11 +16,11 @@ from celery.signals import worker_process_init
 from kit.fake_redis import FakeRedis
 from kit.fakes import CountingTowers, FakeRuntime, HashTowers
 
-from services.errors import ConfigError, StoreUnavailable
+from services.core.errors import ConfigError, StoreUnavailable
+from services.core.settings import CelerySettings, EncoderSettings, Settings
 from services.ingest import IngestReport
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document
-from services.settings import CelerySettings, EncoderSettings, Settings
 from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from workers import tasks

@@ -20,7 +20,7 @@ from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, split_too_deep, too_deep_failure, too_many
-from services.errors import DocumentError
+from services.core.errors import DocumentError
 from services.language import LANGUAGE_CHOICES, prepare_collection
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
 from services.readers.records import duplicate

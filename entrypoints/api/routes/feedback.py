@@ -1,6 +1,6 @@
 """POST /v1/feedback (one judgement of a search hit: relevant or not) and GET /v1/feedback (every judgement of
 this server's collection, with counts: the admin's export). The judgements live in the data dir
-(``services.feedback``); docs/feedback.md."""
+(``services.learn.feedback``); docs/feedback.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
-from services import feedback
+from services.learn import feedback
 
 router = APIRouter(prefix="/v1")
 

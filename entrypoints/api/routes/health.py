@@ -14,7 +14,7 @@ from entrypoints.api import schemas
 from entrypoints.api.auth import requires
 from entrypoints.api.metrics import CONTENT_TYPE_LATEST
 from entrypoints.api.state import ApiState, api_state
-from services.settings import Settings
+from services.core.settings import Settings
 
 router = APIRouter()
 

@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse
 from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
-from services.eval_reports import LatestReport, latest_dir, read_latest
+from services.learn.eval_reports import LatestReport, latest_dir, read_latest
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 

@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
-from services.snapshots import create_snapshot, list_snapshots
+from services.ops.snapshots import create_snapshot, list_snapshots
 
 router = APIRouter(prefix="/v1")
 

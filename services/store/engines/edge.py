@@ -42,10 +42,10 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from services import datadir
-from services.errors import ConfigError
-from services.fsutil import write_atomic
-from services.settings import EdgeSettings
+from services.core import datadir
+from services.core.errors import ConfigError
+from services.core.fsutil import write_atomic
+from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.engines import edge_index
 from services.store.engines.edge_config import (  # converters
@@ -69,7 +69,7 @@ from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, Collection
 from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
-    from services.settings import Settings
+    from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class EdgeEngine:
         levers: EdgeLevers | None = None,
         search_params: SearchParams | None = None,
     ):
-        """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.diskspace``); ``data_dir``: the data
-        dir whose FORMAT is stamped on the first write (``services.datadir``); engines built by hand skip both.
+        """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
+        dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
         ``levers``: how new generations store vectors and payloads; ``search_params``: every dense search's
         (``hnsw_ef``, quantization rescore / oversampling); both from ``settings.edge`` (``levers_from``)."""
         if lock_timeout <= 0:
@@ -313,7 +313,7 @@ class EdgeEngine:
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
         """Stop below ``min_free_mb`` before a write through the maps (a full disk would SIGBUS); ENOSPC -> DiskFull."""
-        from services import diskspace  # loaded by writers only
+        from services.core import diskspace  # loaded by writers only
 
         with diskspace.translate(self.root, what):
             diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")

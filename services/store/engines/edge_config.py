@@ -46,7 +46,7 @@ from services.store.points import DENSE, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, Vector
 
 if TYPE_CHECKING:
-    from services.settings import EdgeSettings
+    from services.core.settings import EdgeSettings
 
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
 # Qdrant's defaults, used for the half of (m, ef_construct) a user leaves unset; full_scan_threshold in KB

@@ -30,8 +30,8 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
-from services.errors import StoreUnavailable
-from services.fsutil import write_atomic
+from services.core.errors import StoreUnavailable
+from services.core.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Snapshots of the embedded engine: the active generation copied under the store's lease, and a snapshot's
-generation moved in (``services/snapshots.py`` builds and checks the archive around them).
+generation moved in (``services/ops/snapshots.py`` builds and checks the archive around them).
 
 Consistency: the copy runs inside ``engine.session()`` (the directory's ``ShardLease``: no call of any process
 touches the shard meanwhile) after a flush, so it holds whole upsert batches only; holes of the WAL's sparse files
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.errors import CollectionNotFound, SnapshotError
+from services.core.errors import CollectionNotFound, SnapshotError
 from services.store.engines import edge_index
 from services.store.engines.edge_config import LEVERS_FILE
 from services.store.points import CollectionSpec
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def snapshot_generation(engine: EdgeEngine, dest: Path) -> tuple[str, CollectionSpec, int]:
     """Copy the active generation (flushed, under the lease) into ``dest``: ``spec.json``, ``shard/``,
     ``index.json`` and ``levers.json`` if any. Returns the generation's name, spec and point count."""
-    from services.fsutil import copy_tree_sparse
+    from services.core.fsutil import copy_tree_sparse
 
     with engine.session():
         generation = engine.read_pointer()

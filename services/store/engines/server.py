@@ -26,8 +26,8 @@ import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from services.errors import ConfigError, DprError, StoreUnavailable
-from services.settings import QdrantSettings
+from services.core.errors import ConfigError, DprError, StoreUnavailable
+from services.core.settings import QdrantSettings
 from services.store.common import (
     SPEC_METADATA_KEY,
     Scored,
@@ -40,7 +40,7 @@ from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPA
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
 if TYPE_CHECKING:
-    from services.settings import Settings
+    from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Snapshots of a Qdrant server collection through Qdrant's own snapshot API (``services/snapshots.py`` builds and
+"""Snapshots of a Qdrant server collection through Qdrant's own snapshot API (``services/ops/snapshots.py`` builds and
 checks the archive around them). Only a real server has snapshots: qdrant-client's in-process engine has none.
 
 Create (the active generation ``G``, consistent on the server):
@@ -34,8 +34,8 @@ from urllib.parse import quote
 
 import httpx
 
-from services.errors import SnapshotError, StoreUnavailable
-from services.fsutil import sha256_of
+from services.core.errors import SnapshotError, StoreUnavailable
+from services.core.fsutil import sha256_of
 from services.store.common import missing_generation
 from services.store.points import CollectionSpec
 

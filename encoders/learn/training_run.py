@@ -1,0 +1,168 @@
+"""The training run both trainings share (the towers: ``encoders.learn.train``; the reranker:
+``encoders.learn.rerank_train``): offline, threads and seeds; the trainer's arguments; the trainer loop with progress;
+saving a versioned model with its card (written beside, renamed into place, so a half-written model is never
+listed); peak memory.
+
+torch, transformers and sentence_transformers are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from encoders.towers import model_fingerprint
+
+log = logging.getLogger(__name__)
+
+# step, total steps, latest training loss (None before the first log)
+ProgressFn = Callable[[int, int, float | None], None]
+
+MODEL_CARD = "model_card.json"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class TrainResult:
+    model_dir: Path
+    name: str
+    fingerprint: str
+    card: dict[str, Any]
+    losses: list[float] = field(default_factory=list)
+    model: Any = None  # the trained SentenceTransformer, still in memory
+
+
+def start_run(threads: int | None, seed: int) -> tuple[datetime, float]:
+    """Offline, torch's threads, every seed; returns (start time, perf counter) of the run."""
+    offline()
+    import torch
+    from transformers import set_seed
+
+    if threads:
+        torch.set_num_threads(threads)
+    set_seed(seed)
+    return datetime.now(UTC), time.perf_counter()
+
+
+def offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:
+    """The trainer arguments the towers and the reranker share (``cls``: sentence-transformers' or the
+    cross-encoder's arguments class), from a config with epochs, max_steps, batch_size, learning_rate,
+    warmup_ratio, weight_decay and seed; ``extra`` on top."""
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    arguments: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_ratio,  # transformers 5: a float below 1 is a fraction of the steps
+        weight_decay=config.weight_decay,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    arguments.update(extra)  # ``extra`` may replace a shared default (the reranker's pointwise rows: batching)
+    return cls(**arguments)
+
+
+def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | None,
+         trainer_class: Any = None) -> tuple[int, list[float]]:
+    """Run the trainer (``SentenceTransformerTrainer`` unless ``trainer_class`` says otherwise: the reranker's
+    ``CrossEncoderTrainer``); returns (steps, loss per logged step)."""
+    from sentence_transformers import SentenceTransformerTrainer
+    from transformers import PrinterCallback, TrainerCallback
+
+    losses: list[float] = []
+
+    class _Progress(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                log.info("step", extra={"step": state.global_step, "loss": logs["loss"]})
+            if progress is not None:
+                progress(state.global_step, state.max_steps, losses[-1] if losses else None)
+
+    trainer = (trainer_class or SentenceTransformerTrainer)(model=model, args=args, train_dataset=dataset, loss=loss,
+                                                            callbacks=[_Progress()])
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
+    trainer.train()
+    return int(trainer.state.global_step), losses
+
+
+def save_model(model: Any, models_dir: Path, name: str, card: dict[str, Any], losses: list[float], *,
+               extra_files: dict[str, str] | None = None) -> TrainResult:
+    """Save to a temporary sibling with the model card, then rename into place. ``extra_files`` (name -> text)
+    are written beside the weights first, so they are part of the model's fingerprint."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    staging = models_dir / f".staging-{name}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    model.save(str(staging), create_model_card=False)
+    for file_name, text in (extra_files or {}).items():
+        (staging / file_name).write_text(text)
+    fingerprint = model_fingerprint(staging)
+    card = {"name": name, "format": "sentence-transformers",
+            "sentence_transformers_version": _version("sentence_transformers"), "fingerprint": fingerprint,
+            "similarity": "cosine", **card}
+    write_card(staging, card)
+    (staging / METRICS_FILE).write_text(json.dumps({"losses": losses, "dev": card["dev_metrics"]}, indent=2) + "\n")
+    final = models_dir / name
+    os.replace(staging, final)
+    log.info("saved model", extra={"model": name, "path": str(final), "fingerprint": fingerprint})
+    return TrainResult(
+        model_dir=final, name=name, fingerprint=model_fingerprint(final), card=card, losses=losses, model=model
+    )
+
+
+def write_card(model_dir: Path, card: dict[str, Any]) -> None:
+    """``model_card.json`` of ``model_dir``, replaced whole (a reader never sees half a card; not part of the
+    model's fingerprint)."""
+    tmp = model_dir / f".{MODEL_CARD}.tmp"
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    os.replace(tmp, model_dir / MODEL_CARD)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB; Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def versioned_name(name: str, when: datetime | None = None) -> str:
+    when = when or datetime.now(UTC)
+    return f"{name}-{when.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(module.replace("_", "-"))
+    except Exception:  # pragma: no cover
+        return "unknown"

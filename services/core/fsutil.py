@@ -1,0 +1,103 @@
+"""Small file helpers shared by the embedded store, the job folder and the model lifecycle: atomic writes, hole-keeping
+copies, and a polled ``flock`` with a deadline (the store's shard lease and ``services.core.locks`` both take it)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_POLL = 0.05  # seconds between flock_until's tries (the default)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a temp file, fsync it, ``os.replace`` it over ``path``, fsync the directory: readers see the old
+    content or the new, never a torn file, and a crash after return keeps the new."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+_COPY_BLOCK = 1 << 20
+
+
+def copy_file_sparse(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` reading only its data extents (SEEK_DATA / SEEK_HOLE): the engine's pre-allocated,
+    mostly empty files (the WAL: ~150 MB apparent) stay holes and cost no disk."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            fin.seek(start)
+            fout.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                block = fin.read(min(_COPY_BLOCK, remaining))
+                if not block:
+                    break
+                fout.write(block)
+                remaining -= len(block)
+            offset = end
+        fout.truncate(size)
+    shutil.copystat(src, dst)
+
+
+def copy_tree_sparse(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, copy_function=lambda s, d: copy_file_sparse(Path(s), Path(d)))
+
+
+def flock_until(
+    fd: int,
+    mode: int,
+    deadline: float,
+    *,
+    on_wait: Callable[[], None] | None = None,
+    poll: float = _POLL,
+    max_poll: float = _POLL,
+) -> bool:
+    """Take ``flock(fd, mode)`` (LOCK_EX or LOCK_SH), polling until ``deadline`` (``time.monotonic()``); the poll
+    interval doubles from ``poll`` up to ``max_poll``; ``on_wait`` runs before each sleep. False on time-out."""
+    delay = poll
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if on_wait is not None:
+                on_wait()
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, max_poll)
+
+
+def sha256_of(path: Path, block: int = 1 << 20) -> str:
+    """The sha256 hex digest of a file's bytes, read in blocks (snapshots, uploads, a document's signature)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,399 @@
+"""`dpr adapt CORPUS`: adapt the towers to a corpus nobody labelled, from its documents alone.
+
+Stages, each writing its output into the run directory (``DATA_DIR/adapt/<name>-<key>``, the key a hash of the
+corpus file and the options), so a killed run started again with the same name and options skips every finished
+stage:
+
+1. ``pseudo-questions`` (``pseudo.json``): titles and ICT sentences of the corpus
+   (``encoders.learn.pairs.pseudo_query_sets``, as `dpr models blend --choose-on`), split by source document into
+   training pairs and a held-out dev slice (``dev_share``, 20%).
+2. ``mining`` (``mining.json``): hybrid candidates (BM25 + the current towers, RRF) labelled by the
+   hybrid-agreement teacher (``encoders.learn.adapt``): the source is the positive, high candidates that are not it are
+   hard negatives unless they look like false negatives.
+3. ``training`` (``training/``, ``training.json``): MNRL with those hard negatives (``encoders.learn.train.train``), or
+   the question tower alone (``encoders.learn.question_only.train_question_only``), once per point of the epochs grid.
+4. ``dev evaluation`` (``dev.json``): nDCG@10 on the held-out pseudo-questions of the towers the run started from
+   and of each candidate (and, for full training, the best one blended toward the start: WiSE-FT); the best
+   candidate wins if it beats the start by more than ``min_gain``.
+
+Then the winner (or, with no gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS`` with the recipe, the
+teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing twice); it is
+activated only on a dev gain. The corpus's queries and qrels are never opened: only its corpus file is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from encoders.learn.adapt import TeacherConfig
+from services.core.errors import ConfigError
+from services.core.settings import Settings
+from services.learn.staged_run import StagedRun, StageProgress
+from services.learn.staged_run import read_json as _read_json
+from services.learn.staged_run import write_json as _write_json
+
+log = logging.getLogger(__name__)
+
+STAGES = ("pseudo-questions", "mining", "training", "dev evaluation")
+RECIPE_VERSION = 1  # part of the run key: a changed recipe never resumes an older run's stages
+
+AdaptProgress = StageProgress  # stage, done, total (None: not known yet), a short note
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """The options of `dpr adapt`; every choice beyond them is made on the dev pseudo-questions."""
+
+    name: str = "adapt"
+    fmt: str = "auto"
+    base: str = "active"  # the towers adapted (and the dev baseline)
+    question_only: bool = False
+    queries: int = 500  # pseudo-questions per kind (title, ICT)
+    max_documents: int = 5000
+    dev_share: float = 0.2
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    epochs_grid: tuple[float, ...] = (1.0, 2.0)
+    blend_grid: tuple[float, ...] = (0.5,)  # WiSE-FT weights of the best full-training candidate toward the start
+    batch_size: int = 32
+    learning_rate: float = 3e-5
+    max_steps_per_epoch: int = -1  # > 0: at most this many steps per epoch of the grid (tests, quick runs)
+    max_query_tokens: int = 64
+    train_passage_tokens: int | None = 128
+    min_gain: float = 0.005  # mean dev nDCG@10 the winner must gain over the start
+    language: str | None = None
+    seed: int = 42
+    threads: int | None = None
+
+    def key(self, corpus_file: Path) -> str:
+        st = corpus_file.stat()
+        record = {k: v for k, v in asdict(self).items() if k not in ("name", "threads")}
+        record.update(corpus=str(corpus_file.resolve()), size=st.st_size, mtime=st.st_mtime_ns, recipe=RECIPE_VERSION)
+        return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class AdaptResult:
+    run_dir: Path
+    model: str
+    model_dir: Path
+    activated: bool
+    gain: float
+    choice: str | None  # the winning candidate; None: no dev gain
+    stages: dict[str, str]  # stage -> ran | skipped
+    card: dict[str, Any]
+
+
+def corpus_file(path: Path, fmt: str) -> Path:
+    """The one file `dpr adapt` reads: a BEIR folder's corpus (never its queries or qrels) or a corpus JSONL."""
+    from services.readers.beir import beir_corpus_path
+
+    if fmt not in ("auto", "beir", "jsonl"):
+        raise ConfigError(f"--format {fmt!r} is not for dpr adapt; use auto, beir (a folder with corpus.jsonl) or "
+                          "jsonl (a corpus JSONL); a SQuAD file carries its questions: give its paragraphs as a "
+                          "corpus JSONL")
+    if path.is_dir():
+        found = beir_corpus_path(path)
+        if found is None:
+            raise ConfigError(f"{path}: no corpus.jsonl or corpus.jsonl.gz; give a BEIR folder or a corpus JSONL")
+        return found
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file or folder; give a BEIR folder or a corpus JSONL")
+    if fmt == "beir":
+        raise ConfigError(f"{path} is a file; --format beir needs a folder with corpus.jsonl")
+    if not path.name.lower().endswith((".jsonl", ".jsonl.gz")):
+        raise ConfigError(f"{path}: dpr adapt reads a corpus JSONL (.jsonl or .jsonl.gz) or a BEIR folder")
+    return path
+
+
+def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: AdaptProgress | None = None,
+          activate: bool = True) -> AdaptResult:
+    """Run (or resume) the stages; save the chosen model; activate it on a dev gain (and ``activate``)."""
+    from encoders.towers import resolve_model_path
+
+    if not 0 < config.dev_share < 1:
+        raise ConfigError(f"the dev share must lie in (0, 1), got {config.dev_share}")
+    if not config.epochs_grid or any(e <= 0 for e in config.epochs_grid):
+        raise ConfigError(f"the epochs grid needs positive values, got {config.epochs_grid}")
+    if any(not 0 < w < 1 for w in config.blend_grid):
+        raise ConfigError(f"blend weights must lie in (0, 1), got {config.blend_grid}")
+    source = corpus_file(corpus, config.fmt)
+    base_path, base_name = resolve_model_path(config.base, settings.models_dir)
+    run_dir = settings.data_dir / "adapt" / f"{config.name}-{config.key(source)}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(run_dir / "run.json", {"corpus": str(source), "base": base_name, "base_path": str(base_path),
+                                       "config": asdict(config)})
+    run = StagedRun(run_dir, progress)
+    notify, stage, stages, timings = run.notify, run.stage, run.stages, run.timings
+
+    t0 = time.perf_counter()
+    stage("pseudo-questions", (run_dir / "pseudo.json").is_file(),
+          lambda: _pseudo_stage(source, config, run_dir, notify))
+    pseudo = _read_json(run_dir / "pseudo.json")
+    stage("mining", (run_dir / "mining.json").is_file(),
+          lambda: _mining_stage(pseudo, base_path, config, run_dir, notify, settings))
+    mining = _read_json(run_dir / "mining.json")
+    stage("training", _training_done(run_dir, config),
+          lambda: _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify))
+    training = _read_json(run_dir / "training.json")
+    stage("dev evaluation", (run_dir / "dev.json").is_file(),
+          lambda: _dev_stage(pseudo, training, base_path, config, run_dir, notify))
+    dev = _read_json(run_dir / "dev.json")
+    result = _read_json(run_dir / "result.json")
+    if result is None:
+        result = _save_choice(settings, run_dir, pseudo, mining, training, dev, base_path, base_name, config,
+                              timings, source, activate)
+    log.info("adapt finished", extra={"seconds": round(time.perf_counter() - t0, 1), "stages": stages})
+    from encoders.towers import read_model_card
+
+    model_dir = Path(result["model_dir"])
+    return AdaptResult(run_dir=run_dir, model=result["model"], model_dir=model_dir, activated=result["activated"],
+                       gain=dev["gain"], choice=dev["choice"], stages=stages, card=read_model_card(model_dir))
+
+
+# --- the stages -----------------------------------------------------------------------------------------------
+
+
+def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
+    from encoders.learn.adapt import dataset_to_json, dev_split
+    from encoders.learn.pairs import pseudo_query_sets
+    from services.readers.beir import load_corpus
+
+    notify("pseudo-questions", 0, 1, "reading the corpus")
+    corpus = load_corpus(source)
+    try:
+        sets = pseudo_query_sets(corpus, queries=config.queries, seed=config.seed, max_documents=config.max_documents,
+                                 name=source.parent.name if source.name.startswith("corpus.") else source.stem)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("choose the blend weight with `dpr eval` on labelled questions instead",
+                                         "dpr adapt needs pseudo-questions; train on labelled pairs instead")) from e
+    record: dict[str, Any] = {"documents": len(corpus), "sets": {}, "split": {}}
+    for kind, dataset in sets.items():
+        train_ids, dev_ids = dev_split(dataset, config.dev_share, config.seed)
+        record["sets"][kind] = dataset_to_json(dataset)
+        record["split"][kind] = {"train": train_ids, "dev": dev_ids}
+    _write_json(run_dir / "pseudo.json", record)
+    notify("pseudo-questions", 1, 1, ", ".join(f"{k} {len(d.queries)}" for k, d in sets.items()))
+
+
+def _sets(pseudo: dict[str, Any]) -> dict[str, Any]:
+    from encoders.learn.adapt import dataset_from_json
+
+    return {kind: dataset_from_json(row) for kind, row in pseudo["sets"].items()}
+
+
+def _mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, run_dir: Path,
+                  notify: AdaptProgress, settings: Settings) -> None:
+    from encoders.data import labelled_pairs
+    from encoders.learn.adapt import TeacherStats, dense_rankings, encode, label_with_teacher, load_model, pair_to_json
+    from encoders.learn.mining import BM25Config, BM25Index
+    from services.language import corpus_language
+
+    model = load_model(base_path)
+    stats = TeacherStats()
+    pairs_out: list[dict[str, Any]] = []
+    sets = _sets(pseudo)
+    languages: dict[str, str] = {}
+    for n, (kind, dataset) in enumerate(sets.items()):
+        notify("mining", n, len(sets), f"{kind}: encoding {len(dataset.corpus)} passages")
+        pairs = labelled_pairs(dataset.subset(pseudo["split"][kind]["train"]))
+        doc_ids = sorted(dataset.corpus)
+        docs = [dataset.corpus[d] for d in doc_ids]
+        doc_vectors = encode(model, [d.passage for d in docs], "document", settings.encoder.batch_size)
+        questions = [p.question for p in pairs]
+        question_vectors = encode(model, questions, "query", settings.encoder.batch_size)
+        languages[kind] = corpus_language(config.language, dataset.corpus)
+        bm25 = BM25Index(docs, BM25Config.for_language(languages[kind]))
+        by_bm25 = [[d for d, _ in hits] for hits in bm25.search(questions, k=config.teacher.window)]
+        by_dense = dense_rankings(question_vectors, doc_vectors, doc_ids, config.teacher.window)
+        before = stats.pairs
+        labelled = label_with_teacher(pairs, dataset.corpus, by_bm25, by_dense, doc_vectors,
+                                      {d: i for i, d in enumerate(doc_ids)}, config.teacher, stats)
+        stats.by_mode[kind] = stats.pairs - before
+        pairs_out += [{"kind": kind, **pair_to_json(p)} for p in labelled]
+    if not pairs_out:
+        raise ConfigError("no pseudo-question was left for training after holding out the dev slice; the corpus is "
+                          "too small (give more documents)")
+    _write_json(run_dir / "mining.json", {"pairs": pairs_out, "teacher": config.teacher.describe(),
+                                          "stats": stats.to_json(), "language": languages})
+    notify("mining", len(sets), len(sets), f"{stats.negatives} hard negatives for {stats.pairs} pseudo-questions")
+
+
+def _candidate_key(epochs: float) -> str:
+    return f"epochs-{epochs:g}"
+
+
+def _training_done(run_dir: Path, config: AdaptConfig) -> bool:
+    done = (_read_json(run_dir / "training.json") or {}).get("candidates", {})
+    return all(_candidate_key(e) in done for e in config.epochs_grid)
+
+
+def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], base_path: Path, base_name: str,
+                    config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
+    from encoders.learn.adapt import pair_from_json
+    from encoders.learn.train import TrainConfig
+
+    pairs = [pair_from_json(row) for row in mining["pairs"]]
+    record = _read_json(run_dir / "training.json") or {"candidates": {}}
+    out_dir = run_dir / "training"
+    table = max(_sets(pseudo).values(), key=lambda d: len(d.corpus)).corpus  # question-only: every passage a negative
+    for epochs in config.epochs_grid:
+        key = _candidate_key(epochs)
+        if key in record["candidates"] and Path(record["candidates"][key]["path"]).is_dir():
+            continue  # finished before the run was stopped
+        steps = config.max_steps_per_epoch * epochs if config.max_steps_per_epoch > 0 else -1
+        train_config = TrainConfig(
+            name=f"{config.name}-{key}", epochs=epochs, batch_size=min(config.batch_size, len(pairs)),
+            learning_rate=config.learning_rate, max_steps=int(round(steps)) if steps > 0 else -1,
+            max_query_tokens=config.max_query_tokens, seed=config.seed, threads=config.threads,
+            question_only=config.question_only,
+            train_passage_tokens=None if config.question_only else config.train_passage_tokens,
+        )
+        label = f"training ({key})"
+
+        def on_step(step: int, total: int, loss: float | None, label: str = label) -> None:
+            notify(label, step, total, f"loss {loss:.4f}" if loss is not None else "")
+
+        if config.question_only:
+            from encoders.learn.question_only import train_question_only
+
+            result = train_question_only(pairs, out_dir, train_config, base=base_path, partner_name=base_name,
+                                         corpus=table, data_info=_data_info(pseudo, mining), progress=on_step)
+        else:
+            from encoders.learn.train import train
+
+            result = train(pairs, out_dir, train_config, base=base_path, data_info=_data_info(pseudo, mining),
+                           progress=on_step)
+        card = result.card
+        record["candidates"][key] = {"path": str(result.model_dir), "epochs": epochs, "steps": card.get("steps"),
+                                     "train_seconds": card.get("train_seconds"),
+                                     "peak_rss_mib": card.get("peak_rss_mib"), "final_loss": card.get("final_loss")}
+        _write_json(run_dir / "training.json", record)
+
+
+def _data_info(pseudo: dict[str, Any], mining: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset": "pseudo-questions (dpr adapt)", "documents": pseudo["documents"],
+            "pairs_by_mode": mining["stats"]["pairs_by_mode"], "language": mining["language"]}
+
+
+def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path, config: AdaptConfig,
+               run_dir: Path, notify: AdaptProgress) -> None:
+    """nDCG@10 on the held-out pseudo-questions of the start, each candidate and the best one's blends; the pick.
+    Scores are kept as they come (``dev.partial.json``), so a stopped evaluation scores nothing twice."""
+    from encoders.learn.adapt import load_model, mean_score, pick_candidate
+    from encoders.learn.evaluate import evaluate_model_in_memory
+
+    sets = _sets(pseudo)
+    dev = {kind: sets[kind].subset(pseudo["split"][kind]["dev"], name=f"{sets[kind].name}-dev")
+           for kind in sets if pseudo["split"][kind]["dev"]}
+    if not dev:
+        raise ConfigError("the held-out slice of pseudo-questions is empty; the corpus is too small to choose on")
+    partial = _read_json(run_dir / "dev.partial.json") or {"scores": {}, "blend": None}
+    scores: dict[str, dict[str, float]] = partial["scores"]
+    models = [("base", base_path, None), *((k, Path(c["path"]), None) for k, c in training["candidates"].items())]
+    total = len(models) + (0 if config.question_only else len(config.blend_grid))
+
+    def score(key: str, model: Any) -> None:
+        notify("dev evaluation", len(scores), total, key)
+        scores[key] = {kind: round(evaluate_model_in_memory(model, d)["ndcg@10"], 4) for kind, d in dev.items()}
+        _write_json(run_dir / "dev.partial.json", partial)
+
+    for key, path, _ in models:
+        if key not in scores:
+            score(key, load_model(path))
+    trained = {k: v for k, v in scores.items() if k in training["candidates"]}
+    best = max(trained, key=lambda k: mean_score(trained[k]))
+    if not config.question_only and config.blend_grid:
+        from encoders.learn.blend import blend_with_pretrained
+
+        for weight in config.blend_grid:
+            key = f"{best}-blend-{weight:g}"
+            if key in scores or partial.get("blend_error"):
+                continue
+            model = load_model(training["candidates"][best]["path"])
+            try:
+                blend_with_pretrained(model, base_path, weight)
+            except ValueError as e:  # the start's weights do not match the towers (e.g. not safetensors)
+                partial["blend_error"] = str(e)
+                _write_json(run_dir / "dev.partial.json", partial)
+                break
+            score(key, model)
+    candidates = {k: v for k, v in scores.items() if k != "base"}
+    choice, gain = pick_candidate(scores["base"], candidates, config.min_gain)
+    best_any = max(candidates, key=lambda k: mean_score(candidates[k]))
+    _write_json(run_dir / "dev.json", {
+        "queries": {kind: len(d.queries) for kind, d in dev.items()}, "scores": scores,
+        "mean": {k: round(mean_score(v), 4) for k, v in scores.items()}, "choice": choice, "best": best_any,
+        "gain": round(gain, 4), "min_gain": config.min_gain, "blend_error": partial.get("blend_error"),
+        "rule": "the candidate with the best mean nDCG@10 over the held-out pseudo-question kinds, if it beats "
+                "the start by more than min_gain"})
+    notify("dev evaluation", total, total, f"gain {gain:+.4f}")
+
+
+def _save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], mining: dict[str, Any],
+                 training: dict[str, Any], dev: dict[str, Any], base_path: Path, base_name: str,
+                 config: AdaptConfig, timings: dict[str, Any], source: Path, activate: bool) -> dict[str, Any]:
+    """The winner (the best candidate when none gains) saved under ``models_dir`` with the adaptation record in
+    its card; activated on a gain."""
+    from encoders.learn.training_run import peak_rss_mib, versioned_name, write_card
+    from encoders.registry import activate as activate_model
+    from encoders.towers import model_fingerprint, read_model_card
+    from services.learn.training import export_for_backends
+
+    key = dev["choice"] or dev["best"]
+    epochs_key = key.split("-blend-")[0]
+    candidate = Path(training["candidates"][epochs_key]["path"])
+    name = versioned_name(config.name)
+    models_dir = settings.models_dir
+    models_dir.mkdir(parents=True, exist_ok=True)
+    staging = models_dir / f".staging-{name}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    card = read_model_card(candidate)
+    if "-blend-" in key:
+        from encoders.learn.adapt import load_model
+        from encoders.learn.blend import blend_with_pretrained
+
+        model = load_model(candidate)
+        card["blended_with"] = blend_with_pretrained(model, base_path, float(key.split("-blend-")[1]))
+        model.save(str(staging), create_model_card=False)
+        for extra in ("metrics.json",):
+            if (candidate / extra).is_file():
+                shutil.copy2(candidate / extra, staging / extra)
+    else:
+        shutil.copytree(candidate, staging)
+    card.update(name=name, fingerprint=model_fingerprint(staging))
+    card["adaptation"] = {
+        "command": "dpr adapt", "corpus": str(source), "started_from": {"name": base_name, "path": str(base_path)},
+        "recipe": {"pseudo_questions": {k: len(v["train"]) + len(v["dev"]) for k, v in pseudo["split"].items()},
+                   "kinds": "title (a title asks for its documents' bodies), ict (a sentence asks for its "
+                            "document without it)", "dev_share": config.dev_share,
+                   "training": "question tower only, every passage a negative" if config.question_only else
+                               "MNRL, in-batch + teacher hard negatives",
+                   "epochs_grid": list(config.epochs_grid),
+                   "blend_grid": [] if config.question_only else list(config.blend_grid),
+                   "batch_size": config.batch_size, "learning_rate": config.learning_rate, "seed": config.seed},
+        "teacher": {**mining["teacher"], "stats": mining["stats"]},
+        "training": training["candidates"],
+        "dev": {k: dev[k] for k in ("queries", "scores", "mean", "gain", "min_gain", "rule", "blend_error")},
+        "chosen": key, "gain_on_dev": dev["choice"] is not None,
+        "stage_seconds": timings, "peak_rss_mib": peak_rss_mib(),
+        "never_read": "queries and qrels (only the corpus file)",
+    }
+    write_card(staging, card)
+    final = models_dir / name
+    os.replace(staging, final)
+    export_for_backends(settings, final)
+    activated = bool(dev["choice"]) and activate
+    if activated:
+        activate_model(models_dir, name)
+    result = {"model": name, "model_dir": str(final), "activated": activated}
+    _write_json(run_dir / "result.json", result)
+    return result

@@ -1,0 +1,2 @@
+"""Operations on a whole data dir: snapshots.
+"""

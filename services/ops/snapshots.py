@@ -1,0 +1,368 @@
+"""Snapshots: a consistent, checksummed copy of one collection in one archive; restore into a fresh data dir.
+
+What one snapshot holds (``NAME.dpr-snapshot.tar.gz`` under ``DATA_DIR/snapshots`` unless told otherwise):
+
+- ``manifest.json`` (the archive's first member): snapshot format, the data dir format, the release that wrote
+  it, collection, engine, generation, point count, the generation's ``CollectionSpec`` (dimension, distance, the
+  passage tower's fingerprint, the BM25 configuration and the tuned search settings), the model's name and card
+  (a reference: the model files themselves only with ``include_model``), and every file with its size and sha256;
+- ``data/...``: the active generation as the engine keeps it. Embedded engine: ``spec.json``, ``shard/`` (points,
+  vectors, payloads, payload indexes, the BM25 sparse vectors whose IDF the engine computes from them) and
+  ``index.json``; Qdrant server: the server's own collection snapshot (``collection.snapshot``) and ``spec.json``;
+- ``model/NAME/...`` with ``include_model`` (never the base model: it ships in the wheel).
+
+Beside the archive, ``NAME.dpr-snapshot.tar.gz.sha256`` (``sha256sum -c`` reads it) holds the archive's checksum.
+Restore checks it when present and always checks every file against the manifest while unpacking: a corrupt or
+truncated archive is refused with ``SnapshotError`` and leaves nothing behind.
+
+Consistency: the embedded engine copies the generation under the store's lease (``ShardLease``: no other call of
+any process touches the shard meanwhile) after a flush, so the copy holds whole upsert batches only; the lease is
+held only for that copy (a running `dpr serve` pauses its store calls for it), the archive is written after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tarfile
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any
+
+from services.core import datadir, diskspace
+from services.core.errors import DprError, SnapshotError
+from services.core.fsutil import sha256_of, write_atomic
+
+if TYPE_CHECKING:
+    from services.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = 1
+SUFFIX = ".dpr-snapshot.tar.gz"
+MANIFEST = "manifest.json"
+BLOCK = 1 << 20
+PIECE = 1 << 16
+_ZERO = bytes(BLOCK)
+
+
+# --- files (copy_file_sparse / copy_tree_sparse live in services.core.fsutil, below the store that uses them) -------
+
+
+def allocated_bytes(root: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+def _write_sparse(source: IO[bytes], path: Path, size: int) -> str:
+    """Stream ``size`` bytes into ``path``, seeking over all-zero blocks (holes), and return their sha256."""
+    digest = hashlib.sha256()
+    written = 0
+    with open(path, "wb") as out:
+        while written < size:
+            block = source.read(min(BLOCK, size - written))
+            if not block:
+                raise SnapshotError(f"{path.name} is truncated in the archive")
+            digest.update(block)
+            for at in range(0, len(block), PIECE):  # holes at page-cluster granularity
+                piece = block[at:at + PIECE]
+                if piece == _ZERO[: len(piece)]:
+                    out.seek(len(piece), io.SEEK_CUR)
+                else:
+                    out.write(piece)
+            written += len(block)
+        out.truncate(size)
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
+# --- create --------------------------------------------------------------------------------------------------------
+
+
+def snapshots_dir(settings: Settings) -> Path:
+    return settings.data_dir / "snapshots"
+
+
+def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None,
+                    include_model: bool = False) -> dict[str, Any]:
+    """Snapshot the collection ``engine`` serves (an ``EdgeEngine`` or ``ServerEngine``: ``store.engine``)."""
+    started = time.perf_counter()
+    out_dir = out_dir or snapshots_dir(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    name = f"{settings.collection}-{stamp}-{uuid.uuid4().hex[:6]}{SUFFIX}"
+    staging = out_dir / f".staging-{uuid.uuid4().hex}"
+    try:
+        if engine.backend == "edge":
+            gen_dir = engine.root / "generations"
+            current = engine.read_pointer()
+            if current is not None and (gen_dir / current).is_dir():
+                need = allocated_bytes(gen_dir / current)
+                diskspace.require(out_dir, settings.min_free_mb, "a snapshot", need_bytes=2 * need)
+        with diskspace.translate(out_dir, "a snapshot"):
+            generation, spec, points = engine.snapshot_generation(staging / "data")
+            model = _model_reference(settings, spec.model, staging / "model" if include_model else None)
+            files = _file_entries(staging)
+            manifest = {
+                "snapshot_format": SNAPSHOT_FORMAT,
+                "data_dir_format": datadir.CURRENT,
+                "written_by": datadir.dpr_version(),
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "collection": settings.collection,
+                "backend": engine.backend,
+                "generation": generation,
+                "points": points,
+                "spec": spec.to_json(),
+                "model": model,
+                "files": files,
+            }
+            path = out_dir / name
+            _write_archive(staging, manifest, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    digest = sha256_of(path)
+    write_atomic(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n")
+    return {
+        "snapshot": str(path), "collection": settings.collection, "backend": engine.backend,
+        "generation": generation, "points": points, "model": model["fingerprint"], "model_name": model["name"],
+        "model_included": include_model and model["included"], "bytes": path.stat().st_size, "sha256": digest,
+        "files": len(files), "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _model_reference(settings: Settings, fingerprint: str, copy_to: Path | None) -> dict[str, Any]:
+    """The model that embedded the passages: its name and card (and its files under ``copy_to``, if asked and it
+    is not the base model)."""
+    from encoders import registry
+    from encoders.towers import read_model_card
+
+    try:
+        path, name = registry.model_for_fingerprint(fingerprint, settings.models_dir)
+    except registry.ModelNotFound:
+        return {"fingerprint": fingerprint, "name": None, "card": {}, "included": False}
+    included = False
+    if copy_to is not None and name != "base":
+        shutil.copytree(path, copy_to / path.name)
+        included = True
+    return {"fingerprint": fingerprint, "name": name, "card": read_model_card(path), "included": included,
+            "directory": path.name if name != "base" else None}
+
+
+def _file_entries(staging: Path) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(staging.rglob("*")):
+        if p.is_file():
+            out.append({"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size, "sha256": sha256_of(p)})
+    return out
+
+
+def _write_archive(staging: Path, manifest: dict[str, Any], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
+                data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8")
+                info = tarfile.TarInfo(MANIFEST)
+                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+                tar.addfile(info, io.BytesIO(data))
+                for entry in manifest["files"]:
+                    tar.add(staging / entry["path"], arcname=entry["path"], recursive=False)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --- list ----------------------------------------------------------------------------------------------------------
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest (the archive's first member) without reading the rest; ``SnapshotError`` if unreadable."""
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            first = tar.next()
+            if first is None or first.name != MANIFEST:
+                raise SnapshotError(f"{path} is not a dpr snapshot (its first member is not {MANIFEST})")
+            f = tar.extractfile(first)
+            if f is None:
+                raise SnapshotError(f"{path}: {MANIFEST} is not a file")
+            manifest = json.loads(f.read())
+    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise SnapshotError(f"{path} is corrupt or not a dpr snapshot ({e}); take a new snapshot") from None
+    if not isinstance(manifest, dict) or "files" not in manifest:
+        raise SnapshotError(f"{path}: {MANIFEST} is not a dpr snapshot manifest")
+    return manifest
+
+
+def list_snapshots(settings: Settings, where: Path | None = None) -> list[dict[str, Any]]:
+    folder = where or snapshots_dir(settings)
+    out: list[dict[str, Any]] = []
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        row: dict[str, Any] = {"snapshot": str(path), "bytes": path.stat().st_size}
+        try:
+            m = read_manifest(path)
+            row |= {"collection": m.get("collection"), "backend": m.get("backend"), "created_at": m.get("created_at"),
+                    "generation": m.get("generation"), "points": m.get("points"),
+                    "model": (m.get("model") or {}).get("fingerprint"), "ok": True}
+        except SnapshotError as e:
+            row |= {"ok": False, "error": str(e)}
+        out.append(row)
+    return out
+
+
+# --- restore -------------------------------------------------------------------------------------------------------
+
+
+def verify_checksum(path: Path) -> str | None:
+    """Check the archive against its ``.sha256`` file when there is one; the archive's sha256 (None if no file)."""
+    sidecar = path.with_name(path.name + ".sha256")
+    if not sidecar.is_file():
+        return None
+    expected = sidecar.read_text(encoding="utf-8").split()[0] if sidecar.read_text(encoding="utf-8").strip() else ""
+    actual = sha256_of(path)
+    if actual != expected:
+        raise SnapshotError(
+            f"{path} does not match its checksum ({sidecar.name} says {expected[:16]}..., the file is "
+            f"{actual[:16]}...): the archive is corrupt or truncated; copy it again or use another snapshot"
+        )
+    return actual
+
+
+def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> dict[str, Any]:
+    """Unpack ``path`` into the data dir of ``settings`` (a fresh one, or one without that collection) and make its
+    generation the collection's active one. ``engine_for(settings)``: the engine to restore into (default: the one
+    ``open_store`` would pick: a server with DPR_QDRANT_URL)."""
+    started = time.perf_counter()
+    if not path.is_file():
+        raise FileNotFoundError(f"no snapshot file {path}; `dpr snapshot list` shows the snapshots kept")
+    checksum = verify_checksum(path)
+    manifest = read_manifest(path)
+    if int(manifest.get("snapshot_format", 0)) > SNAPSHOT_FORMAT:
+        raise SnapshotError(
+            f"{path} has snapshot format {manifest.get('snapshot_format')} (written by {manifest.get('written_by')});"
+            f" this {datadir.dpr_version()} reads format {SNAPSHOT_FORMAT}: restore it with that release"
+        )
+    collection = str(manifest["collection"])
+    target = settings.for_collection(collection) if collection != settings.collection else settings
+    generation = str(manifest["generation"])
+    datadir.ensure_writable(target.data_dir)
+    target.store_dir.mkdir(parents=True, exist_ok=True)
+    staging = target.store_dir / f".restoring-{uuid.uuid4().hex}"
+    try:
+        need = sum(int(f["size"]) for f in manifest["files"]) if manifest.get("backend") == "server" else 0
+        diskspace.require(target.store_dir, target.min_free_mb, "restoring a snapshot", need_bytes=need)
+        with diskspace.translate(target.store_dir, "restoring a snapshot"):
+            _unpack(path, manifest, staging)
+        if manifest.get("backend") != ("server" if target.qdrant_url else "edge"):
+            raise SnapshotError(
+                f"{path} is a snapshot of the {manifest.get('backend')} engine and the target uses the "
+                f"{'server' if target.qdrant_url else 'edge'} engine; restore it with the engine it came from, then "
+                "move the collection with `dpr reembed` / a re-ingest"
+            )
+        engine = (engine_for or _engine_for)(target)
+        try:
+            engine.restore_generation(staging / "data", generation)
+        finally:
+            engine.close()
+        model = manifest.get("model") or {}
+        warnings = _install_model(target, staging, model)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {
+        "snapshot": str(path), "data_dir": str(target.data_dir), "collection": collection, "generation": generation,
+        "points": manifest.get("points"), "model": model.get("fingerprint"), "model_name": model.get("name"),
+        "sha256": checksum, "checksum_file": checksum is not None, "warnings": warnings,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _engine_for(settings: Settings) -> Any:
+    if settings.qdrant_url:
+        from services.store.engines.server import ServerEngine
+
+        return ServerEngine.from_settings(settings)
+    from services.store.engines.edge import EdgeEngine
+
+    return EdgeEngine.from_settings(settings)
+
+
+def _safe_member(name: str) -> str:
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] not in ("data", "model"):
+        raise SnapshotError(f"snapshot member {name!r} is outside the snapshot's folders; the archive is not ours")
+    return pure.as_posix()
+
+
+def _unpack(path: Path, manifest: dict[str, Any], staging: Path) -> None:
+    expected = {_safe_member(str(f["path"])): f for f in manifest["files"]}
+    seen: set[str] = set()
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            for member in _members(tar):
+                if member.name == MANIFEST:
+                    continue
+                name = _safe_member(member.name)
+                entry = expected.get(name)
+                if entry is None or not member.isfile():
+                    raise SnapshotError(f"{path}: member {name!r} is not in the manifest; the archive was altered")
+                dest = staging / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                if source is None or member.size != int(entry["size"]):
+                    raise SnapshotError(f"{path}: {name} has {member.size} bytes, the manifest says {entry['size']}")
+                digest = _write_sparse(source, dest, member.size)
+                if digest != entry["sha256"]:
+                    raise SnapshotError(f"{path}: {name} does not match its sha256 in the manifest; the archive is "
+                                        "corrupt: use another snapshot")
+                seen.add(name)
+    except DprError:
+        raise
+    except (tarfile.TarError, EOFError, zlib.error, ValueError) as e:
+        raise SnapshotError(f"{path} is corrupt or truncated ({e}); use another snapshot") from None
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise SnapshotError(f"{path} is truncated: {len(missing)} files of the manifest are missing ({missing[0]}, "
+                            "...); use another snapshot")
+
+
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    while (member := tar.next()) is not None:
+        yield member
+
+
+def _install_model(settings: Settings, staging: Path, model: dict[str, Any]) -> list[str]:
+    """Move an included model into the target's models dir; else warn when the model is not there."""
+    from encoders import registry
+
+    fingerprint = model.get("fingerprint")
+    directory = model.get("directory")
+    if model.get("included") and directory:
+        dest = settings.models_dir / directory
+        if not dest.exists():
+            settings.models_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / "model" / directory, dest)
+    if not fingerprint:
+        return []
+    with contextlib.suppress(registry.ModelNotFound):
+        registry.model_for_fingerprint(str(fingerprint), settings.models_dir)
+        return []
+    name = model.get("directory") or model.get("name") or "?"
+    return [
+        f"the model that embedded these passages ({name}, fingerprint {fingerprint}) is not in "
+        f"{settings.models_dir}: copy it there from the original data dir's models/{name} (or snapshot with "
+        "--include-model); queries are refused until it is"
+    ]
