@@ -54,13 +54,13 @@ test: $(STAMP) chromium
 	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
-	$(BIN)/pytest -m integration -q $(call xdist,$(INTEGRATION_WORKERS))
+	$(BIN)/pytest -m integration -q --durations=15 $(call xdist,$(INTEGRATION_WORKERS))
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
 
 test-integration: $(STAMP) chromium
-	$(BIN)/pytest -m integration -q $(call xdist,$(INTEGRATION_WORKERS))
+	$(BIN)/pytest -m integration -q --durations=15 $(call xdist,$(INTEGRATION_WORKERS))
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
