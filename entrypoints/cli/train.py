@@ -130,7 +130,7 @@ def train(
         "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.",
         rich_help_panel=RECIPE)] = None,
     rounds: Annotated[int | None, typer.Option(
-        min=0, help="Mining rounds after the fine-tune (default 2 on labelled data with a dev split, else 0): each "
+        min=0, help="Mining rounds after the fine-tune (default 3 on labelled data with a dev split, else 0): each "
         "mines 3 negatives with the towers of the stage before (denoised at 0.95), trains 2 epochs at lr 1e-5 "
         "(mini-batch 16) and is kept only if its dev nDCG@10 beats that stage's; the first that does not stops "
         "them. 0: the single fine-tune. A killed run started again goes on at its last finished stage.",
@@ -158,7 +158,7 @@ def train(
         "--json", help="One JSON document on stdout.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
     """Train DPR towers into a versioned model directory: by default the best recipe measured (a fine-tune with
-    MNRL and a BM25 hard negative, then up to 2 mining rounds of dense negatives, each kept only on a dev gain)."""
+    MNRL and a BM25 hard negative, then up to 3 mining rounds of dense negatives, each kept only on a dev gain)."""
     from encoders.learn.mining import MiningConfig
     from encoders.learn.pairs import PairConfig
     from encoders.learn.train import TrainConfig
