@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from kit.policy import refuse_unmarked, scrub_settings_env
+
+# Property tests run the same examples every time (`derandomize`), so a CI run cannot fail on an example no earlier
+# run met; HYPOTHESIS_PROFILE=explore draws new ones (run it now and then, and keep what it finds as a test).
+hypothesis_settings.register_profile("deterministic", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -61,3 +61,52 @@ def test_a_process_without_torch_does_not_import_it_to_export(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def slow_exporter(model_path: Path, export_dir: Path) -> dict:
+    """Records its pid, then takes a while (the parent is killed meanwhile)."""
+    import time
+
+    export_dir.mkdir(parents=True, exist_ok=True)
+    (export_dir / "pid").write_text(str(os.getpid()))
+    time.sleep(1.5)
+    (export_dir / "made.json").write_text("{}")
+    return {"exported_by": os.getpid()}
+
+
+def test_a_parent_killed_mid_export_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A `dpr serve` killed while its export child works: the child finishes the export and exits (a process pool's
+    worker used to wait for the next call for ever, holding ~1 GB)."""
+    import signal
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "m").mkdir()
+    code = (
+        "from pathlib import Path\n"
+        "from encoders import registry\n"
+        "from encoders.onnx_export import ensure_export\n"
+        "from tests.unit.test_export_child import slow_exporter\n"
+        f"registry._in_child(ensure_export, Path({str(tmp_path / 'm')!r}), Path({str(tmp_path / 'e')!r}),"
+        " slow_exporter)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    pid_file = tmp_path / "e" / "pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the export child never started"
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        try:  # a zombie (exited, not yet reaped by init) counts as gone
+            if Path(f"/proc/{child}/status").read_text().split("State:")[1].split()[0] == "Z":
+                break
+        except (FileNotFoundError, IndexError):
+            break
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}").exists() and "State:\tZ" not in Path(f"/proc/{child}/status").read_text()
+    assert not alive, "the export child outlived its killed parent"
+    assert (tmp_path / "e" / "made.json").exists()  # it finished the export, for the next start to find

@@ -52,7 +52,7 @@ def test_arbitrary_bytes_as_files_never_raise_and_each_file_is_one_record(files:
             (root / f"f{i}{suffix}").write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
         items = list(iter_documents([root], max_bytes=400))
     _accounted(items)
-    sources = {it.source.split(".jsonl:")[0].split(".ndjson:")[0] for it in items}
+    sources = {re.split(r"\.(?:jsonl|ndjson)(?:\.gz)?:", it.source)[0] for it in items}  # a JSONL's lines: one file
     assert len(sources) <= len(files)
     plain = [f for f in files if not f[0].startswith((".jsonl", ".ndjson"))]
     assert len([it for it in items if not re.search(r"\.(jsonl|ndjson)", it.source)]) == len(plain)
