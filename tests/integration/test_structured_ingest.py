@@ -94,6 +94,11 @@ def test_hits_show_their_place_and_filters_find_it(tmp_path: Path, base_towers: 
     assert {tuple(h["heading"]) for h in query("daemon", "--filter", "heading=Installing")} == {
         ("Guide", "Installing", "On Windows"), ("Guide", "Installing", "On Linux")}
 
-    monkeypatch.setenv("COLUMNS", "240")  # the table's document column wide enough to hold the place on one line
+    from entrypoints.cli.common import console
+
+    # the table's document column wide enough to hold the place on one line: COLUMNS is read when the console is
+    # made unless it was set then (an xdist worker's environment has it), so set the console's own width too
+    monkeypatch.setenv("COLUMNS", "240")
+    monkeypatch.setattr(console, "_width", 240)
     res = runner.invoke(app, ["query", "How do I reset the boiler?", "-k", "1"])
     assert res.exit_code == 0 and "manual.pdf p. 12 › Maintenance › Reset" in " ".join(res.stdout.split())
