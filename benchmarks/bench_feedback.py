@@ -75,8 +75,7 @@ def small_corpus(folder: Path, dest: Path, max_docs: int, wanted: set[str]) -> P
         for n, line in enumerate(f):
             if n < max_docs or json.loads(line)["_id"] in wanted:
                 out.write(line)
-    for name in ("queries.jsonl",):
-        (dest / name).write_bytes((folder / name).read_bytes())
+    (dest / "queries.jsonl").write_bytes((folder / "queries.jsonl").read_bytes())
     (dest / "qrels").mkdir(exist_ok=True)
     for split in ("train.tsv", "test.tsv"):
         (dest / "qrels" / split).write_bytes((folder / "qrels" / split).read_bytes())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from encoders import registry
+from encoders import registry, spawned
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def test_the_export_runs_in_a_child_process(tmp_path: Path) -> None:
     model.mkdir(parents=True)
     from encoders.onnx_export import ensure_export
 
-    manifest = registry._in_child(ensure_export, model, tmp_path / "export", pid_exporter)
+    manifest = spawned.call_in_child(ensure_export, model, tmp_path / "export", pid_exporter)
     assert manifest["model_path"] == str(model)
     assert manifest["exported_by"] != os.getpid()
     assert json.loads((tmp_path / "export" / "made.json").read_text())["exported_by"] == manifest["exported_by"]
@@ -84,10 +84,10 @@ def test_a_parent_killed_mid_export_leaves_no_process_behind(tmp_path: Path) -> 
     (tmp_path / "m").mkdir()
     code = (
         "from pathlib import Path\n"
-        "from encoders import registry\n"
+        "from encoders import spawned\n"
         "from encoders.onnx_export import ensure_export\n"
         "from tests.unit.test_export_child import slow_exporter\n"
-        f"registry._in_child(ensure_export, Path({str(tmp_path / 'm')!r}), Path({str(tmp_path / 'e')!r}),"
+        f"spawned.call_in_child(ensure_export, Path({str(tmp_path / 'm')!r}), Path({str(tmp_path / 'e')!r}),"
         " slow_exporter)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
