@@ -20,7 +20,7 @@ from services.store.engines.edge import EdgeEngine
 from services.store.lease import lease_for
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
 
 DIM = 4
 SPEC = CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=False)

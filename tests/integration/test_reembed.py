@@ -27,7 +27,7 @@ from services.lifecycle.progress import ReembedProgress
 from services.runtime import Runtime
 from services.store import open_store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
 
 WORDS = (
     "protein folding immune vaccine retrieval passage vector encoder climate ocean coral gradient descent "

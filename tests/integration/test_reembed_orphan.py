@@ -14,7 +14,7 @@ from worker_cluster import Cluster, wait_until
 from services.jobs import JobStore
 from services.lifecycle.progress import ReembedProgress
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
 
 
 def test_a_target_whose_workers_died_is_listed_dead_with_its_job_and_dropped_by_gc(

@@ -21,7 +21,7 @@ from services.readers import Document, iter_documents
 from services.store import open_store
 from services.store.points import Passage, point_id
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
 
 CHUNKING = ChunkSettings(max_tokens=64, overlap=8)
 
