@@ -140,15 +140,26 @@ def main() -> None:
                     help="minutes to wait for --model to appear (a training still running) after step 1")
     ap.add_argument("--docs", type=int, default=SCIFACT_DOCS, help="documents (SciFact's 5,183 make ~10k passages)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-question-only"))
+    ap.add_argument("--data-dir", type=Path,
+                    help="step 2 only, over a data dir that already holds a collection the base embedded (e.g. "
+                         "bench_scale.py --keep DIR: DIR/<lever>/dpr, a million points); the full re-embed time is "
+                         "then estimated from --reembed-pps")
+    ap.add_argument("--reembed-pps", type=float,
+                    help="with --data-dir: re-embed passages/s measured elsewhere (benchmarks/results/ingest-speed/)")
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "DPR_DATA_DIR": str(work / "data"), "PYTHONPATH": str(REPO)}
+    data_dir = args.data_dir or work / "data"
+    env = {**os.environ, "DPR_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     cpu = {"model": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags().split()}
     record: dict[str, object] = {"cpu": cpu, "commit": commit(), "python": platform.python_version()}
 
     ingest_file = work / "ingest.json"
-    if not ingest_file.is_file():
+    if args.data_dir:
+        if not args.reembed_pps:
+            raise SystemExit("--data-dir needs --reembed-pps (the re-embed rate to estimate the full re-embed from)")
+        ingest_file.write_text(json.dumps({"documents": 0, "seconds": None, "reembed_pps": args.reembed_pps}))
+    elif not ingest_file.is_file():
         n = corpus(work / "corpus.jsonl", args.docs)
         dpr(env, "models", "activate", "base")
         seconds, out = dpr(env, "ingest", str(work / "corpus.jsonl"), "--format", "beir")
@@ -158,16 +169,21 @@ def main() -> None:
     _, status = dpr(env, "status")
     assert isinstance(status, dict)
     passages = int(status["points"])
-    rate = passages / ingest["seconds"]
-    record["collection"] = {"documents": ingest["documents"], "passages": passages, "generation": status["generation"]}
-    record["ingest_with_partner"] = {"seconds": ingest["seconds"], "passages_per_s": round(rate, 2),
-                                     "measured": True}
-    record["full_reembed_estimate"] = {"seconds": round(passages / (REEMBED_OVER_INGEST * rate), 1),
-                                       "measured": False,
-                                       "how": f"passages / ({REEMBED_OVER_INGEST} x the ingest's passages/s)"}
+    record["collection"] = {"documents": ingest["documents"], "passages": passages, "generation": status["generation"],
+                            "data_dir": str(data_dir)}
+    if args.data_dir:
+        record["full_reembed_estimate"] = {"seconds": round(passages / args.reembed_pps, 1), "measured": False,
+                                           "how": f"passages / {args.reembed_pps} re-embed passages/s (--reembed-pps)"}
+    else:
+        rate = passages / ingest["seconds"]
+        record["ingest_with_partner"] = {"seconds": ingest["seconds"], "passages_per_s": round(rate, 2),
+                                         "measured": True}
+        record["full_reembed_estimate"] = {"seconds": round(passages / (REEMBED_OVER_INGEST * rate), 1),
+                                           "measured": False,
+                                           "how": f"passages / ({REEMBED_OVER_INGEST} x the ingest's passages/s)"}
 
     model = wait_for_model(str(args.model), args.wait)
-    models = work / "data" / "models"
+    models = data_dir / "models"
     target = models / model.name
     if not target.exists():
         shutil.copytree(model, target)
@@ -196,7 +212,7 @@ def main() -> None:
     }
     record["ratio_reembed_over_activation"] = round(
         float(record["full_reembed_estimate"]["seconds"]) / first_answer, 1)  # type: ignore[index]
-    if ingest["documents"] >= SCIFACT_DOCS:
+    if ingest["documents"] >= SCIFACT_DOCS and not args.data_dir:
         record["scifact_test_through_this_collection"] = quality(work, target.name)
     record["load_average"] = os.getloadavg()
     print(json.dumps(record, indent=2))

@@ -154,6 +154,29 @@ class Corpus:
         return self._real_index[(doc_id, chunk_index)]
 
 
+def test_questions() -> tuple[list[str], dict[str, dict[str, int]]]:
+    """SciFact's test questions (those in qrels/test.tsv, in file order) and their qrels."""
+    qrels: dict[str, dict[str, int]] = {}
+    for line in (SCIFACT / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]:
+        qid, doc, rel = line.split("\t")
+        qrels.setdefault(qid, {})[doc] = int(rel)
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        text = {row["_id"]: row["text"] for row in map(json.loads, f)}
+    return [text[q] for q in qrels], qrels
+
+
+def ndcg10(answers: list[Any], qrels: dict[str, dict[str, int]]) -> float:
+    """nDCG@10 by document (a document ranks at its best passage) of ``answers``, one per test question."""
+    from encoders.learn.metrics import ir_metrics
+
+    run: dict[str, dict[str, float]] = {}
+    for qid, hits in zip(qrels, answers, strict=True):
+        docs = run.setdefault(qid, {})
+        for rank, h in enumerate(hits):
+            docs.setdefault(h.passage.doc_id, float(len(hits) - rank))
+    return ir_metrics(qrels, run, ["ndcg@10"])["ndcg@10"]
+
+
 def exact_top10(corpus: Corpus, total: int, queries: np.ndarray) -> np.ndarray:
     """Exact top 10 point indexes per question, scanning every vector chunk by chunk."""
     best_s = np.full((len(queries), 10), -np.inf, dtype=np.float32)  # (q, 10)
@@ -197,8 +220,35 @@ def recall(corpus: Corpus, answers: list[Any], truth: np.ndarray) -> float:
     return sum(found) / (10 * len(found))
 
 
+def search_sweep(settings: Settings, corpus: Corpus, dense: list[SearchRequest], truth: np.ndarray, efs: list[int],
+                 oversampling: list[float] | None = None,
+                 hybrid: list[SearchRequest] | None = None) -> dict[Any, tuple[str, float]]:
+    """The same generation searched at other HNSW ef (and, with ``oversampling``, other int8 oversampling factors:
+    the candidates re-scored with the fp32 vectors are k x that): ``{ef or (ef, oversampling): (p50 / p99 ms,
+    recall@10)}``; with ``hybrid`` requests, their p50 / p99 and hybrid / dense p50 join the first field."""
+    out: dict[Any, tuple[str, float]] = {}
+    for ef in efs:
+        for factor in oversampling or [None]:
+            update: dict[str, Any] = {"hnsw_ef": ef} if factor is None else {"hnsw_ef": ef, "oversampling": factor}
+            tuned = Store(EdgeEngine.from_settings(settings.model_copy(
+                update={"edge": settings.edge.model_copy(update=update)})))
+            timed(tuned, dense[:10])
+            ms, got = timed(tuned, dense)
+            cell = stats(ms)
+            if hybrid:
+                hybrid_ms, _ = timed(tuned, hybrid)
+                ratio = statistics.median(hybrid_ms) / max(1e-9, statistics.median(ms))
+                cell += f" | {stats(hybrid_ms)} | {ratio:.2f}"
+            key = ef if factor is None else (ef, factor)
+            out[key] = (cell, recall(corpus, got, truth))
+            tuned.close()
+            print(f"ef {ef} oversampling {factor}: {cell}, recall@10 {out[key][1]:.3f}", flush=True)
+    return out
+
+
 def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.ndarray, sparse_q: list[SparseVector],
-              truth: np.ndarray, ef: int | None, sweep: list[int]) -> dict[str, Any]:
+              truth: np.ndarray, ef: int | None, sweep: list[int],
+              qrels: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     settings = Settings(data_dir=root / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=ef))
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(corpus.spec)
@@ -250,18 +300,11 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     anon_mb, file_mb = (rss_kb("RssAnon") - before_anon) / 1024, (rss_kb("RssFile") - before_file) / 1024
     resident = resident_by_file()
     store.close()
-    by_ef = {}
-    for each in sweep:  # the same generation searched at another HNSW ef
-        tuned = Store(EdgeEngine.from_settings(settings.model_copy(
-            update={"edge": settings.edge.model_copy(update={"hnsw_ef": each})})))
-        timed(tuned, dense[:10])
-        ms, got = timed(tuned, dense)
-        by_ef[each] = (stats(ms), recall(corpus, got, truth))
-        tuned.close()
+    by_ef = search_sweep(settings, corpus, dense, truth, sweep)
     return {
         "lever": name, "points": total, "upsert_pps": total / upsert_s, "built": built, "build_s": build_s,
         "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": recall(corpus, answers, truth),
-        "by_ef": by_ef,
+        "by_ef": by_ef, "ndcg10": ndcg10(answers, qrels) if qrels else None,
         "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
         "anon_mb": anon_mb, "file_mb": file_mb, "resident": resident,
     }
@@ -269,7 +312,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--passages", type=int, default=1_000_000)
+    ap.add_argument("--passages", type=int, default=1_000_000, help="points in all; 0: the real passages alone")
     ap.add_argument("--real-docs", type=int, default=300, help="SciFact abstracts embedded by the real tower")
     ap.add_argument("--queries", type=int, default=100, help="real SciFact questions")
     ap.add_argument("--levers", nargs="+", default=["fp32", "int8", "int8-disk"], choices=list(LEVERS))
@@ -278,6 +321,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
     ap.add_argument("--out", type=Path, help="write the markdown here")
+    ap.add_argument("--searched-only", type=Path, metavar="DIR",
+                    help="build nothing: search the data dirs an earlier run kept in DIR (the same --passages, "
+                         "--real-docs, --seed: the synthetic bulk is regenerated for the exact scan) at each "
+                         "--ef-sweep x --oversampling-sweep")
+    ap.add_argument("--ndcg", action="store_true",
+                    help="ask SciFact's test questions (--queries ignored) and report each lever's nDCG@10 (by "
+                         "document); with --real-docs 5183 every judged abstract is in the collection")
+    ap.add_argument("--oversampling-sweep", type=float, nargs="*", default=[2.0, 4.0, 8.0])
     args = ap.parse_args()
     if not SCIFACT.is_dir():
         print(f"needs {SCIFACT} (BEIR SciFact); not found", file=sys.stderr)
@@ -289,7 +340,9 @@ def main() -> int:
         root = args.keep or Path(tmp)
         runtime = Runtime(Settings(data_dir=Path(tmp) / "models"))
         corpus = Corpus(runtime, load_docs(args.real_docs), args.seed)
-        qs = load_questions(args.queries)
+        if args.passages <= 0:  # the real passages alone
+            args.passages = corpus.n_real
+        qs, qrels = test_questions() if args.ndcg else (load_questions(args.queries), None)
         qt = runtime.question_towers
         qt.encode_queries(qs[:4])
         encode_ms = []
@@ -304,11 +357,35 @@ def main() -> int:
         t0 = time.perf_counter()
         truth = exact_top10(corpus, args.passages, dense_q)
         scan_s = time.perf_counter() - t0
+        if args.searched_only:
+            dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
+            hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
+                      for v, sq in zip(dense_q, sparse_q, strict=True)]
+            lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only "
+                     f"{args.searched_only} --passages {args.passages} --real-docs {args.real_docs} --queries "
+                     f"{args.queries} --levers {' '.join(args.levers)} --ef-sweep {' '.join(map(str, args.ef_sweep))}"
+                     f" --oversampling-sweep {' '.join(map(str, args.oversampling_sweep))}`", "",
+                     "| lever | HNSW ef | int8 oversampling | dense p50 / p99 ms | hybrid p50 / p99 ms | "
+                     "hybrid / dense p50 | recall@10 vs exact |",
+                     "|---|---|---|---|---|---|---|"]
+            for name in args.levers:
+                settings = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name]))
+                quantized = LEVERS[name].get("quantization") == "int8"
+                swept = search_sweep(settings, corpus, dense, truth, args.ef_sweep,
+                                     args.oversampling_sweep if quantized else None, hybrid)
+                for key, (ms, r) in swept.items():
+                    ef, factor = key if isinstance(key, tuple) else (key, "-")
+                    lines.append(f"| {name} | {ef} | {factor} | {ms} | {r:.3f} |")
+            runtime.close()
+            print("\n".join(lines))
+            if args.out:
+                args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            return 0
         results = []
         for name in args.levers:
             if (root / name).exists():
                 shutil.rmtree(root / name)
-            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep)
+            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep, qrels)
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.endswith("_ms")}), flush=True)
         runtime.close()
@@ -326,18 +403,20 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
         f"Machine after: {machine_line()}",
         f"Started at commit {args.commit}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
         f"{args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers {' '.join(args.levers)} "
-        f"--ef-sweep {' '.join(map(str, args.ef_sweep))}" + (f" --ef {args.ef}" if args.ef else "") + "`",
+        f"--ef-sweep {' '.join(map(str, args.ef_sweep))}" + (f" --ef {args.ef}" if args.ef else "")
+        + (" --ndcg" if args.ndcg else "") + "`",
         "",
         f"{args.passages:,} points: {corpus.n_real:,} real SciFact passages (first {args.real_docs} abstracts, "
         f"{corpus.dim}-dim, embedded here at {corpus.encode_pps:.1f} passages/s), the rest synthetic: unit vectors "
         "from a Gaussian fitted to the real ones (mean, covariance + 1e-3 I), each with a real passage's text and "
-        f"BM25 vector. {args.queries} real SciFact questions; question tower alone p50 / p99 "
+        f"BM25 vector. {len(encode_ms)} real SciFact questions{' (the test split)' if args.ndcg else ''}; "
+        "question tower alone p50 / p99 "
         f"{stats(encode_ms)} ms (not in the store figures below). Exact scan for recall: numpy, {scan_s:.1f} s.",
         "",
         "| lever | upsert points/s | HNSW build s | during build: queries, p50 / p99 ms | dense p50 / p99 ms | "
         "hybrid p50 / p99 ms | hybrid / dense p50 | recall@10 vs exact | disk per passage | RSS growth MB "
-        "(anon + file-backed) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(anon + file-backed) | SciFact nDCG@10 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ratio = statistics.median(r["hybrid_ms"]) / max(1e-9, statistics.median(r["dense_ms"]))
@@ -345,7 +424,8 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
             f"| {r['lever']} | {r['upsert_pps']:,.0f} | {r['build_s']:.0f} | {len(r['during_ms'])}, "
             f"{stats(r['during_ms'])} | {stats(r['dense_ms'])} | {stats(r['hybrid_ms'])} | {ratio:.2f} | "
             f"{r['recall10']:.3f} | {r['disk_per_passage'] / 1024:.1f} KB | {r['rss_growth_mb']:.0f} "
-            f"({r['anon_mb']:.0f} + {r['file_mb']:.0f}) |"
+            f"({r['anon_mb']:.0f} + {r['file_mb']:.0f}) | "
+            + (f"{r['ndcg10']:.4f} |" if r["ndcg10"] is not None else "- |")
         )
     if args.ef_sweep:
         lines += ["", "Dense search of the same generations at other HNSW ef (p50 / p99 ms, recall@10 vs exact):", "",
