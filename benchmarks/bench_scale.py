@@ -68,6 +68,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "int8": {"quantization": "int8", "rescore": True, "oversampling": 2.0},
     "int8-disk": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True},
     "int8-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "hnsw_m": 32, "hnsw_ef_construct": 200},
+    "int8-disk-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True,
+                      "hnsw_m": 32, "hnsw_ef_construct": 200},
 }
 
 
