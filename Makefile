@@ -44,8 +44,8 @@ chromium:
 # pytest on several processes (pytest-xdist, --dist loadfile: a test file's tests stay in one process, with its
 # module-scoped fixtures such as a worker cluster); every test has its own temp dir and free ports, and the workers
 # share one ONNX export (tests/conftest.py). The unit suite runs on UNIT_WORKERS (2). The integration suite runs in
-# two parts: the tests marked `serial` (their waits are timed in seconds: a worker's first batch, a reader's turn,
-# a fence freed after a kill; on 2 busy cores they failed beside another process) run alone in one process, after
+# two parts: the tests marked `serial` (their waits are timed in seconds against real workers or a reader's turn;
+# on 2 busy cores they failed beside another test process) run alone in one process, after
 # the rest ran on INTEGRATION_WORKERS (2; 0 runs everything in one process).
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 2

@@ -155,17 +155,15 @@ def main() -> None:
     record: dict[str, object] = {"cpu": cpu, "commit": commit(), "python": platform.python_version()}
 
     ingest_file = work / "ingest.json"
-    if args.data_dir:
-        if not args.reembed_pps:
-            raise SystemExit("--data-dir needs --reembed-pps (the re-embed rate to estimate the full re-embed from)")
-        ingest_file.write_text(json.dumps({"documents": 0, "seconds": None, "reembed_pps": args.reembed_pps}))
-    elif not ingest_file.is_file():
+    if args.data_dir and not args.reembed_pps:
+        raise SystemExit("--data-dir needs --reembed-pps (the re-embed rate to estimate the full re-embed from)")
+    if not args.data_dir and not ingest_file.is_file():
         n = corpus(work / "corpus.jsonl", args.docs)
         dpr(env, "models", "activate", "base")
         seconds, out = dpr(env, "ingest", str(work / "corpus.jsonl"), "--format", "beir")
         assert isinstance(out, dict)
         ingest_file.write_text(json.dumps({"documents": n, "seconds": round(seconds, 1), "summary": out}))
-    ingest = json.loads(ingest_file.read_text())
+    ingest = {"documents": 0} if args.data_dir else json.loads(ingest_file.read_text())  # nothing ingested here
     _, status = dpr(env, "status")
     assert isinstance(status, dict)
     passages = int(status["points"])

@@ -156,27 +156,21 @@ class Corpus:
         return self._real_index[(doc_id, chunk_index)]
 
 
-def test_questions() -> tuple[list[str], dict[str, dict[str, int]]]:
-    """SciFact's test questions (those in qrels/test.tsv, in file order) and their qrels."""
-    qrels: dict[str, dict[str, int]] = {}
-    for line in (SCIFACT / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]:
-        qid, doc, rel = line.split("\t")
-        qrels.setdefault(qid, {})[doc] = int(rel)
-    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
-        text = {row["_id"]: row["text"] for row in map(json.loads, f)}
-    return [text[q] for q in qrels], qrels
+def test_split() -> tuple[list[str], list[str], dict[str, dict[str, int]]]:
+    """SciFact's test split through the product's loader: question ids (sorted), their texts and the qrels."""
+    from services.readers import load_dataset
+
+    test = load_dataset(SCIFACT, "test")
+    qids = sorted(test.queries)
+    return qids, [test.queries[q] for q in qids], dict(test.qrels)
 
 
-def ndcg10(answers: list[Any], qrels: dict[str, dict[str, int]]) -> float:
-    """nDCG@10 by document (a document ranks at its best passage) of ``answers``, one per test question."""
+def ndcg10(qids: list[str], answers: list[Any], qrels: dict[str, dict[str, int]]) -> float:
+    """nDCG@10 of documents, each at its best passage's score (``dpr eval``'s aggregation), one answer per id."""
     from encoders.learn.metrics import ir_metrics
+    from services.learn.evaluation import hits_to_retrieval
 
-    run: dict[str, dict[str, float]] = {}
-    for qid, hits in zip(qrels, answers, strict=True):
-        docs = run.setdefault(qid, {})
-        for rank, h in enumerate(hits):
-            docs.setdefault(h.passage.doc_id, float(len(hits) - rank))
-    return ir_metrics(qrels, run, ["ndcg@10"])["ndcg@10"]
+    return ir_metrics(qrels, hits_to_retrieval(qids, answers, 10).run, ["ndcg@10"])["ndcg@10"]
 
 
 def exact_top10(corpus: Corpus, total: int, queries: np.ndarray) -> np.ndarray:
@@ -224,33 +218,54 @@ def recall(corpus: Corpus, answers: list[Any], truth: np.ndarray) -> float:
 
 def search_sweep(settings: Settings, corpus: Corpus, dense: list[SearchRequest], truth: np.ndarray, efs: list[int],
                  oversampling: list[float] | None = None,
-                 hybrid: list[SearchRequest] | None = None) -> dict[Any, tuple[str, float]]:
-    """The same generation searched at other HNSW ef (and, with ``oversampling``, other int8 oversampling factors:
-    the candidates re-scored with the fp32 vectors are k x that): ``{ef or (ef, oversampling): (p50 / p99 ms,
-    recall@10)}``; with ``hybrid`` requests, their p50 / p99 and hybrid / dense p50 join the first field."""
-    out: dict[Any, tuple[str, float]] = {}
+                 hybrid: list[SearchRequest] | None = None) -> list[dict[str, Any]]:
+    """The same generation searched at each HNSW ef (and, with ``oversampling``, each int8 oversampling factor: the
+    candidates re-scored with the fp32 vectors are k x that); one row per setting: ``ef``, ``oversampling`` (None:
+    the generation's), ``dense_ms``, ``hybrid_ms`` (with ``hybrid`` requests, else empty) and ``recall10``."""
+    rows = []
+    factors: list[float | None] = list(oversampling) if oversampling else [None]
     for ef in efs:
-        for factor in oversampling or [None]:
+        for factor in factors:
             update: dict[str, Any] = {"hnsw_ef": ef} if factor is None else {"hnsw_ef": ef, "oversampling": factor}
             tuned = Store(EdgeEngine.from_settings(settings.model_copy(
                 update={"edge": settings.edge.model_copy(update=update)})))
             timed(tuned, dense[:10])
-            ms, got = timed(tuned, dense)
-            cell = stats(ms)
-            if hybrid:
-                hybrid_ms, _ = timed(tuned, hybrid)
-                ratio = statistics.median(hybrid_ms) / max(1e-9, statistics.median(ms))
-                cell += f" | {stats(hybrid_ms)} | {ratio:.2f}"
-            key = ef if factor is None else (ef, factor)
-            out[key] = (cell, recall(corpus, got, truth))
+            dense_ms, got = timed(tuned, dense)
+            hybrid_ms = timed(tuned, hybrid)[0] if hybrid else []
             tuned.close()
-            print(f"ef {ef} oversampling {factor}: {cell}, recall@10 {out[key][1]:.3f}", flush=True)
-    return out
+            rows.append({"ef": ef, "oversampling": factor, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms,
+                         "recall10": recall(corpus, got, truth)})
+            print(f"ef {ef} oversampling {factor}: dense {stats(dense_ms)} ms, hybrid {stats(hybrid_ms)} ms, "
+                  f"recall@10 {rows[-1]['recall10']:.3f}", flush=True)
+    return rows
+
+
+def sweep_report(args: argparse.Namespace, machine: str, corpus: Corpus, dense_q: np.ndarray,
+                 sparse_q: list[SparseVector], truth: np.ndarray) -> str:
+    """``--searched-only``: each kept lever's generation at each ef x oversampling, dense and hybrid, as markdown."""
+    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
+    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
+              for v, sq in zip(dense_q, sparse_q, strict=True)]
+    lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only {args.searched_only} "
+             f"--passages {args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers "
+             f"{' '.join(args.levers)} --ef-sweep {' '.join(map(str, args.ef_sweep))} --oversampling-sweep "
+             f"{' '.join(map(str, args.oversampling_sweep))}`", "",
+             "| lever | HNSW ef | int8 oversampling | dense p50 / p99 ms | hybrid p50 / p99 ms | hybrid / dense p50 | "
+             "recall@10 vs exact |", "|---|---|---|---|---|---|---|"]
+    for name in args.levers:
+        settings = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name]))
+        quantized = LEVERS[name].get("quantization") == "int8"
+        for row in search_sweep(settings, corpus, dense, truth, args.ef_sweep,
+                                args.oversampling_sweep if quantized else None, hybrid):
+            ratio = statistics.median(row["hybrid_ms"]) / max(1e-9, statistics.median(row["dense_ms"]))
+            lines.append(f"| {name} | {row['ef']} | {row['oversampling'] or '-'} | {stats(row['dense_ms'])} | "
+                         f"{stats(row['hybrid_ms'])} | {ratio:.2f} | {row['recall10']:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.ndarray, sparse_q: list[SparseVector],
               truth: np.ndarray, ef: int | None, sweep: list[int],
-              qrels: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+              judged: tuple[list[str], dict[str, dict[str, int]]] | None = None) -> dict[str, Any]:
     settings = Settings(data_dir=root / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=ef))
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(corpus.spec)
@@ -302,11 +317,12 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     anon_mb, file_mb = (rss_kb("RssAnon") - before_anon) / 1024, (rss_kb("RssFile") - before_file) / 1024
     resident = resident_by_file()
     store.close()
-    by_ef = search_sweep(settings, corpus, dense, truth, sweep)
+    by_ef = {row["ef"]: (stats(row["dense_ms"]), row["recall10"]) for row in search_sweep(settings, corpus, dense,
+                                                                                            truth, sweep)}
     return {
         "lever": name, "points": total, "upsert_pps": total / upsert_s, "built": built, "build_s": build_s,
         "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": recall(corpus, answers, truth),
-        "by_ef": by_ef, "ndcg10": ndcg10(answers, qrels) if qrels else None,
+        "by_ef": by_ef, "ndcg10": ndcg10(judged[0], answers, judged[1]) if judged else None,
         "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
         "anon_mb": anon_mb, "file_mb": file_mb, "resident": resident,
     }
@@ -344,7 +360,12 @@ def main() -> int:
         corpus = Corpus(runtime, load_docs(args.real_docs), args.seed)
         if args.passages <= 0:  # the real passages alone
             args.passages = corpus.n_real
-        qs, qrels = test_questions() if args.ndcg else (load_questions(args.queries), None)
+        judged = None
+        if args.ndcg:
+            qids, qs, qrels = test_split()
+            judged = (qids, qrels)
+        else:
+            qs = load_questions(args.queries)
         qt = runtime.question_towers
         qt.encode_queries(qs[:4])
         encode_ms = []
@@ -360,34 +381,17 @@ def main() -> int:
         truth = exact_top10(corpus, args.passages, dense_q)
         scan_s = time.perf_counter() - t0
         if args.searched_only:
-            dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
-            hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
-                      for v, sq in zip(dense_q, sparse_q, strict=True)]
-            lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only "
-                     f"{args.searched_only} --passages {args.passages} --real-docs {args.real_docs} --queries "
-                     f"{args.queries} --levers {' '.join(args.levers)} --ef-sweep {' '.join(map(str, args.ef_sweep))}"
-                     f" --oversampling-sweep {' '.join(map(str, args.oversampling_sweep))}`", "",
-                     "| lever | HNSW ef | int8 oversampling | dense p50 / p99 ms | hybrid p50 / p99 ms | "
-                     "hybrid / dense p50 | recall@10 vs exact |",
-                     "|---|---|---|---|---|---|---|"]
-            for name in args.levers:
-                settings = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name]))
-                quantized = LEVERS[name].get("quantization") == "int8"
-                swept = search_sweep(settings, corpus, dense, truth, args.ef_sweep,
-                                     args.oversampling_sweep if quantized else None, hybrid)
-                for key, (ms, r) in swept.items():
-                    ef, factor = key if isinstance(key, tuple) else (key, "-")
-                    lines.append(f"| {name} | {ef} | {factor} | {ms} | {r:.3f} |")
+            text = sweep_report(args, machine, corpus, dense_q, sparse_q, truth)
             runtime.close()
-            print("\n".join(lines))
+            print(text)
             if args.out:
-                args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+                args.out.write_text(text, encoding="utf-8")
             return 0
         results = []
         for name in args.levers:
             if (root / name).exists():
                 shutil.rmtree(root / name)
-            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep, qrels)
+            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep, judged)
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.endswith("_ms")}), flush=True)
         runtime.close()

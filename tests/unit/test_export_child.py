@@ -74,6 +74,14 @@ def slow_exporter(model_path: Path, export_dir: Path) -> dict:
     return {"exported_by": os.getpid()}
 
 
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, exited but not yet reaped by init, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def test_a_parent_killed_mid_export_leaves_no_process_behind(tmp_path: Path) -> None:
     """A `dpr serve` killed while its export child works: the child finishes the export and exits (a process pool's
     worker used to wait for the next call for ever, holding ~1 GB)."""
@@ -100,13 +108,7 @@ def test_a_parent_killed_mid_export_leaves_no_process_behind(tmp_path: Path) -> 
     parent.send_signal(signal.SIGKILL)
     parent.wait(10)
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-        try:  # a zombie (exited, not yet reaped by init) counts as gone
-            if Path(f"/proc/{child}/status").read_text().split("State:")[1].split()[0] == "Z":
-                break
-        except (FileNotFoundError, IndexError):
-            break
+    while _running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = Path(f"/proc/{child}").exists() and "State:\tZ" not in Path(f"/proc/{child}/status").read_text()
-    assert not alive, "the export child outlived its killed parent"
+    assert not _running(child), "the export child outlived its killed parent"
     assert (tmp_path / "e" / "made.json").exists()  # it finished the export, for the next start to find
