@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from encoders.registry import load_towers
+from encoders.registry import ModelNotFound, load_towers, model_for_fingerprint
 from encoders.towers import DualEncoder
-from services.core.errors import TransientError
+from services.core.errors import ConfigError, TransientError
 from services.core.locks import Lease, WriteFence
 from services.core.settings import Settings
 from services.lifecycle.copy import copy_batch, pending_batches, plan
@@ -86,6 +86,7 @@ def submit_reembed(
     from services.store import open_store
 
     towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+    require_findable(settings, towers, model or settings.encoder.model)
     store = open_store(settings)
     lease = lease_for(settings)
     try:
@@ -118,6 +119,19 @@ def submit_reembed(
         raise
     finally:
         store.close()
+
+
+def require_findable(settings: Settings, towers: DualEncoder, model: str) -> None:
+    """The workers load a re-embed's towers by fingerprint, from the base model or ``models_dir``: a model given
+    by a path elsewhere would leave every batch failing on them. Refuse it here, before anything is sent."""
+    try:
+        model_for_fingerprint(towers.fingerprint, settings.models_dir)
+    except ModelNotFound:
+        raise ConfigError(
+            f"--model {model}: the workers load a re-embed's model from {settings.models_dir} (or the base model), "
+            f"and this one is not there; copy or link its folder to {settings.models_dir}/NAME and run "
+            "`dpr reembed --model NAME`"
+        ) from None
 
 
 def _adopt(settings: Settings, lease: Lease, building: ReembedState | None) -> Lease:

@@ -247,3 +247,19 @@ def test_the_beat_starts_a_reembed_when_the_active_model_changes_and_only_one_be
     after = snapshot(cluster, "b")
     new = after["generations"][after["active"]]
     assert new["ids"] == after["generations"]["b__g0001"]["ids"] and len(new["models"]) == 1
+
+
+def test_a_model_outside_the_models_dir_is_refused_before_anything_reaches_the_workers(
+    cluster: Cluster, second_model: Path, tmp_path: Path
+) -> None:
+    # The workers find a re-embed's towers by fingerprint under DATA_DIR/models: given a path elsewhere, every
+    # batch failed on them while `dpr reembed --wait` waited on. It is refused up front, naming the fix.
+    outside = tmp_path / "elsewhere"
+    outside.symlink_to(second_model, target_is_directory=True)
+    (cluster.data_dir / "models" / "v2").unlink()  # the fixture's link: v2 is now nowhere under DATA_DIR/models
+    done = cluster.dpr("reembed", "--model", str(outside), "--collection", "p", "--wait")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert str(cluster.data_dir / "models") in done.stderr and "dpr reembed --model NAME" in done.stderr
+    import redis
+
+    assert redis.Redis.from_url(cluster.broker_url).llen("reembed") == 0  # nothing was sent to the workers
