@@ -32,9 +32,12 @@ def register(app: typer.Typer) -> None:
     app.command("optimize")(optimize)
 
 
-def _progress_bar() -> Progress:
+STORE_POLL = 30.0  # seconds between the store reads of a `dpr reembed --wait` that follows workers
+
+
+def _progress_bar(unit: str = "passages") -> Progress:
     return Progress(
-        TextColumn("[bold]re-embed[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("passages"),
+        TextColumn("[bold]re-embed[/]"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
         TimeElapsedColumn(), console=err_console,
     )
 
@@ -109,8 +112,15 @@ def _reembed_on_workers(
     if not wait or submitted.outcome != "submitted":
         return out
     deadline = None if timeout is None else time.monotonic() + timeout
+    full_at = [time.monotonic()]
 
     def poll() -> dict[str, Any]:
+        # the broker's progress each second; the store's record (which opens the store, taking the embedded
+        # shard's lease from the workers and the server) only every STORE_POLL seconds and at the end
+        quick = lifecycle.reembed_progress(settings, submitted.target)
+        if quick["result"] is None and time.monotonic() - full_at[0] < STORE_POLL:
+            return quick
+        full_at[0] = time.monotonic()
         return lifecycle.reembed_status(settings, submitted.target)
 
     def finished(status: dict[str, Any]) -> bool:
@@ -123,10 +133,10 @@ def _reembed_on_workers(
             time.sleep(1)
             status = poll()
     else:
-        with _progress_bar() as bar:
+        with _progress_bar("batches") as bar:
             task = bar.add_task("re-embed", total=None)
             while not finished(status):
-                bar.update(task, completed=status.get("target_points", 0), total=status.get("source_points"))
+                bar.update(task, completed=status.get("batches_done", 0), total=status.get("batches_sent") or None)
                 _check_deadline(deadline)
                 time.sleep(1)
                 status = poll()

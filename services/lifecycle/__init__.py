@@ -14,9 +14,10 @@ Plain functions over the ``VectorStore`` protocol (never Celery). One module per
 - ``inprocess`` / ``distributed``: the whole re-embed here, or submitted to workers through a ``Sender``.
 
 The operations the entry points and the workers call: ``reembed_in_process``, ``submit_reembed``,
-``copy_sent_batch``, ``finalize_sent``, ``check_and_submit``, ``reembed_status``, ``rollback_collection``,
-``gc_collection``. The store-level ``gc``, ``rollback`` and ``verify`` are imported from their modules (a
-re-export would shadow the module of the same name). docs/model-lifecycle.md says which guarantee each step keeps.
+``copy_sent_batch``, ``finalize_sent``, ``check_and_submit``, ``reembed_status``, ``reembed_progress`` (the
+broker's side alone), ``rollback_collection``, ``gc_collection``. The store-level ``gc``, ``rollback`` and
+``verify`` are imported from their modules (a re-export would shadow the module of the same name).
+docs/model-lifecycle.md says which guarantee each step keeps.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from services.lifecycle.distributed import (
     check_and_submit,
     copy_sent_batch,
     finalize_sent,
+    reembed_progress,
     reembed_status,
     submit_reembed,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "promote_model",
     "promotion_gate",
     "reembed_in_process",
+    "reembed_progress",
     "reembed_status",
     "rollback_collection",
     "run_gate",

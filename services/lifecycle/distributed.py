@@ -238,6 +238,15 @@ def check_and_submit(settings: Settings, open_sender: OpenSender) -> dict[str, A
     return {**decision, "submitted": True, **submitted.to_json()}
 
 
+def reembed_progress(settings: Settings, target: str) -> dict[str, Any]:
+    """With a broker: the batches done / sent and the finalize result of the re-embed into ``target``, from the
+    broker alone. A follower polls this: ``reembed_status`` opens the store, and with the embedded engine every
+    open takes the shard's lease from the workers and the server (who then load their shards again)."""
+    progress = progress_for(settings, target)
+    done, sent = progress.counts()
+    return {"batches_done": done, "batches_sent": sent, "result": progress.result(), "job": progress.job}
+
+
 def reembed_status(settings: Settings, target: str | None = None) -> dict[str, Any]:
     """The newest re-embed record plus its progress with a broker (batches done / sent, finalize result)."""
     from services.store import open_store
@@ -253,7 +262,5 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
     finally:
         store.close()
     if settings.broker_url:
-        progress = progress_for(settings, state.target)
-        done, sent = progress.counts()
-        data.update(batches_done=done, batches_sent=sent, result=progress.result(), job=progress.job)
+        data.update(reembed_progress(settings, state.target))
     return data

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 from kit.fake_redis import FakeRedis
 
@@ -65,3 +69,41 @@ def test_a_resumed_run_closes_the_batches_an_earlier_run_left_unfinished(jobs: J
     status = jobs.status(progress.job)
     assert status["batches_pending"] == [] and status["batches_done"] == 4
     assert progress.supersede_pending() == []
+
+
+def test_dpr_reembed_wait_follows_the_broker_and_opens_the_store_only_every_store_poll_seconds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Reading the store's record each second took the embedded shard's lease from the workers and the server
+    # every second (each then loaded its shards again): a 100k re-embed beside `dpr serve` ran at ~15 passages/s.
+    import workers.reembed_dispatch
+    from entrypoints.cli import lifecycle as cli
+    from services.core.settings import Settings
+
+    clock = [0.0]
+    calls = {"broker": 0, "store": 0}
+    submitted = SimpleNamespace(outcome="submitted", target="docs__g0002",
+                                to_json=lambda: {"outcome": "submitted", "target": "docs__g0002"})
+    monkeypatch.setattr(workers.reembed_dispatch, "submit_reembed", lambda *a, **k: submitted)
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cli.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    def done() -> dict[str, Any] | None:
+        return {"outcome": "activated", "target": "docs__g0002"} if clock[0] >= 95 else None
+
+    def from_broker(settings: Settings, target: str) -> dict[str, Any]:
+        calls["broker"] += 1
+        return {"batches_done": 3, "batches_sent": 4, "result": done(), "job": "j"}
+
+    def from_store(settings: Settings, target: str) -> dict[str, Any]:
+        calls["store"] += 1
+        return {"state": {"status": "active" if done() else "building"}, "target_points": 10, "source_points": 12,
+                **from_broker(settings, target)}
+
+    monkeypatch.setattr(cli.lifecycle, "reembed_progress", from_broker)
+    monkeypatch.setattr(cli.lifecycle, "reembed_status", from_store)
+    settings = Settings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6399/0")
+    out = cli._reembed_on_workers(settings, "v2", None, wait=True, timeout=None, quiet=True)
+    assert out["outcome"] == "activated" and out["status"]["state"]["status"] == "active"
+    assert calls["store"] == 4  # at 30, 60 and 90 s, and once the broker reported the result
+    assert calls["broker"] >= 95
