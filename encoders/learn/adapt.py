@@ -158,13 +158,14 @@ def label_with_teacher(pairs: Sequence[TrainPair], corpus: Mapping[str, CorpusDo
 
 
 def load_model(path: Any) -> Any:
-    """The towers at ``path`` as a sentence-transformers model on the CPU, offline."""
-    from encoders.learn.training_run import offline
+    """The towers at ``path`` as a sentence-transformers model on this process's device (the CPU unless
+    ``encoders.learn.training_run.configure_device`` said otherwise), offline."""
+    from encoders.learn.training_run import learn_device, offline
 
     offline()
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(path), device=learn_device(), local_files_only=True)
 
 
 def encode(model: Any, texts: Sequence[str], role: str, batch_size: int = 32) -> np.ndarray:

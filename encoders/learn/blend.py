@@ -60,7 +60,7 @@ def mix_into(target: Sequence[Any], sources: Sequence[Sequence[Mapping[str, Any]
                 done.add(tensor.data_ptr())
                 tensor.mul_(weights[0])
                 for weight, other in zip(weights[1:], others, strict=True):
-                    tensor.add_(other.to(tensor.dtype), alpha=weight)
+                    tensor.add_(other.to(tensor.device, tensor.dtype), alpha=weight)
                 mixed += 1
     return mixed
 

@@ -209,12 +209,13 @@ def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_s
     return out
 
 
-def evaluate_model_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100) -> dict[str, float]:
+def evaluate_model_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100,
+                             batch_size: int = 32) -> dict[str, float]:
     """The dev-split evaluator used during training: metrics of ``model`` in memory."""
     was_training = bool(getattr(model, "training", False))
     model.eval()
     try:
-        metrics, _ = score_retrieval(dataset, dense_in_memory(model, dataset, k))
+        metrics, _ = score_retrieval(dataset, dense_in_memory(model, dataset, k, batch_size))
     finally:
         if was_training:
             model.train()

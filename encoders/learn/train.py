@@ -27,7 +27,15 @@ from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.learn.blend import blend_with_pretrained, pretrained_root
 from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
 from encoders.learn.train_rows import fit_answers, pairs_to_columns
-from encoders.learn.training_run import ProgressFn, TrainResult, offline, save_model, start_run, versioned_name
+from encoders.learn.training_run import (
+    ProgressFn,
+    TrainResult,
+    learn_device,
+    offline,
+    save_model,
+    start_run,
+    versioned_name,
+)
 from encoders.towers import base_model_path
 
 log = logging.getLogger(__name__)
@@ -91,7 +99,7 @@ class TrainConfig:
 
 
 def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int | None,
-                device: str = "cpu") -> Any:
+                device: str | None = None) -> Any:
     """The towers to train, both initialised from ``base``.
 
     Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``; a
@@ -102,6 +110,8 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
     offline()
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Router
+
+    device = device or learn_device()
 
     if shared:
         model = SentenceTransformer(str(base), device=device, local_files_only=True)

@@ -52,6 +52,21 @@ def start_run(threads: int | None, seed: int) -> tuple[datetime, float]:
     return datetime.now(UTC), time.perf_counter()
 
 
+_device = "cpu"  # where this process trains and scores towers (configure_device); the product needs no GPU
+
+
+def configure_device(device: str) -> None:
+    """The torch device this process's training, mining and dev scoring run on (``settings.encoder.device``,
+    ``DPR_ENCODER__DEVICE``): ``cpu`` unless set. A GPU only makes a run faster; nothing depends on one."""
+    global _device
+    _device = device
+
+
+def learn_device() -> str:
+    """The device ``configure_device`` set (``cpu`` by default)."""
+    return _device
+
+
 def offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -83,7 +98,7 @@ def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) ->
         seed=config.seed,
         data_seed=config.seed,
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=_device == "cpu",
         dataloader_num_workers=0,
     )
     arguments.update(extra)  # ``extra`` may replace a shared default (the reranker's pointwise rows: batching)
