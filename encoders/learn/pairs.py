@@ -11,6 +11,7 @@ Every builder is deterministic for a given seed.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import string
@@ -195,8 +196,14 @@ def _bare(word: str) -> str:
     return word.strip(string.punctuation).lower()
 
 
+PseudoKind = Literal["title", "ict", "keywords"]
+PSEUDO_KINDS: tuple[PseudoKind, ...] = ("title", "ict", "keywords")
+_WORD = re.compile(r"\w[\w-]*\w")
+
+
 def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config: PairConfig | None = None,
-                      max_documents: int = 5000, name: str = "corpus") -> dict[str, RetrievalDataset]:
+                      max_documents: int = 5000, name: str = "corpus",
+                      kinds: Sequence[PseudoKind] = ("title", "ict")) -> dict[str, RetrievalDataset]:
     """Label-free dev sets built from an unlabelled corpus, to choose between models for it (``dpr models blend
     --choose-on``): the only labelled questions of a collection a user has not trained on are the ones they have
     not asked yet. Up to ``queries`` each, over at most ``max_documents`` documents (a seeded sample):
@@ -206,14 +213,36 @@ def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config:
       the answer cannot be found by matching the title string.
     - ``ict``: one sentence of a document's body is the question; that document appears without the sentence
       (and without a leading copy of its title, which it keeps as its title).
+    - ``keywords``: 3-5 of a document's 8 heaviest words (tf x idf over the documents; words in one document only
+      are left out, so a question is never one string match away) in the order the document uses them, the
+      document as it is the answer: the short keyword queries people type.
 
-    A mode yielding fewer than 20 questions is left out (too few to rank models by); none at all is an error."""
+    ``kinds`` says which are built. A mode yielding fewer than 20 questions is left out (too few to rank models
+    by); none at all is an error."""
+    unknown = set(kinds) - set(PSEUDO_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"pseudo-question kinds must be among {', '.join(PSEUDO_KINDS)}, got {list(kinds)}")
     config = config or PairConfig()
     rng = random.Random(seed)
     docs = sorted(corpus.values(), key=lambda d: d.doc_id)
     if len(docs) > max_documents:
         docs = sorted(rng.sample(docs, max_documents), key=lambda d: d.doc_id)
     out: dict[str, RetrievalDataset] = {}
+    if "title" in kinds:
+        _title_set(docs, queries, rng, config, name, out)
+    if "ict" in kinds:
+        _ict_set(docs, queries, rng, config, name, out)
+    if "keywords" in kinds:
+        _keyword_set(docs, queries, random.Random(f"{seed}-keywords"), name, out)
+    if not out:
+        raise ValueError(f"no pseudo-questions could be built from the {len(docs)} documents of {name}: they need "
+                         "titles, or bodies of several sentences (20 documents at least); choose the blend weight "
+                         "with `dpr eval` on labelled questions instead")
+    return out
+
+
+def _title_set(docs: Sequence[CorpusDoc], queries: int, rng: random.Random, config: PairConfig, name: str,
+               out: dict[str, RetrievalDataset]) -> None:
     titled = [d for d in docs if len(d.title.split()) >= config.min_title_words
               and len(body_without_title(d).split()) >= config.min_body_words]
     sharing: dict[str, list[str]] = {}  # a title -> every document under it (a collection's chunks share one)
@@ -226,6 +255,10 @@ def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config:
             corpus={d.doc_id: CorpusDoc(d.doc_id, "", body_without_title(d)) for d in docs},
             queries={f"title-{i}": title for i, title in enumerate(picked)},
             qrels={f"title-{i}": dict.fromkeys(sharing[title], 1) for i, title in enumerate(picked)})
+
+
+def _ict_set(docs: Sequence[CorpusDoc], queries: int, rng: random.Random, config: PairConfig, name: str,
+             out: dict[str, RetrievalDataset]) -> None:
     ict_corpus = {d.doc_id: d for d in docs}
     ict_queries: dict[str, str] = {}
     for doc in rng.sample(docs, len(docs)):
@@ -245,11 +278,36 @@ def pseudo_query_sets(corpus: Corpus, queries: int = 500, seed: int = 0, config:
     if len(ict_queries) >= 20:
         out["ict"] = RetrievalDataset(name=f"{name}-ict{len(ict_queries)}", corpus=ict_corpus, queries=ict_queries,
                                       qrels={q: {q.removeprefix("ict-"): 1} for q in ict_queries})
-    if not out:
-        raise ValueError(f"no pseudo-questions could be built from the {len(docs)} documents of {name}: they need "
-                         "titles, or bodies of several sentences (20 documents at least); choose the blend weight "
-                         "with `dpr eval` on labelled questions instead")
-    return out
+
+
+def _keyword_set(docs: Sequence[CorpusDoc], queries: int, rng: random.Random, name: str,
+                 out: dict[str, RetrievalDataset]) -> None:
+    words = {d.doc_id: [w.lower() for w in _WORD.findall(f"{d.title} {d.text}")] for d in docs}
+    df: dict[str, int] = {}
+    for doc_words in words.values():
+        for w in set(doc_words):
+            df[w] = df.get(w, 0) + 1
+    n = len(docs)
+    found: dict[str, str] = {}
+    for doc in rng.sample(list(docs), len(docs)):
+        if len(found) >= queries:
+            break
+        doc_words = words[doc.doc_id]
+        tf: dict[str, int] = {}
+        for w in doc_words:
+            if not w.isdigit() and len(w) >= 3 and df[w] >= 2:
+                tf[w] = tf.get(w, 0) + 1
+        weight = {w: c * math.log(n / df[w]) for w, c in tf.items()}
+        top = sorted((w for w in weight if weight[w] > 0), key=lambda w: (-weight[w], w))[:8]
+        if len(top) < 3:
+            continue
+        chosen = set(rng.sample(top, rng.randint(3, min(5, len(top)))))
+        first = {w: i for i, w in reversed(list(enumerate(doc_words)))}
+        found[f"keywords-{doc.doc_id}"] = " ".join(sorted(chosen, key=first.__getitem__))
+    if len(found) >= 20:
+        out["keywords"] = RetrievalDataset(name=f"{name}-keywords{len(found)}", corpus={d.doc_id: d for d in docs},
+                                           queries=found,
+                                           qrels={q: {q.removeprefix("keywords-"): 1} for q in found})
 
 
 def _clip(text: str, max_words: int) -> str:

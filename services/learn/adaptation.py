@@ -31,7 +31,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from encoders.learn.adapt import TeacherConfig
 from services.core.errors import ConfigError
@@ -39,6 +39,9 @@ from services.core.settings import Settings
 from services.learn.staged_run import StagedRun, StageProgress
 from services.learn.staged_run import read_json as _read_json
 from services.learn.staged_run import write_json as _write_json
+
+if TYPE_CHECKING:
+    from encoders.learn.pairs import PseudoKind
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,8 @@ class AdaptConfig:
     fmt: str = "auto"
     base: str = "active"  # the towers adapted (and the dev baseline)
     question_only: bool = False
-    queries: int = 500  # pseudo-questions per kind (title, ICT)
+    kinds: tuple[PseudoKind, ...] = ("title", "ict")  # pseudo-question kinds (encoders.learn.pairs.pseudo_query_sets)
+    queries: int = 500  # pseudo-questions per kind
     max_documents: int = 5000
     dev_share: float = 0.2
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
@@ -116,8 +120,10 @@ def corpus_file(path: Path, fmt: str) -> Path:
 def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: AdaptProgress | None = None,
           activate: bool = True) -> AdaptResult:
     """Run (or resume) the stages; save the chosen model; activate it on a dev gain (and ``activate``)."""
+    from encoders.learn.training_run import configure_device
     from encoders.towers import resolve_model_path
 
+    configure_device(settings.encoder.device)  # cpu unless DPR_ENCODER__DEVICE says otherwise
     if not 0 < config.dev_share < 1:
         raise ConfigError(f"the dev share must lie in (0, 1), got {config.dev_share}")
     if not config.epochs_grid or any(e <= 0 for e in config.epochs_grid):
@@ -144,7 +150,7 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
           lambda: _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify))
     training = _read_json(run_dir / "training.json")
     stage("dev evaluation", (run_dir / "dev.json").is_file(),
-          lambda: _dev_stage(pseudo, training, base_path, config, run_dir, notify))
+          lambda: _dev_stage(pseudo, training, base_path, config, run_dir, notify, settings.encoder.batch_size))
     dev = _read_json(run_dir / "dev.json")
     result = _read_json(run_dir / "result.json")
     if result is None:
@@ -170,7 +176,8 @@ def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: Adap
     corpus = load_corpus(source)
     try:
         sets = pseudo_query_sets(corpus, queries=config.queries, seed=config.seed, max_documents=config.max_documents,
-                                 name=source.parent.name if source.name.startswith("corpus.") else source.stem)
+                                 name=source.parent.name if source.name.startswith("corpus.") else source.stem,
+                                 kinds=config.kinds)
     except ValueError as e:
         raise ConfigError(str(e).replace("choose the blend weight with `dpr eval` on labelled questions instead",
                                          "dpr adapt needs pseudo-questions; train on labelled pairs instead")) from e
@@ -224,6 +231,11 @@ def _mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, 
     _write_json(run_dir / "mining.json", {"pairs": pairs_out, "teacher": config.teacher.describe(),
                                           "stats": stats.to_json(), "language": languages})
     notify("mining", len(sets), len(sets), f"{stats.negatives} hard negatives for {stats.pairs} pseudo-questions")
+
+
+_KIND_NOTES = {"title": "a title asks for its documents' bodies",
+               "ict": "a sentence asks for its document without it",
+               "keywords": "3-5 of a document's heaviest tf-idf words ask for it"}
 
 
 def _candidate_key(epochs: float) -> str:
@@ -284,7 +296,7 @@ def _data_info(pseudo: dict[str, Any], mining: dict[str, Any]) -> dict[str, Any]
 
 
 def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path, config: AdaptConfig,
-               run_dir: Path, notify: AdaptProgress) -> None:
+               run_dir: Path, notify: AdaptProgress, batch_size: int = 32) -> None:
     """nDCG@10 on the held-out pseudo-questions of the start, each candidate and the best one's blends; the pick.
     Scores are kept as they come (``dev.partial.json``), so a stopped evaluation scores nothing twice."""
     from encoders.learn.adapt import load_model, mean_score, pick_candidate
@@ -302,7 +314,8 @@ def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path
 
     def score(key: str, model: Any) -> None:
         notify("dev evaluation", len(scores), total, key)
-        scores[key] = {kind: round(evaluate_model_in_memory(model, d)["ndcg@10"], 4) for kind, d in dev.items()}
+        scores[key] = {kind: round(evaluate_model_in_memory(model, d, batch_size=batch_size)["ndcg@10"], 4)
+                       for kind, d in dev.items()}
         _write_json(run_dir / "dev.partial.json", partial)
 
     for key, path, _ in models:
@@ -373,8 +386,7 @@ def _save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], mini
     card["adaptation"] = {
         "command": "dpr adapt", "corpus": str(source), "started_from": {"name": base_name, "path": str(base_path)},
         "recipe": {"pseudo_questions": {k: len(v["train"]) + len(v["dev"]) for k, v in pseudo["split"].items()},
-                   "kinds": "title (a title asks for its documents' bodies), ict (a sentence asks for its "
-                            "document without it)", "dev_share": config.dev_share,
+                   "kinds": {k: _KIND_NOTES[k] for k in config.kinds}, "dev_share": config.dev_share,
                    "training": "question tower only, every passage a negative" if config.question_only else
                                "MNRL, in-batch + teacher hard negatives",
                    "epochs_grid": list(config.epochs_grid),

@@ -160,6 +160,35 @@ def test_pseudo_query_sets_hide_the_question_from_its_answer() -> None:
     assert len(pseudo_query_sets(corpus, queries=25, seed=3, max_documents=22)["ict"].corpus) == 22
 
 
+def test_keyword_pseudo_questions_are_heavy_shared_words_of_their_document() -> None:
+    """``keywords``: 3-5 of a document's heaviest words (tf x idf), none found in that document alone, none in
+    every document, in the document's order; the document unchanged is the answer; seeded; only the kinds asked."""
+    words = "lava magma eruption crater basalt glacier moraine crevasse tundra permafrost".split()
+    corpus = {}
+    for i in range(30):
+        own = [words[(i + j) % len(words)] for j in range(4)]
+        corpus[f"d{i:02d}"] = CorpusDoc(f"d{i:02d}", f"Note {i}", f"The study of {' '.join(own)} looks at the "
+                                        f"field. Then the {own[0]} {own[1]} again with uniqueword{i} in the field "
+                                        "and more notes here. Every note in the set reads the same way at its end.")
+    sets = pseudo_query_sets(corpus, queries=25, seed=3, kinds=("keywords",), name="toy")
+    assert set(sets) == {"keywords"}
+    kw = sets["keywords"]
+    assert len(kw.queries) == 25 and kw.corpus == corpus
+    for qid, question in kw.queries.items():
+        doc_id = qid.removeprefix("keywords-")
+        assert kw.qrels[qid] == {doc_id: 1}
+        terms = question.split()
+        assert 3 <= len(terms) <= 5 and len(set(terms)) == len(terms)
+        text = corpus[doc_id].text.lower()
+        assert all(t in words for t in terms)  # not the unique word, not "the" / "study" (in every document)
+        assert [text.index(t) for t in terms] == sorted(text.index(t) for t in terms)  # the document's order
+    assert pseudo_query_sets(corpus, queries=25, seed=3, kinds=("keywords",))["keywords"].queries == kw.queries
+    assert set(pseudo_query_sets(corpus, queries=25, seed=3, kinds=("title", "ict", "keywords"))) == {
+        "title", "ict", "keywords"}
+    with pytest.raises(ValueError, match="kinds must be among"):
+        pseudo_query_sets(corpus, kinds=("titles",))  # type: ignore[arg-type]
+
+
 def test_pseudo_query_sets_leave_out_a_thin_kind_and_refuse_a_corpus_with_none() -> None:
     untitled = {d: CorpusDoc(d, "", doc.text) for d, doc in _topic_corpus(30).items()}
     assert set(pseudo_query_sets(untitled)) == {"ict"}  # no titles: the ICT set alone
