@@ -112,3 +112,29 @@ def test_a_parent_killed_mid_export_leaves_no_process_behind(tmp_path: Path) -> 
         time.sleep(0.1)
     assert not _running(child), "the export child outlived its killed parent"
     assert (tmp_path / "e" / "made.json").exists()  # it finished the export, for the next start to find
+
+
+def _export_from_a_daemon(model: str, export_dir: str, answers: object) -> None:
+    from encoders.onnx_export import ensure_export
+
+    try:
+        answers.put(spawned.call_in_child(ensure_export, Path(model), Path(export_dir), pid_exporter))  # type: ignore[attr-defined]
+    except BaseException as e:
+        answers.put(repr(e))  # type: ignore[attr-defined]
+
+
+def test_a_daemonic_process_exports_too(tmp_path: Path) -> None:
+    """A Celery worker's pool process is daemonic, and a daemonic process may not start multiprocessing children:
+    every worker fell back to torch for a new model. The child is a plain process now."""
+    import multiprocessing
+
+    (tmp_path / "m").mkdir()
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    daemon = context.Process(target=_export_from_a_daemon, daemon=True,
+                             args=(str(tmp_path / "m"), str(tmp_path / "e"), answers))
+    daemon.start()
+    answer = answers.get(timeout=120)
+    daemon.join(30)
+    assert isinstance(answer, dict), answer
+    assert answer["exported_by"] not in (os.getpid(), daemon.pid)
