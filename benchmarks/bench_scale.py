@@ -1,6 +1,7 @@
 """Scale of one embedded collection (issue 42): N passages, each memory lever, in-process.
 
-For each lever configuration (``--levers``: fp32, int8, int8-disk) a fresh data dir gets a collection of
+For each lever configuration (``--levers``: fp32, int8, int8-disk, and each with HNSW m 32 / ef_construct 200:
+fp32-m32, int8-m32, int8-disk-m32) a fresh data dir gets a collection of
 ``--passages`` points through the real store (``EdgeEngine.from_settings``, the layout `dpr serve` reads):
 
 - **real part**: the first ``--real-docs`` SciFact abstracts, chunked with the passage tower's tokenizer and
@@ -65,6 +66,7 @@ SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
 CHUNK = 50_000  # synthetic vectors generated (and scanned) per chunk
 LEVERS: dict[str, dict[str, Any]] = {
     "fp32": {},
+    "fp32-m32": {"hnsw_m": 32, "hnsw_ef_construct": 200},
     "int8": {"quantization": "int8", "rescore": True, "oversampling": 2.0},
     "int8-disk": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True},
     "int8-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "hnsw_m": 32, "hnsw_ef_construct": 200},
