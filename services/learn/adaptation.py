@@ -39,6 +39,7 @@ from services.core.settings import Settings
 from services.learn.staged_run import StagedRun, StageProgress
 from services.learn.staged_run import read_json as _read_json
 from services.learn.staged_run import write_json as _write_json
+from services.readers.beir import corpus_file
 
 if TYPE_CHECKING:
     from encoders.learn.pairs import PseudoKind
@@ -93,28 +94,6 @@ class AdaptResult:
     choice: str | None  # the winning candidate; None: no dev gain
     stages: dict[str, str]  # stage -> ran | skipped
     card: dict[str, Any]
-
-
-def corpus_file(path: Path, fmt: str) -> Path:
-    """The one file `dpr adapt` reads: a BEIR folder's corpus (never its queries or qrels) or a corpus JSONL."""
-    from services.readers.beir import beir_corpus_path
-
-    if fmt not in ("auto", "beir", "jsonl"):
-        raise ConfigError(f"--format {fmt!r} is not for dpr adapt; use auto, beir (a folder with corpus.jsonl) or "
-                          "jsonl (a corpus JSONL); a SQuAD file carries its questions: give its paragraphs as a "
-                          "corpus JSONL")
-    if path.is_dir():
-        found = beir_corpus_path(path)
-        if found is None:
-            raise ConfigError(f"{path}: no corpus.jsonl or corpus.jsonl.gz; give a BEIR folder or a corpus JSONL")
-        return found
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file or folder; give a BEIR folder or a corpus JSONL")
-    if fmt == "beir":
-        raise ConfigError(f"{path} is a file; --format beir needs a folder with corpus.jsonl")
-    if not path.name.lower().endswith((".jsonl", ".jsonl.gz")):
-        raise ConfigError(f"{path}: dpr adapt reads a corpus JSONL (.jsonl or .jsonl.gz) or a BEIR folder")
-    return path
 
 
 def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: AdaptProgress | None = None,

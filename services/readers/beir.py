@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from encoders.data import Corpus, CorpusDoc, Qrels, Queries, RetrievalDataset
-from services.core.errors import DataError
+from services.core.errors import ConfigError, DataError
 from services.readers.jsonl import read_rows
 
 log = logging.getLogger(__name__)
@@ -124,3 +124,23 @@ def _known(raw: Qrels, queries: Queries, corpus: Corpus, source: Path) -> Qrels:
             extra={"qrels": str(source), "unknown_queries": missing_queries, "unknown_docs": missing_docs},
         )
     return qrels
+
+
+def corpus_file(path: Path, fmt: str) -> Path:
+    """The one file `dpr adapt` reads: a BEIR folder's corpus (never its queries or qrels) or a corpus JSONL."""
+    if fmt not in ("auto", "beir", "jsonl"):
+        raise ConfigError(f"--format {fmt!r} is not for dpr adapt; use auto, beir (a folder with corpus.jsonl) or "
+                          "jsonl (a corpus JSONL); a SQuAD file carries its questions: give its paragraphs as a "
+                          "corpus JSONL")
+    if path.is_dir():
+        found = beir_corpus_path(path)
+        if found is None:
+            raise ConfigError(f"{path}: no corpus.jsonl or corpus.jsonl.gz; give a BEIR folder or a corpus JSONL")
+        return found
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file or folder; give a BEIR folder or a corpus JSONL")
+    if fmt == "beir":
+        raise ConfigError(f"{path} is a file; --format beir needs a folder with corpus.jsonl")
+    if not path.name.lower().endswith((".jsonl", ".jsonl.gz")):
+        raise ConfigError(f"{path}: dpr adapt reads a corpus JSONL (.jsonl or .jsonl.gz) or a BEIR folder")
+    return path
