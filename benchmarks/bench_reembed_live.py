@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-reembed-live-", dir=args.work))
     result: dict[str, Any] = {"machine": machine_line(), "commit": commit(), "source": str(args.data_dir),
                               "workers": args.workers, "clients": args.clients, "rate": args.rate}
-    processes: list[subprocess.Popen[bytes]] = []
+    workers: list[subprocess.Popen[bytes]] = []
+    valkey: subprocess.Popen[bytes] | None = None
     server: ServeProcess | None = None
     askers: Askers | None = None
     peak = Peak()
@@ -164,7 +165,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model = args.model.name
             (data_dir / "models" / model).symlink_to(args.model.resolve(), target_is_directory=True)
         valkey, url = start_valkey(work)
-        processes.append(valkey)
         serve_env = clean_env(data_dir, {})
         extra = dict(item.split("=", 1) for item in args.env)
         worker_env = clean_env(data_dir, {"DPR_BROKER_URL": url, "DPR_ENCODER__THREADS": str(args.threads), **extra})
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["status_before"] = before_status
         for i in range(args.workers):
             w = start_worker(worker_env, work / f"worker{i}.log", f"live{i}@localhost")
-            processes.append(w)
+            workers.append(w)
             peak.watch(f"worker{i}", w.pid)
         bodies = [json.dumps({"question": q, "k": 10}) for q in questions()]
         askers = Askers(server.url, bodies, args.clients, args.rate)
@@ -249,8 +249,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["peak_rss_mb"] = peak.stop()
         if server is not None:
             server.stop()
-        for p in reversed(processes):
-            stop_process_group(p) if p is not processes[0] else (p.terminate(), p.wait(10))
+        for w in workers:
+            stop_process_group(w)
+        if valkey is not None:
+            valkey.terminate()
+            valkey.wait(10)
         result["machine_after"] = machine_line()
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
