@@ -188,16 +188,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         generations: list[tuple[float, str | None]] = []
         stop_poll = threading.Event()
 
+        collection = data_dir / "store" / before_status["collection"]
+
         def poll_generation() -> None:
-            with httpx.Client(base_url=server.url, timeout=60) as http:
-                while not stop_poll.wait(args.poll):
-                    try:
-                        body = http.get("/v1/status").json()
-                    except (httpx.HTTPError, ValueError):
-                        continue
-                    name = body.get("generation")
-                    if not generations or generations[-1][1] != name:
-                        generations.append((time.perf_counter(), name))
+            # the alias file itself: `/v1/status` counts every generation, and on the embedded engine that makes
+            # `dpr serve` open the new one (taking it from the workers) each time
+            while not stop_poll.wait(args.poll):
+                try:
+                    name = (collection / "CURRENT").read_text(encoding="utf-8").strip()
+                except OSError:
+                    continue
+                if not generations or generations[-1][1] != name:
+                    generations.append((time.perf_counter(), name))
 
         poller = threading.Thread(target=poll_generation, daemon=True)
         poller.start()
@@ -210,12 +212,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         while reembed.poll() is None:
             time.sleep(1)
             if time.perf_counter() - (progress[-1][0] if progress else t0) >= 120:
-                st = subprocess.run([DPR, "reembed", "--status", "--json"], env=worker_env, capture_output=True,
-                                    text=True, check=False)
-                if st.returncode == 0:
-                    progress.append((time.perf_counter(), json.loads(st.stdout)))
-                    print(f"  {time.perf_counter() - t0:7.0f} s: {progress[-1][1].get('target_points')} / "
-                          f"{progress[-1][1].get('source_points')} passages", flush=True)
+                done = batches_done(collection, url)  # from the broker: opening the store would take turns
+                if done is not None:
+                    progress.append((time.perf_counter(), done))
+                    print(f"  {time.perf_counter() - t0:7.0f} s: {done[0]} / {done[1]} batches", flush=True)
         out, err = reembed.communicate()
         t1 = time.perf_counter()
         if reembed.returncode != 0:
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["before"] = window(records, t_base, t0)
         result["during"] = window(records, t0, t1)
         result["after"] = window(records, t1, t_end)
-        result["progress"] = [(round(at - t0, 1), p.get("target_points")) for at, p in progress]
+        result["progress"] = [(round(at - t0, 1), f"{done}/{sent}") for at, (done, sent) in progress]
         result["generations"] = [(round(at - t0, 1), name) for at, name in generations]
         slow = sorted(records, key=lambda r: r[1] - r[0], reverse=True)[:8]
         result["slowest"] = [(round(s0 - t0, 1), round((e - s0) * 1000), code) for s0, e, code in slow]
@@ -258,6 +258,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def batches_done(collection: Path, broker_url: str) -> tuple[int, int] | None:
+    """The newest generation's re-embed batches done and sent, as the broker counts them."""
+    from services.core.settings import Settings
+    from services.lifecycle import reembed_progress
+
+    names = sorted(p.name for p in (collection / "generations").iterdir() if (p / "spec.json").is_file())
+    if len(names) < 2:
+        return None
+    settings = Settings(data_dir=collection.parent.parent, broker_url=broker_url, collection=collection.name)
+    progress = reembed_progress(settings, names[-1])
+    return progress["batches_done"], progress["batches_sent"]
 
 
 def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
@@ -299,7 +312,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     peaks = r.get("peak_rss_mb") or {}
     lines += ["Peak RSS (process trees): " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()) + ".", ""]
     if r.get("progress"):
-        lines += ["Progress (seconds after the start: passages in the new generation): "
+        lines += ["Progress (seconds after the start: batches done / sent, from the broker): "
                   + ", ".join(f"{at:.0f}: {n}" for at, n in r["progress"]) + ".", ""]
     lines += [f"Generations seen by `/v1/status`: {r.get('generations')}.", ""]
     if r.get("slowest"):

@@ -253,12 +253,15 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
 
     store = open_store(settings)
     try:
-        state = find_state(store, target) if target else current_state(store)
+        # a follower names the target: read that generation alone while it builds (on the embedded engine the
+        # source is `dpr serve`'s, and reading it takes it from the server, which then reloads it)
+        state = state_and_spec(store, target)[0] if target else current_state(store)
         if state is None:
             return {"state": None}
         data: dict[str, Any] = {"state": {**state.to_json(), "target": state.target}}
         data["target_points"] = store.count(generation=state.target)
-        data["source_points"] = store.count(generation=state.source)
+        if target is None or state.status != "building":
+            data["source_points"] = store.count(generation=state.source)
     finally:
         store.close()
     if settings.broker_url:

@@ -126,7 +126,7 @@ def current_state(store: VectorStore) -> ReembedState | None:
 
 def state_and_spec(store: VectorStore, target: str) -> tuple[ReembedState | None, Any]:
     """The record and the spec of generation ``target`` ((None, None) when it is gone)."""
-    for g in store.info().generations:
-        if g.name == target:
-            return ReembedState.from_generation(g), g.spec
-    return None, None
+    spec = store.spec(target)  # that generation alone: the active one stays with whoever serves it
+    if spec is None:
+        return None, None
+    return ReembedState.from_generation(GenerationInfo(name=target, spec=spec, count=0, active=False)), spec

@@ -130,15 +130,24 @@ class Store:
 
     # -- collection and generations -------------------------------------------------------------------------
     def info(self) -> CollectionInfo:
-        with self.engine.session():
-            active = self.engine.read_pointer()
-            names = sorted(self.engine.generations(), key=lambda n: generation_number(self.alias, n) or 0)
-            generations = [
-                GenerationInfo(name=n, spec=self.engine.read_spec(n), count=self.engine.count(n), active=n == active)
-                for n in names
-            ]
+        active = self.engine.read_pointer()
+        names = sorted(self.engine.generations(), key=lambda n: generation_number(self.alias, n) or 0)
+        generations = []
+        for n in names:  # one generation at a time: the embedded engine then never holds two locks for this
+            with self.engine.session(), contextlib.suppress(CollectionNotFound):  # dropped meanwhile: not listed
+                spec, count = self.engine.read_spec(n), self.engine.count(n)
+                generations.append(GenerationInfo(name=n, spec=spec, count=count, active=n == active))
         active_info = next((g for g in generations if g.active), None)
         return CollectionInfo(alias=self.alias, backend=self.backend, active=active_info, generations=generations)
+
+    def spec(self, generation: str) -> CollectionSpec | None:
+        if generation_number(self.alias, generation) is None:
+            return None
+        with self.engine.session():
+            try:
+                return self.engine.read_spec(generation)
+            except CollectionNotFound:
+                return None
 
     def ensure_collection(self, spec: CollectionSpec) -> str:
         validate_spec(spec)

@@ -47,6 +47,12 @@ class VectorStore(Protocol):
         exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``."""
         ...
 
+    def spec(self, generation: str) -> CollectionSpec | None:
+        """``generation``'s spec as stored now (settings and re-embed record included), None when it is gone. No
+        count: on the edge it locks that generation only, not the others (a worker writing a re-embed's target
+        leaves the active generation to ``dpr serve``)."""
+        ...
+
     def active(self) -> ActiveGeneration | None:
         """The active generation's name and spec (None if the collection does not exist yet), cached.
 

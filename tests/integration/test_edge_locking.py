@@ -198,3 +198,69 @@ def test_a_forked_child_can_use_the_store_its_parent_opened(store_dir: str) -> N
     assert os.waitstatus_to_exitcode(status) == 0
     assert parent.count() == 5  # and the parent reopens after its child wrote
     parent.close()
+
+
+def test_each_generation_has_its_own_lock(store_dir: str) -> None:
+    """A re-embed's workers write the next generation while `dpr serve` holds the active one: neither waits for
+    the other (nor reloads its shard after the other's turn); the active generation stays exclusive."""
+    from services.lifecycle.state import state_and_spec
+
+    maker = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=0))
+    active = maker.active()
+    assert active is not None
+    target = maker.create_generation(SPEC)
+    maker.close()
+    ready, stop = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop))  # has the active generation open
+    holder.start()
+    try:
+        assert ready.wait(30), "the holder process never opened the store"
+        writer = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.5, idle_release=0))
+        writer.upsert(_points(1, 0, 3), generation=target)
+        assert writer.count(generation=target) == 3
+        state, spec = state_and_spec(writer, target)  # what a worker reads per batch: the target only
+        assert spec == SPEC and state is None
+        with pytest.raises(StoreUnavailable) as err:
+            writer.count()  # the active generation: still the holder's
+        assert f"{active.name}.lock" in str(err.value) and f"pid {holder.pid}" in str(err.value)
+        writer.close()
+    finally:
+        stop.set()
+        holder.join(30)
+    assert holder.exitcode == 0
+
+
+def _crossing(store_dir: str, target: str, ready: Event, results: mp.Queue) -> None:
+    """Inside one run of calls: the active generation, then (half a second later) ``target``."""
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    try:
+        with lease_for(Path(store_dir) / ALIAS).held(lock_timeout=30, idle_release=3600):
+            store.count()
+            ready.set()
+            time.sleep(0.5)
+            results.put(("ok", store.count(generation=target)))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", repr(e)))
+    time.sleep(2)  # idle, still holding: hands the active generation on because the parent waits for it
+    store.close()
+
+
+def test_two_processes_wanting_each_others_generation_do_not_deadlock(store_dir: str) -> None:
+    """The parent keeps the new generation from its last write (idle) and waits for the active one, which the
+    child holds while it waits for the new one: the parent hands on what its current call does not use."""
+    parent = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=3600))
+    target = parent.create_generation(SPEC)
+    parent.upsert(_points(2, 0, 4), generation=target)
+    ready, results = CTX.Event(), CTX.Queue()
+    child = CTX.Process(target=_crossing, args=(store_dir, target, ready, results))
+    child.start()
+    try:
+        assert ready.wait(30), "the child never opened the store"
+        started = time.monotonic()
+        assert parent.count() == 0  # waits for the child, whose run then waits for the parent's generation
+        assert time.monotonic() - started < 5
+        assert results.get(timeout=30) == ("ok", 4)
+    finally:
+        child.join(30)
+        parent.close()
+    assert child.exitcode == 0

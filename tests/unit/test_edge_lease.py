@@ -50,8 +50,8 @@ def _lock_is_free(lock_file: Path) -> bool:
 
 def test_keeps_the_shard_while_busy_and_releases_when_idle(tmp_path: Path) -> None:
     store = edge_store(tmp_path, lock_timeout=5, idle_release=0.2)
-    store.ensure_collection(SPEC)
-    lock_file = tmp_path / "c" / ".lock"
+    gen = store.ensure_collection(SPEC)
+    lock_file = tmp_path / "c" / "locks" / f"{gen}.lock"  # the generation's lock
     store.upsert(points("d", 6))
     assert not _lock_is_free(lock_file)  # held for idle_release after the last call
     assert f"pid {os.getpid()}" in lock_file.read_text()

@@ -2,14 +2,16 @@
 
 On disk, for collection (alias) ``A`` under ``settings.store_dir``::
 
-    A/.lock                              flock target; holds "pid host since" of the last owner
+    A/.lock                              the directory's lock: making, dropping, restoring generations
     A/CURRENT                            name of the active generation, replaced atomically (the "alias")
+    A/locks/A__g0001.lock                the generation's lock; holds "pid host since" of the last owner
     A/generations/A__g0001/spec.json     CollectionSpec.to_json()
     A/generations/A__g0001/shard/        one EdgeShard (WAL, segments, payload indexes)
 
-Every call runs under the directory's ``ShardLease`` (``services/store/lease.py``: one process at a time, shards
-opened lazily and released when idle). The pointer and the spec files are written atomically, so ``version()``
-and ``read_pointer()`` read them without the lease.
+Every call runs under the directory's ``ShardLease`` (``services/store/lease.py``): each generation a call touches
+is locked for one process at a time, its shard opened lazily and released when idle, so a process reading one
+generation and another writing the next do not take turns. The pointer and the spec files are written
+atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
 
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
 swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many
@@ -144,9 +146,8 @@ class EdgeEngine:
         return self._generations_dir / generation / "spec.json"
 
     def _shard(self, generation: str) -> EdgeShard:
-        if self._lease.opened(generation) is None:
-            edge_index.recover_swap(self._generations_dir / generation)
-        return self._lease.shard(generation, self._generations_dir / generation / edge_index.SHARD)
+        gen_dir = self._generations_dir / generation
+        return self._lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir))
 
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
@@ -158,7 +159,16 @@ class EdgeEngine:
             yield None  # no collection: nothing to lock, and nothing is created by looking
             return
         with self._lease.held(self.lock_timeout, self.idle_release) as lease:
-            yield lease
+            if create:  # may make the first generation and point at it: one process at a time
+                with lease.structure():
+                    yield lease
+            else:
+                yield lease
+
+    @contextlib.contextmanager
+    def _structure(self) -> Iterator[None]:
+        with self._lease.held(self.lock_timeout, self.idle_release) as lease, lease.structure():
+            yield
 
     # -- pointer and generations ---------------------------------------------------------------------------
     def version(self) -> Hashable:
@@ -186,6 +196,8 @@ class EdgeEngine:
         return [e.name for e in self._generations_dir.iterdir() if (e / "spec.json").is_file()]
 
     def read_spec(self, generation: str) -> CollectionSpec:
+        if self._lease.in_use_here() and (self._generations_dir / generation).is_dir():
+            self._lease.claim(generation)  # in a session: read under the generation's lock (read-modify-write)
         try:
             data = json.loads(self._spec_path(generation).read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -193,9 +205,15 @@ class EdgeEngine:
         return CollectionSpec.from_json(data)
 
     def write_spec(self, generation: str, spec: CollectionSpec) -> None:
-        write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
+        with self.session():
+            self._lease.claim(generation)
+            write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
+        with self._structure():
+            return self._create(generation, spec)
+
+    def _create(self, generation: str, spec: CollectionSpec) -> bool:
         self._sweep_half_made(keep=generation)
         try:
             (self._generations_dir / generation).mkdir(parents=True)
@@ -218,8 +236,8 @@ class EdgeEngine:
 
     def _sweep_half_made(self, keep: str) -> None:
         """Remove what a crash left in the generations dir: a generation without ``spec.json`` (killed or SIGBUS
-        mid-creation, never listed or read) and a ``drop``'s trash. Under the lease (creation and drop run whole
-        under it), so no live process is making them. ``keep`` (the name about to be tried) stays: numbers are
+        mid-creation, never listed or read) and a ``drop``'s trash. Under the directory's lock (creation and drop
+        run whole under it), so no live process is making them. ``keep`` (the name about to be tried) stays: numbers are
         never reused; its leftover goes with the next creation."""
         if not self._generations_dir.is_dir():
             return
@@ -231,15 +249,18 @@ class EdgeEngine:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def drop(self, generation: str) -> bool:
-        if not (self._generations_dir / generation).is_dir():
-            return False
-        self._lease.forget(generation)
-        self._quantized.pop(generation, None)
-        # rename first so that a crash mid-delete never leaves a half generation that looks complete
-        trash = self._generations_dir / f".{generation}.dropping.{os.getpid()}"
-        os.replace(self._generations_dir / generation, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        return True
+        with self._structure():  # the directory's lock, then the generation's (nobody has it open)
+            if not (self._generations_dir / generation).is_dir():
+                return False
+            self._lease.claim(generation)
+            self._lease.forget(generation)
+            self._quantized.pop(generation, None)
+            # rename first so that a crash mid-delete never leaves a half generation that looks complete
+            trash = self._generations_dir / f".{generation}.dropping.{os.getpid()}"
+            os.replace(self._generations_dir / generation, trash)
+            self._lease.dropped(generation)
+            shutil.rmtree(trash, ignore_errors=True)
+            return True
 
     def optimize(self, generation: str) -> bool:
         """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
@@ -259,6 +280,7 @@ class EdgeEngine:
                 )
                 swapped = False
                 with self.session():
+                    self._lease.claim(generation)  # no writer between the token check and the swap
                     if changed and self._unchanged_since(generation, token):
                         self._lease.forget(generation)
                         edge_index.swap_in(gen_dir)
@@ -295,6 +317,7 @@ class EdgeEngine:
         return points - edge_index.indexed_points(self._generations_dir / generation) >= self.index_threshold
 
     def index_info(self, generation: str) -> dict[str, Any]:
+        self._lease.claim(generation)
         kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
         return {
             "points": self._shard(generation).info().points_count,
