@@ -6,7 +6,8 @@
 - ``dpr.reembed.finalize(target, gate=None)``: waits (re-scheduling itself) while batches are in flight and
   still moving, then catch-up + gate + verify + swap under the write fence; releases the re-embed lock.
   Waiting ends early when no batch finished for ``visibility_timeout + 60`` s (a lost batch is then encoded
-  by the catch-up itself).
+  by the catch-up itself); a batch that failed for good (a permanent error) counts as finished. A finalize
+  step that cannot load the new towers records a failed outcome (``dpr reembed --wait`` returns).
 - ``dpr.reembed.check()``: the beat's job: if the configured model differs from the collection's fingerprint,
   no re-embed runs, and the gate did not reject that model before, submit one.
 """

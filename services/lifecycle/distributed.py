@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from encoders.registry import ModelNotFound, load_towers, model_for_fingerprint
 from encoders.towers import DualEncoder
-from services.core.errors import ConfigError, TransientError
+from services.core.errors import ConfigError, PermanentError, TransientError
 from services.core.locks import Lease, WriteFence
 from services.core.settings import Settings
 from services.lifecycle.copy import copy_batch, pending_batches, plan
@@ -176,10 +176,14 @@ def copy_sent_batch(
     if state is None or state.status != "building":
         progress.done(batch_id)
         return {"batch": batch_id, "state": "skipped"}
-    n = copy_batch(
-        store, state, [Passage.from_payload(p) for p in passages], encoders.towers_for(state.model),
-        for_spec(spec, encoders.sparse) if spec.sparse else None, settings.encoder.batch_size,
-    )
+    try:
+        n = copy_batch(
+            store, state, [Passage.from_payload(p) for p in passages], encoders.towers_for(state.model),
+            for_spec(spec, encoders.sparse) if spec.sparse else None, settings.encoder.batch_size,
+        )
+    except (PermanentError, ModelNotFound) as e:  # retrying cannot help: let the finalize step stop waiting
+        progress.failed(batch_id, str(e))
+        raise
     progress.done(batch_id, n)
     if state.lock_token:
         reembed_lease(alias, settings.data_dir, settings.broker_url, settings.reembed.lock_ttl,
@@ -204,9 +208,9 @@ def finalize_sent(
     if progress.pending() and progress.idle_seconds() < stall:
         lease.refresh()
         return None
-    towers = encoders.towers_for(state.model)
-    gate_fn = promotion_gate(settings, store, state, towers, gate, encoders.towers_for)
     try:
+        towers = encoders.towers_for(state.model)
+        gate_fn = promotion_gate(settings, store, state, towers, gate, encoders.towers_for)
         result = finalize(
             store, state, towers, for_spec(spec, encoders.sparse) if spec.sparse else None, fence=fence, gate=gate_fn,
             on_activated=lambda s: promote_model(settings, s),
@@ -215,7 +219,7 @@ def finalize_sent(
     except TransientError:
         lease.refresh()
         raise
-    except ReembedError as e:  # the target stays as it is: `dpr reembed` again resumes (or starts over)
+    except (ReembedError, PermanentError, ModelNotFound) as e:  # the target stays: `dpr reembed` again resumes
         out = {"outcome": "failed", "target": target, "error": str(e)}
     progress.set_result(out)
     lease.release()

@@ -65,6 +65,12 @@ class ReembedProgress:
         self.jobs.record_batch(self.job, batch_id, {"passages": passages})
         self.touch()
 
+    def failed(self, batch_id: str, error: str) -> None:
+        """A batch that cannot succeed (a permanent error): no longer pending, so the finalize step stops waiting
+        for it (its catch-up encodes what is missing, or fails naming the same error)."""
+        self.jobs.record_batch(self.job, batch_id, {"passages": 0, "error": error})
+        self.touch()
+
     def touch(self) -> None:
         """Record activity now (what ``idle_seconds`` measures from)."""
         self.jobs.annotate(self.job, {"last_activity": round(time.time(), 3)})

@@ -140,6 +140,9 @@ class Store:
         active_info = next((g for g in generations if g.active), None)
         return CollectionInfo(alias=self.alias, backend=self.backend, active=active_info, generations=generations)
 
+    def session(self) -> contextlib.AbstractContextManager[object]:
+        return self.engine.session()
+
     def spec(self, generation: str) -> CollectionSpec | None:
         if generation_number(self.alias, generation) is None:
             return None

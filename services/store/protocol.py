@@ -47,6 +47,11 @@ class VectorStore(Protocol):
         exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``."""
         ...
 
+    def session(self) -> AbstractContextManager[object]:
+        """Hold the engine for a run of calls: on the edge every generation a call inside touches stays locked by
+        this process until the run ends (a scan that must not hand its generation over between pages)."""
+        ...
+
     def spec(self, generation: str) -> CollectionSpec | None:
         """``generation``'s spec as stored now (settings and re-embed record included), None when it is gone. No
         count: on the edge it locks that generation only, not the others (a worker writing a re-embed's target

@@ -1,0 +1,112 @@
+"""A re-embed over workers whose steps cannot succeed ends, failed and named, instead of waiting: a batch that fails
+for good stops being pending, and a finalize step that cannot load the new towers records the failure (so
+`dpr reembed --wait` returns and the re-embed lock is released)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kit.fake_redis import FakeRedis
+from kit.fakes import FakeRuntime, HashTowers
+
+from encoders.registry import ModelNotFound
+from services.core.locks import NoFence
+from services.core.settings import ChunkSettings, Settings
+from services.ingest import ingest_batch
+from services.jobs import JobStore, RedisHashes
+from services.lifecycle import distributed, plan
+from services.lifecycle import locks as lifecycle_locks
+from services.lifecycle.locks import lease_for
+from services.lifecycle.progress import ReembedProgress
+from services.readers import Document
+
+pytestmark = pytest.mark.unit
+
+V1, V2 = HashTowers(dim=16, name="fake-v1"), HashTowers(dim=16, name="fake-v2")
+
+
+class NoTowers:
+    """A worker that cannot find the new model (say, it is not under its DATA_DIR/models)."""
+
+    sparse = None
+
+    def towers_for(self, fingerprint: str) -> HashTowers:
+        raise ModelNotFound(f"no model with fingerprint {fingerprint} under models/: copy it there")
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRedis]:
+    fake = FakeRedis()
+    monkeypatch.setattr(lifecycle_locks, "redis_client", lambda url: fake)
+    jobs = JobStore(RedisHashes(fake, url="redis://127.0.0.1:6399/0"))
+    def progress_for(settings: Settings, target: str, alias: str | None = None) -> ReembedProgress:
+        return ReembedProgress(jobs, alias or settings.collection, target)
+
+    monkeypatch.setattr(distributed, "progress_for", progress_for)
+    yield fake
+
+
+def test_a_batch_that_fails_for_good_does_not_keep_the_finalize_step_waiting(broker: FakeRedis) -> None:
+    rt = FakeRuntime(towers=V1)
+    try:
+        docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(4)]
+        assert not ingest_batch(docs, store=rt.store, towers=V1,  # type: ignore[arg-type]
+                                chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+        settings = rt.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
+        lease = lease_for(settings)
+        assert lease.acquire()
+        state = plan(rt.store, V2, model_name="v2", lock_token=lease.token)  # type: ignore[attr-defined]
+        assert state is not None
+        progress = distributed.progress_for(settings, state.target, "passages")
+        progress.reset()
+        progress.sent(["b0"])
+        passages = [p.to_payload() for page in rt.store.scroll() for p in page]
+
+        with pytest.raises(ModelNotFound):
+            distributed.copy_sent_batch(settings, NoTowers(), rt.store, "passages", state.target, "b0", passages)
+        assert progress.pending() == 0  # recorded as failed, not left in flight
+
+        out = distributed.finalize_sent(settings, NoTowers(), rt.store, NoFence(), "passages", state.target,
+                                        gate=None, stall=3600)  # stall: what waiting for a lost batch would cost
+        assert out is not None and out["outcome"] == "failed" and state.model in out["error"]
+        assert progress.result() == out  # what `dpr reembed --wait` follows
+        assert lifecycle_locks.reembed_lock_key("passages") not in broker.strings  # the lock is released
+        assert rt.store.active().name == state.source  # type: ignore[union-attr]  # nothing swapped
+    finally:
+        rt.close()
+
+
+def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr serve` answers from the source while a re-embed reads it: the reader takes it once per slice of
+    pages, not once per page, and lets go of it while the caller sends or encodes a batch."""
+    from services.lifecycle.copy import pending_batches
+    from services.store import Store
+    from services.store.engines.edge import EdgeEngine
+    from services.store.lease import ShardLease, lease_for
+
+    store = Store(EdgeEngine(tmp_path, "c", idle_release=0))  # every run of calls ends by unlocking
+    docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
+    assert not ingest_batch(docs, store=store, towers=V1,  # type: ignore[arg-type]
+                            chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+    state = plan(store, V2, model_name="v2")
+    assert state is not None
+    taken: list[str] = []
+    acquire = ShardLease._acquire
+
+    def counting(self: ShardLease, lock_path: Path, generation: str) -> int:
+        taken.append(generation)
+        return acquire(self, lock_path, generation)
+
+    monkeypatch.setattr(ShardLease, "_acquire", counting)
+    lease = lease_for(tmp_path / "c")
+    seen = 0
+    for batch in pending_batches(store, state, batch_size=4):
+        assert state.source not in lease._held  # noqa: SLF001 - the caller's work runs without the source
+        seen += len(batch)
+    assert taken.count(state.source) == 1  # one slice: 10 pages read under one hold
+    assert seen == store.count() == 40
+    store.close()
