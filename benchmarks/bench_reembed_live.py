@@ -305,7 +305,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     lines.append("")
     if "swap" in r:
         s = r["swap"]
-        lines += [f"The swap: `/v1/status` named the new generation {r['swap_at_s']:.0f} s after the start "
+        lines += [f"The swap: the alias file named the new generation {r['swap_at_s']:.0f} s after the start "
                   f"(polled every {args.poll:g} s). Around it the longest gap between two answers was "
                   f"{s['longest_gap_ms']:.0f} ms and the longest question in flight took "
                   f"{s['longest_in_flight_ms']:.0f} ms.", ""]
@@ -314,7 +314,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     if r.get("progress"):
         lines += ["Progress (seconds after the start: batches done / sent, from the broker): "
                   + ", ".join(f"{at:.0f}: {n}" for at, n in r["progress"]) + ".", ""]
-    lines += [f"Generations seen by `/v1/status`: {r.get('generations')}.", ""]
+    lines += [f"Generations in the alias file: {r.get('generations')}.", ""]
     if r.get("slowest"):
         lines += ["Slowest questions (started at s after the start, ms, HTTP status): "
                   + ", ".join(f"{at:.0f} s {ms:,} ms {code}" for at, ms, code in r["slowest"]) + ".", ""]
