@@ -40,13 +40,15 @@ def adapt(
     max_steps_per_epoch: Annotated[int, typer.Option(
         help="At most this many steps per epoch (-1: all; quick runs).")] = -1,
     activate_model: Annotated[bool, typer.Option(
-        "--activate/--no-activate", help="Activate the adapted model when dev shows a gain.")] = True,
+        "--activate/--no-activate", help="Activate the adapted model when its own dev shows a gain. Off by default: "
+        "measured so far, gains on pseudo-questions have not carried to real questions (docs/adapt.md).")] = False,
     seed: Annotated[int, typer.Option()] = 42,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
     search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions. The
-    adapted model is activated only if it beats the current one there. Never reads queries or qrels."""
+    adapted model is saved; with --activate it is activated if it beats the current one there. Never reads
+    queries or qrels."""
     from encoders.learn.adapt import TeacherConfig
     from services.learn.adaptation import AdaptConfig
     from services.learn.adaptation import adapt as run_adapt
@@ -92,4 +94,5 @@ def _print_result(result: AdaptResult, as_json: bool) -> None:
         console.print(f"no gain on the held-out pseudo-questions ({result.gain:+.4f}): the active model is left "
                       f"as it is; dpr models activate {result.model} to use it anyway")
     else:
-        console.print(f"not activated (--no-activate); dpr models activate {result.model}")
+        console.print(f"dev gain {result.gain:+.4f} on held-out pseudo-questions; not activated (that needs "
+                      f"--activate): compare on real questions (dpr eval), then dpr models activate {result.model}")

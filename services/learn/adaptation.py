@@ -97,8 +97,8 @@ class AdaptResult:
 
 
 def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: AdaptProgress | None = None,
-          activate: bool = True) -> AdaptResult:
-    """Run (or resume) the stages; save the chosen model; activate it on a dev gain (and ``activate``)."""
+          activate: bool = False) -> AdaptResult:
+    """Run (or resume) the stages; save the chosen model; with ``activate``, activate it on a dev gain."""
     from encoders.learn.training_run import configure_device
     from encoders.towers import resolve_model_path
 
@@ -135,6 +135,12 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     if result is None:
         result = _save_choice(settings, run_dir, pseudo, mining, training, dev, base_path, base_name, config,
                               timings, source, activate)
+    elif activate and dev["choice"] and not result["activated"]:  # a finished run, asked again with --activate
+        from encoders.registry import activate as activate_model
+
+        activate_model(settings.models_dir, result["model"])
+        result = {**result, "activated": True}
+        _write_json(run_dir / "result.json", result)
     log.info("adapt finished", extra={"seconds": round(time.perf_counter() - t0, 1), "stages": stages})
     from encoders.towers import read_model_card
 

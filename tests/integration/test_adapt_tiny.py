@@ -104,7 +104,7 @@ def test_adapt_cli_runs_every_stage_and_never_opens_queries_or_qrels(world: dict
     try:
         result = CliRunner().invoke(app, ["--data-dir", str(world["data_dir"]), "adapt", str(corpus), "--name", "cli",
                                           "--pseudo-queries", "40", "--epochs", "1", "--max-steps-per-epoch", "2",
-                                          "--min-gain", "-1", "--json"])
+                                          "--min-gain", "-1", "--json"])  # no --activate: saved, not activated
     finally:
         RECORDING["on"] = False
     assert result.exit_code == 0, result.output
@@ -114,7 +114,14 @@ def test_adapt_cli_runs_every_stage_and_never_opens_queries_or_qrels(world: dict
     assert (corpus / "corpus.jsonl").resolve() in opened  # the hook sees the reads (this test can fail)
     read_from_folder = {p for p in opened if corpus.resolve() in p.parents}
     assert read_from_folder == {(corpus / "corpus.jsonl").resolve()}, read_from_folder
-    assert out["activated"] and _active(world["models"]) == out["model"]  # min gain -1: any candidate wins
+    assert out["gain_on_dev"] and not out["activated"] and _active(world["models"]) == "tinybase"
+    again = CliRunner().invoke(app, ["--data-dir", str(world["data_dir"]), "adapt", str(corpus), "--name", "cli",
+                                     "--pseudo-queries", "40", "--epochs", "1", "--max-steps-per-epoch", "2",
+                                     "--min-gain", "-1", "--activate", "--json"])
+    assert again.exit_code == 0, again.output
+    activated = json.loads(again.stdout)
+    assert set(activated["stages"].values()) == {"skipped"}  # the same run, resumed
+    assert activated["activated"] and _active(world["models"]) == activated["model"]  # min gain -1: any wins
     run_dir = Path(out["run_dir"])
     for name in ("pseudo.json", "mining.json", "training.json", "dev.json", "result.json"):
         assert (run_dir / name).is_file(), name
