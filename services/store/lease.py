@@ -78,7 +78,7 @@ class ShardLease:
         self._shards: dict[str, EdgeShard] = {}
         self._dirty: set[str] = set()
         self._depth = 0
-        self._lock_timeout = 0.0
+        self._lock_timeout = 120.0  # the current run's (``held`` sets it); the settings' default until then
         self._structure_fd: int | None = None
         self._structure_depth = 0
         self._timer: threading.Timer | None = None  # one idle timer at a time, re-armed lazily
