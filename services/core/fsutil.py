@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,11 @@ def copy_file_sparse(src: Path, dst: Path) -> None:
 
 def copy_tree_sparse(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=lambda s, d: copy_file_sparse(Path(s), Path(d)))
+
+
+def holder_tag() -> str:
+    """Who holds a lock, as lock files and lock keys record it: ``pid P host H since T``."""
+    return f"pid {os.getpid()} host {socket.gethostname()} since {time.time():.0f}"
 
 
 def flock_until(

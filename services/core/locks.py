@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.core.errors import StoreUnavailable, TransientError
-from services.core.fsutil import flock_until
+from services.core.fsutil import flock_until, holder_tag
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +36,6 @@ FENCE_HEARTBEAT_TTL = 20.0
 
 class LockBusy(TransientError):
     """Someone else holds the lock; the message names the holder."""
-
-
-def holder_tag() -> str:
-    return f"pid {os.getpid()} host {socket.gethostname()} since {time.time():.0f}"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ one (a re-embed) never wait for each other, and neither reloads its shard becaus
 A process that keeps a generation busy for longer than its fair share yields it at the end of the current call
 when another process is waiting (waiters touch ``G.lock.wait``). Making, dropping and restoring generations
 (and choosing the first one) hold the directory's lock ``A/.lock`` for their block (``structure``), then each
-generation they touch. Locks are taken in the order calls touch generations; two processes crossing orders
-(each inside one session) are settled by ``lock_timeout`` (a ``StoreUnavailable``, which callers retry).
+generation they touch. Locks are taken in the order calls touch generations. A process waiting for one hands on
+the generations it only keeps idle from an earlier run of calls when another process wants them, so two
+processes wanting each other's generation do not deadlock; two runs of calls each using one and waiting for the
+other are settled by ``lock_timeout`` (a ``StoreUnavailable``, which callers retry). The lock files themselves:
+``services/store/generation_lock.py``.
 
 In one process every engine of a directory shares one lease (``lease_for``), and a re-entrant mutex serialises
 threads. Around ``os.fork()`` the parent hands everything back and the child drops what it inherited; at exit
@@ -24,24 +27,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qdrant_edge import EdgeShard
 
 from services.core.errors import StoreUnavailable
-from services.core.fsutil import flock_until
+from services.store.generation_lock import GenerationLock, busy, lock_file
+
+if TYPE_CHECKING:
+    from services.core.locks import FileLease
 
 log = logging.getLogger(__name__)
 
-_POLL_MIN, _POLL_MAX = 0.005, 0.02  # seconds between flock attempts while waiting
 _MIN_FAIR_SHARE = 0.25  # seconds a busy holder keeps the lease before yielding to a waiter
 _HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to take the lock
 # An idle holder hands the lease to a waiting process after this many seconds without a call, instead of the
@@ -53,18 +57,6 @@ _WAITER_GRACE = 0.01
 _WAITER_POLL = 0.02  # seconds between an idle holder's later looks for a waiter
 
 
-class _Held:
-    """One generation's lock as this process holds it."""
-
-    __slots__ = ("acquired_at", "acquired_wall", "fd", "touched")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.touched = True  # used by the current run of calls (False: kept from an earlier one, idle)
-        self.acquired_at = time.monotonic()
-        self.acquired_wall = time.time()  # comparable with the wait file's mtime
-
-
 class ShardLease:
     """This process's exclusive ownership of the generations of one collection directory it touches.
     Thread-safe; one per directory."""
@@ -74,12 +66,12 @@ class ShardLease:
         self.lock_path = root / ".lock"  # the directory's: making, dropping and restoring generations
         self._mutex = threading.RLock()
         self._owner: int | None = None  # the thread inside ``held``
-        self._held: dict[str, _Held] = {}  # generation -> its lock, taken by ``claim``
+        self._held: dict[str, GenerationLock] = {}  # taken by ``claim``
         self._shards: dict[str, EdgeShard] = {}
         self._dirty: set[str] = set()
         self._depth = 0
         self._lock_timeout = 120.0  # the current run's (``held`` sets it); the settings' default until then
-        self._structure_fd: int | None = None
+        self._structure: FileLease | None = None  # made on first use: a query never needs it
         self._structure_depth = 0
         self._timer: threading.Timer | None = None  # one idle timer at a time, re-armed lazily
         self._last_used = 0.0
@@ -116,16 +108,19 @@ class ShardLease:
     def structure(self) -> Iterator[None]:
         """The directory's lock for the block (making, dropping or restoring generations); only inside ``held``."""
         with self._mutex:
-            if self._structure_fd is None:
-                self._structure_fd = self._acquire(self.lock_path, "")
+            if self._structure is None:
+                from services.core.locks import FileLease  # writers only: `dpr query` never loads the locks
+
+                self._structure = FileLease(self.lock_path, "edge-structure")
+            if self._structure_depth == 0 and not self._structure.acquire(wait=self._lock_timeout):
+                raise busy(self.root, self.lock_path, self._lock_timeout)
             self._structure_depth += 1
             try:
                 yield
             finally:
                 self._structure_depth -= 1
                 if self._structure_depth == 0:
-                    fd, self._structure_fd = self._structure_fd, None
-                    _unlock(fd)
+                    self._structure.release()
 
     def claim(self, generation: str) -> None:
         """Lock ``generation`` for this process if it has not yet (no shard is loaded). Only inside ``held``."""
@@ -133,8 +128,11 @@ class ShardLease:
         if held is not None:
             held.touched = True
         else:
-            self._held[generation] = _Held(self._acquire(self._lock_file(generation), generation))
-            log.debug("edge lock acquired", extra={"lock": str(self._lock_file(generation))})
+            self._held[generation] = GenerationLock.take(
+                self.root, generation, self._lock_timeout, self._yield_until.get(generation, 0.0),
+                on_wait=self._hand_on_carried,
+            )
+            log.debug("edge lock acquired", extra={"generation": generation})
 
     def shard(self, generation: str, path: Path, prepare: Callable[[], None] | None = None) -> EdgeShard:
         """The open shard of ``generation`` (claiming it and loading it if needed; ``prepare`` runs first, under
@@ -152,7 +150,7 @@ class ShardLease:
             except Exception as e:  # the engine raises plain Exception
                 raise StoreUnavailable(
                     f"cannot open the embedded shard {path}: {e}; another program may hold it outside the "
-                    f"{self._lock_file(generation)} lock"
+                    f"{lock_file(self.root, generation)} lock"
                 ) from e
             log.debug("loaded shard", extra={"generation": generation, "ms": (time.monotonic() - started) * 1e3})
             self._shards[generation] = shard
@@ -178,9 +176,9 @@ class ShardLease:
     def dropped(self, generation: str) -> None:
         """``generation``'s directory is gone: close its shard, unlock and remove its lock files."""
         self.forget(generation)
-        for path in (self._lock_file(generation), self._wait_file(generation)):
-            with contextlib.suppress(OSError):
-                path.unlink()
+        held = self._held.get(generation)
+        if held is not None:
+            held.remove_files()
         self._unclaim(generation)
 
     def release(self) -> None:
@@ -212,61 +210,23 @@ class ShardLease:
         self._mutex = threading.RLock()
         _ORPHANED.extend(self._shards.values())
         self._held, self._shards, self._dirty, self._depth, self._timer = {}, {}, set(), 0, None
-        self._owner, self._structure_fd, self._structure_depth = None, None, 0
+        self._owner, self._structure, self._structure_depth = None, None, 0
         _close_inherited_descriptors(self.root)
 
     # -- internals ----------------------------------------------------------------------------------------
-    def _lock_file(self, generation: str) -> Path:
-        return self.root / "locks" / f"{generation}.lock"
+    def _hand_on_carried(self) -> None:
+        """While this process waits for a generation: hand on what this run of calls has not used but an earlier
+        one kept (idle) and another process wants; that process may be the one we wait for (it holds ours, wants
+        theirs)."""
+        self._hand_on([g for g, h in self._held.items() if not h.touched and h.wanted()], window=0.0)
 
-    def _wait_file(self, generation: str) -> Path:
-        return self.root / "locks" / f"{generation}.lock.wait"
-
-    def _acquire(self, lock_path: Path, generation: str) -> int:
-        """Take ``lock_path`` (a generation's lock, or the directory's when ``generation`` is empty)."""
-        # We just yielded this generation to a waiter: let it take its turn first. It records its pid in the lock
-        # file when it gets the lock; until then (or until the hand-off window closes, if it gave up) we stay out
-        # of its way. A fixed pause was not enough on a loaded machine: the waiter was not scheduled in time and
-        # the busy holder took the lock straight back, again and again.
-        mine = f"pid {os.getpid()} "
-        while time.monotonic() < self._yield_until.get(generation, 0.0) and _holder(lock_path).startswith(mine):
-            time.sleep(_POLL_MIN)
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self._lock_timeout
-        wait_file = self._wait_file(generation) if generation else None
-
-        def signal_waiting() -> None:
-            if wait_file is not None:
-                with contextlib.suppress(OSError):
-                    wait_file.touch()
-            # While we wait, hand on what this run of calls has not used but an earlier one kept (idle) and
-            # another process wants: that process may be the one we wait for (it holds ours, wants theirs).
-            carried = [g for g, h in self._held.items() if not h.touched and self._someone_waiting(g)]
-            if carried:
-                self._release_locked(carried)
-
-        try:
-            if not flock_until(fd, fcntl.LOCK_EX, deadline, on_wait=signal_waiting, poll=_POLL_MIN,
-                               max_poll=_POLL_MAX):
-                raise StoreUnavailable(
-                    f"the embedded store {self.root} is busy: another process ({_holder(lock_path)}) has held "
-                    f"{lock_path} for more than {self._lock_timeout:g} s; retry later, raise "
-                    "DPR_EDGE__LOCK_TIMEOUT, or run a Qdrant server (DPR_QDRANT_URL) for concurrent access"
-                )
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()} since {time.time():.3f}\n".encode(), 0)
-        return fd
-
-    def _someone_waiting(self, generation: str) -> bool:
-        held = self._held.get(generation)
-        try:
-            return held is not None and self._wait_file(generation).stat().st_mtime >= held.acquired_wall
-        except OSError:
-            return False
+    def _hand_on(self, generations: list[str], window: float = _HANDOFF_WINDOW) -> None:
+        """Release ``generations`` to the processes waiting for them, and stay out of their way for ``window``."""
+        if generations:
+            log.debug("handing edge locks to a waiting process", extra={"generations": generations})
+            self._release_locked(generations)
+            for g in generations:
+                self._yield_until[g] = time.monotonic() + window
 
     def _after_use(self, idle_release: float) -> None:
         self._last_used = time.monotonic()
@@ -274,15 +234,8 @@ class ShardLease:
         if idle_release <= 0:
             self._release_locked(list(self._held))
             return
-        busy_too_long = [
-            g for g, h in self._held.items()
-            if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and self._someone_waiting(g)
-        ]
-        if busy_too_long:
-            log.debug("yielding edge locks to a waiting process", extra={"generations": busy_too_long})
-            self._release_locked(busy_too_long)
-            for g in busy_too_long:
-                self._yield_until[g] = time.monotonic() + _HANDOFF_WINDOW
+        self._hand_on([g for g, h in self._held.items()
+                       if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
         if self._held and self._timer is None:
             self._start_timer(min(idle_release, _WAITER_GRACE))
 
@@ -308,12 +261,7 @@ class ShardLease:
                 self._release_locked(list(self._held))
                 return
             if now >= waiter_at:
-                wanted = [g for g in self._held if self._someone_waiting(g)]
-                if wanted:
-                    log.debug("handing idle edge locks to a waiting process", extra={"generations": wanted})
-                    self._release_locked(wanted)
-                    for g in wanted:
-                        self._yield_until[g] = now + _HANDOFF_WINDOW
+                self._hand_on([g for g, h in self._held.items() if h.wanted()])
             if self._held:
                 self._start_timer(min(release_at, max(waiter_at, now + _WAITER_POLL)) - now)
 
@@ -345,22 +293,8 @@ class ShardLease:
     def _unclaim(self, generation: str) -> None:
         held = self._held.pop(generation, None)
         if held is not None:
-            _unlock(held.fd)
-            log.debug("edge lock released", extra={"lock": str(self._lock_file(generation))})
-
-
-def _unlock(fd: int | None) -> None:
-    if fd is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def _holder(lock_path: Path) -> str:
-    try:
-        text = lock_path.read_text().strip()
-    except OSError:
-        text = ""
-    return text or "holder unknown"
+            held.release()
+            log.debug("edge lock released", extra={"generation": generation})
 
 
 _LEASES: dict[Path, ShardLease] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kit.fake_redis import FakeRedis
@@ -86,7 +87,8 @@ def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
     from services.lifecycle.copy import pending_batches
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
-    from services.store.lease import ShardLease, lease_for
+    from services.store.generation_lock import GenerationLock
+    from services.store.lease import lease_for
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))  # every run of calls ends by unlocking
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
@@ -95,13 +97,13 @@ def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
     state = plan(store, V2, model_name="v2")
     assert state is not None
     taken: list[str] = []
-    acquire = ShardLease._acquire
+    take = GenerationLock.take.__func__  # type: ignore[attr-defined]
 
-    def counting(self: ShardLease, lock_path: Path, generation: str) -> int:
+    def counting(cls: type[GenerationLock], root: Path, generation: str, *args: Any, **kw: Any) -> GenerationLock:
         taken.append(generation)
-        return acquire(self, lock_path, generation)
+        return take(cls, root, generation, *args, **kw)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(ShardLease, "_acquire", counting)
+    monkeypatch.setattr(GenerationLock, "take", classmethod(counting))
     lease = lease_for(tmp_path / "c")
     seen = 0
     for batch in pending_batches(store, state, batch_size=4):
