@@ -158,17 +158,10 @@ class EdgeEngine:
         elif not self.root.is_dir():
             yield None  # no collection: nothing to lock, and nothing is created by looking
             return
-        with self._lease.held(self.lock_timeout, self.idle_release) as lease:
-            if create:  # may make the first generation and point at it: one process at a time
-                with lease.structure():
-                    yield lease
-            else:
-                yield lease
-
-    @contextlib.contextmanager
-    def _structure(self) -> Iterator[None]:
-        with self._lease.held(self.lock_timeout, self.idle_release) as lease, lease.structure():
-            yield
+        # creating may make the first generation and point at it: one process at a time (the directory's lock)
+        with (self._lease.held(self.lock_timeout, self.idle_release) as lease,
+              lease.structure() if create else contextlib.nullcontext()):
+            yield lease
 
     # -- pointer and generations ---------------------------------------------------------------------------
     def version(self) -> Hashable:
@@ -210,29 +203,26 @@ class EdgeEngine:
             write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
-        with self._structure():
-            return self._create(generation, spec)
-
-    def _create(self, generation: str, spec: CollectionSpec) -> bool:
-        self._sweep_half_made(keep=generation)
-        try:
-            (self._generations_dir / generation).mkdir(parents=True)
-        except FileExistsError:
-            return False  # a generation, or a half-made one a crash left behind
-        with self._writing("creating a generation"):
-            shard = EdgeShard.create(
-                str(self._generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
-            )
-        self._lease.adopt(generation, shard)
-        self._quantized.pop(generation, None)
-        for key in INDEXED_KEYWORDS:
-            shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
-        for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
-            shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
-        shard.flush()
-        write_atomic(self._generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
-        self.write_spec(generation, spec)  # last: a generation without its spec is not complete
-        return True
+        with self.session(create=True):  # the directory's lock: one process makes generations at a time
+            self._sweep_half_made(keep=generation)
+            try:
+                (self._generations_dir / generation).mkdir(parents=True)
+            except FileExistsError:
+                return False  # a generation, or a half-made one a crash left behind
+            with self._writing("creating a generation"):
+                shard = EdgeShard.create(
+                    str(self._generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
+                )
+            self._lease.adopt(generation, shard)
+            self._quantized.pop(generation, None)
+            for key in INDEXED_KEYWORDS:
+                shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
+            for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
+                shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
+            shard.flush()
+            write_atomic(self._generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
+            self.write_spec(generation, spec)  # last: a generation without its spec is not complete
+            return True
 
     def _sweep_half_made(self, keep: str) -> None:
         """Remove what a crash left in the generations dir: a generation without ``spec.json`` (killed or SIGBUS
@@ -249,7 +239,7 @@ class EdgeEngine:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def drop(self, generation: str) -> bool:
-        with self._structure():  # the directory's lock, then the generation's (nobody has it open)
+        with self.session(create=True):  # the directory's lock, then the generation's (nobody has it open)
             if not (self._generations_dir / generation).is_dir():
                 return False
             self._lease.claim(generation)
@@ -273,7 +263,8 @@ class EdgeEngine:
                 return False
             try:
                 with self.session():
-                    token, points, spec = self._copy_for_build(generation)
+                    token, points = edge_index.copy_for_build(self._shard(generation), gen_dir)
+                    spec = self.read_spec(generation)
                 kb = edge_index.threshold_kb(self.index_threshold, spec.dim)
                 changed = edge_index.build(
                     gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir))
@@ -281,7 +272,7 @@ class EdgeEngine:
                 swapped = False
                 with self.session():
                     self._lease.claim(generation)  # no writer between the token check and the swap
-                    if changed and self._unchanged_since(generation, token):
+                    if changed and edge_index.unchanged_since(self._lease.opened(generation), gen_dir, token):
                         self._lease.forget(generation)
                         edge_index.swap_in(gen_dir)
                         swapped = True
@@ -293,34 +284,16 @@ class EdgeEngine:
         log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped})
         return swapped
 
-    def _copy_for_build(self, generation: str) -> tuple[object, int, CollectionSpec]:
-        gen_dir = self._generations_dir / generation
-        shard = self._shard(generation)
-        shard.flush()
-        edge_index.clear_leftovers(gen_dir)
-        token = edge_index.write_token(gen_dir / edge_index.SHARD)
-        shutil.copytree(gen_dir / edge_index.SHARD, gen_dir / edge_index.BUILD)
-        return token, shard.info().points_count, self.read_spec(generation)
-
-    def _unchanged_since(self, generation: str, token: object) -> bool:
-        shard = self._lease.opened(generation)
-        if shard is not None:
-            shard.flush()
-        if edge_index.write_token(self._generations_dir / generation / edge_index.SHARD) == token:
-            return True
-        log.info("a write arrived during the index build; keeping the shard as it is", extra={"generation": generation})
-        return False
-
     def needs_index(self, generation: str) -> bool:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
         points = self._shard(generation).info().points_count
         return points - edge_index.indexed_points(self._generations_dir / generation) >= self.index_threshold
 
     def index_info(self, generation: str) -> dict[str, Any]:
-        self._lease.claim(generation)
+        points = self._shard(generation).info().points_count  # first: the segments are read under its lock
         kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
         return {
-            "points": self._shard(generation).info().points_count,
+            "points": points,
             "segments": len(kinds),
             "hnsw_segments": kinds.count("hnsw"),
             "index_threshold": self.index_threshold,

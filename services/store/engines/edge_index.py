@@ -113,6 +113,28 @@ def recover_swap(generation_dir: Path) -> None:
         log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
+def copy_for_build(shard: Any, generation_dir: Path) -> tuple[Hashable, int]:
+    """Step 1, under the lease: flush ``shard`` (the generation's, open), clear an interrupted build's leftovers,
+    note the write token and copy the shard to ``BUILD``. Returns the token and the points copied."""
+    shard.flush()
+    clear_leftovers(generation_dir)
+    token = write_token(generation_dir / SHARD)
+    shutil.copytree(generation_dir / SHARD, generation_dir / BUILD)
+    return token, shard.info().points_count
+
+
+def unchanged_since(shard: Any | None, generation_dir: Path, token: Hashable) -> bool:
+    """Step 3, under the lease: nobody wrote the generation since ``token`` (``shard``: this process's open one,
+    flushed first, or None)."""
+    if shard is not None:
+        shard.flush()
+    if write_token(generation_dir / SHARD) == token:
+        return True
+    log.info("a write arrived during the index build; keeping the shard as it is",
+             extra={"generation": generation_dir.name})
+    return False
+
+
 def build(shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str = "{}") -> bool:
     """Run ``optimize()`` on ``shard_copy`` in a child process (no model, no lease); True if it changed anything.
     ``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement)."""
