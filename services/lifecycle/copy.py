@@ -143,12 +143,10 @@ def pending_batches(
         ready: list[list[Passage]] = []
         with store.session():
             started = time.monotonic()
-            while time.monotonic() - started < hold:
+            while not finished and (not ready or time.monotonic() - started < hold):  # a page per slice at least
                 page = next(pages, None)
-                if page is None:
-                    finished = True
-                    break
-                for p in page:
+                finished = page is None
+                for p in page or ():
                     if not is_done(target, state.model, p):
                         batch.append(p)
                         if len(batch) >= batch_size:

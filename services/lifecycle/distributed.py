@@ -26,7 +26,7 @@ from services.lifecycle.gate import promotion_gate
 from services.lifecycle.locks import lease_for, reembed_lease
 from services.lifecycle.models import check_needed, promote_model
 from services.lifecycle.progress import progress_for
-from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, current_state, find_state, state_and_spec
+from services.lifecycle.state import ReembedBusy, ReembedState, current_state, find_state, state_and_spec
 from services.lifecycle.swap import finalize
 from services.store.points import Passage
 from services.store.protocol import VectorStore
@@ -219,7 +219,7 @@ def finalize_sent(
     except TransientError:
         lease.refresh()
         raise
-    except (ReembedError, PermanentError, ModelNotFound) as e:  # the target stays: `dpr reembed` again resumes
+    except (PermanentError, ModelNotFound) as e:  # a ReembedError too; the target stays: `dpr reembed` resumes it
         out = {"outcome": "failed", "target": target, "error": str(e)}
     progress.set_result(out)
     lease.release()

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from services.core.errors import DprError, PermanentError
-from services.store.points import GenerationInfo
+from services.store.points import CollectionSpec, GenerationInfo
 from services.store.protocol import VectorStore
 
 STATE_KEY = "reembed"  # the re-embed record inside a target generation's spec settings
@@ -60,13 +60,18 @@ class ReembedState:
 
     @classmethod
     def from_generation(cls, g: GenerationInfo) -> ReembedState | None:
-        data = g.spec.settings.get(STATE_KEY)
+        return cls.from_spec(g.name, g.spec)
+
+    @classmethod
+    def from_spec(cls, name: str, spec: CollectionSpec) -> ReembedState | None:
+        """The re-embed record kept in generation ``name``'s spec (None: it has none)."""
+        data = spec.settings.get(STATE_KEY)
         if not isinstance(data, dict):
             return None
         return cls(
             source=str(data.get("source", "")),
-            target=g.name,
-            model=str(data.get("model", g.spec.model)),
+            target=name,
+            model=str(data.get("model", spec.model)),
             model_name=str(data.get("model_name", "")),
             started=str(data.get("started", "")),
             status=data.get("status", "building"),
@@ -129,4 +134,4 @@ def state_and_spec(store: VectorStore, target: str) -> tuple[ReembedState | None
     spec = store.spec(target)  # that generation alone: the active one stays with whoever serves it
     if spec is None:
         return None, None
-    return ReembedState.from_generation(GenerationInfo(name=target, spec=spec, count=0, active=False)), spec
+    return ReembedState.from_spec(target, spec), spec
