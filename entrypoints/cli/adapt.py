@@ -28,6 +28,9 @@ def adapt(
     question_only: Annotated[bool, typer.Option(
         "--question-only", help="Train the question tower only: the passage tower stays the active model's, so "
         "the adapted model serves the stored vectors with no re-embed.")] = False,
+    feedback: Annotated[bool, typer.Option(
+        "--feedback", help="Also learn from the judgements stored with the collection (DPR_COLLECTION; `dpr feedback "
+        "list`): a held-out share of the judged questions chooses the model, the rest train it.")] = False,
     base: Annotated[str, typer.Option(help="Towers to adapt (and to beat on dev): active, base, or a model name."
                                       )] = "active",
     pseudo_queries: Annotated[int, typer.Option(
@@ -46,9 +49,9 @@ def adapt(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
-    search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions. The
-    adapted model is saved; with --activate it is activated if it beats the current one there. Never reads
-    queries or qrels."""
+    search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions (with
+    --feedback: on held-out judged questions). The adapted model is saved; with --activate it is activated if it
+    beats the current one there. Never reads queries or qrels."""
     from encoders.learn.adapt import TeacherConfig
     from services.learn.adaptation import AdaptConfig
     from services.learn.adaptation import adapt as run_adapt
@@ -58,7 +61,8 @@ def adapt(
         grid = tuple(float(e) for e in epochs.split(",") if e.strip())
     except ValueError:
         fail(f"--epochs {epochs!r} must be numbers separated by commas, e.g. 1,2", code=2)
-    config = AdaptConfig(name=name, fmt=fmt, base=base, question_only=question_only, queries=pseudo_queries,
+    config = AdaptConfig(name=name, fmt=fmt, base=base, question_only=question_only, feedback=feedback,
+                         queries=pseudo_queries,
                          epochs_grid=grid, teacher=TeacherConfig(negatives=hard_negatives), min_gain=min_gain,
                          max_steps_per_epoch=max_steps_per_epoch, seed=seed,
                          threads=threads_per_process(settings.encoder.threads))
@@ -79,6 +83,8 @@ def _print_result(result: AdaptResult, as_json: bool) -> None:
                    "gain_on_dev": result.choice is not None, "dev_gain": result.gain, "chosen": record.get("chosen"),
                    "stages": result.stages, "run_dir": str(result.run_dir), "card": result.card})
         return
+    judged = dev.get("gate") == ["judged"]
+    on = (f"{dev['queries']['judged']} held-out judged questions" if judged else "held-out pseudo-questions")
     skipped = [s for s, how in result.stages.items() if how == "skipped"]
     if skipped:
         console.print(f"resumed: {', '.join(skipped)} done by an earlier run ({result.run_dir})")
@@ -91,8 +97,11 @@ def _print_result(result: AdaptResult, as_json: bool) -> None:
         if not result.card.get("question_only"):
             console.print("its passage tower is new: re-embed the collection (dpr reembed) before queries use it")
     elif result.choice is None:
-        console.print(f"no gain on the held-out pseudo-questions ({result.gain:+.4f}): the active model is left "
-                      f"as it is; dpr models activate {result.model} to use it anyway")
+        console.print(f"no gain on the {on} ({result.gain:+.4f}): the active model is left as it is; dpr models "
+                      f"activate {result.model} to use it anyway")
+    elif judged:
+        console.print(f"dev gain {result.gain:+.4f} on the {on}; not activated (that needs --activate): "
+                      f"dpr models activate {result.model}")
     else:
-        console.print(f"dev gain {result.gain:+.4f} on held-out pseudo-questions; not activated (that needs "
-                      f"--activate): compare on real questions (dpr eval), then dpr models activate {result.model}")
+        console.print(f"dev gain {result.gain:+.4f} on the {on}; not activated (that needs --activate): compare "
+                      f"on real questions (dpr eval), then dpr models activate {result.model}")

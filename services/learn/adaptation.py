@@ -16,6 +16,12 @@ stage:
    and of each candidate (and, for full training, the best one blended toward the start: WiSE-FT); the best
    candidate wins if it beats the start by more than ``min_gain``.
 
+With ``feedback`` a ``feedback`` stage (``feedback.json``, after the pseudo-questions) reads the judgements users
+gave the collection's hits (``services.learn.feedback``): a seeded share of the judged questions is held out and
+the rest join training as labelled pairs (judged-not-relevant passages their negatives). The held-out judged
+questions then choose the model alone (at least ``MIN_JUDGED_DEV`` of them; else the pseudo-questions choose, and
+the card says so): they are real questions, and gains on pseudo-questions have not carried to real ones.
+
 Then the winner (or, with no gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS`` with the recipe, the
 teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing twice); it is
 activated only on a dev gain. The corpus's queries and qrels are never opened: only its corpus file is read.
@@ -26,8 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGES = ("pseudo-questions", "mining", "training", "dev evaluation")
+STAGES = ("pseudo-questions", "feedback", "mining", "training", "dev evaluation")  # feedback: with --feedback only
+MIN_JUDGED_DEV = 5  # held-out judged questions needed for them to choose the model
 RECIPE_VERSION = 1  # part of the run key: a changed recipe never resumes an older run's stages
 
 AdaptProgress = StageProgress  # stage, done, total (None: not known yet), a short note
@@ -60,6 +65,7 @@ class AdaptConfig:
     fmt: str = "auto"
     base: str = "active"  # the towers adapted (and the dev baseline)
     question_only: bool = False
+    feedback: bool = False  # also learn from (and choose on) the judgements stored with the collection
     kinds: tuple[PseudoKind, ...] = ("title", "ict")  # pseudo-question kinds (encoders.learn.pairs.pseudo_query_sets)
     queries: int = 500  # pseudo-questions per kind
     max_documents: int = 5000
@@ -77,10 +83,12 @@ class AdaptConfig:
     seed: int = 42
     threads: int | None = None
 
-    def key(self, corpus_file: Path) -> str:
+    def key(self, corpus_file: Path, judged: str | None = None) -> str:
         st = corpus_file.stat()
         record = {k: v for k, v in asdict(self).items() if k not in ("name", "threads")}
         record.update(corpus=str(corpus_file.resolve()), size=st.st_size, mtime=st.st_mtime_ns, recipe=RECIPE_VERSION)
+        if judged is not None:  # what was judged: new judgements start a new run
+            record["judged"] = judged
         return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -111,7 +119,8 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
         raise ConfigError(f"blend weights must lie in (0, 1), got {config.blend_grid}")
     source = corpus_file(corpus, config.fmt)
     base_path, base_name = resolve_model_path(config.base, settings.models_dir)
-    run_dir = settings.data_dir / "adapt" / f"{config.name}-{config.key(source)}"
+    judged = _judgements_digest(settings) if config.feedback else None
+    run_dir = settings.data_dir / "adapt" / f"{config.name}-{config.key(source, judged)}"
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / "run.json", {"corpus": str(source), "base": base_name, "base_path": str(base_path),
                                        "config": asdict(config)})
@@ -122,19 +131,26 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     stage("pseudo-questions", (run_dir / "pseudo.json").is_file(),
           lambda: _pseudo_stage(source, config, run_dir, notify))
     pseudo = _read_json(run_dir / "pseudo.json")
+    if config.feedback:
+        stage("feedback", (run_dir / "feedback.json").is_file(),
+              lambda: _feedback_stage(settings, config, run_dir, notify))
+    judged_record = _read_json(run_dir / "feedback.json") if config.feedback else None
     stage("mining", (run_dir / "mining.json").is_file(),
           lambda: _mining_stage(pseudo, base_path, config, run_dir, notify, settings))
     mining = _read_json(run_dir / "mining.json")
     stage("training", _training_done(run_dir, config),
-          lambda: _training_stage(pseudo, mining, base_path, base_name, config, run_dir, notify))
+          lambda: _training_stage(pseudo, mining, judged_record, base_path, base_name, config, run_dir, notify))
     training = _read_json(run_dir / "training.json")
     stage("dev evaluation", (run_dir / "dev.json").is_file(),
-          lambda: _dev_stage(pseudo, training, base_path, config, run_dir, notify, settings.encoder.batch_size))
+          lambda: _dev_stage(pseudo, judged_record, training, base_path, config, run_dir, notify,
+                             settings.encoder.batch_size))
     dev = _read_json(run_dir / "dev.json")
     result = _read_json(run_dir / "result.json")
     if result is None:
-        result = _save_choice(settings, run_dir, pseudo, mining, training, dev, base_path, base_name, config,
-                              timings, source, activate)
+        from services.learn.adapt_save import save_choice
+
+        result = save_choice(settings, run_dir, pseudo, mining, judged_record, training, dev, base_path, base_name,
+                              config, timings, source, activate)
     elif activate and dev["choice"] and not result["activated"]:  # a finished run, asked again with --activate
         from encoders.registry import activate as activate_model
 
@@ -173,6 +189,36 @@ def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: Adap
         record["split"][kind] = {"train": train_ids, "dev": dev_ids}
     _write_json(run_dir / "pseudo.json", record)
     notify("pseudo-questions", 1, 1, ", ".join(f"{k} {len(d.queries)}" for k, d in sets.items()))
+
+
+def _judgements_digest(settings: Settings) -> str:
+    from services.learn.feedback import FeedbackStore, digest, no_pairs_error
+
+    with FeedbackStore.in_data_dir(settings.data_dir) as judgements_store:
+        judgements = judgements_store.judgements(settings.collection)
+    if not any(j.relevant for j in judgements):
+        raise no_pairs_error(settings.collection, len(judgements))
+    return digest(judgements)
+
+
+def _feedback_stage(settings: Settings, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
+    """The judged questions: a held-out share (split as the pseudo-questions are) to choose on, the rest as pairs."""
+    from encoders.learn.adapt import dataset_to_json, dev_split, pair_to_json
+    from services.learn.feedback import collection_judged, judged_dataset, no_pairs_error, pairs_of
+
+    notify("feedback", 0, 1, f"reading the judgements of {settings.collection!r}")
+    judgements, entries = collection_judged(settings)
+    dataset = judged_dataset(entries, f"judged-{settings.collection}")
+    train_ids, dev_ids = dev_split(dataset, config.dev_share, config.seed)
+    held = {dataset.queries[q] for q in dev_ids}
+    pairs = pairs_of(e for e in entries if e.question not in held)
+    if not pairs:
+        raise no_pairs_error(settings.collection, len(judgements))
+    _write_json(run_dir / "feedback.json", {
+        "collection": settings.collection, "judgements": len(judgements), "questions": len(dataset.queries),
+        "train_questions": len(train_ids), "dev_questions": len(dev_ids),
+        "pairs": [pair_to_json(p) for p in pairs], "dev": dataset_to_json(dataset.subset(dev_ids))})
+    notify("feedback", 1, 1, f"{len(train_ids)} judged questions to train on, {len(dev_ids)} held out")
 
 
 def _sets(pseudo: dict[str, Any]) -> dict[str, Any]:
@@ -218,11 +264,6 @@ def _mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, 
     notify("mining", len(sets), len(sets), f"{stats.negatives} hard negatives for {stats.pairs} pseudo-questions")
 
 
-_KIND_NOTES = {"title": "a title asks for its documents' bodies",
-               "ict": "a sentence asks for its document without it",
-               "keywords": "3-5 of a document's heaviest tf-idf words ask for it"}
-
-
 def _candidate_key(epochs: float) -> str:
     return f"epochs-{epochs:g}"
 
@@ -232,12 +273,12 @@ def _training_done(run_dir: Path, config: AdaptConfig) -> bool:
     return all(_candidate_key(e) in done for e in config.epochs_grid)
 
 
-def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], base_path: Path, base_name: str,
-                    config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
+def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict[str, Any] | None, base_path: Path,
+                    base_name: str, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
     from encoders.learn.adapt import pair_from_json
     from encoders.learn.train import TrainConfig
 
-    pairs = [pair_from_json(row) for row in mining["pairs"]]
+    pairs = [pair_from_json(row) for row in [*mining["pairs"], *(judged["pairs"] if judged else [])]]
     record = _read_json(run_dir / "training.json") or {"candidates": {}}
     out_dir = run_dir / "training"
     table = max(_sets(pseudo).values(), key=lambda d: len(d.corpus)).corpus  # question-only: every passage a negative
@@ -262,11 +303,11 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], base_path: P
             from encoders.learn.question_only import train_question_only
 
             result = train_question_only(pairs, out_dir, train_config, base=base_path, partner_name=base_name,
-                                         corpus=table, data_info=_data_info(pseudo, mining), progress=on_step)
+                                         corpus=table, data_info=_data_info(pseudo, mining, judged), progress=on_step)
         else:
             from encoders.learn.train import train
 
-            result = train(pairs, out_dir, train_config, base=base_path, data_info=_data_info(pseudo, mining),
+            result = train(pairs, out_dir, train_config, base=base_path, data_info=_data_info(pseudo, mining, judged),
                            progress=on_step)
         card = result.card
         record["candidates"][key] = {"path": str(result.model_dir), "epochs": epochs, "steps": card.get("steps"),
@@ -275,21 +316,28 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], base_path: P
         _write_json(run_dir / "training.json", record)
 
 
-def _data_info(pseudo: dict[str, Any], mining: dict[str, Any]) -> dict[str, Any]:
-    return {"dataset": "pseudo-questions (dpr adapt)", "documents": pseudo["documents"],
+def _data_info(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict[str, Any] | None) -> dict[str, Any]:
+    info = {"dataset": "pseudo-questions (dpr adapt)", "documents": pseudo["documents"],
             "pairs_by_mode": mining["stats"]["pairs_by_mode"], "language": mining["language"]}
+    if judged:
+        info.update(dataset="pseudo-questions and judgements (dpr adapt --feedback)",
+                    judged_pairs=len(judged["pairs"]), judged_collection=judged["collection"])
+    return info
 
 
-def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path, config: AdaptConfig,
-               run_dir: Path, notify: AdaptProgress, batch_size: int = 32) -> None:
-    """nDCG@10 on the held-out pseudo-questions of the start, each candidate and the best one's blends; the pick.
-    Scores are kept as they come (``dev.partial.json``), so a stopped evaluation scores nothing twice."""
-    from encoders.learn.adapt import load_model, mean_score, pick_candidate
+def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: dict[str, Any], base_path: Path,
+               config: AdaptConfig, run_dir: Path, notify: AdaptProgress, batch_size: int = 32) -> None:
+    """nDCG@10 on the held-out pseudo-questions (and judged questions) of the start, each candidate and the best
+    one's blends; the pick. Scores are kept as they come (``dev.partial.json``): a stop scores nothing twice."""
+    from encoders.learn.adapt import dataset_from_json, load_model, mean_score, pick_candidate
     from encoders.learn.evaluate import evaluate_model_in_memory
 
     sets = _sets(pseudo)
     dev = {kind: sets[kind].subset(pseudo["split"][kind]["dev"], name=f"{sets[kind].name}-dev")
            for kind in sets if pseudo["split"][kind]["dev"]}
+    if judged and judged["dev"]["queries"]:
+        dev["judged"] = dataset_from_json(judged["dev"])
+    gate = ["judged"] if judged and judged["dev_questions"] >= MIN_JUDGED_DEV else list(dev)
     if not dev:
         raise ConfigError("the held-out slice of pseudo-questions is empty; the corpus is too small to choose on")
     partial = _read_json(run_dir / "dev.partial.json") or {"scores": {}, "blend": None}
@@ -306,7 +354,8 @@ def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path
     for key, path, _ in models:
         if key not in scores:
             score(key, load_model(path))
-    trained = {k: v for k, v in scores.items() if k in training["candidates"]}
+    scores_gate = {key: {k: v for k, v in row.items() if k in gate} for key, row in scores.items()}
+    trained = {k: v for k, v in scores_gate.items() if k in training["candidates"]}
     best = max(trained, key=lambda k: mean_score(trained[k]))
     if not config.question_only and config.blend_grid:
         from encoders.learn.blend import blend_with_pretrained
@@ -323,74 +372,14 @@ def _dev_stage(pseudo: dict[str, Any], training: dict[str, Any], base_path: Path
                 _write_json(run_dir / "dev.partial.json", partial)
                 break
             score(key, model)
-    candidates = {k: v for k, v in scores.items() if k != "base"}
-    choice, gain = pick_candidate(scores["base"], candidates, config.min_gain)
+    scores_gate = {key: {k: v for k, v in row.items() if k in gate} for key, row in scores.items()}
+    candidates = {k: v for k, v in scores_gate.items() if k != "base"}
+    choice, gain = pick_candidate(scores_gate["base"], candidates, config.min_gain)
     best_any = max(candidates, key=lambda k: mean_score(candidates[k]))
     _write_json(run_dir / "dev.json", {
-        "queries": {kind: len(d.queries) for kind, d in dev.items()}, "scores": scores,
-        "mean": {k: round(mean_score(v), 4) for k, v in scores.items()}, "choice": choice, "best": best_any,
+        "queries": {kind: len(d.queries) for kind, d in dev.items()}, "scores": scores, "gate": gate,
+        "mean": {k: round(mean_score(v), 4) for k, v in scores_gate.items()}, "choice": choice, "best": best_any,
         "gain": round(gain, 4), "min_gain": config.min_gain, "blend_error": partial.get("blend_error"),
-        "rule": "the candidate with the best mean nDCG@10 over the held-out pseudo-question kinds, if it beats "
-                "the start by more than min_gain"})
+        "rule": f"the candidate with the best mean nDCG@10 over {' + '.join(gate)} (held out), if it beats the "
+                "start by more than min_gain"})
     notify("dev evaluation", total, total, f"gain {gain:+.4f}")
-
-
-def _save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], mining: dict[str, Any],
-                 training: dict[str, Any], dev: dict[str, Any], base_path: Path, base_name: str,
-                 config: AdaptConfig, timings: dict[str, Any], source: Path, activate: bool) -> dict[str, Any]:
-    """The winner (the best candidate when none gains) saved under ``models_dir`` with the adaptation record in
-    its card; activated on a gain."""
-    from encoders.learn.training_run import peak_rss_mib, versioned_name, write_card
-    from encoders.registry import activate as activate_model
-    from encoders.towers import model_fingerprint, read_model_card
-    from services.learn.training import export_for_backends
-
-    key = dev["choice"] or dev["best"]
-    epochs_key = key.split("-blend-")[0]
-    candidate = Path(training["candidates"][epochs_key]["path"])
-    name = versioned_name(config.name)
-    models_dir = settings.models_dir
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = models_dir / f".staging-{name}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    card = read_model_card(candidate)
-    if "-blend-" in key:
-        from encoders.learn.adapt import load_model
-        from encoders.learn.blend import blend_with_pretrained
-
-        model = load_model(candidate)
-        card["blended_with"] = blend_with_pretrained(model, base_path, float(key.split("-blend-")[1]))
-        model.save(str(staging), create_model_card=False)
-        for extra in ("metrics.json",):
-            if (candidate / extra).is_file():
-                shutil.copy2(candidate / extra, staging / extra)
-    else:
-        shutil.copytree(candidate, staging)
-    card.update(name=name, fingerprint=model_fingerprint(staging))
-    card["adaptation"] = {
-        "command": "dpr adapt", "corpus": str(source), "started_from": {"name": base_name, "path": str(base_path)},
-        "recipe": {"pseudo_questions": {k: len(v["train"]) + len(v["dev"]) for k, v in pseudo["split"].items()},
-                   "kinds": {k: _KIND_NOTES[k] for k in config.kinds}, "dev_share": config.dev_share,
-                   "training": "question tower only, every passage a negative" if config.question_only else
-                               "MNRL, in-batch + teacher hard negatives",
-                   "epochs_grid": list(config.epochs_grid),
-                   "blend_grid": [] if config.question_only else list(config.blend_grid),
-                   "batch_size": config.batch_size, "learning_rate": config.learning_rate, "seed": config.seed},
-        "teacher": {**mining["teacher"], "stats": mining["stats"]},
-        "training": training["candidates"],
-        "dev": {k: dev[k] for k in ("queries", "scores", "mean", "gain", "min_gain", "rule", "blend_error")},
-        "chosen": key, "gain_on_dev": dev["choice"] is not None,
-        "stage_seconds": timings, "peak_rss_mib": peak_rss_mib(),
-        "never_read": "queries and qrels (only the corpus file)",
-    }
-    write_card(staging, card)
-    final = models_dir / name
-    os.replace(staging, final)
-    export_for_backends(settings, final)
-    activated = bool(dev["choice"]) and activate
-    if activated:
-        activate_model(models_dir, name)
-    result = {"model": name, "model_dir": str(final), "activated": activated}
-    _write_json(run_dir / "result.json", result)
-    return result

@@ -14,6 +14,7 @@ gives the same as JSON lines (`dpr feedback export`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import re
 import sqlite3
@@ -22,12 +23,15 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from encoders.data import TrainPair, passage_text
+from encoders.data import CorpusDoc, RetrievalDataset, TrainPair, passage_text
 from services.core.errors import CollectionNotFound, ConfigError
 from services.store.points import Passage, point_id
 from services.store.protocol import VectorStore
+
+if TYPE_CHECKING:
+    from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -285,14 +289,61 @@ def training_pairs(store: VectorStore, judgements: Iterable[Judgement]) -> list[
     """Labelled pairs for `dpr train --feedback`: one ``TrainPair`` per (question, passage judged relevant), with
     the passages judged not relevant to that question as its negatives and every relevant passage of the question
     in ``relevant_ids`` (so a miner never takes one as a negative). Questions with no relevant passage give none."""
+    return pairs_of(judged(store, judgements))
+
+
+def pairs_of(entries: Iterable[Judged]) -> list[TrainPair]:
+    """``training_pairs`` of judged questions already read from the store."""
     pairs = []
-    for entry in judged(store, judgements):
+    for entry in entries:
         relevant = frozenset(k for k, _ in entry.positives)
         negatives = tuple(t for _, t in entry.negatives)
         for key, text in entry.positives:
             pairs.append(TrainPair(question=entry.question, positive=text, positive_id=key, negatives=negatives,
                                    relevant_ids=relevant))
     return pairs
+
+
+def collection_judged(settings: Settings) -> tuple[list[Judgement], list[Judged]]:
+    """The judgements stored with ``settings.collection`` and its judged questions, texts read from its store."""
+    from services.store import open_store
+
+    with FeedbackStore.in_data_dir(settings.data_dir) as judgements_store:
+        judgements = judgements_store.judgements(settings.collection)
+    if not judgements:
+        return [], []
+    store = open_store(settings)
+    try:
+        return judgements, judged(store, judgements)
+    finally:
+        store.close()
+
+
+def no_pairs_error(collection: str, judgements: int) -> ConfigError:
+    return ConfigError(f"collection {collection!r} has no judgement of a relevant passage to learn from "
+                       f"({judgements} judgements); judge hits in the console or POST /v1/feedback first")
+
+
+def judged_dataset(entries: Sequence[Judged], name: str) -> RetrievalDataset:
+    """The judged questions that have a relevant passage, as a retrieval dataset over the pool of every judged
+    passage (their qrels: the passages judged relevant). `dpr adapt --feedback` holds a slice of it out and
+    chooses its model on that slice: real questions, where its pseudo-questions have misled (docs/adapt.md)."""
+    corpus: dict[str, CorpusDoc] = {}
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    for n, entry in enumerate(entries):
+        for key, text in (*entry.positives, *entry.negatives):
+            corpus.setdefault(key, CorpusDoc(key, "", text))
+        if entry.positives:
+            queries[f"judged-{n}"] = entry.question
+            qrels[f"judged-{n}"] = {key: 1 for key, _ in entry.positives}
+    return RetrievalDataset(name, corpus, queries, qrels)
+
+
+def digest(judgements: Iterable[Judgement]) -> str:
+    """A short hash of what was judged (not when or by whom): a run keyed on it restarts when judgements change."""
+    rows = sorted((j.question, j.doc_id, -1 if j.chunk is None else j.chunk, j.relevant) for j in judgements)
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:12]
 
 
 def export_rows(store: VectorStore, judgements: Iterable[Judgement]) -> Iterator[dict[str, Any]]:

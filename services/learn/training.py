@@ -249,21 +249,14 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
 def feedback_set(settings: Settings) -> TrainingSet:
     """`dpr train --feedback`: the judgements stored with ``settings.collection`` as labelled pairs (a passage
     judged relevant is a positive, the passages judged not relevant to the same question its negatives:
-    ``services.learn.feedback.training_pairs``), over the collection's passages."""
-    from services.learn.feedback import FeedbackStore, training_pairs
-    from services.store import open_store
+    ``services.learn.feedback.pairs_of``), over the collection's passages."""
+    from services.learn.feedback import collection_judged, no_pairs_error, pairs_of
 
     collection = settings.collection
-    with FeedbackStore.in_data_dir(settings.data_dir) as judgements_store:
-        judgements = judgements_store.judgements(collection)
-    store = open_store(settings)
-    try:
-        pairs = training_pairs(store, judgements)
-    finally:
-        store.close()
+    judgements, entries = collection_judged(settings)
+    pairs = pairs_of(entries)
     if not pairs:
-        raise ConfigError(f"collection {collection!r} has no judgement of a relevant passage to learn from "
-                          f"({len(judgements)} judgements); judge hits in the console or POST /v1/feedback first")
+        raise no_pairs_error(collection, len(judgements))
     info = {"dataset": f"feedback:{collection}", "feedback": {
         "collection": collection, "judgements": len(judgements), "pairs": len(pairs),
         "questions": len({p.question for p in pairs}), "judged_negatives": sum(len(p.negatives) for p in pairs)}}

@@ -242,3 +242,75 @@ def test_bad_input_is_one_line_naming_it(world: dict[str, Any], tmp_path: Path) 
         result = runner.invoke(app, [*base, *args])
         assert result.exit_code != 0 and words in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def _judge(data_dir: Path, collection: str, questions: int) -> None:
+    """``questions`` judged questions: each names its document's title words; that document is relevant, the same
+    note of the next topic is not."""
+    from services.learn.feedback import FeedbackStore
+
+    topics = list(TOPICS)
+    with FeedbackStore.in_data_dir(data_dir) as judgements:
+        for n in range(questions):
+            t, j = n % len(topics), n // len(topics)
+            question = f"{topics[t]} note {j}: {' '.join(TOPICS[topics[t]].split()[j % 8:j % 8 + 2])}"
+            judgements.record(collection, question, f"d{t}-{j}", 0, True)
+            judgements.record(collection, question, f"d{(t + 1) % len(topics)}-{j}", 0, False)
+
+
+def test_adapt_feedback_trains_on_judgements_and_chooses_on_held_out_ones(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr adapt --feedback`: the judged questions are split as the pseudo-questions are; the training share joins
+    the pairs (judged-not-relevant passages their negatives), the held-out share alone chooses the model; new
+    judgements start a new run; a collection with no judgement of a relevant passage is refused naming it."""
+    from typer.testing import CliRunner
+
+    from entrypoints.cli.main import app
+    from services.learn.adaptation import MIN_JUDGED_DEV, adapt
+
+    for key, value in (("DPR_ENCODER__BACKEND", "torch"), ("DPR_ENCODER__QUESTION_BACKEND", "torch"),
+                       ("DPR_COLLECTION", "judged")):
+        monkeypatch.setenv(key, value)
+    data_dir = world["data_dir"]
+    runner = CliRunner()
+    ingested = runner.invoke(app, ["--data-dir", str(data_dir), "ingest", str(world["corpus"]), "--json"])
+    assert ingested.exit_code == 0, ingested.output
+    args = ["--data-dir", str(data_dir), "adapt", str(world["corpus"]), "--name", "fb", "--feedback", "--epochs", "1",
+            "--pseudo-queries", "40", "--max-steps-per-epoch", "2", "--min-gain", "-1", "--base", "tinybase"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code != 0 and "collection 'judged' has no judgement of a relevant passage" in refused.output
+    _judge(data_dir, "judged", 36)
+    settings = world["settings"].model_copy(update={"collection": "judged"})
+    result = adapt(settings, world["corpus"], _config(name="fb", feedback=True, epochs_grid=(1.0,)))
+    assert result.stages == {"pseudo-questions": "ran", "feedback": "ran", "mining": "ran", "training": "ran",
+                             "dev evaluation": "ran"}
+    record = json.loads((result.run_dir / "feedback.json").read_text())
+    assert record["judgements"] == 72 and record["questions"] == 36
+    assert record["train_questions"] + record["dev_questions"] == 36 and record["dev_questions"] >= MIN_JUDGED_DEV
+    held = set(record["dev"]["queries"].values())
+    trained = {row["question"] for row in record["pairs"]}
+    assert len(held) == record["dev_questions"] and len(trained) == record["train_questions"] and not held & trained
+    assert all(len(row["negatives"]) == 1 and row["positive_id"].endswith("#0") for row in record["pairs"])
+    # the pool: every judged passage, relevant or not (each note is judged relevant once and not relevant once)
+    assert sorted(d[0] for d in record["dev"]["corpus"]) == sorted(f"d{t}-{j}#0" for t in range(6) for j in range(6))
+    card = result.card["adaptation"]
+    assert card["feedback"] == {k: record[k] for k in ("collection", "judgements", "questions", "train_questions",
+                                                        "dev_questions")}
+    dev = card["dev"]
+    assert dev["gate"] == ["judged"] and dev["queries"]["judged"] == record["dev_questions"]
+    assert set(dev["queries"]) == {"title", "ict", "judged"}
+    assert dev["mean"]["base"] == dev["scores"]["base"]["judged"]  # the judged questions alone choose
+    # the pairs the candidates trained on: the mined pseudo-questions and the judged training share
+    mining = json.loads((result.run_dir / "mining.json").read_text())
+    trained_card = json.loads((Path(json.loads((result.run_dir / "training.json").read_text())["candidates"]
+                                    ["epochs-1"]["path"]) / "model_card.json").read_text())
+    data = trained_card["training_data"]
+    assert data["pairs"] == len(mining["pairs"]) + len(record["pairs"]) and data["judged_pairs"] == len(record["pairs"])
+    again = adapt(settings, world["corpus"], _config(name="fb", feedback=True, epochs_grid=(1.0,)))
+    assert set(again.stages.values()) == {"skipped"}  # the same judgements: the same run
+    _judge(data_dir, "judged", 37)  # one more judged question: a new run
+    monkeypatch.setattr("services.learn.adaptation.MIN_JUDGED_DEV", 1000)  # too few held out to choose on alone
+    more = adapt(settings, world["corpus"], _config(name="fb", feedback=True, epochs_grid=(1.0,)))
+    assert more.run_dir != result.run_dir and more.stages["feedback"] == "ran"
+    assert more.card["adaptation"]["dev"]["gate"] == ["title", "ict", "judged"]  # then every held-out kind does
