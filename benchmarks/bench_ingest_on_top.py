@@ -9,6 +9,12 @@ passages/s (the ingest's own ``seconds``), the encode share, the process's peak 
 collection's points after it. The verdict line compares the last slice's passages/s with the
 first's (floor: >= 0.9x) and the peak RSS of the last slice with the first's.
 
+``--one-process``: the same documents through one in-process ingest, as a long-lived process (a worker, one
+big ``dpr ingest``) runs it: this process opens the collection and loads the towers first, then submits every
+document to the executor ``dpr ingest`` uses (``entrypoints.compose.executor_for``) and records the time and the
+passages of each batch as it finishes. The slices are then tenths of the passages: passages/s of each tenth, the
+encode share, the process's RSS when it ends, the start-up and the HNSW build at the end timed apart.
+
 When the real documents hold fewer passages than ``--passages``, the documents are ingested again under new ids
 (``copyN/<id>``): the text is real, repeated; the output says how many were repeats. Needs GNU ``/usr/bin/time``
 (Debian's ``time`` package) for each process's peak RSS.
@@ -18,6 +24,7 @@ Usage::
     nice -n 10 .venv/bin/python benchmarks/bench_ingest_on_top.py --data-dir /data/scale1m/int8-m32/dpr \\
         --passages 100000 --slices 10 --out benchmarks/results/ingest-speed/on-top.md
     # a small trial on an empty data dir: --data-dir /tmp/ontop --passages 2000 --slices 4
+    .venv/bin/python benchmarks/bench_ingest_on_top.py --data-dir DIR --one-process --id-prefix run2/ ...
 """
 
 from __future__ import annotations
@@ -98,6 +105,67 @@ def run_slice(paths: list[Path], env: dict[str, str], rss_file: Path) -> dict[st
     return report
 
 
+def rss_mb() -> tuple[float, float]:
+    """(current, peak) resident set of this process, MB."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _points(store: Any) -> int:
+    active = store.info().active
+    return int(active.count) if active is not None else 0
+
+
+def one_process(path: Path, slices: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every document through one in-process ingest (the executor `dpr ingest` uses); per tenth of the passages:
+    passages, seconds, encode seconds and RSS; and the start-up and end (HNSW build) apart."""
+    sys.path.insert(0, str(REPO))
+    from entrypoints.compose import executor_for
+    from services.core.settings import Settings
+    from services.readers import iter_documents
+    from services.runtime import Runtime
+
+    t_open = time.perf_counter()
+    settings = Settings()
+    marks: list[tuple[float, float, float, float]] = []  # (time, passages, encode seconds, RSS MB) after a batch
+    with Runtime(settings) as runtime:
+        before = _points(runtime.store)  # opens the collection (the shard) before the clock starts
+        runtime.towers.encode_documents(["warm up"])  # and loads the passage tower
+        opened = time.perf_counter() - t_open
+        done = {"chunks": 0, "encode": 0.0}
+
+        def on_batch(part: Any) -> None:
+            done["chunks"] += part.chunks
+            done["encode"] += part.encode_seconds
+            marks.append((time.perf_counter(), done["chunks"], done["encode"], rss_mb()[0]))
+
+        items = iter_documents([path], fmt="jsonl", max_bytes=settings.max_document_bytes,
+                               limits=settings.documents, defer_binary=True)
+        t0 = time.perf_counter()
+        submitted = executor_for(runtime, on_batch=on_batch).submit(items, collection=settings.collection)
+        ended = time.perf_counter()
+        status = runtime.jobs.status(submitted.job)
+        after = _points(runtime.store)
+    total = marks[-1][1]
+    rows: list[dict[str, Any]] = []
+    start: tuple[float, float, float] = (t0, 0.0, 0.0)
+    for i in range(1, slices + 1):
+        end = next(m for m in marks if m[1] >= total * i / slices)
+        passages, seconds = int(end[1] - start[1]), end[0] - start[0]
+        rows.append({"chunks": passages, "seconds": seconds, "encode_seconds": end[2] - start[2],
+                     "pps": passages / max(seconds, 1e-9), "rss_mb": end[3], "points_after": before + int(end[1])})
+        start = (end[0], end[1], end[2])
+    last = next(m for m in marks if m[1] >= total)  # a report of documents refused while reading comes after the end
+    extra = {"open_s": opened, "batches_s": last[0] - t0, "after_last_batch_s": ended - last[0],
+             "points_before": before, "points_after": after, "peak_rss_mb": rss_mb()[1],
+             "failed": len(status.get("failed") or []) if isinstance(status.get("failed"), list)
+             else status.get("failed_total", status.get("failed"))}
+    return rows, extra
+
+
 def points(data_dir: Path, env: dict[str, str]) -> int:
     out = subprocess.run([*DPR, "status", "--json"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     status = json.loads(out.stdout)
@@ -111,6 +179,8 @@ def main() -> int:
     ap.add_argument("--slices", type=int, default=10)
     ap.add_argument("--pdf-dir", type=Path, help="Debian PDFs (scripts/fetch_debian_pdfs.sh DEST: DEST/debian-pdfs)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--one-process", action="store_true", help="one in-process ingest; slices are tenths of it")
+    ap.add_argument("--id-prefix", default="", help="prefix every document id (a second run over the same dir)")
     ap.add_argument("--out", type=Path, help="write the markdown here")
     args = ap.parse_args()
 
@@ -121,12 +191,15 @@ def main() -> int:
     words = sum(len(r["text"].split()) for r in records)
     estimate = max(1, int(words * PASSAGES_PER_WORD))
     copies = max(1, -(-args.passages // estimate))  # ceil: the text is repeated under new ids when it runs out
-    rows = [dict(r, id=f"copy{c}/{r['id']}" if c else r["id"]) for c in range(copies) for r in records]
+    rows = [dict(r, id=args.id_prefix + (f"copy{c}/{r['id']}" if c else r["id"])) for c in range(copies)
+            for r in records]
     rows = rows[: max(args.slices, int(len(rows) * min(1.0, args.passages / (estimate * copies))))]
     print(f"real documents: {counts}; {len(rows):,} records to ingest ({copies} pass(es) over the text), "
           f"{len(pdfs)} PDFs")
 
     env = dict(os.environ, DPR_DATA_DIR=str(args.data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if args.one_process:
+        return main_one_process(args, env, rows, counts, copies, machine)
     before = points(args.data_dir, env) if (args.data_dir / "store").exists() else 0
     print(f"collection before: {before:,} points")
     results: list[dict[str, Any]] = []
@@ -173,6 +246,46 @@ def main() -> int:
                   "Peak RSS: each `dpr ingest` process's maximum resident set (`/usr/bin/time`: the largest of the "
                   "process and the children it waited for, e.g. the ONNX export's in the first slice of a fresh "
                   "data dir)."]
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def main_one_process(args: argparse.Namespace, env: dict[str, str], rows: list[dict[str, Any]],
+                     counts: dict[str, int], copies: int, machine: str) -> int:
+    os.environ.update(env)
+    with tempfile.TemporaryDirectory(prefix="dpr-ontop-") as tmp:
+        path = Path(tmp) / "all.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        results, extra = one_process(path, args.slices)
+    for i, r in enumerate(results):
+        print(f"slice {i + 1}/{args.slices}: {r['chunks']:,} passages in {r['seconds']:.0f} s ({r['pps']:.1f}/s; "
+              f"encode {r['encode_seconds'] / max(r['seconds'], 1e-9):.0%}), RSS {r['rss_mb']:.0f} MB, "
+              f"collection {r['points_after']:,} points", flush=True)
+    first, last = results[0], results[-1]
+    verdict = (f"last slice / first slice passages/s = {last['pps'] / first['pps']:.2f} (floor 0.9); RSS after the "
+               f"first slice {first['rss_mb']:.0f} MB, after the last {last['rss_mb']:.0f} MB, peak "
+               f"{extra['peak_rss_mb']:.0f} MB; {sum(r['chunks'] for r in results):,} passages on top of "
+               f"{extra['points_before']:,} points; opening the collection and the towers {extra['open_s']:.0f} s "
+               f"before the clock; after the last batch (the HNSW build its job triggers) "
+               f"{extra['after_last_batch_s']:.0f} s; failed documents {extra['failed']}")
+    print(verdict)
+    print(machine_line())
+    if args.out:
+        lines = [
+            "# Ingest on top of a large collection, one process (issue 42)", "",
+            f"Machine before: {machine}", f"Machine after: {machine_line()}",
+            f"Commit {commit()}; command: `{' '.join(sys.argv)}`", "",
+            f"Real documents: {counts}; {len(rows):,} records ({copies} pass(es) over the text; later passes under "
+            "`copyN/` ids), shuffled once; one in-process ingest; each row 1/N of its passages, in order.", "",
+            "| slice (1/N of the passages) | passages | passages/s | encode share | RSS MB after it | points after |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {i + 1} | {r['chunks']:,} | {r['pps']:.1f} | "
+                  f"{r['encode_seconds'] / max(r['seconds'], 1e-9):.0%} | {r['rss_mb']:.0f} | {r['points_after']:,} |"
+                  for i, r in enumerate(results)]
+        lines += ["", verdict]
         args.out.write_text("\n".join(lines) + "\n")
     return 0
 
