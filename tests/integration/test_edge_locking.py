@@ -72,11 +72,11 @@ def _reader(store_dir: str, seconds: float, results: mp.Queue, started: Event) -
         store.close()
 
 
-def _holder(store_dir: str, ready: Event, stop: Event) -> None:
-    """A process stuck inside a store call: it holds the lease and never reaches the end of the call. (An idle
-    holder hands the lease to a waiter; only one in a call keeps it.)"""
+def _holder(store_dir: str, ready: Event, stop: Event, generation: str | None = None) -> None:
+    """A process stuck inside a store call: it holds the lease (of ``generation``, the active one by default) and
+    never reaches the end of the call. (An idle holder hands the lease to a waiter; only one in a call keeps it.)"""
     store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
-    store.count()
+    store.count(generation=generation)
     with lease_for(Path(store_dir) / ALIAS).held(lock_timeout=30, idle_release=3600):
         ready.set()
         stop.wait(60)
@@ -224,6 +224,36 @@ def test_each_generation_has_its_own_lock(store_dir: str) -> None:
             writer.count()  # the active generation: still the holder's
         assert f"{active.name}.lock" in str(err.value) and f"pid {holder.pid}" in str(err.value)
         writer.close()
+    finally:
+        stop.set()
+        holder.join(30)
+    assert holder.exitcode == 0
+
+
+def test_readiness_reads_only_the_served_generation(store_dir: str) -> None:
+    """`/readyz`'s store check while workers hold a re-embed's target: it answers from the active generation (before,
+    it counted every generation, waited for the target and timed out, so a load balancer took `dpr serve` out of
+    rotation during every re-embed)."""
+    from types import SimpleNamespace
+
+    from entrypoints.api.routes.health import _store_check
+
+    maker = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=0))
+    maker.upsert(_points(0, 0, 2))
+    target = maker.create_generation(SPEC)
+    maker.close()
+    ready, stop = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop, target))
+    holder.start()
+    try:
+        assert ready.wait(30), "the holder process never opened the store"
+        probe = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.5, idle_release=0))
+        state = SimpleNamespace(runtime=SimpleNamespace(store=probe))
+        assert _store_check(state) == {"ok": True, "backend": "edge", "collection": ALIAS, "exists": True,  # type: ignore[arg-type]
+                                       "points": 2}
+        with pytest.raises(StoreUnavailable, match=f"{target}.lock"):
+            probe.info()  # every generation: waits for the target, as the check did before
+        probe.close()
     finally:
         stop.set()
         holder.join(30)

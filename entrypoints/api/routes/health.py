@@ -64,9 +64,12 @@ async def _probe(pool: ThreadPoolExecutor, check: Callable[[], dict[str, Any]], 
 
 
 def _store_check(state: ApiState) -> dict[str, Any]:
-    info = state.runtime.store.info()
-    return {"ok": True, "backend": info.backend, "collection": info.alias, "exists": info.active is not None,
-            "points": info.active.count if info.active else 0}
+    """The served generation only: counting every generation (``info()``) would wait, on the embedded engine, for
+    a re-embed's target that workers hold, and the probe would time out while queries answer."""
+    store = state.runtime.store
+    active = store.active()
+    return {"ok": True, "backend": store.backend, "collection": store.alias, "exists": active is not None,
+            "points": store.count(active.name) if active is not None else 0}
 
 
 def _broker_check(settings: Settings, timeout: float) -> dict[str, Any]:
