@@ -19,8 +19,8 @@ stage:
 With ``feedback`` a ``feedback`` stage (``feedback.json``, after the pseudo-questions) reads the judgements users
 gave the collection's hits (``services.learn.feedback``): a seeded share of the judged questions is held out and
 the rest join training as labelled pairs (judged-not-relevant passages their negatives). The held-out judged
-questions then choose the model alone (at least ``MIN_JUDGED_DEV`` of them; else the pseudo-questions choose, and
-the card says so): they are real questions, and gains on pseudo-questions have not carried to real ones.
+questions then choose the model alone (at least ``MIN_JUDGED_DEV`` of them; else every held-out kind does, and the
+card's ``gate`` says which): they are real questions, and gains on pseudo-questions have not carried to real ones.
 
 Then the winner (or, with no gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS`` with the recipe, the
 teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing twice); it is
