@@ -8,13 +8,15 @@ What a team does, simulated with SciFact's train labels standing in for the user
    through ``POST /v1/feedback``: relevant when the train qrels list its document, else not relevant, as a user
    pressing the console's buttons would;
 3. ``dpr train --feedback --rounds 0`` (the judgements are the only training data: no dev split, so the single
-   fine-tune), timed with ``/usr/bin/time``;
+   fine-tune), timed with ``/usr/bin/time``; or, with ``--learn adapt``, ``dpr adapt SCIFACT --feedback`` (the
+   corpus's pseudo-questions plus the judgements; a held-out share of the judged questions chooses the model);
 4. ``dpr eval SCIFACT --split test --model FB --mode dense``: base and the feedback-trained towers through the
    store, SciFact test read once, with the paired randomization test ``dpr eval`` reports.
 
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/bench_feedback.py --out benchmarks/results/quality/feedback.md
+    .venv/bin/python benchmarks/bench_feedback.py --learn adapt --out benchmarks/results/quality/feedback-adapt.md
     .venv/bin/python benchmarks/bench_feedback.py --questions 5 --max-docs 300 --smoke   # a trial, no test read
 
 Needs ``../shared/data/beir-scifact`` and GNU ``/usr/bin/time``; about 20-40 min on 2 cores (the ingest and the
@@ -128,6 +130,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="which train claims are asked")
     ap.add_argument("--max-docs", type=int, default=0, help="a trial: the first N documents (+ the judged ones)")
     ap.add_argument("--smoke", action="store_true", help="a trial: evaluate on 20 train claims, never on test")
+    ap.add_argument("--learn", choices=("train", "adapt"), default="train",
+                    help="dpr train --feedback (default) or dpr adapt CORPUS --feedback")
     ap.add_argument("--data-dir", type=Path, help="default: a temporary one")
     ap.add_argument("--out", type=Path, help="write the markdown here")
     args = ap.parse_args()
@@ -159,8 +163,9 @@ def main() -> int:
             server.stop()
         print(f"judged: {judged}", flush=True)
         listed, _ = run([DPR, "feedback", "list", "--json"], env)
-        trained, steps["train"] = run([DPR, "train", "--feedback", "--rounds", "0", "--name", "fb", "--json"], env,
-                                      timed=True)
+        learn = ([DPR, "adapt", str(corpus), "--feedback", "--name", "fba", "--json"] if args.learn == "adapt"
+                 else [DPR, "train", "--feedback", "--rounds", "0", "--name", "fb", "--json"])
+        trained, steps["train"] = run(learn, env, timed=True)
         print(f"trained: {trained.get('model')} ({steps['train']})", flush=True)
         split = ["--split", "train", "--max-queries", "20"] if args.smoke else ["--split", "test"]
         evaluated, steps["eval"] = run([DPR, "eval", str(corpus), *split, "--model", trained["model"], "--mode",
@@ -170,7 +175,8 @@ def main() -> int:
               "ingest": {k: ingest.get(k) for k in ("documents", "chunks", "seconds")},
               "train": {"model": trained.get("model"), **{k: v for k, v in (trained.get("card") or {}).items()
                                                           if isinstance(v, (int, float, str))}},
-              "steps": steps, "eval": evaluated}
+              "steps": steps, "eval": evaluated,
+              "adaptation": (trained.get("card") or {}).get("adaptation")}
     text = report(record, args)
     print(text)
     if args.out:
@@ -187,21 +193,44 @@ def _metrics(evaluated: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(s.get("name", "?"), s) for s in systems if isinstance(s, dict)]
 
 
+def learn_command(args: argparse.Namespace) -> str:
+    return "dpr adapt SCIFACT --feedback" if args.learn == "adapt" else "dpr train --feedback --rounds 0"
+
+
+def adaptation_lines(adaptation: dict[str, Any] | None) -> list[str]:
+    """`dpr adapt`'s own dev figures (held-out pseudo-questions and judged questions) and what it chose."""
+    if not adaptation:
+        return []
+    dev = adaptation["dev"]
+    kinds = list(dev["queries"])
+    lines = ["", f"`dpr adapt`'s dev (nDCG@10, held out; the gate: {' + '.join(dev.get('gate') or kinds)}; "
+                 f"chosen: {adaptation['chosen']}, gain {dev['gain']:+.4f}, activates on a gain: "
+                 f"{adaptation['gain_on_dev']}); judgements: {adaptation.get('feedback')}", "",
+             "| candidate | " + " | ".join(f"{k} ({dev['queries'][k]} q)" for k in kinds) + " |",
+             "|---|" + "---:|" * len(kinds)]
+    for key, row in dev["scores"].items():
+        lines.append(f"| {key} | " + " | ".join(f"{row.get(k, float('nan')):.4f}" for k in kinds) + " |")
+    lines += ["", f"Stage seconds: {adaptation.get('stage_seconds')}; peak RSS {adaptation.get('peak_rss_mib')} MiB."]
+    return lines
+
+
 def report(record: dict[str, Any], args: argparse.Namespace) -> str:
     j, s = record["judged"], record["steps"]
     lines = [
-        "# Feedback: towers trained on users' judgements (issue 41)",
+        "# Feedback: towers trained on users' judgements (issue 41)" if args.learn == "train" else
+        "# `dpr adapt --feedback`: pseudo-questions plus users' judgements, the held-out judged questions choosing",
         "",
         f"Machine: {record['machine']}.",
         f"Command: `benchmarks/bench_feedback.py --questions {args.questions} --hits {args.hits} --seed {args.seed}"
-        + (f" --max-docs {args.max_docs}" if args.max_docs else "") + (" --smoke" if args.smoke else "") + "`",
+        + (f" --max-docs {args.max_docs}" if args.max_docs else "") + (" --smoke" if args.smoke else "")
+        + (" --learn adapt" if args.learn == "adapt" else "") + "`",
         "",
         f"- Judged through the API: {j['questions']} SciFact train claims (none of `dpr train`'s 100 dev claims), "
         f"{j['judged']} hits ({args.hits} each), {j['relevant']} relevant; {j['questions_with_a_relevant_hit']} "
         f"questions had a relevant hit in their top {args.hits} (only those give a training pair). "
         f"{j['seconds']} s for the searches and judgements.",
         f"- Ingest of the corpus ({record['ingest']['documents']} documents, {record['ingest']['chunks']} passages): "
-        f"{s['ingest']}. `dpr train --feedback --rounds 0`: {s['train']} "
+        f"{s['ingest']}. `{learn_command(args)}`: {s['train']} "
         f"({record['train']}). Evaluation: {s['eval']}.",
         "",
         "| system | " + ("SciFact train, 20 claims (smoke)" if args.smoke else "SciFact test") + " nDCG@10 | MRR@10 | "
@@ -215,6 +244,7 @@ def report(record: dict[str, Any], args: argparse.Namespace) -> str:
         paired = f"{versus['delta']:+.4f}, p {versus['p']:.4f}" if versus else ""
         lines.append(f"| {name} | " + " | ".join(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells)
                      + f" | {paired} |")
+    lines += adaptation_lines(record.get("adaptation"))
     lines += ["", "p: `dpr eval`'s paired randomization test (10,000 sign flips of the per-query differences). "
               "Raw: the `.json` beside this file (`dpr eval --json` as printed)."]
     return "\n".join(lines) + "\n"
