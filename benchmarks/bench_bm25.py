@@ -84,7 +84,8 @@ def reference(ds: RetrievalDataset, enc: Bm25Embedder, counts: dict[str, dict[in
     qids = sorted(ds.queries)
     run: dict[str, dict[str, float]] = {}
     for qid in qids:
-        terms = [str(t) for t in enc.embed_query(ds.queries[qid]).indices if str(t) in vocab]
+        # every token of the question, repeats included (bm25s and Lucene sum over them; so does the store now)
+        terms = [str(t) for t, c in enc.term_counts(ds.queries[qid]).items() for _ in range(c) if str(t) in vocab]
         if not terms:
             run[qid] = {}
             continue

@@ -11,7 +11,9 @@ produces the term-frequency half:
   and the store re-weights it with the generation's *own* average passage length before writing it
   (``services.store.bm25``: a stats record per generation, kept current on upsert and delete). ``avg_len`` here
   (256 tokens by default) is only the prior a vector has before it reaches a store;
-- query side (``embed_query``): every distinct query token gets weight 1.0.
+- query side (``embed_query``): every distinct query token weighted by how often the question has it, so the
+  score sums over the question's tokens, repeats included, as Lucene's and bm25s' BM25 do (a long question that
+  says "retrieval" three times weighs it three times; CISI's paragraph-long questions gain most).
 
 Tokenisation is a per-collection language choice (``services.language`` decides it when a collection is created):
 
@@ -95,7 +97,7 @@ class Bm25Embedder:
                                       stemmer=DisabledStemmer())
                 return Bm25Config(k=k, b=b, avg_len=avg_len, language="english" if lang == "en" else lang)
 
-            self._bm25 = Bm25(make(k, b))
+            Bm25(make(k, b))  # the engine checks k, b and avg_len (weights() computes the document side)
             self._counter = Bm25(make(COUNT_K, 0.0))  # the same tokens and hashes, weights that give back tf
         except ValueError as e:
             raise ConfigError(
@@ -121,11 +123,14 @@ class Bm25Embedder:
     def embed_document(self, text: str) -> SparseVector:
         """Passage side: BM25 term-frequency weights (the engine applies IDF) with this embedder's ``avg_len``,
         and the raw term counts, so a store can re-weight it with its own average length."""
-        counted = self._counter.embed_document(self._text(text))
-        counts = [float(max(1, round(COUNT_K * w / (COUNT_K + 1.0 - w)))) for w in counted.values]
+        indices, counts = self._counts(text)
         avg_len, k, b = self._avg_len, self._k, self._b
-        return SparseVector(indices=list(counted.indices), values=weights(counts, avg_len, k, b), counts=counts,
-                            avg_len=avg_len)
+        return SparseVector(indices=indices, values=weights(counts, avg_len, k, b), counts=counts, avg_len=avg_len)
+
+    def _counts(self, text: str) -> tuple[list[int], list[float]]:
+        """Token indices and how often ``text`` has each (the counting engine's weights turned back into tf)."""
+        counted = self._counter.embed_document(self._text(text))
+        return list(counted.indices), [float(max(1, round(COUNT_K * w / (COUNT_K + 1.0 - w)))) for w in counted.values]
 
     def term_counts(self, text: str) -> dict[int, int]:
         """Token index -> count in ``text``, as the document vectors see it (e.g. for a reference BM25)."""
@@ -136,8 +141,10 @@ class Bm25Embedder:
         return [self.embed_document(t) for t in texts]
 
     def embed_query(self, text: str) -> SparseVector:
-        """Question side: weight 1.0 per distinct token, same tokenisation as the documents."""
-        return _convert(self._bm25.embed_query(self._text(text)))
+        """Question side: each distinct token weighted by its count in the question (same tokenisation as the
+        documents; the engine multiplies by IDF and the document's weight and sums)."""
+        indices, counts = self._counts(text)
+        return SparseVector(indices=indices, values=counts)
 
 
 class AutoBm25(Bm25Embedder):
@@ -193,7 +200,3 @@ def for_spec(spec: CollectionSpec, given: Any) -> Any:
         return given
     wanted = spec_config(spec)
     return given if given.config() == wanted else embedder_for(wanted)
-
-
-def _convert(vector: Any) -> SparseVector:
-    return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])

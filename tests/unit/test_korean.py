@@ -60,10 +60,13 @@ def test_english_vectors_are_those_of_the_implementation_before_languages() -> N
     assert en.config() == {"language": "en", "k": 1.2, "b": 0.75, "avg_len": 256.0}
     assert Bm25Embedder(language="english").config() == en.config()
     for text in ENGLISH:
-        for ours, theirs in ((en.embed_document(text), before.embed_document(text)),
-                             (en.embed_query(text), before.embed_query(text))):
-            assert ours.indices == list(theirs.indices)
-            assert ours.values == pytest.approx(list(theirs.values))
+        ours, theirs = en.embed_document(text), before.embed_document(text)
+        assert ours.indices == list(theirs.indices)
+        assert ours.values == pytest.approx(list(theirs.values))
+        # the question's tokens are the same; each now weighs its count in the question (it weighed 1.0)
+        question, old = en.embed_query(text), before.embed_query(text)
+        assert sorted(question.indices) == sorted(old.indices) and set(old.values) <= {1.0}
+        assert dict(zip(question.indices, question.values, strict=True)) == en.term_counts(text)
 
 
 def test_term_ids_are_the_same_in_another_process() -> None:

@@ -103,9 +103,18 @@ def test_vectors_without_counts_are_stored_as_given(tmp_path: Path) -> None:
 
 
 def generated() -> tuple[dict[str, str], list[str]]:
+    """120 documents; 25 questions of 3 distinct words and 10 that repeat one word 2-4 times (a long question)."""
     rng = random.Random(7)
     docs = {f"d{i:03d}": " ".join(rng.choice(WORDS) for _ in range(rng.choice((3, 5, 8, 20, 40)))) for i in range(120)}
-    return docs, [" ".join(rng.sample(WORDS, 3)) for _ in range(25)]
+    repeated = [" ".join([w] * rng.randint(2, 4) + rng.sample(WORDS, 2)) for w in rng.sample(WORDS, 10)]
+    return docs, [" ".join(rng.sample(WORDS, 3)) for _ in range(25)] + repeated
+
+
+def test_a_question_weighs_a_word_by_how_often_it_has_it() -> None:
+    enc = default_embedder()
+    v = enc.embed_query("wing pressure wing flow wing")
+    assert sorted(v.values) == [1.0, 1.0, 3.0] and v.counts is None  # "wing" three times
+    assert enc.embed_query("the of and").indices == []  # stopwords only: nothing to search
 
 
 def assert_bm25s_scores(store: Store, docs: dict[str, str], queries: list[str]) -> None:
@@ -119,7 +128,7 @@ def assert_bm25s_scores(store: Store, docs: dict[str, str], queries: list[str]) 
     index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
     index.index([[str(t) for t, c in cs.items() for _ in range(c)] for cs in counts], show_progress=False)
     for q in queries:
-        terms = [str(t) for t in enc.embed_query(q).indices]
+        terms = [str(t) for t, c in enc.term_counts(q).items() for _ in range(c)]  # repeats count, as in bm25s
         ref = index.get_scores([t for t in terms if t in index.vocab_dict])
         hits = store.search(SearchRequest(k=len(ids), mode="sparse", sparse=enc.embed_query(q)))
         ours = {h.passage.doc_id: h.score for h in hits}
