@@ -44,11 +44,23 @@ def test_the_v1_fixture_opens_and_answers_as_recorded(tmp_path: Path, base_tower
             for question, hits in questions.items():
                 got = runtime.search(question, QueryOptions(k=3, mode=mode))
                 assert [h.passage.doc_id for h in got] == [doc for doc, _ in hits], (mode, question)
-                assert [round(h.score, 4) for h in got] == pytest.approx([s for _, s in hits], abs=2e-4)
+                scores, recorded = [round(h.score, 4) for h in got], [s for _, s in hits]
+                if mode == "sparse" and _repeats_a_word(question):  # counted once then, as often as said since
+                    assert all(a > b for a, b in zip(scores, recorded, strict=True)), (question, scores, recorded)
+                    continue
+                assert scores == pytest.approx(recorded, abs=2e-4)
         assert not (data / "FORMAT").exists(), "opening and reading must not write the data dir"
         runtime.pipeline.ingest([_doc("new", "A brand new document about lighthouses and their keepers.")])
         assert runtime.store.count() == expected["points"] + 1
     assert json.loads((data / "FORMAT").read_text())["format"] == datadir.CURRENT
+
+
+def _repeats_a_word(question: str) -> bool:
+    """Since ec31651 a question's repeated words count as often as they are said (BM25 as Lucene and bm25s define
+    it); this release's BM25 scores such a question higher than the recorded release did, other questions the same."""
+    from services.store.sparse import default_embedder
+
+    return any(count > 1 for count in default_embedder().term_counts(question).values())
 
 
 def _doc(doc_id: str, text: str) -> Any:
