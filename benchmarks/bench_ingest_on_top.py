@@ -105,6 +105,22 @@ def run_slice(paths: list[Path], env: dict[str, str], rss_file: Path) -> dict[st
     return report
 
 
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def report_head(title: str, machine: str, counts: dict[str, int], rows: list[dict[str, Any]], copies: int,
+                how: str, columns: list[str]) -> list[str]:
+    """The report's first lines: title, machine before / after, commit and command, the documents, the header."""
+    return [f"# {title}", "", f"Machine before: {machine}", f"Machine after: {machine_line()}",
+            f"Commit {commit()}; command: `{' '.join(sys.argv)}`", "",
+            f"Real documents: {counts}; {len(rows):,} records ({copies} pass(es) over the text; later passes under "
+            f"`copyN/` ids), shuffled once; {how}", "",
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def rss_mb() -> tuple[float, float]:
     """(current, peak) resident set of this process, MB."""
     import resource
@@ -161,8 +177,7 @@ def one_process(path: Path, slices: int) -> tuple[list[dict[str, Any]], dict[str
     last = next(m for m in marks if m[1] >= total)  # a report of documents refused while reading comes after the end
     extra = {"open_s": opened, "batches_s": last[0] - t0, "after_last_batch_s": ended - last[0],
              "points_before": before, "points_after": after, "peak_rss_mb": rss_mb()[1],
-             "failed": len(status.get("failed") or []) if isinstance(status.get("failed"), list)
-             else status.get("failed_total", status.get("failed"))}
+             "failed": status.get("failed_total")}
     return rows, extra
 
 
@@ -208,9 +223,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dpr-ontop-") as tmp:
         for i in range(args.slices):
             part = Path(tmp) / f"slice{i:02d}.jsonl"
-            with part.open("w", encoding="utf-8") as f:
-                for row in rows[i * size:(i + 1) * size]:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            write_jsonl(part, rows[i * size:(i + 1) * size])
             paths = [part, *pdfs[i * pdf_size:(i + 1) * pdf_size]]
             report = run_slice(paths, env, Path(tmp) / "rss")
             report["points_after"] = points(args.data_dir, env)
@@ -229,15 +242,10 @@ def main() -> int:
     print(verdict)
     print(machine_line())
     if args.out:
-        lines = [
-            "# Ingest on top of a large collection (issue 42)", "",
-            f"Machine before: {machine}", f"Machine after: {machine_line()}",
-            f"Commit {commit()}; command: `{' '.join(sys.argv)}`", "",
-            f"Real documents: {counts}; {len(rows):,} records ({copies} pass(es) over the text; later passes under "
-            "`copyN/` ids), shuffled once and cut into equal slices of documents; one `dpr ingest` process per slice.",
-            "", "| slice | passages | passages/s | encode share | process wall s | peak RSS MB | points after |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines = report_head("Ingest on top of a large collection (issue 42)", machine, counts, rows, copies,
+                            "cut into equal slices of documents; one `dpr ingest` process per slice.",
+                            ["slice", "passages", "passages/s", "encode share", "process wall s", "peak RSS MB",
+                             "points after"])
         lines += [f"| {i + 1} | {r['chunks']:,} | {r['pps']:.1f} | "
                   f"{r['encode_seconds'] / max(r['seconds'], 1e-9):.0%} | {r['wall_s']:.0f} | {r['maxrss_mb']:.0f} | "
                   f"{r['points_after']:,} |"
@@ -255,9 +263,7 @@ def main_one_process(args: argparse.Namespace, env: dict[str, str], rows: list[d
     os.environ.update(env)
     with tempfile.TemporaryDirectory(prefix="dpr-ontop-") as tmp:
         path = Path(tmp) / "all.jsonl"
-        with path.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        write_jsonl(path, rows)
         results, extra = one_process(path, args.slices)
     for i, r in enumerate(results):
         print(f"slice {i + 1}/{args.slices}: {r['chunks']:,} passages in {r['seconds']:.0f} s ({r['pps']:.1f}/s; "
@@ -273,15 +279,10 @@ def main_one_process(args: argparse.Namespace, env: dict[str, str], rows: list[d
     print(verdict)
     print(machine_line())
     if args.out:
-        lines = [
-            "# Ingest on top of a large collection, one process (issue 42)", "",
-            f"Machine before: {machine}", f"Machine after: {machine_line()}",
-            f"Commit {commit()}; command: `{' '.join(sys.argv)}`", "",
-            f"Real documents: {counts}; {len(rows):,} records ({copies} pass(es) over the text; later passes under "
-            "`copyN/` ids), shuffled once; one in-process ingest; each row 1/N of its passages, in order.", "",
-            "| slice (1/N of the passages) | passages | passages/s | encode share | RSS MB after it | points after |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines = report_head("Ingest on top of a large collection, one process (issue 42)", machine, counts, rows,
+                            copies, "one in-process ingest; each row 1/N of its passages, in order.",
+                            ["slice (1/N of the passages)", "passages", "passages/s", "encode share",
+                             "RSS MB after it", "points after"])
         lines += [f"| {i + 1} | {r['chunks']:,} | {r['pps']:.1f} | "
                   f"{r['encode_seconds'] / max(r['seconds'], 1e-9):.0%} | {r['rss_mb']:.0f} | {r['points_after']:,} |"
                   for i, r in enumerate(results)]
