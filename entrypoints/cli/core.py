@@ -140,7 +140,7 @@ def status(
             from entrypoints.status import collection_status  # `dpr query` never needs it
 
             with Runtime(settings) as runtime:
-                data = collection_status(settings, runtime.store.info())
+                data = collection_status(settings, runtime.store.info(wait=False))
     if as_json:
         emit_json(data)
         return
@@ -155,13 +155,13 @@ def status(
                   f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))
     table.add_row("search", _describe_search(data["search_settings"], data["sparse"]))
     others = [g for g in data["generations"] if not g["active"]]
-    table.add_row("other generations", ", ".join(f"{g['name']} ({g['points']:,})" for g in others) or "none")
+    table.add_row("other generations", ", ".join(f"{g['name']} ({_points(g['points'])})" for g in others) or "none")
     for u in data.get("unfinished", []):  # a re-embed's target: never answered from until verified and swapped
         owner = u["owner"]
         alive = {True: "alive", False: "dead", None: "unknown"}[owner["alive"]]
         who = (f"pid {owner['pid']} on {owner['host']}" if owner["pid"] else
                f"workers, job {owner['job']}" if owner.get("job") else "workers") + f": {alive}"
-        table.add_row("unfinished", f"{u['name']} ({u['points']:,}, {u['status']} by {who}): {u['next']}")
+        table.add_row("unfinished", f"{u['name']} ({_points(u['points'])}, {u['status']} by {who}): {u['next']}")
     if "queue_depth" in data:
         table.add_row("queue depth", str(data["queue_depth"]))
     if data.get("broker_warning"):
@@ -176,6 +176,11 @@ def status(
         table.add_row("feedback", f"{fb['judgements']:,} judgements ({fb['relevant']:,} relevant) of "
                       f"{fb['questions']:,} questions")
     console.print(table)
+
+
+def _points(count: int | None) -> str:
+    """A generation's point count; None when another process held it (a re-embed's workers): not waited for."""
+    return "count not read: another process is writing it" if count is None else f"{count:,}"
 
 
 def _describe_search(search: dict[str, Any], sparse: bool | None) -> str:

@@ -129,13 +129,19 @@ class Store:
             yield self._resolve(generation)
 
     # -- collection and generations -------------------------------------------------------------------------
-    def info(self) -> CollectionInfo:
+    def info(self, wait: bool = True) -> CollectionInfo:
         active = self.engine.read_pointer()
         names = sorted(self.engine.generations(), key=lambda n: generation_number(self.alias, n) or 0)
         generations = []
         for n in names:  # one generation at a time: the embedded engine then never holds two locks for this
-            with self.engine.session(), contextlib.suppress(CollectionNotFound):  # dropped meanwhile: not listed
-                spec, count = self.engine.read_spec(n), self.engine.count(n)
+            with contextlib.suppress(CollectionNotFound):  # dropped meanwhile: not listed
+                count: int | None
+                if wait or n == active:
+                    with self.engine.session():
+                        spec, count = self.engine.read_spec(n), self.engine.count(n)
+                else:  # outside a session the spec is read as last written (atomically), without its lock
+                    count = self.engine.count_if_free(n)
+                    spec = self.engine.read_spec(n)
                 generations.append(GenerationInfo(name=n, spec=spec, count=count, active=n == active))
         active_info = next((g for g in generations if g.active), None)
         return CollectionInfo(alias=self.alias, backend=self.backend, active=active_info, generations=generations)

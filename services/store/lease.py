@@ -122,17 +122,26 @@ class ShardLease:
                 if self._structure_depth == 0:
                     self._structure.release()
 
-    def claim(self, generation: str) -> None:
-        """Lock ``generation`` for this process if it has not yet (no shard is loaded). Only inside ``held``."""
+    def claim(self, generation: str, wait: bool = True) -> bool:
+        """Lock ``generation`` for this process if it has not yet (no shard is loaded). Only inside ``held``.
+
+        With ``wait=False`` one attempt only, and no sign of waiting left for the holder (which would otherwise
+        hand the generation over and reload its shard afterwards): False when another process holds it."""
         held = self._held.get(generation)
         if held is not None:
             held.touched = True
-        else:
+            return True
+        try:
             self._held[generation] = GenerationLock.take(
-                self.root, generation, self._lock_timeout, self._yield_until.get(generation, 0.0),
+                self.root, generation, self._lock_timeout if wait else 0.0, self._yield_until.get(generation, 0.0),
                 on_wait=self._hand_on_carried,
             )
-            log.debug("edge lock acquired", extra={"generation": generation})
+        except StoreUnavailable:
+            if wait:
+                raise
+            return False
+        log.debug("edge lock acquired", extra={"generation": generation})
+        return True
 
     def shard(self, generation: str, path: Path, prepare: Callable[[], None] | None = None) -> EdgeShard:
         """The open shard of ``generation`` (claiming it and loading it if needed; ``prepare`` runs first, under

@@ -273,7 +273,7 @@ class ActiveGeneration:
 class GenerationInfo:
     name: str
     spec: CollectionSpec
-    count: int
+    count: int | None  # None: not counted, another process holds it (``VectorStore.info(wait=False)``)
     active: bool
 
 

@@ -42,9 +42,13 @@ class VectorStore(Protocol):
     alias: str
 
     # --- collection and generations -------------------------------------------------------------------
-    def info(self) -> CollectionInfo:
+    def info(self, wait: bool = True) -> CollectionInfo:
         """Alias, active generation (None if the collection does not exist yet), every generation kept, with
-        exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``."""
+        exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``.
+
+        ``wait=False`` (``dpr status``, ``/v1/status``): a generation other than the active one that another
+        process holds (on the edge: workers writing a re-embed's target) is listed from its spec as last written,
+        with ``count`` None, instead of waiting for it and making its writer hand it over and reload it."""
         ...
 
     def session(self) -> AbstractContextManager[object]:
@@ -203,6 +207,10 @@ class Engine(Protocol):
 
     def count(self, generation: str, where: Where | None = None) -> int:
         """Exact."""
+        ...
+
+    def count_if_free(self, generation: str) -> int | None:
+        """Exact, or None at once when another process holds ``generation`` (edge); never waits for it."""
         ...
 
     def scroll(

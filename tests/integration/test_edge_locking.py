@@ -6,9 +6,11 @@ Each test spawns fresh interpreters (multiprocessing "spawn") that open the same
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -81,6 +83,21 @@ def _holder(store_dir: str, ready: Event, stop: Event, generation: str | None = 
         ready.set()
         stop.wait(60)
     store.close()
+
+
+@contextlib.contextmanager
+def _held_elsewhere(store_dir: str, generation: str | None = None) -> Iterator[mp.process.BaseProcess]:
+    """A ``_holder`` process holding ``generation`` (the active one by default) for the block; it must exit clean."""
+    ready, stop = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop, generation))
+    holder.start()
+    try:
+        assert ready.wait(30), "the holder process never opened the store"
+        yield holder
+    finally:
+        stop.set()
+        holder.join(30)
+    assert holder.exitcode == 0
 
 
 def test_an_idle_holder_hands_the_lease_to_a_waiting_process(store_dir: str) -> None:
@@ -161,11 +178,7 @@ def test_reader_queries_while_another_process_writes(store_dir: str) -> None:
 
 
 def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: str) -> None:
-    ready, stop = CTX.Event(), CTX.Event()
-    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop))
-    holder.start()
-    try:
-        assert ready.wait(30), "the holder process never opened the store"
+    with _held_elsewhere(store_dir) as holder:
         waiter = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.3, idle_release=0))
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as err:
@@ -173,10 +186,6 @@ def test_a_holder_that_never_releases_makes_waiters_fail_transiently(store_dir: 
         assert 0.3 <= time.monotonic() - started < 5
         message = str(err.value)
         assert ".lock" in message and f"pid {holder.pid}" in message and "DPR_EDGE__LOCK_TIMEOUT" in message
-    finally:
-        stop.set()
-        holder.join(30)
-    assert holder.exitcode == 0
     waiter = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=5, idle_release=0))
     assert waiter.count() == 0  # the lease is free again once the holder lets go
     waiter.close()
@@ -210,11 +219,7 @@ def test_each_generation_has_its_own_lock(store_dir: str) -> None:
     assert active is not None
     target = maker.create_generation(SPEC)
     maker.close()
-    ready, stop = CTX.Event(), CTX.Event()
-    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop))  # has the active generation open
-    holder.start()
-    try:
-        assert ready.wait(30), "the holder process never opened the store"
+    with _held_elsewhere(store_dir) as holder:  # has the active generation open
         writer = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.5, idle_release=0))
         writer.upsert(_points(1, 0, 3), generation=target)
         assert writer.count(generation=target) == 3
@@ -224,10 +229,6 @@ def test_each_generation_has_its_own_lock(store_dir: str) -> None:
             writer.count()  # the active generation: still the holder's
         assert f"{active.name}.lock" in str(err.value) and f"pid {holder.pid}" in str(err.value)
         writer.close()
-    finally:
-        stop.set()
-        holder.join(30)
-    assert holder.exitcode == 0
 
 
 def test_readiness_reads_only_the_served_generation(store_dir: str) -> None:
@@ -242,11 +243,7 @@ def test_readiness_reads_only_the_served_generation(store_dir: str) -> None:
     maker.upsert(_points(0, 0, 2))
     target = maker.create_generation(SPEC)
     maker.close()
-    ready, stop = CTX.Event(), CTX.Event()
-    holder = CTX.Process(target=_holder, args=(store_dir, ready, stop, target))
-    holder.start()
-    try:
-        assert ready.wait(30), "the holder process never opened the store"
+    with _held_elsewhere(store_dir, target):
         probe = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=0.5, idle_release=0))
         state = SimpleNamespace(runtime=SimpleNamespace(store=probe))
         assert _store_check(state) == {"ok": True, "backend": "edge", "collection": ALIAS, "exists": True,  # type: ignore[arg-type]
@@ -254,10 +251,32 @@ def test_readiness_reads_only_the_served_generation(store_dir: str) -> None:
         with pytest.raises(StoreUnavailable, match=f"{target}.lock"):
             probe.info()  # every generation: waits for the target, as the check did before
         probe.close()
-    finally:
-        stop.set()
-        holder.join(30)
-    assert holder.exitcode == 0
+
+
+def test_status_lists_a_held_target_without_waiting_for_it(store_dir: str) -> None:
+    """`dpr status` / `/v1/status` (``info(wait=False)``) while workers hold a re-embed's target: the target is
+    listed from its spec, uncounted, at once, and its holder is given no sign of a waiter (which would make it hand
+    the generation over and reload its shard); the served generation is counted. Before, status counted every
+    generation: it waited for the target and failed with ``StoreUnavailable``."""
+    from services.store.generation_lock import wait_file
+
+    maker = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=0))
+    maker.upsert(_points(0, 0, 2))
+    target = maker.create_generation(SPEC)
+    maker.upsert(_points(2, 0, 3), generation=target)
+    maker.close()
+    with _held_elsewhere(store_dir, target):
+        probe = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=5, idle_release=0))
+        started = time.monotonic()
+        info = probe.info(wait=False)
+        assert time.monotonic() - started < 2
+        assert [(g.name, g.count, g.active, g.spec.model) for g in info.generations] == [
+            (info.active.name, 2, True, "m@1"), (target, None, False, "m@1")]  # type: ignore[union-attr]
+        assert not wait_file(Path(store_dir) / ALIAS, target).exists()  # the holder was not asked to yield
+        probe.close()
+    free = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=5, idle_release=0))
+    assert [g.count for g in free.info(wait=False).generations] == [2, 3]  # nobody holds it: counted
+    free.close()
 
 
 def _crossing(store_dir: str, target: str, ready: Event, results: mp.Queue) -> None:

@@ -17,5 +17,5 @@ router = APIRouter(prefix="/v1")
 @router.get("/status", summary="Collection, generations, point counts, model fingerprints (as `dpr status`)")
 @requires("read")
 async def get_status(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
-    info = await run_in_threadpool(state.runtime.store.info)
+    info = await run_in_threadpool(state.runtime.store.info, wait=False)  # never waits for a re-embed's target
     return await run_in_threadpool(collection_status, state.settings, info)

@@ -333,6 +333,12 @@ class EdgeEngine:
     def count(self, generation: str, where: Where | None = None) -> int:
         return self._shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))
 
+    def count_if_free(self, generation: str) -> int | None:
+        with self.session():
+            if not self._lease.claim(generation, wait=False):
+                return None  # another process holds it (workers writing a re-embed's target): not counted
+            return self.count(generation)
+
     def scroll(self, generation: str, limit: int, offset: Any, where: Where | None = None,
                fields: Sequence[str] | bool = True) -> tuple[list[Record], Any]:
         request = ScrollRequest(

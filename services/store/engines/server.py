@@ -293,6 +293,9 @@ class ServerEngine:
         with self._engine("count points", generation):
             return int(self.client.count(generation, count_filter=to_filter(where), exact=True).count)
 
+    def count_if_free(self, generation: str) -> int | None:
+        return self.count(generation)  # the server serves readers beside writers: never busy
+
     def scroll(
         self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> tuple[list[Record], Any]:
