@@ -330,6 +330,73 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     }
 
 
+def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray,
+                     sparse_q: list[SparseVector]) -> str:
+    """``--searched-only --hybrid-ef-sweep``: each kept lever's generation asked dense at ``--ef`` and hybrid (RRF,
+    the product's default fusion) with its dense branch at each ``hybrid_ef``, interleaved question by question;
+    each hybrid top 10 against the same question's hybrid with an exact fp32 dense branch (every point, on-top
+    ones included), the sparse branch and the fusion unchanged."""
+    from qdrant_edge import QuantizationSearchParams
+    from qdrant_edge import SearchParams as EdgeSearchParams
+
+    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
+    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
+              for v, sq in zip(dense_q, sparse_q, strict=True)]
+    lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only {args.searched_only} "
+             f"--queries {args.queries} --levers {' '.join(args.levers)} --ef {args.ef} --hybrid-ef-sweep "
+             f"{' '.join(map(str, args.hybrid_ef_sweep))}`", "",
+             "| lever | points | dense: HNSW ef | dense p50 / p99 ms | hybrid: dense-branch ef | hybrid p50 / p99 ms | "
+             "hybrid / dense p50 | hybrid top 10 vs exact-branch hybrid (ties at the cut counted) | same, strict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in args.levers:
+        base = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=args.ef))
+        exact = Store(EdgeEngine.from_settings(base))
+        exact.engine.fused_search_params = EdgeSearchParams(  # type: ignore[attr-defined]
+            exact=True, quantization=QuantizationSearchParams(ignore=True))
+        t0 = time.perf_counter()
+        reference = [exact.search(r) for r in hybrid]
+        exact_s = time.perf_counter() - t0
+        points = exact.count()
+        exact.close()
+        stores = {ef: Store(EdgeEngine.from_settings(base.model_copy(
+            update={"edge": base.edge.model_copy(update={"hybrid_ef": ef})}))) for ef in args.hybrid_ef_sweep}
+        first = stores[args.hybrid_ef_sweep[0]]
+        timed(first, dense[:10])
+        dense_ms: list[float] = []
+        hybrid_ms: dict[int, list[float]] = {ef: [] for ef in stores}
+        answers: dict[int, list[Any]] = {ef: [] for ef in stores}
+        for i, request in enumerate(dense):  # interleaved: a load that drifts weighs on every column alike
+            dense_ms += timed(first, [request])[0]
+            for ef, store in stores.items():
+                ms, got = timed(store, [hybrid[i]])
+                hybrid_ms[ef] += ms
+                answers[ef] += got
+        for store in stores.values():
+            store.close()
+        for ef in stores:
+            loose, strict = agreement(answers[ef], reference)
+            ratio = statistics.median(hybrid_ms[ef]) / max(1e-9, statistics.median(dense_ms))
+            lines.append(f"| {name} | {points:,} | {args.ef} | {stats(dense_ms)} | {ef} | {stats(hybrid_ms[ef])} | "
+                         f"{ratio:.2f} | {loose:.3f} | {strict:.3f} |")
+            print(lines[-1], flush=True)
+        lines.append(f"\n{name}: the exact-branch hybrid reference took {exact_s / len(hybrid) * 1000:.0f} ms a "
+                     "question.")
+    return "\n".join(lines) + "\n"
+
+
+def agreement(answers: list[Any], reference: list[Any]) -> tuple[float, float]:
+    """Share of each top 10 that is in the reference's: counting a hit that scores at least the reference's 10th
+    (a tie at the cut: RRF scores are sums of rank terms, so equal scores are common), and strictly by id."""
+    loose = strict = 0
+    for hits, ref in zip(answers, reference, strict=True):
+        ids = {h.id for h in ref}
+        cut = min((h.score for h in ref), default=float("inf"))
+        strict += sum(h.id in ids for h in hits)
+        loose += sum(h.id in ids or h.score >= cut - 1e-12 for h in hits)
+    n = 10 * max(1, len(answers))
+    return loose / n, strict / n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passages", type=int, default=1_000_000, help="points in all; 0: the real passages alone")
@@ -349,6 +416,9 @@ def main() -> int:
                     help="ask SciFact's test questions (--queries ignored) and report each lever's nDCG@10 (by "
                          "document); with --real-docs 5183 every judged abstract is in the collection")
     ap.add_argument("--oversampling-sweep", type=float, nargs="*", default=[2.0, 4.0, 8.0])
+    ap.add_argument("--hybrid-ef-sweep", type=int, nargs="*", default=None,
+                    help="with --searched-only and --ef: hybrid queries with their dense branch at each of these "
+                         "ef (DPR_EDGE__HYBRID_EF) beside dense at --ef, against an exact dense branch")
     args = ap.parse_args()
     if not SCIFACT.is_dir():
         print(f"needs {SCIFACT} (BEIR SciFact); not found", file=sys.stderr)
@@ -359,8 +429,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = args.keep or Path(tmp)
         runtime = Runtime(Settings(data_dir=Path(tmp) / "models"))
-        corpus = Corpus(runtime, load_docs(args.real_docs), args.seed)
-        if args.passages <= 0:  # the real passages alone
+        # the hybrid-ef sweep compares the engine with itself: no real part to embed, no exact dense scan
+        corpus = None if args.hybrid_ef_sweep else Corpus(runtime, load_docs(args.real_docs), args.seed)
+        if args.passages <= 0 and corpus is not None:  # the real passages alone
             args.passages = corpus.n_real
         judged = None
         if args.ndcg:
@@ -377,6 +448,17 @@ def main() -> int:
             encode_ms.append((time.perf_counter() - t) * 1000)
         dense_q = np.asarray(qt.encode_queries(qs), dtype=np.float32)  # (q, dim)
         sparse_q = [runtime.sparse.embed_query(q) for q in qs]
+        if args.hybrid_ef_sweep:
+            if not args.searched_only or args.ef is None:
+                print("--hybrid-ef-sweep needs --searched-only DIR and --ef", file=sys.stderr)
+                return 2
+            text = hybrid_ef_report(args, machine, dense_q, sparse_q)
+            runtime.close()
+            print(text)
+            if args.out:
+                args.out.write_text(text, encoding="utf-8")
+            return 0
+        assert corpus is not None
         print(f"{corpus.n_real} real passages ({corpus.encode_pps:.1f}/s); exact top 10 over {args.passages:,}...",
               flush=True)
         t0 = time.perf_counter()

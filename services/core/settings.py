@@ -125,6 +125,10 @@ class QdrantSettings(BaseModel):
     # memory levers at scale (docs/capacity.md); creation-time ones apply to new generations
     on_disk_payload: bool = Field(default=False, description="Payloads on disk (mmap) instead of RAM.")
     hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the server's default.")
+    hybrid_ef: int | None = Field(
+        default=None, ge=1, description="Search-time HNSW ef of the dense branch of a hybrid query (fused with "
+        "BM25 it needs less recall than a dense query alone: docs/capacity.md); unset: hnsw_ef."
+    )
     rescore: bool = Field(default=True, description="With int8 quantization: re-score candidates with fp32 vectors.")
     oversampling: float | None = Field(
         default=None, ge=1.0, description="With int8 quantization: fetch k x this many candidates to re-score."
@@ -158,6 +162,10 @@ class EdgeSettings(BaseModel):
     hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 16.")
     hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 100.")
     hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the engine's default.")
+    hybrid_ef: int | None = Field(
+        default=None, ge=1, description="Search-time HNSW ef of the dense branch of a hybrid query (fused with "
+        "BM25 it needs less recall than a dense query alone: docs/capacity.md); unset: hnsw_ef."
+    )
     rescore: bool = Field(default=True, description="With int8: re-score the candidates with the fp32 vectors.")
     oversampling: float | None = Field(
         default=None, ge=1.0, description="With int8: fetch k x this many candidates to re-score; unset: k."

@@ -224,7 +224,8 @@ class Engine(Protocol):
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        """One result list per branch; without payloads (``{}``) when ``with_payload`` is False."""
+        """One result list per branch (a hybrid query's, fused by the caller: the dense branch searches with the
+        hybrid ef, ``hybrid_ef``); without payloads (``{}``) when ``with_payload`` is False."""
         ...
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -238,7 +239,8 @@ class Engine(Protocol):
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
-        """Reciprocal rank fusion of the branches, ``depth`` candidates each, inside the engine."""
+        """Reciprocal rank fusion of the branches, ``depth`` candidates each, inside the engine (the dense branch
+        with the hybrid ef, ``hybrid_ef``)."""
         ...
 
     def close(self) -> None: ...

@@ -134,8 +134,8 @@ class Bm25Embedder:
 
     def term_counts(self, text: str) -> dict[int, int]:
         """Token index -> count in ``text``, as the document vectors see it (e.g. for a reference BM25)."""
-        vector = self.embed_document(text)
-        return {i: int(c) for i, c in zip(vector.indices, vector.counts or [], strict=True)}
+        indices, counts = self._counts(text)
+        return {i: int(c) for i, c in zip(indices, counts, strict=True)}
 
     def embed_documents(self, texts: Iterable[str]) -> list[SparseVector]:
         return [self.embed_document(t) for t in texts]

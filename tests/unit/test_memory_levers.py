@@ -126,13 +126,15 @@ def test_edge_on_disk_collection_reopens_and_answers_the_same(tmp_path: Path) ->
     assert top10(reopened, queries) == before == exact_top10(corpus, queries)
     assert all("InRam" not in s["storage_type"] for s in dense_segments(tmp_path))
     reopened.close()
-    # a process whose settings name no lever still rescores the int8 generation: fp32 scores, not int8 ones
-    plain = Store(EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000))
+    # a process whose settings name no quantization lever (none at all, or an ef only) still rescores the int8
+    # generation: fp32 scores, not int8 ones
     exact = corpus @ queries.T  # (n, queries)
-    for j, q in enumerate(queries):
-        for hit in plain.search(SearchRequest(dense=q.tolist(), k=10)):
-            assert hit.score == pytest.approx(float(exact[int(hit.passage.doc_id[1:]), j]), abs=1e-4)
-    plain.close()
+    for settings in (EdgeSettings(), EdgeSettings(hnsw_ef=256, hybrid_ef=128)):
+        plain = edge_store(tmp_path, settings)
+        for j, q in enumerate(queries):
+            for hit in plain.search(SearchRequest(dense=q.tolist(), k=10)):
+                assert hit.score == pytest.approx(float(exact[int(hit.passage.doc_id[1:]), j]), abs=1e-4)
+        plain.close()
 
 
 @pytest.mark.unit
@@ -143,8 +145,48 @@ def test_edge_levers_come_from_the_settings(tmp_path: Path) -> None:
     assert params is not None and params.hnsw_ef == 512
     assert params.quantization is not None and params.quantization.rescore is True
     assert params.quantization.oversampling == 2.0
+    assert engine.fused_search_params is not None and engine.fused_search_params.hnsw_ef == 512  # hybrid_ef unset
     plain = EdgeEngine.from_settings(Settings(data_dir=tmp_path))
     assert plain.levers == EdgeLevers() and plain.search_params is None  # defaults: requests as before
+    assert plain.fused_search_params is None
+
+
+@pytest.mark.unit
+def test_the_dense_branch_of_a_hybrid_query_searches_with_hybrid_ef(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hybrid_ef`` reaches the dense branch of hybrid queries (RRF in the engine, linear fusion here) and nothing
+    else: a dense query keeps ``hnsw_ef``; the sparse branch has no params."""
+    from services.store.points import SparseVector
+
+    settings = EdgeSettings(hnsw_ef=512, hybrid_ef=128)
+    engine = EdgeEngine.from_settings(Settings(data_dir=tmp_path, edge=settings))
+    asked: list[tuple[str, bool, int | None]] = []
+    params_of = EdgeEngine._params
+
+    def recording(self: EdgeEngine, generation: str, branch: Any, fused: bool = False) -> Any:
+        params = params_of(self, generation, branch, fused)
+        asked.append((branch[0], fused, None if params is None else params.hnsw_ef))
+        return params
+
+    monkeypatch.setattr(EdgeEngine, "_params", recording)
+    store = Store(engine)
+    store.ensure_collection(CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=True))
+    vectors = unit_vectors(20, seed=15)
+    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"passage {i}"), dense=v.tolist(),
+                               sparse=SparseVector(indices=[i % 3], values=[1.0])) for i, v in enumerate(vectors)])
+    question = {"dense": vectors[0].tolist(), "sparse": SparseVector(indices=[0], values=[1.0]), "k": 3}
+    for request in (SearchRequest(mode="dense", **question), SearchRequest(mode="hybrid", **question),
+                    SearchRequest(mode="hybrid", fusion="linear", **question)):
+        asked.clear()
+        assert store.search(request)
+        by_branch = {name: (fused, ef) for name, fused, ef in asked}
+        if request.mode == "dense":
+            assert by_branch == {"dense": (False, 512)}
+        else:
+            assert by_branch == {"dense": (True, 128), "bm25": (True, None)}, request.fusion
+    store.close()
+    assert search_params_from(settings, fused=True).hnsw_ef == 128  # type: ignore[union-attr]
+    assert search_params_from(settings).hnsw_ef == 512  # type: ignore[union-attr]
 
 
 # -- server adapter (qdrant-client) -------------------------------------------------------------------------------
@@ -194,6 +236,19 @@ def test_server_levers_are_sent_and_answers_equal_the_exact_scan() -> None:
     params = client.searched[-1]
     assert params.hnsw_ef == 256 and params.quantization.rescore is True and params.quantization.oversampling == 2.0
     store.close()
+
+
+@pytest.mark.unit
+def test_server_hybrid_ef_is_the_dense_branch_of_hybrid_queries_only() -> None:
+    from services.store.points import SparseVector
+
+    engine = ServerEngine(QdrantClient(":memory:"), "c", SERVER_LEVERS.model_copy(update={"hybrid_ef": 128}))
+    dense = [0.0] * DIM
+    assert engine._search_params(dense).hnsw_ef == 256  # type: ignore[union-attr]
+    assert engine._search_params(dense, fused=True).hnsw_ef == 128  # type: ignore[union-attr]
+    assert engine._search_params(SparseVector(indices=[1], values=[1.0]), fused=True) is None
+    unset = ServerEngine(QdrantClient(":memory:"), "c", SERVER_LEVERS)
+    assert unset._search_params(dense, fused=True).hnsw_ef == 256  # type: ignore[union-attr]
 
 
 @pytest.mark.unit

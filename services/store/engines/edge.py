@@ -98,11 +98,14 @@ class EdgeEngine:
         data_dir: Path | None = None,
         levers: EdgeLevers | None = None,
         search_params: SearchParams | None = None,
+        fused_search_params: SearchParams | None = None,
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
         dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
         ``levers``: how new generations store vectors and payloads; ``search_params``: every dense search's
-        (``hnsw_ef``, quantization rescore / oversampling); both from ``settings.edge`` (``levers_from``)."""
+        (``hnsw_ef``, quantization rescore / oversampling), ``fused_search_params`` the dense branch's of a hybrid
+        query (``hybrid_ef``; unset: ``search_params``); all from ``settings.edge`` (``levers_from``,
+        ``search_params_from``)."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -117,6 +120,7 @@ class EdgeEngine:
         self.data_dir = data_dir
         self.levers = levers or EdgeLevers()
         self.search_params = search_params
+        self.fused_search_params = fused_search_params if fused_search_params is not None else search_params
         self._quantized: dict[str, bool] = {}  # generation -> created with int8 (then rescored by default)
 
     @classmethod
@@ -132,6 +136,7 @@ class EdgeEngine:
             data_dir=settings.data_dir,
             levers=levers_from(settings.edge),
             search_params=search_params_from(settings.edge),
+            fused_search_params=search_params_from(settings.edge, fused=True),
         )
 
     def __repr__(self) -> str:
@@ -354,7 +359,8 @@ class EdgeEngine:
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        requests = [query_request(b, limit, where, with_payload, self._params(generation, b)) for b in branches]
+        requests = [query_request(b, limit, where, with_payload, self._params(generation, b, fused=True))
+                    for b in branches]
         return [scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -375,28 +381,32 @@ class EdgeEngine:
     ) -> list[Scored]:
         flt = to_filter(where)
         prefetches = [
-            Prefetch(limit=depth, query=nearest(b), filter=flt, params=self._params(generation, b)) for b in branches
+            Prefetch(limit=depth, query=nearest(b), filter=flt, params=self._params(generation, b, fused=True))
+            for b in branches
         ]
         rrf = Fusion.Rrf(k=rrf_k)  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
         request = QueryRequest(limit=limit, prefetches=prefetches, query=rrf, with_payload=True)  # type: ignore[arg-type]
         return scored(self._shard(generation).query(request))
 
-    def _params(self, generation: str, branch: Branch) -> SearchParams | None:
-        """The dense branch's search params (HNSW ef, quantization rescore); none for the sparse branch. A
-        generation created with int8 is rescored even by a process whose settings name no search lever (the
-        engine's default would rank by the int8 copy alone)."""
+    def _params(self, generation: str, branch: Branch, fused: bool = False) -> SearchParams | None:
+        """The dense branch's search params (HNSW ef, quantization rescore; ``fused``: of a hybrid query); none for
+        the sparse branch. A generation created with int8 is rescored even by a process whose settings name no
+        quantization lever (the engine's default would rank by the int8 copy alone)."""
         if isinstance(branch[1], SparseVector):
             return None
-        if self.search_params is not None:
-            return self.search_params
+        params = self.fused_search_params if fused else self.search_params
+        if params is not None and params.quantization is not None:
+            return params
         if generation not in self._quantized:
             levers = EdgeLevers.from_json(levers_of(self._generations_dir / generation))
             self._quantized[generation] = levers.quantization != "none"
-        return _RESCORE if self._quantized[generation] else None
+        if not self._quantized[generation]:
+            return params
+        return SearchParams(hnsw_ef=params.hnsw_ef if params is not None else None, quantization=_RESCORE)
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
         self._lease.release()
 
 
-_RESCORE = SearchParams(quantization=QuantizationSearchParams(rescore=True))
+_RESCORE = QuantizationSearchParams(rescore=True)

@@ -112,14 +112,16 @@ def levers_from(edge: EdgeSettings) -> EdgeLevers:
     )
 
 
-def search_params_from(edge: EdgeSettings) -> SearchParams | None:
-    """Dense search params from the settings; None (the engine's defaults) when no search lever is set."""
-    if edge.hnsw_ef is None and edge.oversampling is None and edge.quantization == "none":
+def search_params_from(edge: EdgeSettings, fused: bool = False) -> SearchParams | None:
+    """Dense search params from the settings (``fused``: for the dense branch of a hybrid query, whose ef is
+    ``hybrid_ef`` when set); None (the engine's defaults) when no search lever is set."""
+    ef = edge.hybrid_ef if fused and edge.hybrid_ef is not None else edge.hnsw_ef
+    if ef is None and edge.oversampling is None and edge.quantization == "none":
         return None
     quantization = None
     if edge.quantization != "none" or edge.oversampling is not None:
         quantization = QuantizationSearchParams(rescore=edge.rescore, oversampling=edge.oversampling)
-    return SearchParams(hnsw_ef=edge.hnsw_ef, quantization=quantization)
+    return SearchParams(hnsw_ef=ef, quantization=quantization)
 
 
 def levers_of(generation_dir: Path) -> dict[str, Any]:

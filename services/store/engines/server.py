@@ -255,17 +255,19 @@ class ServerEngine:
             params["on_disk_payload"] = True
         return params
 
-    def _search_params(self, vector: Vector) -> models.SearchParams | None:
-        """Dense search params from ``settings.qdrant`` (HNSW ef, int8 rescore / oversampling); None when no search
-        lever is set (the server's defaults) and for the sparse branch."""
+    def _search_params(self, vector: Vector, fused: bool = False) -> models.SearchParams | None:
+        """Dense search params from ``settings.qdrant`` (HNSW ef, or ``hybrid_ef`` for the dense branch of a hybrid
+        query when ``fused``; int8 rescore / oversampling); None when no search lever is set (the server's
+        defaults) and for the sparse branch."""
         o = self.options
-        unset = o.hnsw_ef is None and o.oversampling is None and o.quantization == "none"
+        ef = o.hybrid_ef if fused and o.hybrid_ef is not None else o.hnsw_ef
+        unset = ef is None and o.oversampling is None and o.quantization == "none"
         if unset or isinstance(vector, SparseVector):
             return None
         quantization = None
         if o.quantization != "none" or o.oversampling is not None:
             quantization = models.QuantizationSearchParams(rescore=o.rescore, oversampling=o.oversampling)
-        return models.SearchParams(hnsw_ef=o.hnsw_ef, quantization=quantization)
+        return models.SearchParams(hnsw_ef=ef, quantization=quantization)
 
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
@@ -330,7 +332,7 @@ class ServerEngine:
         flt = to_filter(where)
         requests = [
             models.QueryRequest(query=to_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload,
-                                params=self._search_params(v))
+                                params=self._search_params(v, fused=True))
             for u, v in branches
         ]
         with self._engine("search", generation):
@@ -360,7 +362,7 @@ class ServerEngine:
             response = self.client.query_points(
                 generation,
                 prefetch=[models.Prefetch(query=to_vector(v), using=u, filter=flt, limit=depth,
-                                          params=self._search_params(v)) for u, v in branches],
+                                          params=self._search_params(v, fused=True)) for u, v in branches],
                 query=models.RrfQuery(rrf=models.Rrf(k=rrf_k)),
                 limit=limit,
                 with_payload=True,
