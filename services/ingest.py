@@ -186,9 +186,9 @@ def _spec_of(store: VectorStore, generation: str) -> CollectionSpec:
     active = store.active()
     if active is not None and active.name == generation:
         return active.spec
-    for g in store.info().generations:
-        if g.name == generation:
-            return g.spec
+    spec = store.spec(generation)  # that generation alone: counting every one would wait for the others' holders
+    if spec is not None:
+        return spec
     raise CollectionNotFound(f"collection {store.alias!r} has no generation {generation!r}; ingest without it")
 
 
