@@ -180,7 +180,7 @@ def status(
 
 def _points(count: int | None) -> str:
     """A generation's point count; None when another process held it (a re-embed's workers): not waited for."""
-    return "count not read: another process is writing it" if count is None else f"{count:,}"
+    return "count not read: another process holds it" if count is None else f"{count:,}"
 
 
 def _describe_search(search: dict[str, Any], sparse: bool | None) -> str:
