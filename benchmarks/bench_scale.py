@@ -335,7 +335,8 @@ def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray
     """``--searched-only --hybrid-ef-sweep``: each kept lever's generation asked dense at ``--ef`` and hybrid (RRF,
     the product's default fusion) with its dense branch at each ``hybrid_ef``, interleaved question by question;
     each hybrid top 10 against the same question's hybrid with an exact fp32 dense branch (every point, on-top
-    ones included), the sparse branch and the fusion unchanged."""
+    ones included), the sparse branch and the fusion unchanged; and the dense branch's own recall of the exact
+    top ``candidates`` (the depth it hands the fusion) at that ef."""
     from qdrant_edge import QuantizationSearchParams
     from qdrant_edge import SearchParams as EdgeSearchParams
 
@@ -346,16 +347,19 @@ def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray
              f"--queries {args.queries} --levers {' '.join(args.levers)} --ef {args.ef} --hybrid-ef-sweep "
              f"{' '.join(map(str, args.hybrid_ef_sweep))}`", "",
              "| lever | points | dense: HNSW ef | dense p50 / p99 ms | hybrid: dense-branch ef | hybrid p50 / p99 ms | "
-             "hybrid / dense p50 | hybrid top 10 vs exact-branch hybrid (ties at the cut counted) | same, strict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "hybrid / dense p50 | hybrid top 10 vs exact-branch hybrid (ties at the cut counted) | same, strict | "
+             "dense branch: recall@100 vs exact |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.levers:
         base = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=args.ef))
         exact = Store(EdgeEngine.from_settings(base))
-        exact.engine.fused_search_params = EdgeSearchParams(  # type: ignore[attr-defined]
+        exact.engine.fused_search_params = exact.engine.search_params = EdgeSearchParams(  # type: ignore[attr-defined]
             exact=True, quantization=QuantizationSearchParams(ignore=True))
         t0 = time.perf_counter()
         reference = [exact.search(r) for r in hybrid]
         exact_s = time.perf_counter() - t0
+        depth = hybrid[0].candidates  # what the dense branch hands the fusion
+        deep = [SearchRequest(k=depth, mode="dense", dense=v.tolist()) for v in dense_q]
+        branch_truth = [{h.id for h in exact.search(r)} for r in deep]
         points = exact.count()
         exact.close()
         stores = {ef: Store(EdgeEngine.from_settings(base.model_copy(
@@ -376,8 +380,12 @@ def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray
         for ef in stores:
             loose, strict = agreement(answers[ef], reference)
             ratio = statistics.median(hybrid_ms[ef]) / max(1e-9, statistics.median(dense_ms))
+            branch = Store(EdgeEngine.from_settings(base.model_copy(
+                update={"edge": base.edge.model_copy(update={"hnsw_ef": ef})})))
+            found = sum(len({h.id for h in branch.search(r)} & t) for r, t in zip(deep, branch_truth, strict=True))
+            branch.close()
             lines.append(f"| {name} | {points:,} | {args.ef} | {stats(dense_ms)} | {ef} | {stats(hybrid_ms[ef])} | "
-                         f"{ratio:.2f} | {loose:.3f} | {strict:.3f} |")
+                         f"{ratio:.2f} | {loose:.3f} | {strict:.3f} | {found / (depth * len(deep)):.3f} |")
             print(lines[-1], flush=True)
         lines.append(f"\n{name}: the exact-branch hybrid reference took {exact_s / len(hybrid) * 1000:.0f} ms a "
                      "question.")
