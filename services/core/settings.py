@@ -111,7 +111,25 @@ class RerankSettings(BaseModel):
     batch_size: int = Field(default=32, ge=1, le=1024, description="(question, passage) pairs per forward pass.")
 
 
-class QdrantSettings(BaseModel):
+class SearchLevers(BaseModel):
+    """Search-time levers both engines take (docs/capacity.md): every dense search's HNSW ef and int8 re-scoring."""
+
+    hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the engine's default.")
+    hybrid_ef: int | None = Field(
+        default=None, ge=1, description="Search-time HNSW ef of the dense branch of a hybrid query (fused with "
+        "BM25 it needs less recall than a dense query alone: docs/capacity.md); unset: hnsw_ef."
+    )
+    rescore: bool = Field(default=True, description="With int8: re-score the candidates with the fp32 vectors.")
+    oversampling: float | None = Field(
+        default=None, ge=1.0, description="With int8: fetch k x this many candidates to re-score; unset: k."
+    )
+
+    def search_ef(self, fused: bool = False) -> int | None:
+        """The ef of a dense search, or (``fused``) of a hybrid query's dense branch."""
+        return self.hybrid_ef if fused and self.hybrid_ef is not None else self.hnsw_ef
+
+
+class QdrantSettings(SearchLevers):
     """Server adapter (qdrant-client) options; applied on collection creation."""
 
     timeout: float = 30.0
@@ -124,18 +142,9 @@ class QdrantSettings(BaseModel):
     quantization: Literal["none", "int8"] = "none"
     # memory levers at scale (docs/capacity.md); creation-time ones apply to new generations
     on_disk_payload: bool = Field(default=False, description="Payloads on disk (mmap) instead of RAM.")
-    hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the server's default.")
-    hybrid_ef: int | None = Field(
-        default=None, ge=1, description="Search-time HNSW ef of the dense branch of a hybrid query (fused with "
-        "BM25 it needs less recall than a dense query alone: docs/capacity.md); unset: hnsw_ef."
-    )
-    rescore: bool = Field(default=True, description="With int8 quantization: re-score candidates with fp32 vectors.")
-    oversampling: float | None = Field(
-        default=None, ge=1.0, description="With int8 quantization: fetch k x this many candidates to re-score."
-    )
 
 
-class EdgeSettings(BaseModel):
+class EdgeSettings(SearchLevers):
     """Embedded engine (qdrant-edge) options."""
 
     lock_timeout: float = Field(default=120.0, gt=0, description="Seconds to wait for the shard's file lock.")
@@ -161,15 +170,6 @@ class EdgeSettings(BaseModel):
     payload_on_disk: bool = Field(default=True, description="Payloads (passage text) memory-mapped from disk.")
     hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 16.")
     hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 100.")
-    hnsw_ef: int | None = Field(default=None, ge=1, description="Search-time HNSW ef; unset: the engine's default.")
-    hybrid_ef: int | None = Field(
-        default=None, ge=1, description="Search-time HNSW ef of the dense branch of a hybrid query (fused with "
-        "BM25 it needs less recall than a dense query alone: docs/capacity.md); unset: hnsw_ef."
-    )
-    rescore: bool = Field(default=True, description="With int8: re-score the candidates with the fp32 vectors.")
-    oversampling: float | None = Field(
-        default=None, ge=1.0, description="With int8: fetch k x this many candidates to re-score; unset: k."
-    )
 
 
 class CelerySettings(BaseModel):

@@ -132,9 +132,9 @@ class ShardLease:
             held.touched = True
             return True
         try:
+            timeout, yield_until = (self._lock_timeout, self._yield_until.get(generation, 0.0)) if wait else (0.0, 0.0)
             self._held[generation] = GenerationLock.take(
-                self.root, generation, self._lock_timeout if wait else 0.0, self._yield_until.get(generation, 0.0),
-                on_wait=self._hand_on_carried,
+                self.root, generation, timeout, yield_until, on_wait=self._hand_on_carried
             )
         except StoreUnavailable:
             if wait:

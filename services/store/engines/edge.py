@@ -36,7 +36,6 @@ from qdrant_edge import (
     PayloadSchemaType,
     Point,
     Prefetch,
-    QuantizationSearchParams,
     QueryBatchRequest,
     QueryRequest,
     ScrollRequest,
@@ -53,6 +52,7 @@ from services.store.engines import edge_index
 from services.store.engines.edge_config import (  # converters
     LEVERS_FILE,
     EdgeLevers,
+    dense_params,
     edge_config,
     from_engine,
     levers_from,
@@ -259,35 +259,9 @@ class EdgeEngine:
 
     def optimize(self, generation: str) -> bool:
         """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
-        the shard and to swap the built copy in; False if nothing changed, another process is building, or a
-        write arrived during the build (the copy is then dropped)."""
-        gen_dir = self._generations_dir / generation
-        with edge_index.build_lock(gen_dir) as mine:
-            if not mine:
-                log.info("another process is building this generation's index", extra={"generation": generation})
-                return False
-            try:
-                with self.session():
-                    token, points = edge_index.copy_for_build(self._shard(generation), gen_dir)
-                    spec = self.read_spec(generation)
-                kb = edge_index.threshold_kb(self.index_threshold, spec.dim)
-                changed = edge_index.build(
-                    gen_dir / edge_index.BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir))
-                )
-                swapped = False
-                with self.session():
-                    self._lease.claim(generation)  # no writer between the token check and the swap
-                    if changed and edge_index.unchanged_since(self._lease.opened(generation), gen_dir, token):
-                        self._lease.forget(generation)
-                        edge_index.swap_in(gen_dir)
-                        swapped = True
-                    if not changed or swapped:
-                        edge_index.record_build(gen_dir, points)
-            finally:
-                for leftover in (edge_index.OLD, edge_index.BUILD):
-                    shutil.rmtree(gen_dir / leftover, ignore_errors=True)
-        log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped})
-        return swapped
+        the shard and to swap the built copy in (``edge_index.optimize``); False if nothing changed, another
+        process is building, or a write arrived during the build (the copy is then dropped)."""
+        return edge_index.optimize(self, generation)
 
     def needs_index(self, generation: str) -> bool:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
@@ -394,19 +368,12 @@ class EdgeEngine:
         quantization lever (the engine's default would rank by the int8 copy alone)."""
         if isinstance(branch[1], SparseVector):
             return None
-        params = self.fused_search_params if fused else self.search_params
-        if params is not None and params.quantization is not None:
-            return params
         if generation not in self._quantized:
             levers = EdgeLevers.from_json(levers_of(self._generations_dir / generation))
             self._quantized[generation] = levers.quantization != "none"
-        if not self._quantized[generation]:
-            return params
-        return SearchParams(hnsw_ef=params.hnsw_ef if params is not None else None, quantization=_RESCORE)
+        return dense_params(self.fused_search_params if fused else self.search_params, self._quantized[generation])
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
         self._lease.release()
 
-
-_RESCORE = QuantizationSearchParams(rescore=True)

@@ -6,8 +6,9 @@ original vectors and payloads on disk, HNSW m / ef_construct; docs/capacity.md).
 generation's spec (``levers.json``) because the index build reloads the shard with a config, and a dense vector's
 memory placement that the reload does not repeat falls back to RAM (measured on qdrant-edge 0.9.0: a ``Cold``
 vector storage came back ``InRamMmap`` after ``optimize()``); quantization and payload placement persist.
-``levers_from`` / ``search_params_from`` read them from the settings. Below: the converters of the store's neutral
-records to qdrant-edge's types and back (pure functions; in this module so `dpr query` loads one module for both).
+``levers_from`` / ``search_params_from`` read them from the settings (``dense_params``: the rescoring an int8
+generation needs). Below: the converters of the store's neutral records to qdrant-edge's types and back (pure
+functions; in this module so `dpr query` loads one module for both).
 """
 
 from __future__ import annotations
@@ -115,13 +116,23 @@ def levers_from(edge: EdgeSettings) -> EdgeLevers:
 def search_params_from(edge: EdgeSettings, fused: bool = False) -> SearchParams | None:
     """Dense search params from the settings (``fused``: for the dense branch of a hybrid query, whose ef is
     ``hybrid_ef`` when set); None (the engine's defaults) when no search lever is set."""
-    ef = edge.hybrid_ef if fused and edge.hybrid_ef is not None else edge.hnsw_ef
+    ef = edge.search_ef(fused)
     if ef is None and edge.oversampling is None and edge.quantization == "none":
         return None
     quantization = None
     if edge.quantization != "none" or edge.oversampling is not None:
         quantization = QuantizationSearchParams(rescore=edge.rescore, oversampling=edge.oversampling)
     return SearchParams(hnsw_ef=ef, quantization=quantization)
+
+
+def dense_params(params: SearchParams | None, quantized: bool) -> SearchParams | None:
+    """``params`` for a dense search of a generation, with fp32 re-scoring added when the generation is int8 and
+    ``params`` name no quantization lever (none at all, or an ef alone): the engine's default would rank by the
+    int8 copy."""
+    if not quantized or (params is not None and params.quantization is not None):
+        return params
+    return SearchParams(hnsw_ef=None if params is None else params.hnsw_ef,
+                        quantization=QuantizationSearchParams(rescore=True))
 
 
 def levers_of(generation_dir: Path) -> dict[str, Any]:

@@ -28,10 +28,13 @@ import subprocess
 import sys
 from collections.abc import Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.core.errors import StoreUnavailable
 from services.core.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    from services.store.engines.edge import EdgeEngine
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +182,36 @@ def swap_in(generation_dir: Path) -> None:
     os.replace(generation_dir / BUILD, generation_dir / NEXT)
     os.replace(generation_dir / SHARD, generation_dir / OLD)
     os.replace(generation_dir / NEXT, generation_dir / SHARD)
+
+
+def optimize(engine: EdgeEngine, generation: str) -> bool:
+    """Steps 1-3 above for ``engine``'s ``generation`` (``EdgeEngine.optimize``): True if the built copy was swapped
+    in; False if nothing changed, another process is building, or a write arrived during the build."""
+    from services.store.engines.edge_config import levers_of
+
+    gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
+    lease = engine._lease  # noqa: SLF001 - the engine's own lease: the build's two ends hold it
+    changed = swapped = False
+    with build_lock(gen_dir) as mine:
+        if not mine:
+            log.info("another process is building this generation's index", extra={"generation": generation})
+            return False
+        try:
+            with engine.session():
+                token, points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
+                spec = engine.read_spec(generation)
+            kb = threshold_kb(engine.index_threshold, spec.dim)
+            changed = build(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)))
+            with engine.session():
+                lease.claim(generation)  # no writer between the token check and the swap
+                if changed and unchanged_since(lease.opened(generation), gen_dir, token):
+                    lease.forget(generation)
+                    swap_in(gen_dir)
+                    swapped = True
+                if not changed or swapped:
+                    record_build(gen_dir, points)
+        finally:
+            for leftover in (OLD, BUILD):
+                shutil.rmtree(gen_dir / leftover, ignore_errors=True)
+    log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped})
+    return swapped

@@ -260,7 +260,7 @@ class ServerEngine:
         query when ``fused``; int8 rescore / oversampling); None when no search lever is set (the server's
         defaults) and for the sparse branch."""
         o = self.options
-        ef = o.hybrid_ef if fused and o.hybrid_ef is not None else o.hnsw_ef
+        ef = o.search_ef(fused)
         unset = ef is None and o.oversampling is None and o.quantization == "none"
         if unset or isinstance(vector, SparseVector):
             return None
