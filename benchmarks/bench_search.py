@@ -4,27 +4,33 @@ Synthetic passages (random unit vectors, random BM25-like sparse vectors, an 800
 edge store; then, for the store's ``search`` (no towers: the engine and the front end only):
 
 - dense p50 / p95 with the exact scan (before any index);
-- ``Store.optimize()``: its wall time, the time the lease was held (copy + swap), and the slowest query a thread
-  issued meanwhile (a query every 20 ms: how long readers were blocked);
+- ``Store.optimize()`` while a thread writes new passages (``--writes-per-s``) and another queries every 20 ms: its
+  wall time, whether the build landed (its copy swapped in, the writes made meanwhile replayed onto it), the time the
+  lease was held (copy; last replay round + swap), the writes replayed, and the queries' p99 and slowest meanwhile;
 - dense, hybrid RRF (fused in the engine) and hybrid linear (payloads for the final k only) p50 / p95 with HNSW.
 
     python benchmarks/bench_search.py --passages 100000   # about 3-5 minutes on 2 cores
+    python benchmarks/bench_search.py --data-dir COPY --add 20000 --threshold 10000   # the build alone, over a copy
+                                                                 # of a kept 1M data dir (it writes into it)
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import commit, cpu_model  # the one CPU / commit probe of the benchmarks
+from machine import commit, cpu_flags, cpu_model  # the one CPU / commit probe of the benchmarks
 
+from services.core.settings import EdgeSettings, Settings
 from services.store import Store
 from services.store.engines import edge_index
 from services.store.engines.edge import EdgeEngine
@@ -33,8 +39,8 @@ from services.store.points import CollectionSpec, Passage, PassagePoint, SearchR
 DIM, VOCAB, TERMS, QUERY_TERMS = 384, 30_000, 40, 8
 
 
-def unit(rng: np.random.Generator, n: int) -> np.ndarray:
-    x = rng.standard_normal((n, DIM)).astype(np.float32)  # (n, dim)
+def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)  # (n, dim)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
@@ -43,16 +49,19 @@ def sparse(rng: np.random.Generator, terms: int) -> SparseVector:
     return SparseVector(indices=idx.tolist(), values=rng.uniform(0.5, 3.0, len(idx)).round(3).tolist())
 
 
-def fill(store: Store, n: int, rng: np.random.Generator) -> float:
+def fill(store: Store, n: int, rng: np.random.Generator, first_id: int = 0, dim: int = DIM) -> float:
     started = time.perf_counter()
     for start in range(0, n, 2048):
-        vectors = unit(rng, min(2048, n - start))
-        store.upsert([
-            PassagePoint(Passage(doc_id=f"d{start + i}", chunk_index=0, text="lorem ipsum " * 66), dense=v.tolist(),
-                         sparse=sparse(rng, TERMS))
-            for i, v in enumerate(vectors)
-        ])
+        add(store, rng, min(2048, n - start), first_id + start, dim)
     return time.perf_counter() - started
+
+
+def add(store: Store, rng: np.random.Generator, n: int, first_id: int, dim: int = DIM) -> None:
+    store.upsert([
+        PassagePoint(Passage(doc_id=f"d{first_id + i}", chunk_index=0, text="lorem ipsum " * 66), dense=v.tolist(),
+                     sparse=sparse(rng, TERMS))
+        for i, v in enumerate(unit(rng, n, dim))
+    ])
 
 
 def timed(search: Callable[[], Any], runs: int) -> tuple[float, float]:
@@ -83,39 +92,24 @@ def latencies(store: Store, reqs: dict[str, list[SearchRequest]], modes: list[st
     return out
 
 
-def optimize_under_load(store: Store, probe: SearchRequest) -> dict[str, float]:
-    """Build the index while a thread queries every 20 ms; how long the lease was held and readers waited."""
-    engine = store.engine
-    assert isinstance(engine, EdgeEngine)
-    held = {"copy": 0.0, "swap": 0.0}
-    copy, check = engine._copy_for_build, engine._unchanged_since
+def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Generator, writes_per_s: float,
+                        first_id: int, dim: int = DIM) -> dict[str, float]:
+    """Build the index while a thread queries every 20 ms and another writes ``writes_per_s`` new passages a second
+    (in batches of 32) until the build returns: how long the lease was held at each end, what the readers waited,
+    how many writes the build replayed onto its copy, and whether the copy was swapped in."""
+    report: dict[str, Any] = {}
 
-    def timed_copy(*a: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return copy(*a)
-        finally:
-            held["copy"] = time.perf_counter() - t0
+    class BuildLog(logging.Handler):  # the build's own figures: its log line "edge index build"
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "edge index build":
+                report.update(record.__dict__)
 
-    def timed_check(*a: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return check(*a)
-        finally:
-            held["swap"] += time.perf_counter() - t0
-
-    swap = edge_index.swap_in
-
-    def timed_swap(*a: Any) -> None:
-        t0 = time.perf_counter()
-        try:
-            swap(*a)
-        finally:
-            held["swap"] += time.perf_counter() - t0
-
-    engine._copy_for_build, engine._unchanged_since = timed_copy, timed_check  # type: ignore[method-assign]
-    edge_index.swap_in = timed_swap  # type: ignore[assignment]
+    handler = BuildLog()
+    build_log = logging.getLogger(edge_index.__name__)
+    build_log.addHandler(handler)
+    build_log.setLevel(logging.INFO)
     waits: list[float] = []
+    written = [0]
     done = threading.Event()
 
     def reader() -> None:
@@ -125,15 +119,41 @@ def optimize_under_load(store: Store, probe: SearchRequest) -> dict[str, float]:
             waits.append(time.perf_counter() - t0)
             time.sleep(0.02)
 
-    thread = threading.Thread(target=reader)
-    thread.start()
+    def writer() -> None:
+        while writes_per_s > 0 and not done.wait(32 / writes_per_s):
+            add(store, rng, 32, first_id + written[0], dim)
+            written[0] += 32
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
     t0 = time.perf_counter()
-    changed = store.optimize()
-    wall = time.perf_counter() - t0
-    done.set()
-    thread.join()
-    return {"changed": float(changed), "wall_s": wall, "lease_copy_s": held["copy"], "lease_swap_s": held["swap"],
-            "queries_meanwhile": float(len(waits)), "slowest_query_ms": max(waits, default=0.0) * 1e3}
+    try:
+        changed = store.optimize()
+    finally:
+        wall = time.perf_counter() - t0
+        done.set()
+        for t in threads:
+            t.join()
+        build_log.removeHandler(handler)
+    waits.sort()
+    return {"changed": float(changed), "wall_s": wall, "lease_copy_s": report["copy_s"],
+            "lease_swap_s": report["swap_s"],
+            "queries_meanwhile": float(len(waits)), "slowest_query_ms": max(waits, default=0.0) * 1e3,
+            "p99_query_ms": waits[int(0.99 * (len(waits) - 1))] * 1e3 if waits else 0.0,
+            "over_1s": float(sum(w > 1.0 for w in waits)),
+            "written": float(written[0]), "replayed_off_lease": float(report["replayed"]),
+            "replayed_under_lease": float(report["replayed_last"])}
+
+
+def build_line(build: dict[str, float], writes_per_s: float) -> str:
+    return (f"optimize: {build['wall_s']:.1f} s wall, swapped in: {'yes' if build['changed'] else 'no'}; lease held "
+            f"{build['lease_copy_s']:.2f} s to copy + {build['lease_swap_s']:.2f} s for the last replay round, the "
+            f"check and the swap; {writes_per_s:g} writes/s meanwhile: {int(build['written'])} passages written, "
+            f"{int(build['replayed_off_lease'])} + {int(build['replayed_under_lease'])} writes replayed (off / under "
+            f"the lease); {int(build['queries_meanwhile'])} queries answered meanwhile, p99 "
+            f"{build['p99_query_ms']:.0f} ms, the slowest {build['slowest_query_ms']:.0f} ms ({int(build['over_1s'])} "
+            "over 1 s: those that waited for a lease hold or a shard's reload)")
 
 
 def main() -> None:
@@ -141,30 +161,56 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--threshold", type=int, default=5000, help="DPR_EDGE__INDEX_THRESHOLD")
+    parser.add_argument("--writes-per-s", type=float, default=100.0,
+                        help="new passages a second written while the index builds (0: none; 100 is about what "
+                             "one 2-core machine ingests)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="build over this kept data dir's collection instead (e.g. a copy of bench_scale.py "
+                             "--keep's): add --add passages first, then only the build under writes is timed")
+    parser.add_argument("--add", type=int, default=20_000, help="with --data-dir: new passages before the build")
     args = parser.parse_args()
     rng = np.random.default_rng(13)
+    machine = f"CPU: {cpu_model()} ({os.cpu_count()} cores, {cpu_flags()}); commit {commit()}"
+    if args.data_dir is not None:
+        settings = Settings(data_dir=args.data_dir, edge=EdgeSettings(index_threshold=args.threshold))
+        store = Store(EdgeEngine.from_settings(settings))
+        before = store.count()
+        active = store.active()
+        assert active is not None, f"{args.data_dir} holds no collection"
+        spec = active.spec
+        first = 100_000_000 + 2 * before  # ids no earlier run over this data dir used: every write adds a point
+        added_s = fill(store, args.add, rng, first_id=first, dim=spec.dim)
+        probe = SearchRequest(k=10, dense=unit(rng, 1, spec.dim)[0].tolist())
+        build = optimize_under_load(store, probe, rng, args.writes_per_s, first + args.add, spec.dim)
+        after = store.count()
+        store.close()
+        kept = "none lost" if after == before + args.add + build["written"] else "MISMATCH"
+        print(f"## bench_search --data-dir {args.data_dir}: {before:,} points + {args.add:,} added in "
+              f"{added_s:.0f} s, then built under writes; {after:,} points after (= {before + args.add:,} + the "
+              f"{int(build['written']):,} written during the build: {kept})")
+        print(f"{machine}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+        print(build_line(build, args.writes_per_s))
+        return
     with tempfile.TemporaryDirectory(prefix="dpr-bench-search-") as tmp:
         store = Store(EdgeEngine(tmp, "bench", idle_release=30, index_threshold=args.threshold))
         store.ensure_collection(CollectionSpec(dim=DIM, distance="cosine", model="synthetic@384"))
         ingest_s = fill(store, args.passages, rng)
         reqs = requests(rng, args.queries)
         exact = latencies(store, reqs, ["dense", "hybrid rrf"])
-        build = optimize_under_load(store, reqs["dense"][0])
+        build = optimize_under_load(store, reqs["dense"][0], rng, args.writes_per_s, args.passages)
         hnsw = latencies(store, reqs, ["dense", "hybrid rrf", "hybrid linear"])
         info = store.index_info()
         store.close()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"## bench_search: {args.passages:,} synthetic passages, dim {DIM}, k=10, {args.queries} queries per row")
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), load average {load}; commit {commit()}")
+    print(f"{machine}; load average {load}")
     print(f"upsert {ingest_s:.1f} s; index: {info['segments']} segments, {info['hnsw_segments']} with HNSW\n")
     print("| search | index | p50 ms | p95 ms | / dense p50 |")
     print("|---|---|---:|---:|---:|")
     for label, rows in (("exact scan", exact), ("HNSW", hnsw)):
         for mode, (p50, p95) in rows.items():
             print(f"| {mode} | {label} | {p50:.2f} | {p95:.2f} | {p50 / rows['dense'][0]:.2f} |")
-    print(f"\noptimize: {build['wall_s']:.1f} s wall; lease held {build['lease_copy_s']:.2f} s to copy + "
-          f"{build['lease_swap_s']:.2f} s to check and swap; {int(build['queries_meanwhile'])} queries answered "
-          f"meanwhile, the slowest {build['slowest_query_ms']:.0f} ms")
+    print("\n" + build_line(build, args.writes_per_s))
 
 
 if __name__ == "__main__":

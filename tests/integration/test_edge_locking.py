@@ -313,3 +313,92 @@ def test_two_processes_wanting_each_others_generation_do_not_deadlock(store_dir:
         child.join(30)
         parent.close()
     assert child.exitcode == 0
+
+
+def test_an_index_build_lands_while_another_process_writes(store_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The writer's batches made during the build reach the built copy through the journal (replayed across
+    processes), and the copy is swapped in instead of dropped."""
+    from services.store.engines import edge_index
+
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05, index_threshold=1000))
+    for b in range(30):
+        store.upsert(_points(99, b, 100))  # 3,000 points to index
+    results: mp.Queue = CTX.Queue()
+    go = CTX.Event()
+    writer = CTX.Process(target=_writer, args=(store_dir, 1, 150, 4, results, 0.02, go))
+    writer.start()
+    go.set()
+    time.sleep(0.5)  # the writer is under way
+    with caplog.at_level("INFO", logger=edge_index.__name__):
+        assert store.optimize() is True
+    outcome = _collect(results, 1)[0]
+    writer.join(30)
+    assert outcome[0] == "ok", outcome
+    build = next(r for r in caplog.records if r.getMessage() == "edge index build")
+    assert build.replayed + build.replayed_last > 0  # type: ignore[attr-defined]  # writes landed mid-build
+    assert store.count() == 3000 + 150 * 4
+    info = store.index_info()
+    assert info["hnsw_segments"] >= 1
+    store.close()
+
+
+_BUILDER = """
+import sys
+import numpy as np
+from services.store import Store
+from services.store.engines.edge import EdgeEngine
+from services.store.points import CollectionSpec, Passage, PassagePoint
+store = Store(EdgeEngine(sys.argv[1], "built", idle_release=0.05, index_threshold=1000))
+store.ensure_collection(CollectionSpec(dim=128, distance="cosine", model="m@1", sparse=False))
+rng = np.random.default_rng(0)
+for b in range(15):
+    store.upsert([PassagePoint(Passage(doc_id=f"d{b}-{i}", chunk_index=0, text="x"), dense=v.tolist())
+                  for i, v in enumerate(rng.normal(size=(2000, 128)))])
+print("filled", flush=True)
+store.optimize()
+"""
+
+
+def _build_children(shard_copy: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and str(shard_copy).encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_builder_killed_mid_build_leaves_nothing_that_blocks_the_next(tmp_path: Path) -> None:
+    """SIGKILL the process building the index: its child dies with it, the next write removes the journal it
+    left, the next build replaces its copy and lands, and every point is there."""
+    import signal
+    import subprocess
+    import sys
+
+    from services.store.engines import edge_index, edge_journal
+
+    root = Path(__file__).resolve().parents[2]
+    builder = subprocess.Popen([sys.executable, "-c", _BUILDER, str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert builder.stdout is not None and builder.stdout.readline().strip() == "filled"
+    gen = tmp_path / "built" / "generations" / "built__g0001"
+    deadline = time.monotonic() + 60
+    while not (gen / edge_journal.JOURNAL).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _build_children(gen / edge_index.BUILD), "the build's child never started"
+    builder.send_signal(signal.SIGKILL)
+    builder.wait(10)
+    deadline = time.monotonic() + 1  # its build alone takes longer (about 5 s)
+    while _build_children(gen / edge_index.BUILD) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _build_children(gen / edge_index.BUILD)  # died with its builder
+    assert (gen / edge_journal.JOURNAL).exists() and (gen / edge_index.BUILD).exists()  # what the kill left
+
+    store = Store(EdgeEngine(tmp_path, "built", idle_release=0.05, index_threshold=1000))
+    store.upsert([PassagePoint(Passage(doc_id="after", chunk_index=0, text="x"), dense=[1.0] * 128)])
+    assert not (gen / edge_journal.JOURNAL).exists()  # stale: its builder is gone
+    assert store.optimize() is True
+    assert store.count() == 30_001 and store.index_info()["hnsw_segments"] >= 1
+    assert not (gen / edge_index.BUILD).exists()
+    store.close()

@@ -1,9 +1,11 @@
 """HNSW in the embedded engine: built off the lease on a copy, equal to the exact scan on the top 10 at high ef,
-built once enough points arrived (``maybe_optimize``), never swapped over a write, recovered after a cut swap."""
+built once enough points arrived (``maybe_optimize``), swapped in with the writes made during the build replayed
+(or dropped when the journal cannot be trusted), recovered after a cut swap."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from qdrant_edge import Query, QueryRequest, SearchParams
 
 from services.store import Store
-from services.store.engines import edge_index
+from services.store.engines import edge_index, edge_journal
 from services.store.engines.edge import EdgeEngine
 from services.store.points import DENSE, CollectionSpec, Passage, PassagePoint, SearchRequest
 
@@ -91,22 +93,113 @@ def test_maybe_optimize_without_a_collection_does_nothing(tmp_path: Path) -> Non
     assert Store(EdgeEngine(tmp_path, "c", index_threshold=10)).maybe_optimize() is False
 
 
-def test_a_write_during_the_build_keeps_the_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def gen_dir(root: Path) -> Path:
+    return shard_dir(root).parent
+
+
+def during_the_build(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
+    """Run ``act()`` once the build's child has started (the lease is free while it builds)."""
+    real_built = edge_index.BuildChild.built
+
+    def built(child: edge_index.BuildChild) -> bool:
+        act()
+        return real_built(child)
+
+    monkeypatch.setattr(edge_index.BuildChild, "built", built)
+
+
+def doc_ids(store: Store) -> set[str]:
+    return set(store.documents())
+
+
+def assert_no_leftovers(root: Path) -> None:
+    assert not (gen_dir(root) / edge_index.BUILD).exists()
+    assert not (gen_dir(root) / edge_journal.JOURNAL).exists()
+
+
+def test_writes_during_the_build_are_replayed_onto_the_built_copy(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     store = store_with(tmp_path, unit_vectors(1200, seed=6), threshold=1000)
-    real_build = edge_index.build
 
-    def build_while_writing(*args: Any) -> bool:
-        add(store, unit_vectors(1, seed=7), start=5000)  # the lease is free while the graph is built
-        return real_build(*args)
+    def write() -> None:
+        add(store, unit_vectors(3, seed=7), start=5000)
+        store.delete_documents(["d5"])
+        add(store, unit_vectors(1, seed=8), start=6000)
 
-    monkeypatch.setattr(edge_index, "build", build_while_writing)
-    assert store.optimize() is False  # the copy missed the write: dropped
-    assert edge_index.segment_kinds(shard_dir(tmp_path)) == ["plain"]
-    assert store.count() == 1201
-    assert not (shard_dir(tmp_path).parent / edge_index.BUILD).exists()
-    monkeypatch.setattr(edge_index, "build", real_build)
-    assert store.optimize() is True
-    assert store.count() == 1201
+    during_the_build(monkeypatch, write)
+    assert store.optimize() is True  # swapped in, not dropped for the writes
+    assert "hnsw" in edge_index.segment_kinds(shard_dir(tmp_path))
+    ids = doc_ids(store)
+    assert len(ids) == 1203 and "d5" not in ids and {"d5000", "d5001", "d5002", "d6000"} <= ids
+    hit = store.search(SearchRequest(dense=unit_vectors(1, seed=8)[0].tolist(), k=1))[0]
+    assert hit.passage.doc_id == "d6000" and hit.score == pytest.approx(1.0, abs=1e-4)  # its vector came through
+    assert_no_leftovers(tmp_path)
+    assert edge_index.indexed_points(gen_dir(tmp_path)) == 1200  # the replayed points are not in the graph yet
+    store.close()
+
+
+def test_a_broken_journal_drops_the_copy_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = store_with(tmp_path, unit_vectors(1200, seed=9), threshold=1000)
+
+    def write_then_break() -> None:
+        add(store, unit_vectors(2, seed=10), start=5000)
+        with (gen_dir(tmp_path) / edge_journal.JOURNAL).open("r+b") as f:
+            f.seek(20)
+            f.write(b"garbage")
+
+    during_the_build(monkeypatch, write_then_break)
+    assert store.optimize() is False
+    assert edge_index.segment_kinds(shard_dir(tmp_path)) == ["plain"] and store.count() == 1202
+    assert_no_leftovers(tmp_path)
+    monkeypatch.undo()
+    assert store.optimize() is True and store.count() == 1202
+    store.close()
+
+
+def test_a_write_the_journal_missed_drops_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = store_with(tmp_path, unit_vectors(1200, seed=11), threshold=1000)
+    monkeypatch.setattr(edge_journal, "record", lambda *a: None)  # a writer that journals nothing
+
+    during_the_build(monkeypatch, lambda: add(store, unit_vectors(1, seed=12), start=5000))
+    assert store.optimize() is False  # the copy would have lost d5000
+    assert store.count() == 1201 and "d5000" in doc_ids(store)
+    assert_no_leftovers(tmp_path)
+    store.close()
+
+
+def test_a_journal_its_builder_left_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    store = store_with(tmp_path, unit_vectors(10, seed=13), threshold=1000)
+    with edge_journal.opened(gen_dir(tmp_path)):
+        add(store, unit_vectors(1, seed=14), start=100)
+        assert (gen_dir(tmp_path) / edge_journal.JOURNAL).stat().st_size > 0  # journaled while a builder lives
+        shutil.copy(gen_dir(tmp_path) / edge_journal.JOURNAL, tmp_path / "left")
+    shutil.copy(tmp_path / "left", gen_dir(tmp_path) / edge_journal.JOURNAL)  # as a killed builder leaves it
+    add(store, unit_vectors(1, seed=15), start=200)
+    assert not (gen_dir(tmp_path) / edge_journal.JOURNAL).exists()  # stale: removed, not grown
+    assert store.count() == 12
+    store.close()
+
+
+def test_a_build_lands_under_writes_that_never_pause(tmp_path: Path) -> None:
+    store = store_with(tmp_path, unit_vectors(3000, seed=16), threshold=1000)
+    done, written = threading.Event(), []
+
+    def writer() -> None:
+        while not done.is_set():
+            add(store, unit_vectors(1, seed=100 + len(written)), start=10_000 + len(written))
+            written.append(1)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        swapped = store.optimize()
+    finally:
+        done.set()
+        thread.join()
+    assert swapped is True
+    assert len(written) > 0 and store.count() == 3000 + len(written)
+    assert "hnsw" in edge_index.segment_kinds(shard_dir(tmp_path))
+    assert_no_leftovers(tmp_path)
     store.close()
 
 

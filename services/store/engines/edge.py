@@ -14,8 +14,9 @@ generation and another writing the next do not take turns. The pointer and the s
 atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
 
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
-swap (``edge_index.py``); segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many
-points arrived since the last build. Beside it: ``edge_snapshots.py``, ``edge_config.py`` (config, levers).
+swap (``edge_index.py``); writes made meanwhile are journaled and replayed onto the copy (``edge_journal.py``);
+segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many points arrived since the
+last build. Beside it: ``edge_snapshots.py``, ``edge_config.py`` (config, levers).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from qdrant_edge import (
     EdgeShard,
     Fusion,
     PayloadSchemaType,
-    Point,
     Prefetch,
     QueryBatchRequest,
     QueryRequest,
@@ -52,6 +52,7 @@ from services.store.engines import edge_index
 from services.store.engines.edge_config import (  # converters
     LEVERS_FILE,
     EdgeLevers,
+    delete_operation,
     dense_params,
     edge_config,
     from_engine,
@@ -63,8 +64,7 @@ from services.store.engines.edge_config import (  # converters
     scored,
     search_params_from,
     to_filter,
-    to_vector,
-    to_where,
+    upsert_operation,
 )
 from services.store.lease import ShardLease, lease_for
 from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector
@@ -259,8 +259,9 @@ class EdgeEngine:
 
     def optimize(self, generation: str) -> bool:
         """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
-        the shard and to swap the built copy in (``edge_index.optimize``); False if nothing changed, another
-        process is building, or a write arrived during the build (the copy is then dropped)."""
+        the shard and to swap the built copy in (``edge_index.optimize``, the writes made meanwhile replayed onto
+        it); False if nothing changed, another process is building, or the journal could not be trusted (the copy
+        is then dropped)."""
         return edge_index.optimize(self, generation)
 
     def needs_index(self, generation: str) -> bool:
@@ -280,10 +281,16 @@ class EdgeEngine:
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
-        batch = [Point(pid, {n: to_vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
-        with self._writing(f"writing {len(batch)} points"):
-            self._shard(generation).update(UpdateOperation.upsert_points(batch))
+        with self._writing(f"writing {len(points)} points"):
+            self._shard(generation).update(upsert_operation(points))
         self._lease.mark_dirty(generation)
+        self._journal(generation, "upsert", points)
+
+    def _journal(self, generation: str, operation: str, argument: Any) -> None:
+        """After the shard took a write: journal it if an index build runs (it replays the write onto its copy)."""
+        from services.store.engines import edge_journal  # writers only: `dpr query` never loads it
+
+        edge_journal.record(self._generations_dir / generation, operation, argument)
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -306,8 +313,9 @@ class EdgeEngine:
         restore_generation(self, source, generation)
 
     def delete(self, generation: str, where: Where) -> None:
-        self._shard(generation).update(UpdateOperation.delete_points_by_filter(to_where(where)))
+        self._shard(generation).update(delete_operation(where))
         self._lease.mark_dirty(generation)
+        self._journal(generation, "delete", where)
 
     def count(self, generation: str, where: Where | None = None) -> int:
         return self._shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))

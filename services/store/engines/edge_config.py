@@ -32,6 +32,7 @@ from qdrant_edge import (
     MatchValue,
     Memory,
     Modifier,
+    Point,
     QuantizationSearchParams,
     Query,
     QueryRequest,
@@ -39,12 +40,13 @@ from qdrant_edge import (
     ScalarQuantizationConfig,
     ScalarType,
     SearchParams,
+    UpdateOperation,
 )
 from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services.store.common import AtLeast, Match, Scored, Where, build_filter
 from services.store.points import DENSE, SPARSE, CollectionSpec, SparseVector
-from services.store.protocol import Branch, Vector
+from services.store.protocol import Branch, PointRecord, Vector
 
 if TYPE_CHECKING:
     from services.core.settings import EdgeSettings
@@ -172,6 +174,17 @@ def to_vector(vector: Vector) -> Any:
     if isinstance(vector, SparseVector):
         return EdgeSparseVector(indices=list(vector.indices), values=list(vector.values))
     return vector
+
+
+def upsert_operation(points: Sequence[PointRecord]) -> UpdateOperation:
+    """The engine's write of ``points`` (the serving process's, and the index build's replay of its journal)."""
+    return UpdateOperation.upsert_points(
+        [Point(pid, {n: to_vector(v) for n, v in vectors.items()}, payload) for pid, vectors, payload in points]
+    )
+
+
+def delete_operation(where: Where) -> UpdateOperation:
+    return UpdateOperation.delete_points_by_filter(to_where(where))
 
 
 def nearest(branch: Branch) -> Query:

@@ -1,19 +1,25 @@
-"""HNSW for an embedded generation, built without holding its lease while the graph is built.
+"""HNSW for an embedded generation, built without holding its lease while the graph is built, and swapped in
+even while writers keep writing.
 
 qdrant-edge builds graphs only in ``EdgeShard.optimize()``, which blocks its caller and holds the GIL (measured:
 another thread of the same process ran 2 queries in the 12.7 s a 20k-point build took). So the build runs on a
-copy, in a child process, and only the two short ends hold the generation's lease:
+copy, in a child process (``BuildChild``), and only the short ends hold the generation's lease:
 
 1. under the lease: flush, note the write token (the WAL files' stat and the segments' versions), copy the shard
-   directory to ``shard.build``;
-2. no lease: a child process (``nice`` 10) loads the copy with the indexing threshold and runs ``optimize()``;
-3. under the lease: if the token is unchanged (nobody wrote meanwhile), close the shard and swap the directories
-   (``shard.build`` -> ``shard.next`` -> ``shard``, the old one renamed ``shard.old`` and removed after). If
-   somebody wrote, the copy is dropped and nothing changes (the next job end or ``dpr optimize`` builds again).
+   directory to ``shard.build`` and open the build journal (``edge_journal.py``): from here every write to the
+   shard is also journaled;
+2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold and runs ``optimize()``, then
+   replays the journal's writes onto it in rounds while writers go on;
+3. under the lease: if anybody wrote, the child replays what is left and the copy's point count must equal the
+   shard's (else the copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
+4. still under it: the child closes the copy, the shard is closed and the directories swapped (``shard.build`` ->
+   ``shard.next`` -> ``shard``, the old one renamed ``shard.old`` and removed after).
 
-A crash between the renames leaves ``shard.next`` and no ``shard``: ``recover_swap`` finishes it before the shard is
-next loaded. One build per generation at a time (``.index.lock``); ``index.json`` records the points the last build
-saw, so ``needs_index`` asks for a build only when ``threshold`` new points have arrived since.
+The lease is held for the copy and for the last replay round and the swap; the build itself and the bulk of the
+replay run beside the writers. A crash between the renames leaves ``shard.next`` and no ``shard``: ``recover_swap``
+finishes it before the shard is next loaded. One build per generation at a time (``.index.lock``); ``index.json``
+records the points the last build saw (the replayed ones are not in its graph), so ``needs_index`` asks for a
+build only when ``threshold`` new points have arrived since.
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ import fcntl
 import json
 import logging
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from qdrant_edge import CountRequest
 
 from services.core.errors import StoreUnavailable
 from services.core.fsutil import write_atomic
@@ -42,6 +53,8 @@ SHARD, BUILD, NEXT, OLD = "shard", "shard.build", "shard.next", "shard.old"
 INDEX_RECORD = "index.json"
 _BUILD_LOCK = ".index.lock"
 _BUILD_TIMEOUT = 6 * 3600  # seconds; a build that takes longer is killed and reported
+_STEP_TIMEOUT = 3600  # seconds for one replay round, or for closing the copy
+_CATCH_UP_ROUNDS, _CATCH_UP_ENOUGH = 8, 16  # replay rounds off the lease; a round this short ends them
 _CHILD = "from services.store.engines.edge_index import child_main; child_main()"
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -127,54 +140,130 @@ def copy_for_build(shard: Any, generation_dir: Path) -> tuple[Hashable, int]:
 
 
 def unchanged_since(shard: Any | None, generation_dir: Path, token: Hashable) -> bool:
-    """Step 3, under the lease: nobody wrote the generation since ``token`` (``shard``: this process's open one,
-    flushed first, or None)."""
+    """Under the lease: nobody wrote the generation since ``token`` (``shard``: this process's open one, flushed
+    first, or None)."""
     if shard is not None:
         shard.flush()
-    if write_token(generation_dir / SHARD) == token:
-        return True
-    log.info("a write arrived during the index build; keeping the shard as it is",
-             extra={"generation": generation_dir.name})
-    return False
+    return bool(write_token(generation_dir / SHARD) == token)
 
 
-def build(shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str = "{}") -> bool:
-    """Run ``optimize()`` on ``shard_copy`` in a child process (no model, no lease); True if it changed anything.
-    ``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement)."""
-    path = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb), levers_json],
-            capture_output=True, text=True, timeout=_BUILD_TIMEOUT, check=False, env=env,
+class BuildChild:
+    """Step 2's process: ``optimize()`` on the copy, then (on request) the journal's writes replayed onto it, then
+    closed. One line per answer on its stdout: ``built 0|1``, ``replayed RECORDS POINTS``, ``closed``;
+    ``broken REASON`` when the journal cannot be replayed."""
+
+    def __init__(self, shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str,
+                 journal: Path) -> None:
+        """``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement)."""
+        path = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        self.name = shard_copy.parent.name
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure, closed in ``stop``
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb), levers_json,
+             str(journal), str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            env={**os.environ, "PYTHONPATH": path},
         )
-    except subprocess.TimeoutExpired as e:
-        raise StoreUnavailable(f"building the HNSW index of {shard_copy.parent.name} took over {_BUILD_TIMEOUT} s; "
-                               "run `dpr optimize` again on a quieter machine") from e
-    if done.returncode != 0:
-        raise StoreUnavailable(
-            f"building the HNSW index of {shard_copy.parent.name} failed (exit {done.returncode}): "
-            f"{done.stderr.strip()[-500:]}; run `dpr optimize` again, or check free disk space"
-        )
-    return done.stdout.strip().splitlines()[-1:] == ["1"]
+
+    def built(self) -> bool:
+        """Wait for the build (at most ``_BUILD_TIMEOUT``); True if it changed anything."""
+        return self._answer("built", _BUILD_TIMEOUT) == ["1"]
+
+    def replay(self) -> tuple[int, int]:
+        """Replay the journal's new writes onto the copy: (writes replayed, the copy's points after)."""
+        records, points = self._ask("replay", "replayed")
+        return int(records), int(points)
+
+    def close(self) -> None:
+        """Flush and close the copy (before the swap) and let the process end."""
+        self._ask("close", "closed")
+        self._proc.wait(timeout=_STEP_TIMEOUT)
+
+    def stop(self) -> None:
+        """End the process whatever it is doing (the copy is then dropped)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr.close()
+
+    def _ask(self, command: str, answer: str) -> list[str]:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(command + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: ``_answer`` reports how
+        return self._answer(answer, _STEP_TIMEOUT)
+
+    def _answer(self, expected: str, timeout: float) -> list[str]:
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        if not ready:
+            self.stop()
+            raise StoreUnavailable(f"building the HNSW index of {self.name} took over {timeout:.0f} s ({expected}); "
+                                   "run `dpr optimize` again on a quieter machine")
+        words = self._proc.stdout.readline().split()
+        if words[:1] == ["broken"]:
+            from services.store.engines import edge_journal
+
+            raise edge_journal.JournalBroken(" ".join(words[1:]))
+        if words[:1] != [expected]:
+            self._proc.wait(timeout=_STEP_TIMEOUT)
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode("utf-8", "replace").strip()[-500:]
+            raise StoreUnavailable(f"building the HNSW index of {self.name} failed (exit {self._proc.returncode}): "
+                                   f"{tail}; run `dpr optimize` again, or check free disk space")
+        return words[1:]
 
 
 def child_main() -> None:
-    """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB)[, levers JSON]. Prints 1 if it
-    changed."""
+    """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB), levers JSON, journal, the
+    builder's pid. Builds, then answers ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
     from qdrant_edge import EdgeShard
 
-    from services.store.engines.edge_config import EdgeLevers, edge_config
+    from services.store.engines import edge_journal
+    from services.store.engines.edge_config import EdgeLevers, delete_operation, edge_config, upsert_operation
     from services.store.points import CollectionSpec
 
+    _die_with(int(sys.argv[6]))
     os.nice(10)  # the serving process's queries come first
     path, spec, kb = sys.argv[1], CollectionSpec.from_json(json.loads(sys.argv[2])), int(sys.argv[3])
-    levers = EdgeLevers.from_json(json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)
+    levers, journal = EdgeLevers.from_json(json.loads(sys.argv[4])), Path(sys.argv[5])
     shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     changed = shard.optimize()
     shard.flush()
+    print("built", int(changed), flush=True)
+    offset = 0
+    for line in sys.stdin:
+        if line.strip() == "close":
+            shard.flush()
+            shard.close()
+            print("closed", flush=True)
+            return
+        try:
+            records, offset = edge_journal.read(journal, offset)
+        except edge_journal.JournalBroken as e:
+            print("broken", e, flush=True)
+            continue
+        for operation, argument in records:
+            shard.update(upsert_operation(argument) if operation == "upsert" else delete_operation(argument))
+        print("replayed", len(records), shard.count(CountRequest(exact=True)), flush=True)
     shard.close()
-    print(int(changed))
+
+
+def _die_with(builder: int) -> None:
+    """End when the builder does (Linux): a builder killed mid-build must not leave a child writing into
+    ``shard.build`` while the next build copies the shard there anew."""
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != builder:
+        sys.exit(1)  # it died before the line above
 
 
 def swap_in(generation_dir: Path) -> None:
@@ -185,33 +274,83 @@ def swap_in(generation_dir: Path) -> None:
 
 
 def optimize(engine: EdgeEngine, generation: str) -> bool:
-    """Steps 1-3 above for ``engine``'s ``generation`` (``EdgeEngine.optimize``): True if the built copy was swapped
-    in; False if nothing changed, another process is building, or a write arrived during the build."""
+    """Steps 1-4 above for ``engine``'s ``generation`` (``EdgeEngine.optimize``): True if the built copy was swapped
+    in; False if nothing changed, another process is building, or the journal could not bring the copy up to date
+    (the copy is then dropped and nothing is lost)."""
+    from services.store.engines import edge_journal  # builders only: `dpr query` never loads it
     from services.store.engines.edge_config import levers_of
 
     gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
     lease = engine._lease  # noqa: SLF001 - the engine's own lease: the build's two ends hold it
     changed = swapped = False
+    held = {"copy_s": 0.0, "swap_s": 0.0}  # the lease's two holds, in the log line (bench_search reads them)
+    replayed = last = 0  # writes replayed off the lease, and in the last round under it
     with build_lock(gen_dir) as mine:
         if not mine:
             log.info("another process is building this generation's index", extra={"generation": generation})
             return False
         try:
-            with engine.session():
-                token, points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
-                spec = engine.read_spec(generation)
-            kb = threshold_kb(engine.index_threshold, spec.dim)
-            changed = build(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)))
-            with engine.session():
-                lease.claim(generation)  # no writer between the token check and the swap
-                if changed and unchanged_since(lease.opened(generation), gen_dir, token):
-                    lease.forget(generation)
-                    swap_in(gen_dir)
-                    swapped = True
-                if not changed or swapped:
+            with contextlib.ExitStack() as stack:
+                with engine.session():
+                    started = time.perf_counter()
+                    token, points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
+                    journal = stack.enter_context(edge_journal.opened(gen_dir))  # from here every write is journaled
+                    spec = engine.read_spec(generation)
+                    held["copy_s"] = time.perf_counter() - started
+                kb = threshold_kb(engine.index_threshold, spec.dim)
+                child = BuildChild(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)),
+                                   journal)
+                stack.callback(child.stop)
+                changed = child.built()
+                replayed = _catch_up(child) if changed else 0
+                with engine.session():
+                    lease.claim(generation)  # no writer from here to the swap
+                    started = time.perf_counter()
+                    if changed:
+                        last = _up_to_date(engine, generation, child, token)
+                        child.close()
+                        lease.forget(generation)
+                        swap_in(gen_dir)
+                        swapped = True
                     record_build(gen_dir, points)
+                    held["swap_s"] = time.perf_counter() - started
+        except edge_journal.JournalBroken as e:
+            log.warning("the index build's copy could not be brought up to date (%s); dropped, nothing lost; the "
+                        "next job end or `dpr optimize` builds again", e, extra={"generation": generation})
         finally:
             for leftover in (OLD, BUILD):
                 shutil.rmtree(gen_dir / leftover, ignore_errors=True)
-    log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped})
+    log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped,
+                                        "replayed": replayed, "replayed_last": last, **held})
     return swapped
+
+
+def _catch_up(child: BuildChild) -> int:
+    """Replay the writes that arrived during the build without the lease, in rounds while the writers keep
+    writing, so that the last round (under the lease) has little left. Returns the writes replayed."""
+    total = 0
+    for _ in range(_CATCH_UP_ROUNDS):
+        records, _points = child.replay()
+        total += records
+        if records <= _CATCH_UP_ENOUGH:
+            break
+    return total
+
+
+def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild, token: Hashable) -> int:
+    """Under the lease: replay the last writes onto the copy (a shard nobody wrote needs none) and, where this
+    process has the shard open, check the copy holds as many points: a count that differs (a write the journal
+    missed) raises ``JournalBroken`` and the copy is dropped. A shard open elsewhere is not loaded just to count
+    (7-8 s at 1M points, under the lease): the journal is trusted. Returns the writes replayed in this round."""
+    from services.store.engines import edge_journal
+
+    gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
+    opened = engine._lease.opened(generation)  # noqa: SLF001 - held by the caller
+    if unchanged_since(opened, gen_dir, token):
+        return 0
+    records, copied = child.replay()
+    held = opened.count(CountRequest(exact=True)) if opened is not None else copied
+    if copied != held:
+        raise edge_journal.JournalBroken(f"the copy holds {copied} points after the journal's writes, the shard "
+                                         f"{held}")
+    return records
