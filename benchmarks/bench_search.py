@@ -124,6 +124,7 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
             add(store, rng, 32, first_id + written[0], dim)
             written[0] += 32
 
+    before = store.count()
     threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
     for t in threads:
         t.start()
@@ -142,14 +143,16 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
             "queries_meanwhile": float(len(waits)), "slowest_query_ms": max(waits, default=0.0) * 1e3,
             "p99_query_ms": waits[int(0.99 * (len(waits) - 1))] * 1e3 if waits else 0.0,
             "over_1s": float(sum(w > 1.0 for w in waits)),
-            "written": float(written[0]), "replayed_off_lease": float(report["replayed"]),
+            "written": float(written[0]), "lost": float(before + written[0] - store.count()),
+            "replayed_off_lease": float(report["replayed"]),
             "replayed_under_lease": float(report["replayed_last"])}
 
 
 def build_line(build: dict[str, float], writes_per_s: float) -> str:
     return (f"optimize: {build['wall_s']:.1f} s wall, swapped in: {'yes' if build['changed'] else 'no'}; lease held "
             f"{build['lease_copy_s']:.2f} s to copy + {build['lease_swap_s']:.2f} s for the last replay round, the "
-            f"check and the swap; {writes_per_s:g} writes/s meanwhile: {int(build['written'])} passages written, "
+            f"check and the swap; {writes_per_s:g} writes/s meanwhile: {int(build['written'])} passages written "
+            f"({'none' if build['lost'] == 0 else int(build['lost'])} lost), "
             f"{int(build['replayed_off_lease'])} + {int(build['replayed_under_lease'])} writes replayed (off / under "
             f"the lease); {int(build['queries_meanwhile'])} queries answered meanwhile, p99 "
             f"{build['p99_query_ms']:.0f} ms, the slowest {build['slowest_query_ms']:.0f} ms ({int(build['over_1s'])} "
