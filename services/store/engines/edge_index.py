@@ -5,13 +5,12 @@ qdrant-edge builds graphs only in ``EdgeShard.optimize()``, which blocks its cal
 another thread of the same process ran 2 queries in the 12.7 s a 20k-point build took). So the build runs on a
 copy, in a child process (``BuildChild``), and only the short ends hold the generation's lease:
 
-1. under the lease: flush, note the write token (the WAL files' stat and the segments' versions), copy the shard
-   directory to ``shard.build`` and open the build journal (``edge_journal.py``): from here every write to the
-   shard is also journaled;
+1. under the lease: flush, copy the shard directory to ``shard.build`` and open the build journal
+   (``edge_journal.py``): from here every write to the shard is also journaled;
 2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold and runs ``optimize()``, then
    replays the journal's writes onto it in rounds while writers go on;
-3. under the lease: if anybody wrote, the child replays what is left and the copy's point count must equal the
-   shard's (else the copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
+3. under the lease: the child replays what is left and the copy's point count must equal the shard's (else the
+   copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
 4. still under it: the child closes the copy, the shard is closed and the directories swapped (``shard.build`` ->
    ``shard.next`` -> ``shard``, the old one renamed ``shard.old`` and removed after).
 
@@ -35,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,13 +61,6 @@ _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 def threshold_kb(points: int, dim: int) -> int:
     """Qdrant's indexing threshold is in KB of vectors per segment: ``points`` float32 vectors of ``dim``."""
     return max(1, points * dim * 4 // 1024)
-
-
-def write_token(shard_dir: Path) -> Hashable:
-    """Changes with every write that reached the disk (call it after a flush): WAL files and segment versions."""
-    wal = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(shard_dir / "wal"))
-    versions = sorted(str(_segment_config(p).get("version")) for p in (shard_dir / "segments").glob("*/segment.json"))
-    return (tuple(wal), tuple(versions))
 
 
 def segment_kinds(shard_dir: Path) -> list[str]:
@@ -129,22 +121,13 @@ def recover_swap(generation_dir: Path) -> None:
         log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
-def copy_for_build(shard: Any, generation_dir: Path) -> tuple[Hashable, int]:
-    """Step 1, under the lease: flush ``shard`` (the generation's, open), clear an interrupted build's leftovers,
-    note the write token and copy the shard to ``BUILD``. Returns the token and the points copied."""
+def copy_for_build(shard: Any, generation_dir: Path) -> int:
+    """Step 1, under the lease: flush ``shard`` (the generation's, open), clear an interrupted build's leftovers
+    and copy the shard to ``BUILD``. Returns the points copied."""
     shard.flush()
     clear_leftovers(generation_dir)
-    token = write_token(generation_dir / SHARD)
     shutil.copytree(generation_dir / SHARD, generation_dir / BUILD)
-    return token, shard.info().points_count
-
-
-def unchanged_since(shard: Any | None, generation_dir: Path, token: Hashable) -> bool:
-    """Under the lease: nobody wrote the generation since ``token`` (``shard``: this process's open one, flushed
-    first, or None)."""
-    if shard is not None:
-        shard.flush()
-    return bool(write_token(generation_dir / SHARD) == token)
+    return int(shard.info().points_count)
 
 
 class BuildChild:
@@ -293,7 +276,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
             with contextlib.ExitStack() as stack:
                 with engine.session():
                     started = time.perf_counter()
-                    token, points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
+                    points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
                     journal = stack.enter_context(edge_journal.opened(gen_dir))  # from here every write is journaled
                     spec = engine.read_spec(generation)
                     held["copy_s"] = time.perf_counter() - started
@@ -307,7 +290,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
                     lease.claim(generation)  # no writer from here to the swap
                     started = time.perf_counter()
                     if changed:
-                        last = _up_to_date(engine, generation, child, token)
+                        last = _up_to_date(engine, generation, child)
                         child.close()
                         lease.forget(generation)
                         swap_in(gen_dir)
@@ -337,18 +320,15 @@ def _catch_up(child: BuildChild) -> int:
     return total
 
 
-def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild, token: Hashable) -> int:
-    """Under the lease: replay the last writes onto the copy (a shard nobody wrote needs none) and, where this
-    process has the shard open, check the copy holds as many points: a count that differs (a write the journal
-    missed) raises ``JournalBroken`` and the copy is dropped. A shard open elsewhere is not loaded just to count
-    (7-8 s at 1M points, under the lease): the journal is trusted. Returns the writes replayed in this round."""
+def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild) -> int:
+    """Under the lease: replay the last writes onto the copy and, where this process has the shard open, check the
+    copy holds as many points: a count that differs (a write the journal missed) raises ``JournalBroken`` and the
+    copy is dropped. A shard open elsewhere is not loaded just to count (7-8 s at 1M points, under the lease): the
+    journal is trusted. Returns the writes replayed in this round."""
     from services.store.engines import edge_journal
 
-    gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
-    opened = engine._lease.opened(generation)  # noqa: SLF001 - held by the caller
-    if unchanged_since(opened, gen_dir, token):
-        return 0
     records, copied = child.replay()
+    opened = engine._lease.opened(generation)  # noqa: SLF001 - held by the caller
     held = opened.count(CountRequest(exact=True)) if opened is not None else copied
     if copied != held:
         raise edge_journal.JournalBroken(f"the copy holds {copied} points after the journal's writes, the shard "
