@@ -53,6 +53,9 @@ VARIANTS: dict[str, dict[str, Any]] = {  # in the order the grid runs them (the 
     "title": {"kinds": ("title",), "queries": 500},
     "all3-2k-blends": {"kinds": ALL3, "queries": 2000, "blend_grid": (0.3, 0.5, 0.7)},
     "all3-2k-bs128": {"kinds": ALL3, "queries": 2000, "batch_size": 128},
+    # the --question-only recipe of RECIPE_VERSION 2 (research/hybrid_distill): hybrid search's scores distilled
+    "qo-distill": {"kinds": ALL3, "queries": 1000, "question_only": True, "learning_rate": 2e-5,
+                   "teacher": {"distill": True}},
 }
 
 
@@ -158,11 +161,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
                 runs[qo] = json.loads(path.read_text())
                 break
     settings = settings_for(args.work / f"eval-{args.corpus}", args)
-    models = ["base", runs[False]["model_dir"], *([runs[True]["model_dir"]] if True in runs else [])]
+    roles = {role: runs[qo]["model_dir"] for qo, role in ((False, "adapted"), (True, "question-only")) if qo in runs}
+    if not roles:
+        raise SystemExit(f"no adapt run of {args.variant} on {args.corpus} in {args.out}")
+    models = ["base", *roles.values()]
     test = labelled(args.corpus, "test", args)
     t0 = time.perf_counter()
     report = compare_systems(test, settings=settings, models=models, modes=("dense", "sparse", "hybrid"))
-    roles = dict(zip(("adapted", "question-only"), models[1:], strict=False))
     named = json.dumps(report.to_json())
     for role, path in roles.items():  # the systems by role, not by their directories
         named = named.replace(f"trained:{path}", role)

@@ -11,6 +11,10 @@ a source is a hard negative unless it is a likely false negative:
 - ``agreement``: BM25 and the dense towers **both** rank it above the source (two retrievers that agree against
   the source have likely found another answer).
 
+The distillation teacher (``TeacherConfig.distill``, the `--question-only` recipe) labels nothing: a pseudo-question
+only probes the corpus, and the question tower learns the ranking hybrid search gives its candidates
+(``distill_targets``). The source is left out of them: it holds the probe's words verbatim.
+
 Nothing here reads a data file; sentence-transformers (torch) is imported inside ``load_model`` only.
 """
 
@@ -36,10 +40,21 @@ class TeacherConfig:
     window: int = 30  # candidates: the fused top ``window`` of BM25's and the towers' top ``window`` each
     duplicate_similarity: float = 0.9  # drop a candidate this close (passage cosine) to the positive
     agreement: bool = True  # drop a candidate BM25 and the towers both rank above the source
+    distill: bool = False  # soft targets: hybrid search's scores over each probe's candidates (distill_targets)
+    bm25_weight: float = 0.5  # distill: w in t = cos0 + w * sd(cos0) * z(bm25)
+    randoms: int = 10  # distill: random corpus documents added to each probe's candidates
 
     def describe(self) -> dict[str, Any]:
+        if self.distill:
+            return {"name": "hybrid-distillation",
+                    "candidates": f"the top {self.window} of BM25 (bm25s) and of the current towers each, the probe's "
+                                  f"source left out, plus {self.randoms} random documents",
+                    "score": f"t = cos0 + {self.bm25_weight:g} * sd(cos0) * z(bm25) over the candidates (cos0: the "
+                             "current towers' cosine; z: BM25 standardised over the candidates)",
+                    "window": self.window, "bm25_weight": self.bm25_weight, "randoms": self.randoms}
         return {"name": "hybrid-agreement", "candidates": f"RRF(k={RRF_K}) of BM25 (bm25s) and the current towers, "
-                f"top {self.window}", **asdict(self)}
+                f"top {self.window}", **{k: v for k, v in asdict(self).items()
+                                         if k not in ("distill", "bm25_weight", "randoms")}}
 
 
 @dataclass
@@ -155,6 +170,53 @@ def label_with_teacher(pairs: Sequence[TrainPair], corpus: Mapping[str, CorpusDo
         out.append(TrainPair(pair.question, pair.positive, pair.positive_id, tuple(negatives), pair.answers,
                              pair.relevant_ids))
     return out
+
+
+def bm25_matrix(index: Any, questions: Sequence[str], doc_ids: Sequence[str]) -> np.ndarray:
+    """(questions, documents) BM25 scores of ``index`` (a ``BM25Index`` over ``doc_ids``; 0 where a word misses)."""
+    row = {d: i for i, d in enumerate(doc_ids)}
+    out = np.zeros((len(questions), len(doc_ids)), dtype=np.float32)
+    for r, hits in enumerate(index.search(list(questions), k=len(doc_ids))):
+        for doc_id, score in hits:
+            out[r, row[doc_id]] = score
+    return out
+
+
+def distill_width(config: TeacherConfig, n_docs: int) -> int:
+    """Candidates per probe: the top ``window`` of each ranking and ``randoms`` more, at most every document but
+    the source."""
+    return min(2 * config.window + config.randoms, n_docs - 1)
+
+
+def distill_targets(cos0: np.ndarray, bm25: np.ndarray, sources: Sequence[int | None], config: TeacherConfig,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per probe (a row of ``cos0`` and ``bm25``, the current towers' cosine and BM25 over the corpus's documents):
+    the column indices of its candidates and the teacher's scores of them, both (probes, ``distill_width``).
+
+    Candidates: the top ``window`` documents of each ranking, never the probe's ``sources`` column, then random
+    documents up to the width. Teacher score ``t = cos0 + w * sd(cos0) * z(bm25)`` over the candidates: at
+    ``w = 0`` the teacher is the current towers."""
+    if cos0.shape != bm25.shape or len(sources) != len(cos0):
+        raise ValueError("cos0, bm25 and sources must describe the same probes over the same documents")
+    n_docs = cos0.shape[1]
+    width = distill_width(config, n_docs)
+    if width < 2:
+        raise ValueError("too few documents to distil a ranking (need at least 3)")
+    top = min(config.window, n_docs)
+    rows: list[list[int]] = []
+    for r, source in enumerate(sources):
+        ranked = [np.argsort(-m[r], kind="stable")[: top + 1].tolist() for m in (cos0, bm25)]
+        order = ranked[0][:top] + ranked[1][:top] + ranked[0][top:] + ranked[1][top:]
+        chosen = [c for c in dict.fromkeys(order) if c != source][: min(2 * top, width)]
+        taken = {*chosen, *(() if source is None else (source,))}
+        need = width - len(chosen)
+        draw = rng.choice(n_docs, size=min(n_docs, need + len(taken)), replace=False)
+        rows.append(chosen + [int(i) for i in draw if int(i) not in taken][:need])
+    cand = np.array(rows, dtype=np.int64)
+    c0 = np.take_along_axis(cos0, cand, axis=1)
+    b = np.take_along_axis(bm25, cand, axis=1)
+    z = (b - b.mean(1, keepdims=True)) / (b.std(1, keepdims=True) + 1e-6)
+    return cand, (c0 + config.bm25_weight * c0.std(1, keepdims=True) * z).astype(np.float32)
 
 
 def load_model(path: Any) -> Any:

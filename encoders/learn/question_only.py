@@ -12,7 +12,8 @@ The recipe, in the sentence-transformers order:
   then runs the question tower alone, where a frozen tower inside the trainer would encode batch x (1 + negatives)
   passages again at every step.
 - Loss: softmax over the whole table (every corpus passage is a negative; the question's other labelled positives
-  are masked), ``scale`` x cosine, cross-entropy on the positive's row.
+  are masked), ``scale`` x cosine, cross-entropy on the positive's row; or, for a pair given soft targets (a
+  teacher's scores over some corpus passages), KL divergence to the teacher's softmax over those passages.
 - Evaluate: the dev queries against the same table, before and after (no passage is encoded again).
 - Save: with ``passage_tower.json`` naming the partner, after checking that the passage weights are unchanged.
 
@@ -140,16 +141,52 @@ def encode_table(model: Any, texts: Sequence[str]) -> Any:
 # --- loss -----------------------------------------------------------------------------------------------------
 
 
+def soft_rows(soft_targets: Sequence[tuple[Sequence[str], Sequence[float]] | None], row: dict[str, int],
+              ) -> tuple[list[list[int]], list[list[float]], list[bool]] | None:
+    """Per pair, the table rows of its soft-target candidates (corpus doc ids; ``row``: doc id -> table row) and the
+    teacher's scores, and whether it has them; None when no pair has. Rows without targets get zeros (never
+    read)."""
+    if not any(soft_targets):
+        return None
+    width = max(len(t[0]) for t in soft_targets if t)
+    rows: list[list[int]] = []
+    scores: list[list[float]] = []
+    has: list[bool] = []
+    for target in soft_targets:
+        if not target:
+            rows.append([0] * width)
+            scores.append([0.0] * width)
+            has.append(False)
+            continue
+        doc_ids, teacher = target
+        if len(doc_ids) != width or len(teacher) != width:
+            raise ValueError("every soft target needs the same number of candidates")
+        missing = [d for d in doc_ids if d not in row]
+        if missing:
+            raise ValueError(f"soft-target candidates not in the passage table: {missing[:3]}")
+        rows.append([row[d] for d in doc_ids])
+        scores.append([float(x) for x in teacher])
+        has.append(True)
+    return rows, scores, has
+
+
 def fixed_passages_loss(model: Any, passages: Any, positives: list[int], others: list[list[int]],
-                        scale: float) -> Any:
+                        scale: float, soft: tuple[list[list[int]], list[list[float]], list[bool]] | None = None) -> Any:
     """Cross-entropy of ``scale`` x cosine(question, every table row) on the positive's row; the question's other
-    positives masked. The dataset's ``label`` column is the pair's index into ``positives`` / ``others``."""
+    positives masked. The dataset's ``label`` column is the pair's index into ``positives`` / ``others``.
+
+    With ``soft`` (``soft_rows``), a pair that has soft targets learns them instead: KL divergence between the
+    softmax of the teacher's scores and of the question's cosines over its candidate rows, both x ``scale``
+    (`dpr adapt --question-only`: hybrid search distilled, ``encoders.learn.adapt.distill_targets``)."""
     import torch
     from torch import nn
 
     target = torch.tensor(positives, dtype=torch.long)  # (pairs,)
     mask_rows = [i for i, rows in enumerate(others) for _ in rows]
     mask_cols = [c for rows in others for c in rows]
+    soft_cand = torch.tensor(soft[0], dtype=torch.long) if soft else None  # (pairs, width)
+    soft_score = torch.tensor(soft[1], dtype=torch.float32) if soft else None  # (pairs, width)
+    soft_has = torch.tensor(soft[2], dtype=torch.bool) if soft else None  # (pairs,)
 
     class FixedPassagesLoss(nn.Module):
         def __init__(self) -> None:
@@ -164,10 +201,18 @@ def fixed_passages_loss(model: Any, passages: Any, positives: list[int], others:
         def forward(self, sentence_features: Any, labels: Any) -> Any:
             features = list(sentence_features)
             questions = self.model(features[0])["sentence_embedding"]  # (batch, dim)
-            scores = self.scale * questions @ self.passages.T  # (batch, n)
+            raw = self.scale * questions @ self.passages.T  # (batch, n)
             index = labels.long().cpu()
-            scores = scores.masked_fill(self.mask[index].to(scores.device), float("-inf"))
-            return nn.functional.cross_entropy(scores, target[index].to(scores.device))
+            scores = raw.masked_fill(self.mask[index].to(raw.device), float("-inf"))
+            hard = nn.functional.cross_entropy(scores, target[index].to(scores.device), reduction="none")  # (batch,)
+            if soft_has is None or soft_cand is None or soft_score is None:
+                return hard.mean()
+            has = soft_has[index].to(scores.device)  # (batch,)
+            student = torch.gather(raw, 1, soft_cand[index].to(raw.device))  # (batch, width)
+            teacher = self.scale * soft_score[index].to(scores.device)  # (batch, width)
+            kl = nn.functional.kl_div(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1),
+                                      log_target=True, reduction="none").sum(-1)  # (batch,)
+            return torch.where(has, kl, hard).mean()
 
         @property
         def citation(self) -> str:
@@ -225,9 +270,12 @@ def train_question_only(
     dev: RetrievalDataset | None = None,
     data_info: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
+    soft_targets: Sequence[tuple[Sequence[str], Sequence[float]] | None] | None = None,
 ) -> TrainResult:
     """Train the question tower of ``base`` (the partner) on ``pairs`` against its frozen passage tower; save the
-    model with the partner's passage fingerprint."""
+    model with the partner's passage fingerprint. ``soft_targets`` (aligned with ``pairs``; None for a pair that
+    has none): corpus doc ids and a teacher's scores of them, learnt instead of the pair's positive
+    (``fixed_passages_loss``)."""
     from datasets import Dataset
 
     from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
@@ -251,9 +299,14 @@ def train_question_only(
     encode_seconds = time.perf_counter() - t_enc
     log.info("encoded the passage table", extra={"passages": len(texts), "seconds": round(encode_seconds, 1)})
     positives, others = targets(pairs, texts)
+    if soft_targets is not None and len(soft_targets) != len(pairs):
+        raise ValueError("soft_targets must be aligned with pairs")
+    text_row = {t: i for i, t in enumerate(texts)}
+    corpus_row = {d: text_row[doc.passage] for d, doc in (corpus or {}).items()}
+    soft = soft_rows(soft_targets, corpus_row) if soft_targets is not None else None
     dataset = Dataset.from_dict({"question": [p.question for p in pairs], "label": list(range(len(pairs)))})
     # 3. loss
-    loss = fixed_passages_loss(model, passages, positives, others, config.scale)
+    loss = fixed_passages_loss(model, passages, positives, others, config.scale, soft)
     # 4. evaluator: the dev queries against the table, before training (cheap: no passage is encoded)
     dev_before = dev_metrics(model, dev, passages, ids)
     # 5. arguments, 6. trainer
@@ -273,6 +326,7 @@ def train_question_only(
             training_data=data_record(pairs, data_info, passage_table=len(texts)),
             hyperparameters={**asdict(replace(config, max_passage_tokens=None)), "loss": type(loss).__name__,
                              "negatives": "every passage of the table (other labelled positives masked)",
+                             "soft_targets": sum(soft[2]) if soft else 0,
                              "frozen_passage_parameters": frozen_passage,
                              "frozen_embedding_parameters": frozen_embeddings},
             seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,

@@ -33,11 +33,13 @@ def adapt(
         "list`): a held-out share of the judged questions chooses the model, the rest train it.")] = False,
     base: Annotated[str, typer.Option(help="Towers to adapt (and to beat on dev): active, base, or a model name."
                                       )] = "active",
-    pseudo_queries: Annotated[int, typer.Option(
-        "--pseudo-queries", min=20, help="Pseudo-questions per kind (titles, ICT sentences).")] = 500,
+    pseudo_queries: Annotated[int | None, typer.Option(
+        "--pseudo-queries", min=20, help="Pseudo-questions per kind: titles and ICT sentences, 500 each; with "
+        "--question-only also keywords, 1,000 each.")] = None,
     epochs: Annotated[str, typer.Option(help="Epochs grid, comma-separated; each point is trained and scored on "
                                         "the held-out pseudo-questions.")] = "1,2",
-    hard_negatives: Annotated[int, typer.Option(min=0, help="Teacher hard negatives per pseudo-question.")] = 1,
+    hard_negatives: Annotated[int, typer.Option(
+        min=0, help="Teacher hard negatives per pseudo-question (full training).")] = 1,
     min_gain: Annotated[float, typer.Option(
         help="Mean dev nDCG@10 the adapted towers must gain over the start to be activated.")] = 0.005,
     max_steps_per_epoch: Annotated[int, typer.Option(
@@ -49,10 +51,10 @@ def adapt(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
-    search labelled by a hybrid-agreement teacher, MNRL training; every choice on held-out pseudo-questions (with
+    search labelled by a hybrid-agreement teacher, MNRL training (with --question-only: the question tower learns
+    hybrid search's scores of each pseudo-question's candidates); every choice on held-out pseudo-questions (with
     --feedback: on held-out judged questions). The adapted model is saved; with --activate it is activated if it
     beats the current one there. Never reads queries or qrels."""
-    from encoders.learn.adapt import TeacherConfig
     from services.learn.adaptation import AdaptConfig
     from services.learn.adaptation import adapt as run_adapt
 
@@ -61,11 +63,10 @@ def adapt(
         grid = tuple(float(e) for e in epochs.split(",") if e.strip())
     except ValueError:
         fail(f"--epochs {epochs!r} must be numbers separated by commas, e.g. 1,2", code=2)
-    config = AdaptConfig(name=name, fmt=fmt, base=base, question_only=question_only, feedback=feedback,
-                         queries=pseudo_queries,
-                         epochs_grid=grid, teacher=TeacherConfig(negatives=hard_negatives), min_gain=min_gain,
-                         max_steps_per_epoch=max_steps_per_epoch, seed=seed,
-                         threads=threads_per_process(settings.encoder.threads))
+    config = AdaptConfig.recipe(question_only, queries=pseudo_queries, hard_negatives=hard_negatives, name=name,
+                                fmt=fmt, base=base, feedback=feedback, epochs_grid=grid, min_gain=min_gain,
+                                max_steps_per_epoch=max_steps_per_epoch, seed=seed,
+                                threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
         try:
             with stage_bars(quiet=as_json) as on_progress:

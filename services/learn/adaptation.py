@@ -9,9 +9,11 @@ stage:
    training pairs and a held-out dev slice (``dev_share``, 20%).
 2. ``mining`` (``mining.json``): hybrid candidates (BM25 + the current towers, RRF) labelled by the
    hybrid-agreement teacher (``encoders.learn.adapt``): the source is the positive, high candidates that are not it are
-   hard negatives unless they look like false negatives.
+   hard negatives unless they look like false negatives. With the distillation teacher (the `--question-only`
+   recipe), over the corpus as it is: each pseudo-question's candidates and hybrid search's scores of them.
 3. ``training`` (``training/``, ``training.json``): MNRL with those hard negatives (``encoders.learn.train.train``), or
-   the question tower alone (``encoders.learn.question_only.train_question_only``), once per point of the epochs grid.
+   the question tower alone (``encoders.learn.question_only.train_question_only``; with the distillation teacher it
+   learns the teacher's scores), once per point of the epochs grid.
 4. ``dev evaluation`` (``dev.json``): nDCG@10 on the held-out pseudo-questions of the towers the run started from
    and of each candidate (and, for full training, the best one blended toward the start: WiSE-FT); the best
    candidate wins if it beats the start by more than ``min_gain``.
@@ -52,7 +54,9 @@ log = logging.getLogger(__name__)
 
 STAGES = ("pseudo-questions", "feedback", "mining", "training", "dev evaluation")  # feedback: with --feedback only
 MIN_JUDGED_DEV = 5  # held-out judged questions needed for them to choose the model
-RECIPE_VERSION = 1  # part of the run key: a changed recipe never resumes an older run's stages
+RECIPE_VERSION = 2  # part of the run key: a changed recipe never resumes an older run's stages
+QUESTION_ONLY_KINDS: tuple[PseudoKind, ...] = ("title", "ict", "keywords")  # the --question-only recipe's probes
+QUESTION_ONLY_QUERIES = 1000
 
 AdaptProgress = StageProgress  # stage, done, total (None: not known yet), a short note
 
@@ -82,6 +86,19 @@ class AdaptConfig:
     language: str | None = None
     seed: int = 42
     threads: int | None = None
+
+    @classmethod
+    def recipe(cls, question_only: bool = False, queries: int | None = None, hard_negatives: int = 1,
+               **fields: Any) -> AdaptConfig:
+        """The default recipe of each mode: full training learns the hybrid-agreement teacher's hard negatives on
+        titles and ICT sentences (500 each); ``question_only`` learns hybrid search's scores (the distillation
+        teacher) on titles, ICT sentences and keywords (1,000 each) at lr 2e-5, which research/hybrid_distill
+        chose on SciFact's train claims."""
+        if question_only:
+            fields.setdefault("learning_rate", 2e-5)
+            return cls(question_only=True, kinds=QUESTION_ONLY_KINDS, queries=queries or QUESTION_ONLY_QUERIES,
+                       teacher=TeacherConfig(distill=True), **fields)
+        return cls(queries=queries or 500, teacher=TeacherConfig(negatives=hard_negatives), **fields)
 
     def key(self, corpus_file: Path, judged: str | None = None) -> str:
         st = corpus_file.stat()
@@ -136,10 +153,12 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
               lambda: _feedback_stage(settings, config, run_dir, notify))
     judged_record = _read_json(run_dir / "feedback.json") if config.feedback else None
     stage("mining", (run_dir / "mining.json").is_file(),
-          lambda: _mining_stage(pseudo, base_path, config, run_dir, notify, settings))
+          lambda: (_distill_stage(source, pseudo, base_path, config, run_dir, notify, settings)
+                   if config.teacher.distill else _mining_stage(pseudo, base_path, config, run_dir, notify, settings)))
     mining = _read_json(run_dir / "mining.json")
     stage("training", _training_done(run_dir, config),
-          lambda: _training_stage(pseudo, mining, judged_record, base_path, base_name, config, run_dir, notify))
+          lambda: _training_stage(pseudo, mining, judged_record, base_path, base_name, config, run_dir, notify,
+                                  source))
     training = _read_json(run_dir / "training.json")
     stage("dev evaluation", (run_dir / "dev.json").is_file(),
           lambda: _dev_stage(pseudo, judged_record, training, base_path, config, run_dir, notify,
@@ -264,6 +283,65 @@ def _mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, 
     notify("mining", len(sets), len(sets), f"{stats.negatives} hard negatives for {stats.pairs} pseudo-questions")
 
 
+DISTILL_CHUNK = 256  # probes scored against the whole corpus at a time (two chunk x documents float32 matrices)
+
+
+def _distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, run_dir: Path,
+                   notify: AdaptProgress, settings: Settings) -> None:
+    """The distillation teacher: every training pseudo-question probes the corpus as it is (what real questions
+    will search); its candidates and hybrid search's scores of them (``encoders.learn.adapt.distill_targets``)."""
+    import numpy as np
+
+    from encoders.data import labelled_pairs
+    from encoders.learn.adapt import bm25_matrix, distill_targets, distill_width, encode, load_model, pair_to_json
+    from encoders.learn.mining import BM25Config, BM25Index
+    from services.language import corpus_language
+    from services.readers.beir import load_corpus
+
+    if not config.question_only:
+        raise ConfigError("the distillation teacher trains the question tower only: use it with --question-only")
+    corpus = load_corpus(source)
+    doc_ids = sorted(corpus)
+    if distill_width(config.teacher, len(doc_ids)) < 2:
+        raise ConfigError(f"{source} has {len(doc_ids)} documents: too few to distil a ranking (give at least 3)")
+    col = {d: i for i, d in enumerate(doc_ids)}
+    probes: list[tuple[str, Any]] = []
+    for kind, dataset in _sets(pseudo).items():
+        probes += [(kind, p) for p in labelled_pairs(dataset.subset(pseudo["split"][kind]["train"]))]
+    if not probes:
+        raise ConfigError("no pseudo-question was left for training after holding out the dev slice; the corpus is "
+                          "too small (give more documents)")
+    model = load_model(base_path)
+    notify("mining", 0, len(probes), f"encoding {len(doc_ids)} passages")
+    doc_vectors = encode(model, [corpus[d].passage for d in doc_ids], "document", settings.encoder.batch_size)
+    language = corpus_language(config.language, corpus)
+    bm25 = BM25Index([corpus[d] for d in doc_ids], BM25Config.for_language(language))
+    rng = np.random.default_rng(config.seed)
+    soft: list[list[Any]] = []
+    moved = 0
+    for start in range(0, len(probes), DISTILL_CHUNK):
+        chunk = probes[start:start + DISTILL_CHUNK]
+        questions = [p.question for _, p in chunk]
+        cos0 = encode(model, questions, "query", settings.encoder.batch_size) @ doc_vectors.T  # (chunk, docs)
+        sources = [col.get(p.positive_id or "") for _, p in chunk]
+        cand, teacher = distill_targets(cos0, bm25_matrix(bm25, questions, doc_ids), sources, config.teacher, rng)
+        for row, scores in zip(cand, teacher, strict=True):
+            soft.append([[doc_ids[int(i)] for i in row], [round(float(x), 5) for x in scores]])
+            moved += int(int(np.argmax(scores)) != 0)  # the teacher's best is not the towers' own best
+        notify("mining", min(start + DISTILL_CHUNK, len(probes)), len(probes), "hybrid scores of the candidates")
+    by_mode: dict[str, int] = {}
+    for kind, _ in probes:
+        by_mode[kind] = by_mode.get(kind, 0) + 1
+    stats = {"pairs": len(probes), "candidates_per_probe": len(soft[0][0]),
+             "sources_left_out": sum(1 for _, p in probes if (p.positive_id or "") in col),
+             "teacher_changes_top1": round(moved / len(probes), 4), "documents": len(doc_ids),
+             "pairs_by_mode": by_mode}
+    _write_json(run_dir / "mining.json", {"pairs": [{"kind": k, **pair_to_json(p)} for k, p in probes],
+                                          "soft": soft, "teacher": config.teacher.describe(), "stats": stats,
+                                          "language": {kind: language for kind in by_mode}})
+    notify("mining", len(probes), len(probes), f"hybrid scores for {len(probes)} pseudo-questions")
+
+
 def _candidate_key(epochs: float) -> str:
     return f"epochs-{epochs:g}"
 
@@ -274,14 +352,22 @@ def _training_done(run_dir: Path, config: AdaptConfig) -> bool:
 
 
 def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict[str, Any] | None, base_path: Path,
-                    base_name: str, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
+                    base_name: str, config: AdaptConfig, run_dir: Path, notify: AdaptProgress,
+                    source: Path | None = None) -> None:
     from encoders.learn.adapt import pair_from_json
     from encoders.learn.train import TrainConfig
 
     pairs = [pair_from_json(row) for row in [*mining["pairs"], *(judged["pairs"] if judged else [])]]
     record = _read_json(run_dir / "training.json") or {"candidates": {}}
     out_dir = run_dir / "training"
-    table = max(_sets(pseudo).values(), key=lambda d: len(d.corpus)).corpus  # question-only: every passage a negative
+    soft = None
+    if mining.get("soft") is not None and source is not None:  # distillation: the corpus as it is, the soft targets
+        from services.readers.beir import load_corpus
+
+        table = load_corpus(source)
+        soft = [tuple(t) for t in mining["soft"]] + [None] * (len(pairs) - len(mining["soft"]))
+    else:  # question-only: every passage a negative
+        table = max(_sets(pseudo).values(), key=lambda d: len(d.corpus)).corpus
     for epochs in config.epochs_grid:
         key = _candidate_key(epochs)
         if key in record["candidates"] and Path(record["candidates"][key]["path"]).is_dir():
@@ -303,7 +389,8 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict
             from encoders.learn.question_only import train_question_only
 
             result = train_question_only(pairs, out_dir, train_config, base=base_path, partner_name=base_name,
-                                         corpus=table, data_info=_data_info(pseudo, mining, judged), progress=on_step)
+                                         corpus=table, data_info=_data_info(pseudo, mining, judged), progress=on_step,
+                                         soft_targets=soft)
         else:
             from encoders.learn.train import train
 

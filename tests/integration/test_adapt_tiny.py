@@ -207,6 +207,32 @@ def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
     assert "-blend-" not in " ".join(result.card["adaptation"]["dev"]["scores"])  # a blend would move passages
 
 
+def test_question_only_recipe_distils_hybrid_search(world: dict[str, Any]) -> None:
+    """The --question-only recipe: every training pseudo-question probes the corpus as it is, its source left out of
+    its candidates, and the question tower learns the teacher's scores of them."""
+    from encoders.registry import activate
+    from encoders.towers import passage_fingerprint
+    from services.learn.adaptation import AdaptConfig, adapt
+
+    models = world["models"]
+    activate(models, "tinybase")
+    config = AdaptConfig.recipe(True, queries=30, name="qod", base="tinybase", epochs_grid=(1.0,), batch_size=8,
+                                learning_rate=5e-3, max_steps_per_epoch=2, max_query_tokens=32, min_gain=-1.0)
+    assert config.teacher.distill and config.kinds == ("title", "ict", "keywords")
+    result = adapt(world["settings"], world["corpus"], config)
+    assert passage_fingerprint(result.model_dir) == passage_fingerprint(models / "tinybase")
+    teacher = result.card["adaptation"]["teacher"]
+    assert teacher["name"] == "hybrid-distillation" and teacher["bm25_weight"] == 0.5
+    mining = json.loads((result.run_dir / "mining.json").read_text())
+    assert len(mining["soft"]) == len(mining["pairs"]) == teacher["stats"]["pairs"] > 0
+    width = teacher["stats"]["candidates_per_probe"]
+    assert width == 59  # 60 documents, the source left out: min(2 x 30 + 10, 59)
+    for pair, (ids, scores) in zip(mining["pairs"], mining["soft"], strict=True):
+        assert len(ids) == len(scores) == width == len(set(ids)) and pair["positive_id"] not in ids
+    assert result.card["hyperparameters"]["soft_targets"] == len(mining["pairs"])
+    assert _active(models) == "tinybase"  # saved, not activated (no --activate)
+
+
 def test_teacher_drops_duplicates_and_candidates_both_retrievers_put_above_the_source() -> None:
     import numpy as np
 
