@@ -15,7 +15,9 @@ candidates, since it contains the probe's words verbatim):
 - loss: ``kl``, KL(softmax(t / T) || softmax(s / T)) with T = 1 / scale, or ``mse``, the mean squared error of the
   centred scores (s - mean s) - (t - mean t), x 100.
 
-The question tower alone trains (a copy of the start's); the passage vectors are the start's, encoded once.
+`dpr adapt --question-only` now runs this recipe (``encoders.learn.adapt.distill_targets``; its candidates are filled
+up to 70 with random documents, where this script cut every probe's to the shortest row). The question tower alone
+trains (a copy of the start's); the passage vectors are the start's, encoded once.
 Scored by exact search in memory on the labelled split named (``--eval-split``; SciFact's ``train`` claims are the
 design dev set; a test split is read once per chosen recipe).
 
@@ -66,15 +68,6 @@ def ranked_metrics(scores: np.ndarray, qids: list[str], doc_ids: list[str], data
     return {"ndcg@10": round(metrics["ndcg@10"], 4), "recall@100": round(metrics["recall@100"], 4)}
 
 
-def bm25_matrix(index: Any, questions: list[str], doc_ids: list[str]) -> np.ndarray:
-    row = {d: i for i, d in enumerate(doc_ids)}
-    out = np.zeros((len(questions), len(doc_ids)), dtype=np.float32)
-    for r, hits in enumerate(index.search(questions, k=len(doc_ids))):
-        for d, s in hits:
-            out[r, row[d]] = s
-    return out
-
-
 def teacher_scores(cos0: np.ndarray, bm25: np.ndarray, cand: np.ndarray, weight: float) -> np.ndarray:
     """(q, c) teacher scores over each question's candidate columns."""
     c0 = np.take_along_axis(cos0, cand, axis=1)
@@ -111,6 +104,7 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from encoders.learn.adapt import bm25_matrix
     from encoders.learn.mining import BM25Config, BM25Index
     from encoders.learn.pairs import pseudo_query_sets
     from services.language import corpus_language
