@@ -325,7 +325,8 @@ def train_question_only(
             base=base_record(base),
             training_data=data_record(pairs, data_info, passage_table=len(texts)),
             hyperparameters={**asdict(replace(config, max_passage_tokens=None)), "loss": type(loss).__name__,
-                             "negatives": "every passage of the table (other labelled positives masked)",
+                             "negatives": "every passage of the table (other labelled positives masked)"
+                             + ("; pairs with soft targets: the teacher's candidates, by KL" if soft else ""),
                              "soft_targets": sum(soft[2]) if soft else 0,
                              "frozen_passage_parameters": frozen_passage,
                              "frozen_embedding_parameters": frozen_embeddings},

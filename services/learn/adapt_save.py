@@ -58,8 +58,7 @@ def save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
         "command": "dpr adapt", "corpus": str(source), "started_from": {"name": base_name, "path": str(base_path)},
         "recipe": {"pseudo_questions": {k: len(v["train"]) + len(v["dev"]) for k, v in pseudo["split"].items()},
                    "kinds": {k: KIND_NOTES[k] for k in config.kinds}, "dev_share": config.dev_share,
-                   "training": "question tower only, every passage a negative" if config.question_only else
-                               "MNRL, in-batch + teacher hard negatives",
+                   "training": _training_note(config),
                    "epochs_grid": list(config.epochs_grid),
                    "blend_grid": [] if config.question_only else list(config.blend_grid),
                    "batch_size": config.batch_size, "learning_rate": config.learning_rate, "seed": config.seed},
@@ -82,3 +81,11 @@ def save_choice(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
     result = {"model": name, "model_dir": str(final), "activated": activated}
     _write_json(run_dir / "result.json", result)
     return result
+
+
+def _training_note(config: AdaptConfig) -> str:
+    if config.question_only and config.teacher.distill:
+        return "question tower only, the teacher's scores learnt by KL over each pseudo-question's candidates"
+    if config.question_only:
+        return "question tower only, every passage a negative"
+    return "MNRL, in-batch + teacher hard negatives"

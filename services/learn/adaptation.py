@@ -7,10 +7,11 @@ stage:
 1. ``pseudo-questions`` (``pseudo.json``): titles and ICT sentences of the corpus
    (``encoders.learn.pairs.pseudo_query_sets``, as `dpr models blend --choose-on`), split by source document into
    training pairs and a held-out dev slice (``dev_share``, 20%).
-2. ``mining`` (``mining.json``, ``services.learn.adapt_mining``): hybrid candidates (BM25 + the current towers, RRF) labelled by the
-   hybrid-agreement teacher (``encoders.learn.adapt``): the source is the positive, high candidates that are not it are
-   hard negatives unless they look like false negatives. With the distillation teacher (the `--question-only`
-   recipe), over the corpus as it is: each pseudo-question's candidates and hybrid search's scores of them.
+2. ``mining`` (``mining.json``, ``services.learn.adapt_mining``): hybrid candidates (BM25 + the current towers,
+   RRF) labelled by the hybrid-agreement teacher (``encoders.learn.adapt``): the source is the positive, high
+   candidates that are not it are hard negatives unless they look like false negatives. With the distillation
+   teacher (the `--question-only` recipe), over the corpus as it is: each pseudo-question's candidates and hybrid
+   search's scores of them.
 3. ``training`` (``training/``, ``training.json``): MNRL with those hard negatives (``encoders.learn.train.train``), or
    the question tower alone (``encoders.learn.question_only.train_question_only``; with the distillation teacher it
    learns the teacher's scores), once per point of the epochs grid.

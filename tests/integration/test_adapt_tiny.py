@@ -230,6 +230,7 @@ def test_question_only_recipe_distils_hybrid_search(world: dict[str, Any]) -> No
     for pair, (ids, scores) in zip(mining["pairs"], mining["soft"], strict=True):
         assert len(ids) == len(scores) == width == len(set(ids)) and pair["positive_id"] not in ids
     assert result.card["hyperparameters"]["soft_targets"] == len(mining["pairs"])
+    assert "KL" in result.card["adaptation"]["recipe"]["training"]
     assert _active(models) == "tinybase"  # saved, not activated (no --activate)
 
 
