@@ -196,52 +196,36 @@ def main() -> None:
         student = SentenceTransformer(str(base_path()), device="cpu", local_files_only=True)
         student.max_seq_length = 64
         opt = torch.optim.AdamW(student.parameters(), lr=args.lr)
-        n = len(questions)
-        steps_per_epoch = (n + args.batch - 1) // args.batch
-        total = int(round(max(args.epochs) * steps_per_epoch))
-        checkpoints = {int(round(e * steps_per_epoch)): e for e in args.epochs}
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s, total=total: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, (total - s) / total))
-        order = np.arange(n)
+        sched, total, checkpoints = schedule(opt, args, len(questions))
         step = 0
         t_train = time.perf_counter()
-        losses = []
-        while step < total:
-            rng.shuffle(order)
-            for start in range(0, n, args.batch):
-                if step >= total:
-                    break
-                idx = order[start:start + args.batch]
-                student.train()
-                feats = student.tokenize([questions[i] for i in idx])
-                q = student(feats)["sentence_embedding"]
-                q = torch.nn.functional.normalize(q, dim=-1)
-                c = torch.from_numpy(cand[idx])  # (b, width)
-                s = torch.einsum("bd,bwd->bw", q, passages[c])
-                t = target[idx]
-                if args.loss == "kl":
-                    loss = torch.nn.functional.kl_div(torch.log_softmax(s * args.scale, -1),
-                                                      torch.log_softmax(t * args.scale, -1), log_target=True,
-                                                      reduction="batchmean")
-                else:
-                    loss = 100 * (((s - s.mean(1, keepdim=True)) - (t - t.mean(1, keepdim=True))) ** 2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                step += 1
-                losses.append(float(loss))
-                if step % 50 == 0:
-                    print(f"  w {weight:g} step {step}/{total} loss {np.mean(losses[-50:]):.4f}", flush=True)
-                if step in checkpoints:
-                    student.eval()
-                    qv = student.encode_query(eval_q, batch_size=64, normalize_embeddings=True,
-                                              convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-                    key = f"w{weight:g}-e{checkpoints[step]:g}"
-                    report["runs"][key] = {**dense_ndcg(qv, dvec, doc_ids, labelled), "steps": step,
-                                           "train_s": round(time.perf_counter() - t_train, 1),
-                                           "loss_last50": round(float(np.mean(losses[-50:])), 5)}
-                    print(key, json.dumps(report["runs"][key]), flush=True)
+        losses: list[float] = []
+        for idx in batches(len(questions), args.batch, total, rng):
+            student.train()
+            feats = student.tokenize([questions[i] for i in idx])
+            q = student(feats)["sentence_embedding"]
+            q = torch.nn.functional.normalize(q, dim=-1)
+            c = torch.from_numpy(cand[idx])  # (b, width)
+            s = torch.einsum("bd,bwd->bw", q, passages[c])
+            t = target[idx]
+            if args.loss == "kl":
+                loss = torch.nn.functional.kl_div(torch.log_softmax(s * args.scale, -1),
+                                                  torch.log_softmax(t * args.scale, -1), log_target=True,
+                                                  reduction="batchmean")
+            else:
+                loss = 100 * (((s - s.mean(1, keepdim=True)) - (t - t.mean(1, keepdim=True))) ** 2).mean()
+            step = optimiser_step(opt, sched, loss, losses, step)
+            if step % 50 == 0:
+                print(f"  w {weight:g} step {step}/{total} loss {np.mean(losses[-50:]):.4f}", flush=True)
+            if step in checkpoints:
+                student.eval()
+                qv = student.encode_query(eval_q, batch_size=64, normalize_embeddings=True,
+                                          convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+                key = f"w{weight:g}-e{checkpoints[step]:g}"
+                report["runs"][key] = {**dense_ndcg(qv, dvec, doc_ids, labelled), "steps": step,
+                                       "train_s": round(time.perf_counter() - t_train, 1),
+                                       "loss_last50": round(float(np.mean(losses[-50:])), 5)}
+                print(key, json.dumps(report["runs"][key]), flush=True)
     finish(args, report, t0)
 
 
@@ -252,6 +236,41 @@ def finish(args: Any, report: dict[str, Any], t0: float) -> None:
     out = args.work / f"report-{tag}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def schedule(opt: Any, args: Any, n: int) -> tuple[Any, int, dict[int, float]]:
+    """Linear warm-up (10%) and decay over ``max(epochs)`` epochs of ``n`` probes; the steps to score at."""
+    import torch
+
+    steps_per_epoch = (n + args.batch - 1) // args.batch
+    total = int(round(max(args.epochs) * steps_per_epoch))
+    checkpoints = {int(round(e * steps_per_epoch)): e for e in args.epochs}
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, (total - s) / total))
+    return sched, total, checkpoints
+
+
+def batches(n: int, batch: int, total: int, rng: Any) -> Any:
+    """``total`` batches of probe rows, a fresh shuffle each epoch."""
+    order = np.arange(n)
+    given = 0
+    while given < total:
+        rng.shuffle(order)
+        for start in range(0, n, batch):
+            if given >= total:
+                return
+            given += 1
+            yield order[start:start + batch]
+
+
+def optimiser_step(opt: Any, sched: Any, loss: Any, losses: list[float], step: int) -> int:
+    """One update; the loss logged; the next step's number."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+    losses.append(float(loss.detach()))
+    return step + 1
 
 
 def pool_targets(cos0: np.ndarray, bm25: np.ndarray, rows: np.ndarray, pool: np.ndarray, weight: float,
@@ -289,63 +308,47 @@ def train_both(args: Any, weight: float, questions: list[str], probes: list[tupl
     opt = torch.optim.AdamW(params, lr=args.lr)
     target_c = teacher_scores(cos0, bm25, cand, weight)
     src_row = np.array([row.get(src, -1) for _, src in probes])
-    n = len(questions)
-    steps_per_epoch = (n + args.batch - 1) // args.batch
-    total = int(round(max(args.epochs) * steps_per_epoch))
-    checkpoints = {int(round(e * steps_per_epoch)): e for e in args.epochs}
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, (total - s) / total))
-    order = np.arange(n)
+    sched, total, checkpoints = schedule(opt, args, len(questions))
     step = 0
     t_train = time.perf_counter()
     losses: list[float] = []
     half = max(1, args.per_probe // 2)
-    while step < total:
-        rng.shuffle(order)
-        for start in range(0, n, args.batch):
-            if step >= total:
-                break
-            idx = order[start:start + args.batch]
-            chosen: list[int] = []
-            for i in idx:
-                ranked = cand[i][np.argsort(-target_c[i])]
-                top = rng.choice(ranked[:10], half, replace=False)
-                rest = rng.choice(ranked[10:], args.per_probe - half, replace=False)
-                chosen.extend(int(c) for c in (*top, *rest))
-            pool = np.array(list(dict.fromkeys(chosen)), dtype=np.int64)
-            mask = pool[None, :] == src_row[idx][:, None]
-            t = torch.from_numpy(pool_targets(cos0, bm25, idx, pool, weight, mask))
-            qt.train()
-            pt.train()
-            norm = torch.nn.functional.normalize
-            q = norm(qt(qt.tokenize([questions[i] for i in idx]))["sentence_embedding"], dim=-1)
-            p = norm(pt(pt.tokenize([docs[j].passage for j in pool]))["sentence_embedding"], dim=-1)
-            s = q @ p.T
-            m = torch.from_numpy(mask)
-            ls = torch.log_softmax((s * args.scale).masked_fill(m, -1e4), -1)
-            lt = torch.log_softmax((t * args.scale).masked_fill(m, -1e4), -1)
-            loss = (lt.exp() * (lt - ls)).masked_fill(m, 0).sum(1).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            losses.append(float(loss))
-            if step % 10 == 0:
-                print(f"  both w {weight:g} step {step}/{total} loss {np.mean(losses[-10:]):.4f} pool {len(pool)} "
-                      f"{time.perf_counter() - t_train:.0f}s", flush=True)
-            if step in checkpoints:
-                qt.eval()
-                pt.eval()
-                qv = qt.encode_query(eval_q, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
-                                     show_progress_bar=False).astype(np.float32)
-                dv = pt.encode_document([d.passage for d in docs], batch_size=32, normalize_embeddings=True,
-                                        convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-                key = f"both-w{weight:g}-e{checkpoints[step]:g}"
-                report["runs"][key] = {**dense_ndcg(qv, dv, doc_ids, labelled), "steps": step,
-                                       "train_s": round(time.perf_counter() - t_train, 1),
-                                       "loss_last50": round(float(np.mean(losses[-50:])), 5)}
-                print(key, json.dumps(report["runs"][key]), flush=True)
+    for idx in batches(len(questions), args.batch, total, rng):
+        chosen: list[int] = []
+        for i in idx:
+            ranked = cand[i][np.argsort(-target_c[i])]
+            top = rng.choice(ranked[:10], half, replace=False)
+            rest = rng.choice(ranked[10:], args.per_probe - half, replace=False)
+            chosen.extend(int(c) for c in (*top, *rest))
+        pool = np.array(list(dict.fromkeys(chosen)), dtype=np.int64)
+        mask = pool[None, :] == src_row[idx][:, None]
+        t = torch.from_numpy(pool_targets(cos0, bm25, idx, pool, weight, mask))
+        qt.train()
+        pt.train()
+        norm = torch.nn.functional.normalize
+        q = norm(qt(qt.tokenize([questions[i] for i in idx]))["sentence_embedding"], dim=-1)
+        p = norm(pt(pt.tokenize([docs[j].passage for j in pool]))["sentence_embedding"], dim=-1)
+        s = q @ p.T
+        m = torch.from_numpy(mask)
+        ls = torch.log_softmax((s * args.scale).masked_fill(m, -1e4), -1)
+        lt = torch.log_softmax((t * args.scale).masked_fill(m, -1e4), -1)
+        loss = (lt.exp() * (lt - ls)).masked_fill(m, 0).sum(1).mean()
+        step = optimiser_step(opt, sched, loss, losses, step)
+        if step % 10 == 0:
+            print(f"  both w {weight:g} step {step}/{total} loss {np.mean(losses[-10:]):.4f} pool {len(pool)} "
+                  f"{time.perf_counter() - t_train:.0f}s", flush=True)
+        if step in checkpoints:
+            qt.eval()
+            pt.eval()
+            qv = qt.encode_query(eval_q, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
+                                 show_progress_bar=False).astype(np.float32)
+            dv = pt.encode_document([d.passage for d in docs], batch_size=32, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+            key = f"both-w{weight:g}-e{checkpoints[step]:g}"
+            report["runs"][key] = {**dense_ndcg(qv, dv, doc_ids, labelled), "steps": step,
+                                   "train_s": round(time.perf_counter() - t_train, 1),
+                                   "loss_last50": round(float(np.mean(losses[-50:])), 5)}
+            print(key, json.dumps(report["runs"][key]), flush=True)
 
 
 if __name__ == "__main__":
