@@ -178,19 +178,29 @@ def bm25_retriever(config: Any = None) -> Retriever:
     return run
 
 
-def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_size: int = 32) -> Retrieval:
-    """Exact cosine top-k of ``model`` (a SentenceTransformer) over whole documents (truncated by the passage tower)."""
-    import numpy as np
-
-    doc_ids = sorted(dataset.corpus)
-    qids = sorted(dataset.queries)
-    docs = model.encode_document(
-        [dataset.corpus[d].passage for d in doc_ids],
+def encode_corpus(model: Any, dataset: RetrievalDataset, batch_size: int = 32) -> Any:
+    """``model``'s passage vectors of ``dataset``'s documents, in ``sorted(dataset.corpus)`` order (L2-normalised)."""
+    return model.encode_document(
+        [dataset.corpus[d].passage for d in sorted(dataset.corpus)],
         batch_size=batch_size,
         convert_to_numpy=True,
         normalize_embeddings=True,
         show_progress_bar=False,
     )  # (n_docs, dim)
+
+
+def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_size: int = 32,
+                    doc_vectors: Any = None) -> Retrieval:
+    """Exact cosine top-k of ``model`` (a SentenceTransformer) over whole documents (truncated by the passage tower).
+    ``doc_vectors``: the passage vectors ``encode_corpus`` made of the same documents with the same passage tower
+    (models that share a passage tower, such as question-only candidates, encode the corpus once)."""
+    import numpy as np
+
+    doc_ids = sorted(dataset.corpus)
+    qids = sorted(dataset.queries)
+    docs = encode_corpus(model, dataset, batch_size) if doc_vectors is None else doc_vectors
+    if len(docs) != len(doc_ids):
+        raise ValueError(f"{len(docs)} passage vectors for the {len(doc_ids)} documents of {dataset.name}")
     queries = model.encode_query(
         [dataset.queries[q] for q in qids],
         batch_size=batch_size,
@@ -210,12 +220,13 @@ def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_s
 
 
 def evaluate_model_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100,
-                             batch_size: int = 32) -> dict[str, float]:
-    """The dev-split evaluator used during training: metrics of ``model`` in memory."""
+                             batch_size: int = 32, doc_vectors: Any = None) -> dict[str, float]:
+    """The dev-split evaluator used during training: metrics of ``model`` in memory (``doc_vectors``: as
+    ``dense_in_memory``)."""
     was_training = bool(getattr(model, "training", False))
     model.eval()
     try:
-        metrics, _ = score_retrieval(dataset, dense_in_memory(model, dataset, k, batch_size))
+        metrics, _ = score_retrieval(dataset, dense_in_memory(model, dataset, k, batch_size, doc_vectors))
     finally:
         if was_training:
             model.train()

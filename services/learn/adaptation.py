@@ -17,7 +17,8 @@ stage:
    learns the teacher's scores), once per point of the epochs grid.
 4. ``dev evaluation`` (``dev.json``): nDCG@10 on the held-out pseudo-questions of the towers the run started from
    and of each candidate (and, for full training, the best one blended toward the start: WiSE-FT); the best
-   candidate wins if it beats the start by more than ``min_gain``.
+   candidate wins if it beats the start by more than ``min_gain``. With ``question_only`` every model shares the
+   start's passage tower: each dev set's passages are encoded once.
 
 With ``feedback`` a ``feedback`` stage (``feedback.json``, after the pseudo-questions) reads the judgements users
 gave the collection's hits (``services.learn.feedback``): a seeded share of the judged questions is held out and
@@ -317,7 +318,7 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
     """nDCG@10 on the held-out pseudo-questions (and judged questions) of the start, each candidate and the best
     one's blends; the pick. Scores are kept as they come (``dev.partial.json``): a stop scores nothing twice."""
     from encoders.learn.adapt import dataset_from_json, load_model, mean_score, pick_candidate
-    from encoders.learn.evaluate import evaluate_model_in_memory
+    from encoders.learn.evaluate import encode_corpus, evaluate_model_in_memory
 
     sets = pseudo_sets(pseudo)
     dev = {kind: sets[kind].subset(pseudo["split"][kind]["dev"], name=f"{sets[kind].name}-dev")
@@ -332,10 +333,18 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
     models = [("base", base_path, None), *((k, Path(c["path"]), None) for k, c in training["candidates"].items())]
     total = len(models) + (0 if config.question_only else len(config.blend_grid))
 
+    shared: dict[str, Any] = {}  # question-only: each dev set's passage vectors, encoded once (one passage tower)
+
     def score(key: str, model: Any) -> None:
         notify("dev evaluation", len(scores), total, key)
-        scores[key] = {kind: round(evaluate_model_in_memory(model, d, batch_size=batch_size)["ndcg@10"], 4)
-                       for kind, d in dev.items()}
+        row = {}
+        for kind, d in dev.items():
+            if config.question_only and kind not in shared:
+                shared[kind] = encode_corpus(model, d, batch_size)
+            vectors = shared.get(kind) if config.question_only else None
+            row[kind] = round(evaluate_model_in_memory(model, d, batch_size=batch_size,
+                                                       doc_vectors=vectors)["ndcg@10"], 4)
+        scores[key] = row
         _write_json(run_dir / "dev.partial.json", partial)
 
     for key, path, _ in models:

@@ -205,6 +205,22 @@ def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
     assert result.card["question_only"] is True
     assert passage_fingerprint(result.model_dir) == passage_fingerprint(models / "tinybase")
     assert "-blend-" not in " ".join(result.card["adaptation"]["dev"]["scores"])  # a blend would move passages
+    # the dev stage encoded each dev set's passages once, with the start's passage tower: the candidate scored
+    # alone, its own passage tower encoding, gives the same figures
+    from encoders.learn.adapt import load_model
+    from encoders.learn.evaluate import evaluate_model_in_memory
+    from services.learn.adapt_mining import pseudo_sets
+
+    pseudo = json.loads((result.run_dir / "pseudo.json").read_text())
+    training = json.loads((result.run_dir / "training.json").read_text())
+    scores = result.card["adaptation"]["dev"]["scores"]
+    for key, candidate in training["candidates"].items():
+        model = load_model(Path(candidate["path"]))
+        for kind, dataset in pseudo_sets(pseudo).items():
+            if not pseudo["split"][kind]["dev"]:
+                continue
+            dev = dataset.subset(pseudo["split"][kind]["dev"])
+            assert abs(evaluate_model_in_memory(model, dev)["ndcg@10"] - scores[key][kind]) < 1e-3
 
 
 def test_question_only_recipe_distils_hybrid_search(world: dict[str, Any]) -> None:
