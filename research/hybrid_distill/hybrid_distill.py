@@ -221,11 +221,8 @@ def main() -> None:
                 student.eval()
                 qv = student.encode_query(eval_q, batch_size=64, normalize_embeddings=True,
                                           convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-                key = f"w{weight:g}-e{checkpoints[step]:g}"
-                report["runs"][key] = {**dense_ndcg(qv, dvec, doc_ids, labelled), "steps": step,
-                                       "train_s": round(time.perf_counter() - t_train, 1),
-                                       "loss_last50": round(float(np.mean(losses[-50:])), 5)}
-                print(key, json.dumps(report["runs"][key]), flush=True)
+                record_run(report, f"w{weight:g}-e{checkpoints[step]:g}", dense_ndcg(qv, dvec, doc_ids, labelled),
+                           step, t_train, losses)
     finish(args, report, t0)
 
 
@@ -236,6 +233,14 @@ def finish(args: Any, report: dict[str, Any], t0: float) -> None:
     out = args.work / f"report-{tag}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def record_run(report: dict[str, Any], key: str, metrics: dict[str, float], step: int, t_train: float,
+               losses: list[float]) -> None:
+    """A checkpoint's scores, steps, training seconds and recent loss, into the report and the log."""
+    report["runs"][key] = {**metrics, "steps": step, "train_s": round(time.perf_counter() - t_train, 1),
+                           "loss_last50": round(float(np.mean(losses[-50:])), 5)}
+    print(key, json.dumps(report["runs"][key]), flush=True)
 
 
 def schedule(opt: Any, args: Any, n: int) -> tuple[Any, int, dict[int, float]]:
@@ -344,11 +349,8 @@ def train_both(args: Any, weight: float, questions: list[str], probes: list[tupl
                                  show_progress_bar=False).astype(np.float32)
             dv = pt.encode_document([d.passage for d in docs], batch_size=32, normalize_embeddings=True,
                                     convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-            key = f"both-w{weight:g}-e{checkpoints[step]:g}"
-            report["runs"][key] = {**dense_ndcg(qv, dv, doc_ids, labelled), "steps": step,
-                                   "train_s": round(time.perf_counter() - t_train, 1),
-                                   "loss_last50": round(float(np.mean(losses[-50:])), 5)}
-            print(key, json.dumps(report["runs"][key]), flush=True)
+            record_run(report, f"both-w{weight:g}-e{checkpoints[step]:g}", dense_ndcg(qv, dv, doc_ids, labelled),
+                       step, t_train, losses)
 
 
 if __name__ == "__main__":
