@@ -213,10 +213,19 @@ def distill_targets(cos0: np.ndarray, bm25: np.ndarray, sources: Sequence[int | 
         draw = rng.choice(n_docs, size=min(n_docs, need + len(taken)), replace=False)
         rows.append(chosen + [int(i) for i in draw if int(i) not in taken][:need])
     cand = np.array(rows, dtype=np.int64)
-    c0 = np.take_along_axis(cos0, cand, axis=1)
-    b = np.take_along_axis(bm25, cand, axis=1)
-    z = (b - b.mean(1, keepdims=True)) / (b.std(1, keepdims=True) + 1e-6)
-    return cand, (c0 + config.bm25_weight * c0.std(1, keepdims=True) * z).astype(np.float32)
+    return cand, hybrid_scores(np.take_along_axis(cos0, cand, axis=1), np.take_along_axis(bm25, cand, axis=1),
+                               config.bm25_weight).astype(np.float32)
+
+
+def standardise(x: np.ndarray) -> np.ndarray:
+    """Each row of ``x`` as z-scores (mean 0, standard deviation 1)."""
+    return (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)
+
+
+def hybrid_scores(cos: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np.ndarray:
+    """The distillation teacher, row by row over the same columns: ``cos + w * sd(cos) * z(bm25)`` (BM25 brought to
+    the cosine's spread, so ``w`` means the same on every collection)."""
+    return cos + bm25_weight * cos.std(1, keepdims=True) * standardise(bm25)
 
 
 def load_model(path: Any) -> Any:

@@ -74,36 +74,39 @@ def ranked_metrics(scores: np.ndarray, qids: list[str], doc_ids: list[str], data
     return {"ndcg@10": round(metrics["ndcg@10"], 4), "recall@100": round(metrics["recall@100"], 4)}
 
 
-def zscore(x: np.ndarray) -> np.ndarray:
-    return (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)
-
-
 def teacher_scores(cos0: np.ndarray, bm25: np.ndarray, cand: np.ndarray, weight: float,
                    extra: np.ndarray | None = None, extra_weight: float = 0.0) -> np.ndarray:
     """(q, c) teacher scores over each question's candidate columns (``extra``: a second model's cosine)."""
-    c0 = np.take_along_axis(cos0, cand, axis=1)
-    t = c0 + weight * c0.std(1, keepdims=True) * zscore(np.take_along_axis(bm25, cand, axis=1))
-    if extra is not None and extra_weight:
-        t = t + extra_weight * c0.std(1, keepdims=True) * zscore(np.take_along_axis(extra, cand, axis=1))
-    return t
+    def take(m: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(m, cand, axis=1)
+
+    return hybrid_rank_scores(take(cos0), take(bm25), weight, None if extra is None else take(extra), extra_weight)
 
 
 def hybrid_rank_scores(cos0: np.ndarray, bm25: np.ndarray, weight: float, extra: np.ndarray | None = None,
                        extra_weight: float = 0.0) -> np.ndarray:
-    """The teacher as a ranker over the whole corpus (z over all documents): how good is what is taught."""
-    t = cos0 + weight * cos0.std(1, keepdims=True) * zscore(bm25)
+    """The teacher over the columns given (the whole corpus: how good is what is taught); ``extra``, a second
+    model's cosine, joins it as BM25 does: ``+ v * sd(cos0) * z(extra)``."""
+    from encoders.learn.adapt import hybrid_scores, standardise
+
+    t = hybrid_scores(cos0, bm25, weight)
     if extra is not None and extra_weight:
-        t = t + extra_weight * cos0.std(1, keepdims=True) * zscore(extra)
+        t = t + extra_weight * cos0.std(1, keepdims=True) * standardise(extra)
     return t
 
 
-def encode_cached(model: Any, texts: list[str], path: Path, query: bool) -> np.ndarray:
-    """Normalised float32 vectors of ``texts``, kept in ``path`` (the corpus of a slow teacher is encoded once)."""
+def encode_cached(model: Any, texts: list[str], work: Path, name: str, role: str) -> np.ndarray:
+    """``encoders.learn.adapt.encode`` of ``texts``, kept in ``work`` under a hash of the texts (a slow teacher
+    encodes the corpus once; a changed corpus or probe set is encoded again)."""
+    import hashlib
+
+    from encoders.learn.adapt import encode
+
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12]
+    path = work / f"{name}-{role}-{digest}.npy"
     if path.is_file():
         return np.load(path)
-    encode = model.encode_query if query else model.encode_document
-    vec = encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
-                 show_progress_bar=False).astype(np.float32)
+    vec = encode(model, texts, role)
     np.save(path, vec)
     return vec
 
@@ -153,14 +156,14 @@ def main() -> None:
     doc_ids = sorted(corpus)
     docs = [corpus[d] for d in doc_ids]
     base = SentenceTransformer(str(base_path()), device="cpu", local_files_only=True)
-    dvec = encode_cached(base, [d.passage for d in docs], args.work / "doc_vectors.npy", query=False)
+    dvec = encode_cached(base, [d.passage for d in docs], args.work, "base", "document")
     print(f"doc vectors {dvec.shape} {time.perf_counter() - t0:.0f}s", flush=True)
     big = None
     if args.teacher_model is not None:
         big = SentenceTransformer(str(args.teacher_model), device="cpu", local_files_only=True)
         big.max_seq_length = args.teacher_tokens
         tag = f"{args.teacher_model.name}-{args.teacher_tokens}"
-        big_dvec = encode_cached(big, [d.passage for d in docs], args.work / f"doc_vectors-{tag}.npy", query=False)
+        big_dvec = encode_cached(big, [d.passage for d in docs], args.work, tag, "document")
         print(f"teacher-model doc vectors {big_dvec.shape} {time.perf_counter() - t0:.0f}s", flush=True)
 
     sets = pseudo_query_sets(corpus, queries=args.queries, seed=args.seed, kinds=tuple(args.kinds))
@@ -181,8 +184,7 @@ def main() -> None:
     bm25 = bm25_matrix(index, questions, doc_ids)
     big_cos = None
     if big is not None:
-        big_cos = encode_cached(big, questions, args.work / f"probe_vectors-{tag}-{args.seed}-{args.queries}.npy",
-                                query=True) @ big_dvec.T
+        big_cos = encode_cached(big, questions, args.work, tag, "query") @ big_dvec.T
     row = {d: i for i, d in enumerate(doc_ids)}
     rng = np.random.default_rng(args.seed)
     cands = []
@@ -217,8 +219,7 @@ def main() -> None:
                                                       labelled) for w in args.weights}
     ev_big = None
     if big is not None:
-        ev_big = big.encode_query(eval_q, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
-                                  show_progress_bar=False).astype(np.float32) @ big_dvec.T
+        ev_big = encode_cached(big, eval_q, args.work, tag, "query") @ big_dvec.T
         report["teacher_model"] = ranked_metrics(ev_big, eval_qids, doc_ids, labelled)
         if not args.no_eval_teacher:
             report["teacher"].update({
