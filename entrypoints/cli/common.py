@@ -133,7 +133,8 @@ def cli_errors() -> Iterator[None]:
         code = exit_code_for(e)
         if code is None:  # pragma: no cover - every class caught here is in the table
             raise
-        message = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        notes = getattr(e, "__notes__", [])  # e.g. "... left DIR as it was" (services.core.fsutil.built_beside)
+        message = "interrupted" if isinstance(e, KeyboardInterrupt) else "; ".join([str(e), *notes])
         fail(message + ("" if isinstance(e, DiskFull) else _HINTS.get(code, "")), code=code)
     except Exception as e:  # a write that met a full disk anywhere (a job file, an export): one line, exit 3
         from services.core.diskspace import full_disk_error

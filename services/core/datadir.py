@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.core import diskspace
 from services.core.errors import DataDirFormatError
-from services.core.fsutil import write_atomic
+from services.core.fsutil import allocated_bytes, built_beside, copy_tree_sparse, fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ FORMAT_FILE = "FORMAT"
 CURRENT = 1
 LEGACY = 1  # a data dir with content but no FORMAT file: written before the file existed (layout 1)
 OPENS_AS_IS: frozenset[int] = frozenset({1})
-# N -> the step that turns a format-N data dir into format N + 1 (in place; it must be safe to run again).
+# N -> the step that turns a format-N data dir into format N + 1 (``migrate`` runs it on a copy).
 MIGRATIONS: dict[int, Callable[[Path], None]] = {}
 CONTENT = ("store", "models", "jobs", "cache", "locks")  # what a used data dir holds
 
@@ -123,8 +125,9 @@ def ensure_writable(data_dir: Path) -> FormatState:
 def migrate(data_dir: Path) -> dict[str, Any]:
     """Bring ``data_dir`` to ``CURRENT``: each step of ``MIGRATIONS`` from its format on, then the FORMAT stamp.
 
-    A dir without FORMAT is format 1 and is only stamped. A newer dir is refused (``check``'s message). Each step
-    is recorded as it completes, so an interrupted migration resumes where it stopped."""
+    A dir without FORMAT is format 1 and is only stamped. A newer dir is refused (``check``'s message). The steps run
+    on a copy beside the data dir, which replaces it at the end: a migration that fails (or is killed) leaves the data
+    dir as it was."""
     state = read_format(data_dir)
     if state.format is None:
         raise DataDirFormatError(
@@ -132,21 +135,30 @@ def migrate(data_dir: Path) -> dict[str, Any]:
         )
     if state.format > CURRENT:
         check(data_dir)  # raises with the message that names the version and the fix
-    steps: list[str] = []
-    number = state.format
-    while number < CURRENT:
-        step = MIGRATIONS.get(number)
-        if step is None:
-            raise DataDirFormatError(
-                f"no migration from data dir format {number} to {number + 1} in this {dpr_version()}; migrate with "
-                "the release after the one that wrote it first"
-            )
-        log.info("migrating the data dir", extra={"data_dir": str(data_dir), "from": number})
-        step(data_dir)
-        number += 1
-        write_atomic(data_dir / FORMAT_FILE, _format_text(number))
-        steps.append(f"{number - 1} -> {number}")
-    if not (data_dir / FORMAT_FILE).is_file():
+    missing = next((n for n in range(state.format, CURRENT) if n not in MIGRATIONS), None)
+    if missing is not None:
+        raise DataDirFormatError(
+            f"no migration from data dir format {missing} to {missing + 1} in this {dpr_version()}; migrate with "
+            "the release after the one that wrote it first"
+        )
+    steps = [f"{n} -> {n + 1}" for n in range(state.format, CURRENT)]
+    if steps:
+        with built_beside(data_dir, f"migrating {data_dir}") as build:
+            diskspace.require(build, 0, "migrating the data dir", need_bytes=allocated_bytes(data_dir))
+            copy = build / "data"
+            copy_tree_sparse(data_dir, copy)
+            for number in range(state.format, CURRENT):
+                log.info("migrating the data dir", extra={"data_dir": str(data_dir), "from": number})
+                MIGRATIONS[number](copy)
+            write_atomic(copy / FORMAT_FILE, _format_text(CURRENT))
+            os.replace(data_dir, build / "old")
+            try:
+                os.replace(copy, data_dir)
+            except BaseException:
+                os.replace(build / "old", data_dir)
+                raise
+            fsync_dir(data_dir.parent)
+    elif not state.recorded:
         write_atomic(data_dir / FORMAT_FILE, _format_text(CURRENT))
         steps.append("stamped")
     return {"data_dir": str(data_dir), "from": state.format, "to": CURRENT, "recorded_before": state.recorded,

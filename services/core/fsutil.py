@@ -1,8 +1,10 @@
-"""Small file helpers shared by the embedded store, the job folder and the model lifecycle: atomic writes, hole-keeping
-copies, and a polled ``flock`` with a deadline (the store's shard lease and ``services.core.locks`` both take it)."""
+"""Small file helpers shared by the embedded store, the job folder and the model lifecycle: atomic writes, building
+beside a target and moving in at the end, hole-keeping copies, and a polled ``flock`` with a deadline (the store's
+shard lease and ``services.core.locks`` both take it)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -10,7 +12,8 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _POLL = 0.05  # seconds between flock_until's tries (the default)
@@ -29,11 +32,56 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames in directory ``path`` durable."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def built_beside(target: Path, what: str) -> Iterator[Path]:
+    """A new, empty directory beside ``target`` (on its disk, so a rename moves what is built there into place at
+    once) in which to build ``what``; removed at the end. On an error the folders made for it go too, and the error
+    carries a note that ``target`` is as it was. A killed process leaves ``.TARGET.*.tmp`` (safe to delete)."""
+    made = [p for p in target.parents if not p.exists()]
+    build = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+    build.mkdir(parents=True)
+    try:
+        yield build
+    except BaseException as e:
+        e.add_note(f"{what} failed and left {target} as it was (nothing was written there)")
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def move_into(src: Path, dst: Path) -> None:
+    """Move the tree ``src`` into ``dst`` by renames: what ``dst`` lacks moves in whole, a folder both hold is merged,
+    a file both hold keeps ``dst``'s."""
+    if not dst.exists():
+        os.replace(src, dst)
+        fsync_dir(dst.parent)
+        return
+    for entry in src.iterdir():
+        there = dst / entry.name
+        if entry.is_dir() and there.is_dir():
+            move_into(entry, there)
+        elif not there.exists():
+            os.replace(entry, there)
+    fsync_dir(dst)
+
+
+def allocated_bytes(root: Path) -> int:
+    """The disk space the files under ``root`` take (holes cost nothing)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
 
 
 _COPY_BLOCK = 1 << 20

@@ -13,7 +13,8 @@ What one snapshot holds (``NAME.dpr-snapshot.tar.gz`` under ``DATA_DIR/snapshots
 
 Beside the archive, ``NAME.dpr-snapshot.tar.gz.sha256`` (``sha256sum -c`` reads it) holds the archive's checksum.
 Restore checks it when present and always checks every file against the manifest while unpacking: a corrupt or
-truncated archive is refused with ``SnapshotError`` and leaves nothing behind.
+truncated archive is refused with ``SnapshotError``. Create and restore build beside their target (a folder
+``.NAME.*.tmp``) and rename into place at the end: a failure leaves nothing behind and says so.
 
 Consistency: the embedded engine copies the generation under the store's lease (``ShardLease``: no other call of
 any process touches the shard meanwhile) after a flush, so the copy holds whole upsert batches only; the lease is
@@ -39,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from services.core import datadir, diskspace
 from services.core.errors import DprError, SnapshotError
-from services.core.fsutil import sha256_of, write_atomic
+from services.core.fsutil import allocated_bytes, built_beside, fsync_dir, move_into, sha256_of, write_atomic
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
@@ -54,11 +55,7 @@ PIECE = 1 << 16
 _ZERO = bytes(BLOCK)
 
 
-# --- files (copy_file_sparse / copy_tree_sparse live in services.core.fsutil, below the store that uses them) -------
-
-
-def allocated_bytes(root: Path) -> int:
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+# --- files (copy_file_sparse / copy_tree_sparse / allocated_bytes live in services.core.fsutil) ----------------------
 
 
 def _write_sparse(source: IO[bytes], path: Path, size: int) -> str:
@@ -93,21 +90,24 @@ def snapshots_dir(settings: Settings) -> Path:
 
 def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None,
                     include_model: bool = False) -> dict[str, Any]:
-    """Snapshot the collection ``engine`` serves (an ``EdgeEngine`` or ``ServerEngine``: ``store.engine``)."""
+    """Snapshot the collection ``engine`` serves (an ``EdgeEngine`` or ``ServerEngine``: ``store.engine``). The
+    archive and its checksum file are built in a folder beside them and renamed in at the end: a failure leaves
+    nothing behind."""
     started = time.perf_counter()
     out_dir = out_dir or snapshots_dir(settings)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     name = f"{settings.collection}-{stamp}-{uuid.uuid4().hex[:6]}{SUFFIX}"
-    staging = out_dir / f".staging-{uuid.uuid4().hex}"
-    try:
+    path = out_dir / name
+    sidecar = name + ".sha256"
+    with built_beside(path, "the snapshot") as build:
+        staging = build / "staging"
         if engine.backend == "edge":
             gen_dir = engine.root / "generations"
             current = engine.read_pointer()
             if current is not None and (gen_dir / current).is_dir():
                 need = allocated_bytes(gen_dir / current)
-                diskspace.require(out_dir, settings.min_free_mb, "a snapshot", need_bytes=2 * need)
-        with diskspace.translate(out_dir, "a snapshot"):
+                diskspace.require(build, settings.min_free_mb, "a snapshot", need_bytes=2 * need)
+        with diskspace.translate(build, "a snapshot"):
             generation, spec, points = engine.snapshot_generation(staging / "data")
             model = _model_reference(settings, spec.model, staging / "model" if include_model else None)
             files = _file_entries(staging)
@@ -124,12 +124,12 @@ def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None
                 "model": model,
                 "files": files,
             }
-            path = out_dir / name
-            _write_archive(staging, manifest, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    digest = sha256_of(path)
-    write_atomic(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n")
+            _write_archive(staging, manifest, build / name)
+            digest = sha256_of(build / name)
+            write_atomic(build / sidecar, f"{digest}  {name}\n")
+        os.replace(build / sidecar, out_dir / sidecar)
+        os.replace(build / name, path)
+        fsync_dir(out_dir)
     return {
         "snapshot": str(path), "collection": settings.collection, "backend": engine.backend,
         "generation": generation, "points": points, "model": model["fingerprint"], "model_name": model["name"],
@@ -165,22 +165,16 @@ def _file_entries(staging: Path) -> list[dict[str, Any]]:
 
 
 def _write_archive(staging: Path, manifest: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
-                data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8")
-                info = tarfile.TarInfo(MANIFEST)
-                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-                tar.addfile(info, io.BytesIO(data))
-                for entry in manifest["files"]:
-                    tar.add(staging / entry["path"], arcname=entry["path"], recursive=False)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with open(path, "wb") as raw:
+        with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
+            data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8")
+            info = tarfile.TarInfo(MANIFEST)
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))
+            for entry in manifest["files"]:
+                tar.add(staging / entry["path"], arcname=entry["path"], recursive=False)
+        raw.flush()
+        os.fsync(raw.fileno())
 
 
 # --- list ----------------------------------------------------------------------------------------------------------
@@ -245,7 +239,8 @@ def verify_checksum(path: Path) -> str | None:
 def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> dict[str, Any]:
     """Unpack ``path`` into the data dir of ``settings`` (a fresh one, or one without that collection) and make its
     generation the collection's active one. ``engine_for(settings)``: the engine to restore into (default: the one
-    ``open_store`` would pick: a server with DPR_QDRANT_URL)."""
+    ``open_store`` would pick: a server with DPR_QDRANT_URL). The collection is built in a data dir beside the
+    target and moved in at the end: a failure leaves the target as it was."""
     started = time.perf_counter()
     if not path.is_file():
         raise FileNotFoundError(f"no snapshot file {path}; `dpr snapshot list` shows the snapshots kept")
@@ -259,33 +254,42 @@ def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> 
     collection = str(manifest["collection"])
     target = settings.for_collection(collection) if collection != settings.collection else settings
     generation = str(manifest["generation"])
-    datadir.ensure_writable(target.data_dir)
-    target.store_dir.mkdir(parents=True, exist_ok=True)
-    staging = target.store_dir / f".restoring-{uuid.uuid4().hex}"
-    try:
-        need = sum(int(f["size"]) for f in manifest["files"]) if manifest.get("backend") == "server" else 0
-        diskspace.require(target.store_dir, target.min_free_mb, "restoring a snapshot", need_bytes=need)
-        with diskspace.translate(target.store_dir, "restoring a snapshot"):
+    datadir.check(target.data_dir)
+    backend = "server" if target.qdrant_url else "edge"
+    if manifest.get("backend") != backend:
+        raise SnapshotError(
+            f"{path} is a snapshot of the {manifest.get('backend')} engine and the target uses the {backend} engine; "
+            "restore it with the engine it came from, then move the collection with `dpr reembed` / a re-ingest"
+        )
+    make_engine = engine_for or _engine_for
+    if backend == "edge":  # the collection lives in the data dir: refused before anything is built beside it
+        engine = make_engine(target)
+        try:
+            exists = engine.read_pointer() is not None or bool(engine.generations())
+        finally:
+            engine.close()
+        if exists:
+            raise SnapshotError(f"collection {collection!r} already exists in {target.data_dir}; restore into a new "
+                                "data dir (--data-dir) or delete that collection first")
+    model = manifest.get("model") or {}
+    with built_beside(target.data_dir, f"restoring {path.name}") as build:
+        staging, new = build / "unpacked", build / "data"
+        need = sum(int(f["size"]) for f in manifest["files"]) if backend == "server" else 0
+        diskspace.require(build, target.min_free_mb, "restoring a snapshot", need_bytes=need)
+        with diskspace.translate(build, "restoring a snapshot"):
             _unpack(path, manifest, staging)
-        if manifest.get("backend") != ("server" if target.qdrant_url else "edge"):
-            raise SnapshotError(
-                f"{path} is a snapshot of the {manifest.get('backend')} engine and the target uses the "
-                f"{'server' if target.qdrant_url else 'edge'} engine; restore it with the engine it came from, then "
-                "move the collection with `dpr reembed` / a re-ingest"
-            )
-        engine = (engine_for or _engine_for)(target)
+        datadir.stamp(new)
+        engine = make_engine(target.model_copy(update={"data_dir": new}))
         try:
             engine.restore_generation(staging / "data", generation)
         finally:
             engine.close()
-        model = manifest.get("model") or {}
-        warnings = _install_model(target, staging, model)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _install_model(new, staging, model)
+        move_into(new, target.data_dir)
     return {
         "snapshot": str(path), "data_dir": str(target.data_dir), "collection": collection, "generation": generation,
         "points": manifest.get("points"), "model": model.get("fingerprint"), "model_name": model.get("name"),
-        "sha256": checksum, "checksum_file": checksum is not None, "warnings": warnings,
+        "sha256": checksum, "checksum_file": checksum is not None, "warnings": _model_warnings(target, model),
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -344,17 +348,19 @@ def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-def _install_model(settings: Settings, staging: Path, model: dict[str, Any]) -> list[str]:
-    """Move an included model into the target's models dir; else warn when the model is not there."""
+def _install_model(data_dir: Path, staging: Path, model: dict[str, Any]) -> None:
+    """Move an included model into the models dir of the data dir being built."""
+    directory = model.get("directory")
+    if model.get("included") and directory:
+        (data_dir / "models").mkdir(parents=True, exist_ok=True)
+        os.replace(staging / "model" / directory, data_dir / "models" / directory)
+
+
+def _model_warnings(settings: Settings, model: dict[str, Any]) -> list[str]:
+    """A warning when the model that embedded the passages is not in the restored data dir's models."""
     from encoders import registry
 
     fingerprint = model.get("fingerprint")
-    directory = model.get("directory")
-    if model.get("included") and directory:
-        dest = settings.models_dir / directory
-        if not dest.exists():
-            settings.models_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / "model" / directory, dest)
     if not fingerprint:
         return []
     with contextlib.suppress(registry.ModelNotFound):

@@ -92,11 +92,19 @@ def _corrupt(path: Path, at: float) -> None:
     path.write_bytes(bytes(data))
 
 
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
 def test_a_corrupt_or_truncated_snapshot_is_refused_and_leaves_nothing(tmp_path: Path, source: Settings) -> None:
     runner = CliRunner()
     made = json.loads(runner.invoke(app, ["--data-dir", str(source.data_dir), "snapshot", "create", "--json"]).stdout)
     archive = Path(made["snapshot"])
     good = archive.read_bytes()
+    used = tmp_path / "used"  # a data dir with another collection's files and no FORMAT yet
+    (used / "store" / "other").mkdir(parents=True)
+    (used / "store" / "other" / "CURRENT").write_text("g1\n")
+    before = _tree(used)
 
     _corrupt(archive, 0.5)  # the checksum file catches it before anything is unpacked
     result = runner.invoke(app, ["snapshot", "restore", str(archive), "--data-dir", str(tmp_path / "a")])
@@ -104,14 +112,14 @@ def test_a_corrupt_or_truncated_snapshot_is_refused_and_leaves_nothing(tmp_path:
     assert "Traceback" not in result.stderr
 
     os.remove(str(archive) + ".sha256")  # without it, the manifest's per-file sha256 (or gzip's CRC) catches it
+    result = runner.invoke(app, ["snapshot", "restore", str(archive), "--data-dir", str(used)])
+    assert result.exit_code == 1 and "as it was" in result.stderr, result.stderr
     with pytest.raises(SnapshotError):
         restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "b"}))
-    assert not (tmp_path / "b" / "store" / "passages").exists()
 
     archive.write_bytes(good[: len(good) // 2])  # truncated
     with pytest.raises(SnapshotError, match="corrupt|truncated"):
-        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "c"}))
-    assert not (tmp_path / "c" / "store" / "passages").exists()
+        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "c" / "deeper"}))
 
     # a member's bytes changed and the archive re-compressed (gzip's CRC is then right): the manifest catches it
     raw = bytearray(gzip.decompress(good))
@@ -120,7 +128,9 @@ def test_a_corrupt_or_truncated_snapshot_is_refused_and_leaves_nothing(tmp_path:
     raw[spec_at + 1] = ord("D")
     archive.write_bytes(gzip.compress(bytes(raw)))
     with pytest.raises(SnapshotError, match="sha256"):
-        restore_snapshot(archive, source.model_copy(update={"data_dir": tmp_path / "d"}))
+        restore_snapshot(archive, source.model_copy(update={"data_dir": used}))
+    assert _tree(used) == before, "a failed restore leaves the data dir exactly as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "used"], "and nothing beside it"
 
 
 def test_admin_api_snapshots_a_running_server_and_lists_it(tmp_path: Path, source: Settings,
@@ -162,7 +172,7 @@ def test_server_snapshots_need_a_real_server(tmp_path: Path) -> None:
     Store(engine).ensure_collection(CollectionSpec(dim=4, distance="cosine", model="m@1", sparse=False))
     with pytest.raises(SnapshotError, match="need a Qdrant server"):
         create_snapshot(Settings(data_dir=tmp_path), engine, tmp_path / "snaps")
-    assert not list((tmp_path / "snaps").glob("*.tar.gz")) and not list((tmp_path / "snaps").glob(".staging*"))
+    assert not (tmp_path / "snaps").exists(), "a failed create leaves nothing behind"
 
 
 @pytest.mark.skipif(not os.environ.get("QDRANT_URL"), reason="needs a Qdrant server: set QDRANT_URL")

@@ -59,20 +59,50 @@ def test_an_older_dir_is_refused_naming_migrate_then_migrate_upgrades_it(tmp_pat
     _write_format(data, 1)
     (data / "store").mkdir()
     steps: list[Path] = []
+
+    def step(path: Path) -> None:
+        steps.append(path)
+        (path / "store" / "migrated").write_text("2")
+
     monkeypatch.setattr(datadir, "CURRENT", 2)
     monkeypatch.setattr(datadir, "OPENS_AS_IS", frozenset({2}))
-    monkeypatch.setattr(datadir, "MIGRATIONS", {1: steps.append})
+    monkeypatch.setattr(datadir, "MIGRATIONS", {1: step})
     with pytest.raises(DataDirFormatError, match="dpr --data-dir .* migrate"):
         datadir.check(data)
     result = CliRunner().invoke(app, ["--data-dir", str(data), "migrate", "--json"])
     assert result.exit_code == 0, result.output + result.stderr
     report = json.loads(result.stdout)
     assert (report["from"], report["to"], report["steps"]) == (1, 2, ["1 -> 2"])
-    assert steps == [data]
+    assert len(steps) == 1 and steps[0] != data, "the step runs on a copy beside the data dir"
+    assert (data / "store" / "migrated").read_text() == "2" and sorted(tmp_path.iterdir()) == [data]
     assert json.loads((data / "FORMAT").read_text())["format"] == 2
     assert datadir.check(data).format == 2
     again = CliRunner().invoke(app, ["--data-dir", str(data), "migrate", "--json"])
-    assert json.loads(again.stdout)["steps"] == [] and steps == [data], "a second migrate does nothing"
+    assert json.loads(again.stdout)["steps"] == [] and len(steps) == 1, "a second migrate does nothing"
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+def test_a_migration_that_fails_leaves_the_data_dir_as_it_was_and_says_so(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "older"
+    _write_format(data, 1)
+    (data / "store" / "passages").mkdir(parents=True)
+    (data / "store" / "passages" / "CURRENT").write_text("g1\n")
+    before = _tree(data)
+
+    def half_done(path: Path) -> None:
+        (path / "store" / "passages" / "CURRENT").write_text("g2\n")
+        (path / "store" / "new").mkdir()
+        raise DataDirFormatError("step 1 -> 2 met a passage it cannot convert")
+
+    monkeypatch.setattr(datadir, "CURRENT", 2)
+    monkeypatch.setattr(datadir, "MIGRATIONS", {1: half_done})
+    result = CliRunner().invoke(app, ["--data-dir", str(data), "migrate"])
+    assert result.exit_code == 1 and "cannot convert" in result.stderr and "as it was" in result.stderr
+    assert _tree(data) == before and sorted(tmp_path.iterdir()) == [data], "nothing changed, nothing left beside"
 
 
 def test_migrate_stamps_a_legacy_dir_and_refuses_what_is_not_a_data_dir(tmp_path: Path) -> None:
