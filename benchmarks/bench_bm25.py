@@ -16,7 +16,7 @@ for Korean); the token hashes are the terms both sides see. Then:
   weighted with the average of what is in by then, which stays below the final one until the end), read before
   and after the end-of-job re-weighting.
 
-nDCG@10 on each collection's judged queries (ranx). Prints the CPU, the commit, and the table;
+nDCG@10 on each collection's judged queries. Prints the CPU, the commit, and the table;
 ``--out`` writes it as markdown.
 
     nice -n 10 .venv/bin/python benchmarks/bench_bm25.py --out benchmarks/results/quality/bm25.md

@@ -178,7 +178,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines.append("Dense systems are evaluated through the real store: the corpus is ingested into a temporary embedded")
     lines.append("collection (chunked by the passage tower) and queried with the product's query path; chunk hits")
     lines.append("are aggregated to documents by max score. BM25: bm25s, English stopwords, Snowball stemming.")
-    lines.append("Metrics: ranx (nDCG@10 with linear gains, as trec_eval), SQuAD-normalised answer accuracy.")
+    lines.append("Metrics: nDCG@10 with linear gains (as trec_eval), SQuAD-normalised answer accuracy.")
     lines.append("A system whose seconds read ~0 reused a cached retrieval (`--data-dir`/eval-cache, keyed by dataset,")
     lines.append("tower fingerprint, chunk settings and k): same towers, same corpus, same store path, measured in an")
     lines.append("earlier run on this machine (`--warm-base`). Wall times are from a machine shared with other work.")

@@ -124,7 +124,7 @@ class EvalReport:
                     "metric": metric, "delta": round(sum(a) / len(a) - sum(b) / len(b), 4), "p": round(p, 4),
                     "significant": p < max_p}
         self.notes.append(f"vs bm25 / vs base: difference in {metric} and the p-value of a paired randomization "
-                          f"test (10,000 sign flips of the per-query differences, ranx per-query scores); "
+                          f"test (10,000 sign flips of the per-query differences, per-query scores); "
                           f"* = p < {max_p}")
 
 

@@ -1,4 +1,4 @@
-"""Metrics: ranx checked against hand-computed values, and SQuAD-normalised answer accuracy."""
+"""Metrics: nDCG, MRR and recall against hand-computed values, and SQuAD-normalised answer accuracy."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from encoders.learn.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer
+from encoders.learn.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer, per_query
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,20 @@ def test_query_missing_from_run_scores_zero() -> None:
     m = ir_metrics({"q1": {"d1": 1}, "q2": {"d2": 1}}, {"q1": {"d1": 1.0}}, ["mrr@10", "recall@1"])
     assert m["mrr@10"] == pytest.approx(0.5)
     assert m["recall@1"] == pytest.approx(0.5)
+
+
+def test_the_ranking_is_read_by_score_and_the_ideal_is_cut_at_k() -> None:
+    # Three relevant documents, k = 2: the ideal DCG counts only the best two grades (3, 2); the run's dict order
+    # (d1 first) is not its ranking (d3 scores highest).
+    qrels = {"q": {"d1": 1, "d2": 2, "d3": 3}}
+    run = {"q": {"d1": 0.1, "d9": 0.5, "d3": 0.9}}
+    m = ir_metrics(qrels, run, ["ndcg@2", "mrr@2", "recall@2"])
+    assert m["ndcg@2"] == pytest.approx((3 / math.log2(2)) / (3 / math.log2(2) + 2 / math.log2(3)))
+    assert m["mrr@2"] == pytest.approx(1.0)
+    assert m["recall@2"] == pytest.approx(1 / 3)
+    assert per_query(qrels, run, "recall@3") == {"q": pytest.approx(2 / 3)}
+    with pytest.raises(ValueError, match="unknown metric 'map@10'"):
+        ir_metrics(qrels, run, ["map@10"])
 
 
 def test_zero_relevance_is_not_relevant() -> None:
