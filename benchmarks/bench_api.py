@@ -46,7 +46,7 @@ from serve_process import ServeProcess  # noqa: E402  (benchmarks/, sys.path[0])
 
 from entrypoints.api.app import serving_settings  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.ingest import chunk_document, collection_spec  # noqa: E402
+from services.ingest.pipeline import chunk_document, collection_spec  # noqa: E402
 from services.query import QueryOptions, search  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402

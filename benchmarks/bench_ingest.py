@@ -6,7 +6,7 @@ tokenizer and the default chunk settings):
 1. raw passage-tower throughput: ``towers.encode_documents`` on the pre-chunked texts (this process, all cores),
    measured before and after steps 2-3 and averaged, because the machine is shared;
 2. end-to-end in-process ingest: ``dpr ingest``'s path (a recorded in-process job,
-   ``services.jobs.executor.LocalExecutor``) into a fresh embedded store (chunk,
+   ``services.ingest.executor.LocalExecutor``) into a fresh embedded store (chunk,
    encode, BM25, upsert, stale-chunk cleanup) with the default settings, as `dpr ingest` without a broker;
 3. end-to-end through Redis + 2 ``dpr worker`` processes (prefork, concurrency 1, 1 torch thread each): submit +
    wait, after a warm-up job that loads the model in both workers;
@@ -190,7 +190,7 @@ def bench_workers(docs: list[Document], work: Path, workers: int = 2, threads: i
     policy, DPR_ENCODER__THREADS unset),
     after a warm-up job that loads the model in every worker. ``env``: more DPR_* variables for the workers (the
     backend, DPR_ONNX_CACHE). Returns (seconds, the job's status, busy / created / sealed times)."""
-    from services.jobs.follow import follow_job
+    from services.ingest.follow import follow_job
     from workers.executor import CeleryExecutor
 
     root = work / f"workers-{workers}x{concurrency}x{threads or 'default'}"
@@ -312,7 +312,7 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 
 
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
-    from services.ingest import collection_spec
+    from services.ingest.pipeline import collection_spec
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
     from services.store.points import Passage, PassagePoint
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: needs {SCIFACT}/corpus.jsonl.gz (../shared/data beside the repo)")
         return 0
 
-    from services.ingest import chunk_document
+    from services.ingest.pipeline import chunk_document
 
     work = Path(tempfile.mkdtemp(prefix="dpr-bench-"))
     rows: list[Row] = []

@@ -18,7 +18,7 @@ Systems, each one `dpr eval ... --format squad --split test --json` run (the com
   made): fusion tuned on ``--dev-queries`` dev questions of the train articles (``services.learn.hybrid``, through a
   temporary store with Korean BM25), then `dpr eval --mode hybrid` on test with the chosen fusion.
 
-Also printed: the split counts, the Hangul share that ``services.language`` detects on (KorQuAD vs English
+Also printed: the split counts, the Hangul share that ``services.ingest.language`` detects on (KorQuAD vs English
 corpora), the gold-paragraph answer rate under the English-only and the Korean answer matching, machine, commit,
 load average. Writes ``benchmarks/results/quality/korquad.md`` (+ ``korquad.json``).
 
@@ -74,7 +74,7 @@ def dpr(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
 def data_facts(data: Path) -> dict[str, Any]:
     """Split counts, Hangul shares and the gold-paragraph answer rate under both answer matchings."""
     from encoders.learn.metrics import has_answer, normalize_answer
-    from services.language import hangul_share
+    from services.ingest.language import hangul_share
     from services.readers import load_beir, load_dev_split, load_squad
 
     facts: dict[str, Any] = {"splits": {}, "hangul_share": {}}
@@ -182,7 +182,7 @@ def report(facts: dict[str, Any], rows: list[dict[str, Any]], trained: list[dict
         "## Data",
         *split_lines,
         "",
-        f"Train and test articles share no paragraph (checked). Hangul share of letters (`services.language`, "
+        f"Train and test articles share no paragraph (checked). Hangul share of letters (`services.ingest.language`, "
         f"threshold 0.3 -> ko): {shares}. A question's own paragraph contains its gold answer: {gold}.",
         "",
         "## Test articles (`dpr eval ... --format squad --split test`)",

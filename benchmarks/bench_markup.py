@@ -56,9 +56,9 @@ def passages(root: Path) -> str:
     """Passages and tower tokens of ``make demo``'s folders: raw reST through ``chunk_text`` (before) against
     ``read_file`` + ``chunk_document`` (after), with the base towers' tokenizer and the default chunk settings."""
     from encoders.towers import SentenceTransformerTowers, base_model_path
-    from services.chunking import chunk_text
     from services.core.settings import ChunkSettings
-    from services.ingest import chunk_document
+    from services.ingest.chunking import chunk_text
+    from services.ingest.pipeline import chunk_document
     from services.readers.files import guess_title, read_file
 
     towers = SentenceTransformerTowers(base_model_path(), name="base")

@@ -27,7 +27,7 @@ from typing import Any
 from machine import commit, cpu_flags, cpu_model
 
 from services.core.settings import Settings
-from services.jobs.executor import LocalExecutor
+from services.ingest.executor import LocalExecutor
 from services.query import QueryOptions
 from services.readers import iter_documents
 from services.runtime import Runtime

@@ -65,7 +65,7 @@ def main() -> None:
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import lifecycle as rb
     from services.core.settings import Settings
-    from services.ingest import IngestPipeline
+    from services.ingest.pipeline import IngestPipeline
     from services.readers import Document, load_beir
     from services.store import Store
     from services.store.engines.edge import EdgeEngine

@@ -54,8 +54,8 @@ from bench_load import percentile  # noqa: E402
 from machine import commit, machine_line  # noqa: E402
 
 from services.core.settings import EdgeSettings, Settings  # noqa: E402
-from services.ingest import chunk_document  # noqa: E402
-from services.language import collection_spec  # noqa: E402
+from services.ingest.language import collection_spec  # noqa: E402
+from services.ingest.pipeline import chunk_document  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
 from services.store import Store  # noqa: E402

@@ -199,7 +199,7 @@ def write_corpus(path: Path, n: int, rng: random.Random) -> None:
 def expected_passages(corpus: Path, data_dir: Path) -> tuple[set[tuple[str, int]], str]:
     """(doc id, chunk) pairs the corpus must produce, chunked in this process exactly as the pipeline does."""
     from services.core.settings import Settings
-    from services.ingest import chunk_document
+    from services.ingest.pipeline import chunk_document
     from services.readers import Document, iter_documents
     from services.runtime import Runtime
 

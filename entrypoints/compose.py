@@ -1,9 +1,9 @@
 """The one place an entry point picks the executor: Celery workers when ``DPR_BROKER_URL`` is set, else this
-process (``services.jobs.executor.LocalExecutor`` over the runtime's pipelines). The CLI and the API both call it."""
+process (``services.ingest.executor.LocalExecutor`` over the runtime's pipelines). The CLI and the API both call it."""
 
 from __future__ import annotations
 
-from services.jobs.executor import BatchHook, Executor, LocalExecutor
+from services.ingest.executor import BatchHook, Executor, LocalExecutor
 from services.runtime import Runtime
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked fo
     # or hybrid search: a dense `dpr query` needs none of them
     from encoders.rerank import Reranker
     from services.core.locks import WriteFence
-    from services.ingest import IngestPipeline
+    from services.ingest.pipeline import IngestPipeline
     from services.jobs import JobStore
     from services.store.sparse import SparseEncoder
 
@@ -206,7 +206,7 @@ class Runtime:
     @property
     def pipeline(self) -> IngestPipeline:
         """The collection's ingest pipeline (towers, BM25, store, fence), built once."""
-        from services.ingest import IngestPipeline
+        from services.ingest.pipeline import IngestPipeline
 
         return self._part("pipeline", lambda: IngestPipeline.from_settings(
             self.settings, store=self.store, towers=self.towers, sparse=self.sparse, fence=self.fence,
@@ -246,7 +246,7 @@ class Runtime:
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""
-        from services.ingest import delete_documents
+        from services.ingest.pipeline import delete_documents
 
         return delete_documents(doc_ids, store=self.store, fence=self.fence)
 

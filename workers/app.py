@@ -81,7 +81,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure": True,  # the task records a failed batch itself
         # A task killed by the hard time limit never got to record its batch: requeue it rather than lose it (the
-        # job counts deliveries and fails a batch that keeps killing its worker, services.jobs.runner.run_batch).
+        # job counts deliveries and fails a batch that keeps killing its worker, services.ingest.batches.run_batch).
         "task_acks_on_timeout": False,
         "worker_prefetch_multiplier": 1,
         "worker_proc_alive_timeout": POOL_START_TIMEOUT,

@@ -1,4 +1,4 @@
-"""The Celery implementation of the executor seam (``services.jobs.executor.Executor``): one ``dpr.ingest_batch``
+"""The Celery implementation of the executor seam (``services.ingest.executor.Executor``): one ``dpr.ingest_batch``
 task per batch on the ``ingest`` queue; job state in Redis, written by the same ``services.jobs`` code the
 in-process executor uses. Chosen by the entry points when ``DPR_BROKER_URL`` is set.
 """
@@ -16,9 +16,9 @@ import redis.exceptions
 
 from services.core.errors import ConfigError, TransientError
 from services.core.settings import Settings
-from services.ingest import new_job_id
+from services.ingest.batches import Submitted, job_batches
+from services.ingest.pipeline import new_job_id
 from services.jobs import BrokerWriteRefused, JobStore, redact_url, unavailable, write_refused
-from services.jobs.runner import Submitted, submit_job
 from services.readers import Document, Item
 from services.readers.filesig import FileRef
 from workers.app import INGEST_QUEUE, create_app
@@ -57,12 +57,10 @@ class CeleryExecutor:
         c = self.settings.celery
         try:
             with app.producer_or_acquire() as producer:
-
-                def send(number: int, docs: list[Document]) -> None:
+                for number, docs in job_batches(self.jobs, submitted, items, batch_documents=c.batch_documents,
+                                                batch_bytes=c.batch_bytes):
                     _send(app, producer, submitted, number, docs, c.inline_file_bytes)
-
-                return submit_job(self.jobs, submitted, items, batch_documents=c.batch_documents,
-                                  batch_bytes=c.batch_bytes, hand_over=send)
+            return submitted
         except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
             raise BrokerUnavailable(
                 f"cannot send tasks to the broker at {redact_url(self.url)} ({e}); job {submitted.job} stopped "

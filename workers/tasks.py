@@ -1,4 +1,5 @@
-"""Thin Celery tasks: primitives in, one call (``services.jobs.runner.run_batch``), the outcome in the job store.
+"""Thin Celery tasks: primitives in, one call (``services.ingest.batches.run_batch``: the batch loop's body, the same
+one the in-process executor runs), the outcome in the job store.
 
 Model loading: each prefork pool process builds its one ``Runtime`` and loads the towers and the BM25 embedder
 right after the fork (``worker_process_init``), before it takes its first task, and keeps them for its life.
@@ -16,8 +17,8 @@ retry: the batch is handed back to it untouched (``Reject(requeue=True)``) and r
 Retries: ``TransientError`` (store or Redis unavailable, shard lock held too long) and a soft time limit are
 retried with exponential backoff and jitter, up to ``celery.max_retries``; the failure after the last retry
 names the limit that fired. Bad documents are already reported one by one by the pipeline; anything else that
-fails a whole batch marks its documents failed with the reason, so the job always ends and no other batch is
-affected.
+fails a whole batch marks its documents failed with the reason (``run_batch``), so the job always ends and no other
+batch is affected.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from celery.signals import worker_process_init
 
 from services.core.errors import TransientError
 from services.core.settings import Settings
+from services.ingest.batches import fail_batch, run_batch
 from services.jobs import TERMINAL, JobStore
 from services.jobs.backends import refusal_kind
-from services.jobs.runner import batch_failure, run_batch
 from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, is_file_task, release_spooled
 from services.runtime import Runtime
@@ -118,26 +119,23 @@ def ingest_batch_task(
     ids = {"job": job_id, "batch": batch, "attempt": retries}
     items = parse_documents(documents)
     try:
-        run_batch(
+        report = run_batch(
             runtime.jobs, runtime.pipeline, job_id, batch, items, attempt=retries,
             worker=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
             max_deliveries=settings.celery.max_retries + 1 + EXTRA_DELIVERIES,
+            retry=(TransientError, SoftTimeLimitExceeded),
         )
     except TransientError as e:
         _leave_with_a_refusing_broker(e, ids)
         return _retry_or_fail(self, runtime.jobs, items, ids, e, "unavailable", str(e))
     except SoftTimeLimitExceeded as e:
         return _retry_or_fail(self, runtime.jobs, items, ids, e, "time_limit", time_limit_message(self))
-    except Exception as e:  # a permanent failure of the whole batch: report its documents, keep the others
+    except Exception as e:  # run_batch recorded any other failure; this one could not be recorded
         _leave_with_a_refusing_broker(e, ids)
-        log.exception("batch failed", extra=ids)
-        _record_failure(runtime.jobs, job_id, batch,
-                        batch_failure(job_id, items, "batch_error", f"{type(e).__name__}: {e}"))
-        release_spooled(items, settings.celery.path_map)
-        return {"job": job_id, "batch": batch, "state": "failed"}
+        raise
     release_spooled(items, settings.celery.path_map)  # API uploads kept for this batch: its outcome is recorded
     _index_when_the_job_ends(runtime, job_id)
-    return {"job": job_id, "batch": batch, "state": "done"}
+    return {"job": job_id, "batch": batch, "state": "done" if report is not None else "failed"}
 
 
 def _leave_with_a_refusing_broker(error: Exception, ids: dict[str, Any]) -> None:
@@ -173,7 +171,7 @@ def _retry_or_fail(
     job_id, batch, retries = ids["job"], ids["batch"], ids["attempt"]
     if retries >= settings.celery.max_retries:
         log.error("batch failed after retries", extra={**ids, "reason": reason, "error": message})
-        _record_failure(jobs, job_id, batch, batch_failure(job_id, items, reason, message))
+        fail_batch(jobs, job_id, batch, items, reason, message)
         return {"job": job_id, "batch": batch, "state": "failed"}
     countdown = backoff_seconds(retries)
     log.warning("batch will be retried",
@@ -200,10 +198,3 @@ def time_limit_message(task: Task) -> str:
         "DPR_CELERY__BATCH_DOCUMENTS or raise DPR_CELERY__TASK_TIME_LIMIT (the soft limit is "
         f"{SOFT_LIMIT_MARGIN} s below it; keep DPR_CELERY__VISIBILITY_TIMEOUT above it)"
     )
-
-
-def _record_failure(jobs: JobStore, job_id: str, batch: int, result: dict[str, Any]) -> None:
-    try:
-        jobs.record_batch(job_id, batch, result)
-    except TransientError:
-        log.exception("could not record a failed batch", extra={"job": job_id, "batch": batch})

@@ -2,7 +2,7 @@
 
 Tokenisation follows ``BM25Config.language``: ``en`` (English stopwords, Snowball stemming) or ``ko`` (Kiwi content
 morphemes, ``encoders.korean``: particles and endings dropped, no stopword list, no stemming); the caller decides
-the language (``services.language``).
+the language (``services.ingest.language``).
 
 Hard negatives for a question are the top-ranked passages inside a rank window that are not labelled relevant,
 are not the positive itself and (for SQuAD-style data) do not contain a gold answer. The ranking comes from BM25

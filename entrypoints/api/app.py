@@ -42,7 +42,7 @@ from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
 from services.access import AccessGate
 from services.core.settings import Settings
-from services.jobs.executor import Executor
+from services.ingest.executor import Executor
 from services.runtime import Runtime
 
 log = logging.getLogger(__name__)

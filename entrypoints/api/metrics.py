@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.ingest import IngestReport
+from services.ingest.pipeline import IngestReport
 
 __all__ = ["CONTENT_TYPE_LATEST", "ApiMetrics"]
 

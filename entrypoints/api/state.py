@@ -15,7 +15,7 @@ from fastapi import Request
 from entrypoints.api.metrics import ApiMetrics
 from services.access import AccessGate
 from services.core.settings import Settings
-from services.jobs.executor import Executor
+from services.ingest.executor import Executor
 from services.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from rich.table import Table
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.language import check_choice
+from services.ingest.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
 
 log = logging.getLogger(__name__)

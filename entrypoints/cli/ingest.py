@@ -16,13 +16,13 @@ from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_j
 from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
 from services.core.errors import ConfigError, TransientError
-from services.ingest import IngestReport
+from services.ingest.language import LANGUAGE_HELP, prepare_collection
+from services.ingest.pipeline import IngestReport
+from services.ingest.sync import SeenDocuments, SyncScope, sync
 from services.jobs import TERMINAL
-from services.language import LANGUAGE_HELP, prepare_collection
 from services.readers import iter_documents
 from services.readers.sources import count_documents, detect_format
 from services.runtime import Runtime
-from services.sync import SeenDocuments, SyncScope, sync
 
 COMMANDS = ("ingest",)
 

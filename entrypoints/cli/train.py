@@ -162,7 +162,7 @@ def train(
     from encoders.learn.mining import MiningConfig
     from encoders.learn.pairs import PairConfig
     from encoders.learn.train import TrainConfig
-    from services.language import check_choice
+    from services.ingest.language import check_choice
     from services.learn.training import TrainingData
     from services.learn.training_rounds import RoundConfig, rounds_unavailable, train_recipe
 

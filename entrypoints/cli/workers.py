@@ -15,9 +15,9 @@ from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.core.threads import available_cores
-from services.jobs.executor import Executor
-from services.jobs.follow import Source, follow_job
-from services.jobs.runner import Submitted
+from services.ingest.batches import Submitted
+from services.ingest.executor import Executor
+from services.ingest.follow import Source, follow_job
 
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 
@@ -99,7 +99,7 @@ def follow(
     submitted: Submitted | None = None,
     source: Source | None = None,
 ) -> dict[str, Any]:
-    """Wait for the job to end (``services.jobs.follow.follow_job``: rides out a broker outage, re-sends or fails
+    """Wait for the job to end (``services.ingest.follow.follow_job``: rides out a broker outage, re-sends or fails
     batches that can no longer arrive); a progress bar on stderr when ``show_progress``."""
     kwargs: dict[str, Any] = {"timeout": timeout, "submitted": submitted, "source": source}
     if not show_progress:

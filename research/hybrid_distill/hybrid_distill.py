@@ -145,7 +145,7 @@ def main() -> None:
     from encoders.learn.adapt import bm25_matrix
     from encoders.learn.mining import BM25Config, BM25Index
     from encoders.learn.pairs import pseudo_query_sets
-    from services.language import corpus_language
+    from services.ingest.language import corpus_language
     from services.readers import load_dataset
 
     torch.manual_seed(args.seed)

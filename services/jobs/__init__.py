@@ -1,11 +1,6 @@
-"""Ingest jobs: one job model (``store``), where its state lives (``backends``), how batches are handed over and
-run (``runner``), how a caller follows a job (``follow``), and the executor seam with its in-process
-implementation (``executor``). The Celery executor is ``workers.executor.CeleryExecutor``; nothing here imports
-Celery.
-
-The package itself exports the job model and its state only: reading a job's state (``dpr status``, the API's
-job routes, a Runtime's ``jobs``) must not import the ingest pipeline. Running or following jobs imports
-``services.jobs.executor`` / ``runner`` / ``follow``.
+"""Ingest jobs' state: one job model (``store``) and where it lives (``backends``: files under the data dir, or
+Redis). Reading a job's state (``dpr status``, the API's job routes, a Runtime's ``jobs``) imports only this;
+running, handing over and following jobs is ``services.ingest`` (above). Nothing here imports Celery.
 """
 
 from services.jobs.backends import (

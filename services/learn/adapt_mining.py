@@ -33,7 +33,7 @@ def mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, r
     from encoders.data import labelled_pairs
     from encoders.learn.adapt import TeacherStats, dense_rankings, encode, label_with_teacher, load_model, pair_to_json
     from encoders.learn.mining import BM25Config, BM25Index
-    from services.language import corpus_language
+    from services.ingest.language import corpus_language
 
     model = load_model(base_path)
     stats = TeacherStats()
@@ -77,7 +77,7 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config:
     from encoders.data import labelled_pairs
     from encoders.learn.adapt import bm25_matrix, distill_targets, distill_width, encode, load_model, pair_to_json
     from encoders.learn.mining import BM25Config, BM25Index
-    from services.language import corpus_language
+    from services.ingest.language import corpus_language
     from services.readers.beir import load_corpus
 
     if not config.question_only:

@@ -32,8 +32,8 @@ from encoders.registry import Backend, SplitTowers, load_towers
 from encoders.towers import DualEncoder, resolve_model_path
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
-from services.ingest import IngestPipeline, IngestReport
-from services.language import corpus_language
+from services.ingest.language import corpus_language
+from services.ingest.pipeline import IngestPipeline, IngestReport
 from services.query import QueryOptions, search_many
 from services.readers import Document
 from services.store import open_store
@@ -180,7 +180,7 @@ class StoreCorpus:
         language: str | None = None,
     ) -> None:
         """``language``: the BM25 tokenisation of a new temporary collection (``en`` | ``ko``; None or ``auto``:
-        detected on the corpus, ``services.language``); an existing collection keeps its own."""
+        detected on the corpus, ``services.ingest.language``); an existing collection keeps its own."""
         self.towers = _QueryCache(towers)
         self.language = language
         self.settings = settings or Settings()

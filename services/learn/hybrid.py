@@ -26,7 +26,7 @@ from encoders.learn.evaluate import score_retrieval
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
-from services.language import resolve_language
+from services.ingest.language import resolve_language
 from services.learn.evaluation import StoreCorpus, dataset_documents
 from services.query import QueryOptions
 from services.store.common import require_sparse

@@ -18,7 +18,7 @@ from encoders.learn.mining import MiningConfig
 from encoders.learn.pairs import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.language import corpus_language
+from services.ingest.language import corpus_language
 from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl, load_squad
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class TrainingData:
     - ``pair_config``: how ICT and title pairs are cut (``encoders.learn.pairs.PairConfig``: ICT questions per document,
       the chance the sentence stays in its passage, ...).
     - ``language``: the BM25 tokenisation for hard-negative mining (``en`` | ``ko``; None or ``auto``: detected on
-      the corpus by ``services.language``); recorded in the model card's ``training_data``.
+      the corpus by ``services.ingest.language``); recorded in the model card's ``training_data``.
     """
 
     data: Path | None = None

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from encoders.towers import DualEncoder
-from services.chunking import Chunk
 from services.core.errors import CollectionNotFound, ConfigError
+from services.ingest.chunking import Chunk
 from services.lifecycle.state import (
     LIFECYCLE_KEYS,
     MODEL_NAME_KEY,

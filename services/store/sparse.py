@@ -15,7 +15,7 @@ produces the term-frequency half:
   score sums over the question's tokens, repeats included, as Lucene's and bm25s' BM25 do (a long question that
   says "retrieval" three times weighs it three times; CISI's paragraph-long questions gain most).
 
-Tokenisation is a per-collection language choice (``services.language`` decides it when a collection is created):
+Tokenisation is a per-collection language choice (``services.ingest.language`` decides it when a collection is created):
 
 - ``en`` (the default, and what every collection without a stored configuration uses): the engine's ``Word``
   tokenizer (Unicode word boundaries), lower-casing, English stopwords removed ("the", "and", ...), English
@@ -31,9 +31,9 @@ process and both languages), so there is no vocabulary file to keep in sync.
 A text made only of stopwords embeds to an empty vector; adapters store such a point without a sparse vector.
 Documents and queries must go through the *same* configuration, otherwise query tokens hash to indices no
 document carries: the configuration is stored with the collection (``CollectionSpec.settings["bm25"]``, written
-by ``services.ingest.collection_spec``) and ``for_spec`` gives the embedder a collection was built with; ingest,
-query and re-embed all go through it. ``default_embedder()`` (what a Runtime uses) has no language chosen: the
-collection it creates gets the detected one.
+by ``services.ingest.language.collection_spec``) and ``for_spec`` gives the embedder a collection was built
+with; ingest, query and re-embed all go through it. ``default_embedder()`` (what a Runtime uses) has no language
+chosen: the collection it creates gets the detected one.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Bm25Embedder:
 
 class AutoBm25(Bm25Embedder):
     """The English defaults, with the language not chosen: a collection created through it gets the language
-    detected on the documents that create it (``services.language.for_new_collection``); an existing collection's
+    detected on the documents that create it (``services.ingest.language.for_new_collection``); an existing collection's
     stored language wins as always (``for_spec``)."""
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
 from services.core.settings import Settings
-from services.ingest import IngestPipeline
+from services.ingest.pipeline import IngestPipeline
 from services.learn import feedback
 from services.readers import Document
 from services.store import open_store

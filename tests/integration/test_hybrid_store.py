@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from entrypoints.cli.main import app
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.ingest import IngestPipeline
+from services.ingest.pipeline import IngestPipeline
 from services.query import QueryOptions, search, search_many
 from services.readers import Document
 from services.store import open_store

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from entrypoints.cli.main import app
 from services.core.errors import ModelMismatch
 from services.core.settings import Settings
-from services.ingest import IngestPipeline, chunk_document
+from services.ingest.pipeline import IngestPipeline, chunk_document
 from services.query import QueryOptions, search
 from services.readers import Document, iter_documents
 from services.store import open_store

@@ -11,7 +11,7 @@ import pytest
 from kit.documents import make_pdf
 
 from services.core.settings import Settings
-from services.jobs.executor import LocalExecutor
+from services.ingest.executor import LocalExecutor
 from services.readers import iter_documents
 from services.runtime import Runtime
 from services.store.sparse import default_embedder

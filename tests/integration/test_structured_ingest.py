@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
 from services.core.settings import Settings
-from services.ingest import IngestPipeline
+from services.ingest.pipeline import IngestPipeline
 from services.readers import Document, Section
 from services.store import open_store
 from services.store.sparse import default_embedder

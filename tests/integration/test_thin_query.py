@@ -141,7 +141,7 @@ def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
     assert len(manifests) == 1 and (manifests[0].parent / "shared" / "model.onnx.data").is_file()
     question = ["query", "what stores the energy of mitochondria", "--json", "-k", "1"]
     torch_side = ("torch", "transformers", "sentence_transformers")
-    ingest_side = ("services.ingest", "services.readers", "services.chunking", "services.jobs.executor",
+    ingest_side = ("services.ingest", "services.readers", "services.ingest.chunking", "services.ingest.executor",
                    "entrypoints.cli.ingest", "entrypoints.cli.workers", "entrypoints.cli.train", "rich.progress",
                    "services.jobs", "encoders.multilingual", "entrypoints.status")  # and no job store, no built-ins
 

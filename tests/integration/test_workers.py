@@ -15,7 +15,7 @@ import pytest
 from worker_cluster import Cluster, wait_until
 
 from services.core.settings import ChunkSettings, Settings
-from services.ingest import chunk_document
+from services.ingest.pipeline import chunk_document
 from services.jobs import JobStore
 from services.readers import Document, iter_documents
 from services.store import open_store

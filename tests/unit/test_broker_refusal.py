@@ -17,11 +17,11 @@ from kit.fake_redis import FakeRedis
 
 from services.core.errors import DiskFull, TransientError
 from services.core.settings import CelerySettings, Settings
-from services.ingest import IngestReport
+from services.ingest.batches import Submitted
+from services.ingest.follow import follow_job
+from services.ingest.pipeline import IngestReport
 from services.jobs import BrokerDiskFull, BrokerWriteRefused, JobStore, RedisHashes, write_refused
 from services.jobs.backends import refusal_kind
-from services.jobs.follow import follow_job
-from services.jobs.runner import Submitted
 from services.readers import Document
 from workers import tasks
 from workers.app import celery_config, create_app

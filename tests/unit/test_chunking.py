@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from services.chunking import SAFETY_TOKENS, chunk_text, window_size
 from services.core.errors import DocumentError
+from services.ingest.chunking import SAFETY_TOKENS, chunk_text, window_size
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.chunking import HEADING_SEPARATOR, chunk_sections, chunk_text, context_line
 from services.core.errors import DocumentError
+from services.ingest.chunking import HEADING_SEPARATOR, chunk_sections, chunk_text, context_line
 from services.readers.records import SECTION_SEPARATOR, Document, Section
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ import pytest
 from kit.documents import make_pdf
 
 from services.core.fsutil import sha256_of
-from services.ingest import batched_items
+from services.ingest.pipeline import batched_items
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.filesig import (
     FileRef,
@@ -118,7 +118,7 @@ def test_a_worker_task_reads_file_references_and_documents_alike(tmp_path: Path)
 def test_a_file_that_killed_two_deliveries_fails_alone_and_the_rest_is_written(tmp_path: Path) -> None:
     from kit.fakes import FakeRuntime
 
-    from services.jobs.runner import run_batch
+    from services.ingest.batches import run_batch
 
     folder = tmp_path / "docs"
     folder.mkdir()

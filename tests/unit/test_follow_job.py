@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kit.fake_redis import FakeRedis
 
+from services.ingest.batches import Submitted, job_batches
+from services.ingest.follow import follow_job
 from services.jobs import JobStore, JobStoreUnavailable, RedisHashes
-from services.jobs.follow import follow_job
-from services.jobs.runner import Submitted, submit_job
 from services.readers import Document
 
 pytestmark = pytest.mark.unit
@@ -29,8 +29,8 @@ class FakeExecutor:
     def submit(self) -> Submitted:
         submitted = Submitted(job="j1", collection="c", executor="broker")
         self.jobs.create("j1", collection="c", executor="broker")
-        return submit_job(self.jobs, submitted, DOCS, batch_documents=2, batch_bytes=10**6,
-                          hand_over=lambda n, docs: self.held.__setitem__(n, docs))
+        self.held.update(job_batches(self.jobs, submitted, DOCS, batch_documents=2, batch_bytes=10**6))
+        return submitted
 
     def work(self) -> None:
         """A worker takes every held message and records its outcome."""

@@ -14,7 +14,7 @@ from encoders import data as d
 from services import readers
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
-from services.ingest import IngestPipeline, collection_spec
+from services.ingest.pipeline import IngestPipeline, collection_spec
 from services.learn.evaluation import dataset_documents
 from services.learn.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
 from services.query import QueryOptions, resolve_request

@@ -107,7 +107,7 @@ def test_our_warnings_are_errors_and_third_party_warnings_are_not() -> None:
     with pytest.raises(UserWarning, match="from a test"):
         warnings.warn("from a test", UserWarning, stacklevel=1)
     with pytest.raises(DeprecationWarning, match="ours"):
-        warnings.warn_explicit("ours", DeprecationWarning, "services/ingest.py", 1, module="services.ingest")
+        warnings.warn_explicit("ours", DeprecationWarning, "services/ingest/pipeline.py", 1, module="services.ingest")
     with warnings.catch_warnings(record=True) as seen:
         warnings.warn_explicit("theirs", UserWarning, "numba/core/errors.py", 1, module="numba.core.errors")
     assert [str(w.message) for w in seen] == ["theirs"]

@@ -20,8 +20,8 @@ from encoders.learn.metrics import has_answer
 from encoders.learn.mining import BM25Config, BM25Index
 from entrypoints.cli.main import app
 from services.core.errors import ConfigError, StoreUnavailable
-from services.ingest import IngestPipeline
-from services.language import detect_language, hangul_share, prepare_collection, resolve_language
+from services.ingest.language import detect_language, hangul_share, prepare_collection, resolve_language
+from services.ingest.pipeline import IngestPipeline
 from services.query import QueryOptions, search
 from services.readers import Document
 from services.store import open_store

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
-from services.chunking import Chunk
 from services.core.settings import Settings
+from services.ingest.chunking import Chunk
 from services.lifecycle.copy import embed_passages
 from services.query import QueryOptions
 from services.readers.records import Document, Section

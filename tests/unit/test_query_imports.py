@@ -30,7 +30,7 @@ PROJECT = ("entrypoints", "services", "workers", "encoders")
 QUERY_MODULES_MAX = 31
 NEVER = (  # what a dense query on the embedded store does not need; a name or a package above it
     "torch", "transformers", "sentence_transformers", "celery", "fastapi",
-    "services.ingest", "services.readers", "services.chunking", "services.language", "services.jobs",
+    "services.ingest", "services.readers", "services.ingest.chunking", "services.ingest.language", "services.jobs",
     "services.core.locks", "services.lifecycle", "services.store.sparse", "services.store.bm25",
     "services.store.bm25_upkeep",
     "services.store.engines.server", "services.learn.training", "services.learn.evaluation", "encoders.learn.train",
@@ -83,7 +83,7 @@ def test_the_bm25_encoder_is_built_only_for_a_search_that_uses_it(tmp_path: Path
     hybrid one calls it once and ranks with what it built."""
     from kit.fakes import HashTowers
 
-    from services.language import collection_spec
+    from services.ingest.language import collection_spec
     from services.query import QueryOptions, search
     from services.store.sparse import default_embedder
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.chunking import chunk_text
 from services.core.errors import DocumentError
+from services.ingest.chunking import chunk_text
 from services.readers import Document, DocumentFailure, Item, Skipped, iter_documents
 
 pytestmark = pytest.mark.unit

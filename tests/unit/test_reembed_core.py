@@ -11,7 +11,7 @@ from kit.fakes import HashTowers
 
 from services.core.locks import FileFence, FileLease
 from services.core.settings import ChunkSettings
-from services.ingest import delete_documents, ingest_batch
+from services.ingest.pipeline import delete_documents, ingest_batch
 from services.lifecycle import (
     GateDecision,
     ReembedError,

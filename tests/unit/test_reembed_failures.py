@@ -15,7 +15,7 @@ from kit.fakes import FakeRuntime, HashTowers
 from encoders.registry import ModelNotFound
 from services.core.locks import NoFence
 from services.core.settings import ChunkSettings, Settings
-from services.ingest import ingest_batch
+from services.ingest.pipeline import ingest_batch
 from services.jobs import JobStore, RedisHashes
 from services.lifecycle import distributed, plan
 from services.lifecycle import locks as lifecycle_locks

@@ -10,9 +10,9 @@ import pytest
 from kit.fakes import FakeRuntime
 
 from services.core.errors import ConfigError
+from services.ingest.sync import SeenDocuments, SyncScope, stale_documents, sync
 from services.readers import iter_documents
 from services.readers.sources import count_documents
-from services.sync import SeenDocuments, SyncScope, stale_documents, sync
 
 pytestmark = pytest.mark.unit
 

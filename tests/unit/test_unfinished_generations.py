@@ -17,7 +17,7 @@ from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.status import collection_status
 from services.core.settings import ChunkSettings
-from services.ingest import ingest_batch
+from services.ingest.pipeline import ingest_batch
 from services.lifecycle import locks as lifecycle_locks
 from services.lifecycle import plan, save_state
 from services.lifecycle.builder import builder_alive

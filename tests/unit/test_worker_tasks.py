@@ -18,7 +18,7 @@ from kit.fakes import CountingTowers, FakeRuntime, HashTowers
 
 from services.core.errors import ConfigError, StoreUnavailable
 from services.core.settings import CelerySettings, EncoderSettings, Settings
-from services.ingest import IngestReport
+from services.ingest.pipeline import IngestReport
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document
 from services.store import Store

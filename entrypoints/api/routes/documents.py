@@ -21,10 +21,10 @@ from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, split_too_deep, too_deep_failure, too_many
 from services.core.errors import DocumentError
-from services.language import LANGUAGE_CHOICES, prepare_collection
+from services.ingest.language import LANGUAGE_CHOICES, prepare_collection
+from services.ingest.sync import SeenDocuments, SyncScope, sync
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
 from services.readers.records import duplicate
-from services.sync import SeenDocuments, SyncScope, sync
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
-from services.chunking import Chunk, chunk_sections, chunk_text
 from services.core.errors import CollectionNotFound, DocumentError
 from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
-from services.ingest_files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
-from services.language import collection_spec, for_new_collection
+from services.ingest.chunking import Chunk, chunk_sections, chunk_text
+from services.ingest.files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
+from services.ingest.language import collection_spec, for_new_collection
 from services.readers import Document, DocumentFailure, Item, Skipped
 from services.readers.filesig import FileRef
 from services.readers.quarantine import limits_for

@@ -1,7 +1,7 @@
 """The binary files of an ingest batch (``FileRef``: PDF, DOCX, PPTX, ODT, EPUB) parsed where the batch runs, in
 this process's parser sandbox, and not at all when the store already holds their bytes.
 
-``parse_files`` is what ``services.ingest.ingest_batch`` calls for a batch's unparsed files (or the in-process
+``parse_files`` is what ``services.ingest.pipeline.ingest_batch`` calls for a batch's unparsed files (or the in-process
 executor calls one batch ahead, while the previous batch encodes); ``file_states`` is the store lookup it decides
 "unchanged" with. A file that crashes the parser's child is quarantined by its bytes (the sandbox's
 ``services.readers.quarantine``); one that killed the process running its batch twice (``ParseGuard``) fails for
@@ -47,7 +47,7 @@ def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Itera
 
 class ParseGuard(Protocol):
     """Told before and after each file is parsed; ``poisoned``: doc ids not to parse (an earlier delivery of the
-    batch died while parsing them). ``services.jobs.runner`` keeps one per batch run."""
+    batch died while parsing them). ``services.ingest.batches`` keeps one per batch run."""
 
     poisoned: set[str]
 

@@ -5,22 +5,22 @@
   once). Job state goes to files under the data dir, so ``dpr jobs ID`` shows in-process jobs too.
 - ``workers.executor.CeleryExecutor`` (``DPR_BROKER_URL`` set): one Celery task per batch; job state in Redis.
 
-Both submit through ``services.jobs.runner.submit_job`` and run batches through ``run_batch``; callers read
-status through the executor's ``jobs`` and wait with ``services.jobs.follow.follow_job``.
+Both cut a job into batches with ``services.ingest.batches.job_batches``; this one runs each with ``run_batch``
+(as the Celery task does); callers read status through the executor's ``jobs`` and wait with
+``services.ingest.follow.follow_job``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-from services.core.errors import DiskFull, DprError
-from services.ingest import IngestPipeline, IngestReport, ParsedFiles, new_job_id
-from services.jobs.runner import Submitted, batch_failure, run_batch, submit_job
+from services.core.errors import DprError
+from services.ingest.batches import Submitted, job_batches, run_batch
+from services.ingest.pipeline import IngestPipeline, IngestReport, ParsedFiles, new_job_id
 from services.jobs.store import JobStore
 from services.readers import Document, Item
 
@@ -100,7 +100,7 @@ class LocalExecutor:
     def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
         pipeline = self.pipeline_for(submitted.collection)
         for number, docs in sorted(batches.items()):
-            run_batch(self.jobs, pipeline, submitted.job, number, list(docs), worker="local")
+            self._run_batch(pipeline, submitted.job, number, list(docs))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -115,53 +115,45 @@ class LocalExecutor:
             log.exception("ingest job crashed", extra={"job": submitted.job})
 
     def _run(self, submitted: Submitted, items: Iterable[Item]) -> Submitted:
+        """The batch loop: each batch runs here as ``job_batches`` cuts it. Parsing overlaps encoding: a batch's
+        binary files are parsed (in the parser sandbox's child process) on one thread while the batch before it
+        encodes and writes; its store lookups (is a file unchanged?) run here first, so the thread touches only
+        files, and the two batches hold different documents."""
         pipeline = self.pipeline_for(submitted.collection)
-        c_docs, c_bytes = pipeline.batch_documents, pipeline.batch_bytes
-
-        def run_now(number: int, docs: list[Document], parsing: Future[ParsedFiles | None] | None = None) -> None:
-            batch: list[Item] = list(docs)
-            try:
-                parsed = parsing.result() if parsing is not None else None
-                report = run_batch(self.jobs, pipeline, submitted.job, number, batch, worker="local", parsed=parsed)
-            except DiskFull as e:  # every later batch would fail the same way: stop, say which disk (exit 3)
-                with contextlib.suppress(Exception):  # the disk may refuse the job file too
-                    self.jobs.record_batch(submitted.job, number,
-                                           batch_failure(submitted.job, batch, type(e).__name__, str(e)))
-                raise
-            except DprError as e:  # this batch fails with its reason; the next batches still run
-                log.warning("batch failed", extra={"job": submitted.job, "batch": number, "error": str(e)})
-                self.jobs.record_batch(submitted.job, number,
-                                       batch_failure(submitted.job, batch, type(e).__name__, str(e)))
-                return
-            if report is not None and self.on_batch is not None:
-                self.on_batch(report)
-
-        # Parsing overlaps encoding: a batch's binary files are parsed (in the parser sandbox's child process) on
-        # one thread while the batch before it encodes and writes. Its store lookups (is a file unchanged?) run
-        # here first, so the thread touches only files; the two batches hold different documents.
-        held: list[tuple[int, list[Document], Future[ParsedFiles | None]]] = []
+        held: tuple[int, list[Item], Future[ParsedFiles | None]] | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpr-parse") as parser:
-
-            def hand_over(number: int, docs: list[Document]) -> None:
+            for number, docs in job_batches(self.jobs, submitted, items, batch_documents=pipeline.batch_documents,
+                                            batch_bytes=pipeline.batch_bytes):
                 batch: list[Item] = list(docs)
-                try:
-                    known = pipeline.file_states(batch) if self.prefetch else None
-                except DprError as e:  # the batch runs without the head start and meets the error itself
-                    log.warning("looking up files ahead failed", extra={"job": submitted.job, "error": str(e)})
-                    known = None
-                parsing = (parser.submit(pipeline.parse_files, batch, submitted.job, known)
-                           if known is not None and self.prefetch else None)
-                if held:
-                    run_now(*held.pop())
+                parsing = self._parse_ahead(parser, pipeline, submitted.job, batch)
+                if held is not None:
+                    self._run_batch(pipeline, submitted.job, *held)
+                    held = None
                 if parsing is None:
-                    run_now(number, docs)
+                    self._run_batch(pipeline, submitted.job, number, batch)
                 else:
-                    held.append((number, docs, parsing))
-
-            submit_job(self.jobs, submitted, items, batch_documents=c_docs, batch_bytes=c_bytes, hand_over=hand_over)
-            if held:  # the last batch
-                run_now(*held.pop())
+                    held = (number, batch, parsing)
+            if held is not None:  # the last batch
+                self._run_batch(pipeline, submitted.job, *held)
         pipeline.store.maybe_optimize()  # HNSW once enough new points arrived (edge; off the lease, see store)
         if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
             self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))
         return submitted
+
+    def _parse_ahead(self, parser: ThreadPoolExecutor, pipeline: IngestPipeline, job: str,
+                     batch: list[Item]) -> Future[ParsedFiles | None] | None:
+        """The batch's binary files, parsing on ``parser``; None when it has none or prefetch is off."""
+        if not self.prefetch:
+            return None
+        try:
+            known = pipeline.file_states(batch)
+        except DprError as e:  # the batch runs without the head start and meets the error itself
+            log.warning("looking up files ahead failed", extra={"job": job, "error": str(e)})
+            return None
+        return parser.submit(pipeline.parse_files, batch, job, known) if known is not None else None
+
+    def _run_batch(self, pipeline: IngestPipeline, job: str, number: int, batch: list[Item],
+                   parsing: Future[ParsedFiles | None] | None = None) -> None:
+        report = run_batch(self.jobs, pipeline, job, number, batch, worker="local", parsed=parsing)
+        if report is not None and self.on_batch is not None:
+            self.on_batch(report)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from services.core.errors import TransientError
+from services.ingest.batches import Submitted
 from services.jobs.backends import JobStoreUnavailable
-from services.jobs.runner import Submitted
 from services.jobs.store import TERMINAL, BatchKey, JobNotFound, JobStore
 from services.readers import Document, Item
 

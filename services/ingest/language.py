@@ -8,7 +8,7 @@ choice, used by ingest (CLI and API), ``dpr eval``'s BM25 baseline, hard-negativ
 - ``resolve_language``: an existing collection keeps the language it was created with (its stored BM25
   configuration); ``auto`` (the default) detects on creation; an explicit language that contradicts the stored
   one is refused with the collection's name and the fix.
-- ``for_new_collection`` (in ``services.ingest``): the batch that creates a collection with no language chosen
+- ``for_new_collection`` (in ``services.ingest.pipeline``): the batch that creates a collection with no language chosen
   detects it on its documents; ``prepare_collection`` (the ingest entry points, before batches are handed over):
   an explicit ``--language`` is checked against an existing collection, or creates the new collection with it,
   so a worker that writes the first batch uses it too. ``auto`` costs the entry point nothing (no store, no model).
@@ -113,7 +113,7 @@ def for_new_collection(sparse: Any, docs: Iterable[Document]) -> Any:
 def collection_spec(towers: DualEncoder, sparse: SparseEncoder | bool | None) -> CollectionSpec:
     """The spec a new collection is created with; a sparse encoder's BM25 configuration (its language) is stored
     in it (``settings["bm25"]``) so every later ingest, query and re-embed tokenises the same way. (Here, below
-    ``services.ingest``, which re-exports it, so ``prepare_collection`` needs no import of the pipeline.)"""
+    ``services.ingest.pipeline``, which re-exports it, so ``prepare_collection`` needs no import of the pipeline.)"""
     from services.store.sparse import BM25_KEY
 
     config = getattr(sparse, "config", None)
