@@ -54,7 +54,7 @@ integration = $(BIN)/pytest -m "integration and not serial" -q --durations=15 $(
 	&& $(BIN)/pytest -m "integration and serial" -q --durations=10
 
 test: $(STAMP) chromium
-	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
+	$(BIN)/ruff check entrypoints services workers encoders dpr_client tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
 	$(integration)
@@ -69,7 +69,7 @@ test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check entrypoints services workers encoders tests benchmarks
+	$(BIN)/ruff check entrypoints services workers encoders dpr_client tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

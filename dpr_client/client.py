@@ -1,0 +1,404 @@
+"""``Client`` and ``AsyncClient``: one method per route of the HTTP API (docs/api.md), the same names and
+arguments in both, over one httpx connection pool each.
+
+Each method builds a ``Call`` (what to send, how to read the answer: ``_routes``); ``_send`` sends it with the
+retry policy: 429 and 503 are retried after the Retry-After the server names (else a doubling backoff), and so is
+a connection that failed before an answer (refused, reset); at most ``Retry.attempts`` more tries, and never a wait
+longer than ``Retry.max_wait`` (a longer Retry-After is raised at once, with its value). Read timeouts are not
+retried: the server may still be working on the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Literal, TypedDict, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+from typing_extensions import Unpack
+
+from dpr_client import wire
+from dpr_client.errors import ApiError, RateLimited, Unavailable, Unreachable, error_for
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a cold server loads its model on the first search
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How refused or failed calls are tried again."""
+
+    attempts: int = 3  # tries after the first
+    backoff: float = 0.5  # the first wait (s) when the server names none; doubled each time
+    max_wait: float = 30.0  # the longest single wait honoured
+
+    def wait(self, attempt: int, error: ApiError) -> float | None:
+        """Seconds to wait before try ``attempt + 2``; None: raise ``error``."""
+        if attempt >= self.attempts or not isinstance(error, RateLimited | Unavailable):
+            return None
+        delay = error.retry_after if error.retry_after is not None else self.backoff * 2**attempt
+        return delay if delay <= self.max_wait else None
+
+
+class SearchOptions(TypedDict, total=False):
+    """The rarer search knobs (docs/hybrid.md, docs/training.md#reranker); absent: the collection's defaults."""
+
+    fusion: Literal["rrf", "linear"]
+    rrf_k: int
+    linear_weight: float
+    candidates: int
+    rerank: int
+    rerank_weight: float
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    send: dict[str, Any] = field(default_factory=dict)  # json / params / files / data for httpx
+    accept: tuple[int, ...] = ()  # refusals that are answers (503 from /readyz)
+
+
+def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda r: cls.model_validate_json(r.content)
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    return dict(response.json())
+
+
+class _routes:  # noqa: N801 - a namespace: one Call per route
+    @staticmethod
+    def search(question: str, k: int, mode: wire.Mode | None, filters: Mapping[str, Any] | None,
+               options: SearchOptions) -> Call[wire.SearchOut]:
+        body = wire.SearchIn(question=question, k=k, mode=mode, filters=dict(filters or {}), **options)
+        return Call("POST", "/v1/search", _model(wire.SearchOut), {"json": body.model_dump(exclude_none=True)})
+
+    @staticmethod
+    def ingest(documents: Iterable[wire.DocumentIn | Mapping[str, Any]], language: wire.Language,
+               sync_prefix: str | None, prune: bool) -> Call[wire.JobAccepted]:
+        docs = [d if isinstance(d, wire.DocumentIn) else wire.DocumentIn.model_validate(d) for d in documents]
+        body = wire.DocumentsIn(documents=docs, language=language).model_dump(mode="json")
+        return Call("POST", "/v1/documents", _model(wire.JobAccepted),
+                    {"json": body, "params": _sync_params(sync_prefix, prune)})
+
+    @staticmethod
+    def upload(file: str | Path, content: bytes | None, format: str, language: wire.Language,
+               sync_prefix: str | None, prune: bool) -> Call[wire.JobAccepted]:
+        data = Path(file).read_bytes() if content is None else content  # in memory: a retry sends it again
+        return Call("POST", "/v1/documents", _model(wire.JobAccepted), {
+            "files": {"file": (Path(file).name, data)}, "data": {"format": format, "language": language},
+            "params": _sync_params(sync_prefix, prune)})
+
+    @staticmethod
+    def job(job_id: str) -> Call[wire.JobStatus]:
+        return Call("GET", f"/v1/jobs/{quote(job_id, safe='')}", _model(wire.JobStatus))
+
+    @staticmethod
+    def delete(doc_id: str) -> Call[wire.DeleteOut]:
+        return Call("DELETE", f"/v1/documents/{quote(doc_id, safe='/')}", _model(wire.DeleteOut))
+
+    @staticmethod
+    def feedback(question: str, relevant: bool, doc_id: str | None, chunk: int | None,
+                 point_id: str | None) -> Call[dict[str, Any]]:
+        body = {"question": question, "relevant": relevant, "doc_id": doc_id, "chunk": chunk, "point_id": point_id}
+        return Call("POST", "/v1/feedback", _json, {"json": {k: v for k, v in body.items() if v is not None}})
+
+    @staticmethod
+    def create_key(role: str, collections: list[str] | None, name: str, rate: float | None) -> Call[dict[str, Any]]:
+        return Call("POST", "/v1/keys", _json,
+                    {"json": {"role": role, "collections": collections, "name": name, "rate": rate}})
+
+    @staticmethod
+    def get(path: str) -> Call[dict[str, Any]]:
+        return Call("GET", path, _json)
+
+
+def _sync_params(sync_prefix: str | None, prune: bool) -> dict[str, Any]:
+    return {} if sync_prefix is None else {"sync_prefix": sync_prefix, "prune": str(prune).lower()}
+
+
+class _Base:
+    def __init__(self, url: str | None, api_key: str | None, timeout: httpx.Timeout | float | None,
+                 retry: Retry) -> None:
+        self.url = (url or os.environ.get("DPR_API_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("DPR_API__API_KEY")
+        self.headers = {"X-API-Key": key} if key else {}
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.retry = retry
+
+    def _answer(self, call: Call[T], response: httpx.Response) -> T | ApiError:
+        if response.is_success or response.status_code in call.accept:
+            return call.read(response)
+        return error_for(response)
+
+    def _failed(self, call: Call[Any], e: httpx.TransportError) -> Unreachable:
+        """A call that got no answer; a timeout after the request was sent is not retried (``_retried``)."""
+        what = "is unreachable" if _retried(e) else "did not answer in time"
+        return Unreachable(f"the dpr API at {self.url} {what} ({call.method} {call.path}: {type(e).__name__}: {e}); "
+                           "start it with `dpr serve` or check the URL (DPR_API_URL)",
+                           url=self.url, type="unreachable" if _retried(e) else "timeout")
+
+    def _delay(self, attempt: int, error: ApiError) -> float:
+        """The wait before the next try; raises ``error`` when there is none."""
+        delay = None if isinstance(error, Unreachable) and error.type == "timeout" else self.retry.wait(attempt, error)
+        if delay is None:
+            raise error
+        return delay
+
+    def _followed(self, follow: _Follow, status: wire.JobStatus) -> wire.JobStatus | None:
+        """One poll of ``wait``: the final status, or None to poll again."""
+        if follow.progress is not None and status != follow.seen:
+            follow.progress(status)
+        if status.finished:
+            return status
+        if time.monotonic() > follow.deadline:
+            raise TimeoutError(f"job {status.job} still {status.state} after {follow.timeout:g} s")
+        follow.seen = status
+        return None
+
+
+@dataclass
+class _Follow:
+    timeout: float
+    progress: Callable[[wire.JobStatus], None] | None
+    deadline: float = 0.0
+    seen: wire.JobStatus | None = None
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+
+def _job_id(job: str | wire.JobAccepted) -> str:
+    return job if isinstance(job, str) else job.job
+
+
+def _retried(e: httpx.TransportError) -> bool:
+    return isinstance(e, httpx.ConnectTimeout) or not isinstance(e, httpx.TimeoutException)
+
+
+class Client(_Base):
+    """The HTTP API, synchronously. ``url``: the argument, else DPR_API_URL, else http://127.0.0.1:8000;
+    ``api_key``: the argument, else DPR_API__API_KEY (sent as X-API-Key). ``transport``: httpx's, for tests."""
+
+    def __init__(self, url: str | None = None, *, api_key: str | None = None,
+                 timeout: httpx.Timeout | float | None = None, retry: Retry = Retry(),  # noqa: B008 - frozen
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(url, api_key, timeout, retry)
+        self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=self.timeout, transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call[T]) -> T:
+        for attempt in itertools.count():
+            try:
+                answer = self._answer(call, self._http.request(call.method, call.path, **call.send))
+            except httpx.TransportError as e:
+                answer = self._failed(call, e)
+            if not isinstance(answer, ApiError):
+                return answer
+            time.sleep(self._delay(attempt, answer))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def search(self, question: str, *, k: int = 10, mode: wire.Mode | None = None,
+               filters: Mapping[str, Any] | None = None, **options: Unpack[SearchOptions]) -> wire.SearchOut:
+        """``POST /v1/search``: the top ``k`` passages; ``filters``: payload key -> value or [values] (any of)."""
+        return self._send(_routes.search(question, k, mode, filters, options))
+
+    def ingest(self, documents: Iterable[wire.DocumentIn | Mapping[str, Any]], *, language: wire.Language = "auto",
+               sync_prefix: str | None = None, prune: bool = False) -> wire.JobAccepted:
+        """``POST /v1/documents`` (JSON): a batch of ``{id, text, title?, metadata?}``; one job."""
+        return self._send(_routes.ingest(documents, language, sync_prefix, prune))
+
+    def upload(self, file: str | Path, *, content: bytes | None = None, format: str = "auto",
+               language: wire.Language = "auto", sync_prefix: str | None = None,
+               prune: bool = False) -> wire.JobAccepted:
+        """``POST /v1/documents`` (multipart): one file (read from ``file``, or ``content`` named ``file``)."""
+        return self._send(_routes.upload(file, content, format, language, sync_prefix, prune))
+
+    def job(self, job_id: str) -> wire.JobStatus:
+        """``GET /v1/jobs/{job_id}``."""
+        return self._send(_routes.job(job_id))
+
+    def wait(self, job: str | wire.JobAccepted, *, timeout: float = 600.0, poll: float = 0.2,
+             progress: Callable[[wire.JobStatus], None] | None = None) -> wire.JobStatus:
+        """Follow a job until done or failed, calling ``progress`` with each new state; TimeoutError after
+        ``timeout`` seconds."""
+        follow = _Follow(timeout, progress)
+        while (done := self._followed(follow, self.job(_job_id(job)))) is None:
+            time.sleep(poll)
+        return done
+
+    def delete(self, doc_id: str) -> wire.DeleteOut:
+        """``DELETE /v1/documents/{doc_id}``: the document and its passages."""
+        return self._send(_routes.delete(doc_id))
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/status``: what `dpr status --json` prints."""
+        return self._send(_routes.get("/v1/status"))
+
+    def whoami(self) -> dict[str, Any]:
+        """``GET /v1/whoami``: this key's id, role and collections, and what it may do."""
+        return self._send(_routes.get("/v1/whoami"))
+
+    def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
+                 point_id: str | None = None) -> dict[str, Any]:
+        """``POST /v1/feedback``: judge a hit (``doc_id`` + ``chunk``, or ``point_id``) relevant or not."""
+        return self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
+
+    def judgements(self) -> dict[str, Any]:
+        """``GET /v1/feedback`` (admin): every judgement of the collection, with counts."""
+        return self._send(_routes.get("/v1/feedback"))
+
+    def snapshot(self) -> dict[str, Any]:
+        """``POST /v1/snapshots`` (admin): snapshot the collection."""
+        return self._send(Call("POST", "/v1/snapshots", _json))
+
+    def snapshots(self) -> dict[str, Any]:
+        """``GET /v1/snapshots`` (admin)."""
+        return self._send(_routes.get("/v1/snapshots"))
+
+    def keys(self) -> dict[str, Any]:
+        """``GET /v1/keys`` (admin): the keys, never their tokens."""
+        return self._send(_routes.get("/v1/keys"))
+
+    def create_key(self, role: Literal["read", "write", "admin"], *, collections: list[str] | None = None,
+                   name: str = "", rate: float | None = None) -> dict[str, Any]:
+        """``POST /v1/keys`` (admin): a new key; its ``token`` is shown this once."""
+        return self._send(_routes.create_key(role, collections, name, rate))
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        """``DELETE /v1/keys/{key_id}`` (admin)."""
+        return self._send(Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _json))
+
+    def eval_report(self) -> dict[str, Any]:
+        """``GET /v1/eval/report``: the latest `dpr eval --report` of the server's data dir."""
+        return self._send(_routes.get("/v1/eval/report"))
+
+    def eval_plot(self, name: str) -> bytes:
+        """``GET /v1/eval/report/plots/{name}``: one PNG."""
+        return self._send(Call("GET", f"/v1/eval/report/plots/{quote(name, safe='')}", lambda r: r.content))
+
+    def health(self) -> wire.Health:
+        """``GET /healthz``."""
+        return self._send(Call("GET", "/healthz", _model(wire.Health)))
+
+    def ready(self) -> wire.Readiness:
+        """``GET /readyz``: ready or not (with each check); not retried."""
+        return self._send(Call("GET", "/readyz", _model(wire.Readiness), accept=(503,)))
+
+
+class AsyncClient(_Base):
+    """``Client``'s methods, awaited (the same names and arguments)."""
+
+    def __init__(self, url: str | None = None, *, api_key: str | None = None,
+                 timeout: httpx.Timeout | float | None = None, retry: Retry = Retry(),  # noqa: B008 - frozen
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        super().__init__(url, api_key, timeout, retry)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=self.timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: Call[T]) -> T:
+        for attempt in itertools.count():
+            try:
+                answer = self._answer(call, await self._http.request(call.method, call.path, **call.send))
+            except httpx.TransportError as e:
+                answer = self._failed(call, e)
+            if not isinstance(answer, ApiError):
+                return answer
+            await asyncio.sleep(self._delay(attempt, answer))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def search(self, question: str, *, k: int = 10, mode: wire.Mode | None = None,
+                     filters: Mapping[str, Any] | None = None, **options: Unpack[SearchOptions]) -> wire.SearchOut:
+        return await self._send(_routes.search(question, k, mode, filters, options))
+
+    async def ingest(self, documents: Iterable[wire.DocumentIn | Mapping[str, Any]], *,
+                     language: wire.Language = "auto", sync_prefix: str | None = None,
+                     prune: bool = False) -> wire.JobAccepted:
+        return await self._send(_routes.ingest(documents, language, sync_prefix, prune))
+
+    async def upload(self, file: str | Path, *, content: bytes | None = None, format: str = "auto",
+                     language: wire.Language = "auto", sync_prefix: str | None = None,
+                     prune: bool = False) -> wire.JobAccepted:
+        return await self._send(_routes.upload(file, content, format, language, sync_prefix, prune))
+
+    async def job(self, job_id: str) -> wire.JobStatus:
+        return await self._send(_routes.job(job_id))
+
+    async def wait(self, job: str | wire.JobAccepted, *, timeout: float = 600.0, poll: float = 0.2,
+                   progress: Callable[[wire.JobStatus], None] | None = None) -> wire.JobStatus:
+        follow = _Follow(timeout, progress)
+        while (done := self._followed(follow, await self.job(_job_id(job)))) is None:
+            await asyncio.sleep(poll)
+        return done
+
+    async def delete(self, doc_id: str) -> wire.DeleteOut:
+        return await self._send(_routes.delete(doc_id))
+
+    async def status(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/status"))
+
+    async def whoami(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/whoami"))
+
+    async def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
+                       point_id: str | None = None) -> dict[str, Any]:
+        return await self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
+
+    async def judgements(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/feedback"))
+
+    async def snapshot(self) -> dict[str, Any]:
+        return await self._send(Call("POST", "/v1/snapshots", _json))
+
+    async def snapshots(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/snapshots"))
+
+    async def keys(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/keys"))
+
+    async def create_key(self, role: Literal["read", "write", "admin"], *, collections: list[str] | None = None,
+                         name: str = "", rate: float | None = None) -> dict[str, Any]:
+        return await self._send(_routes.create_key(role, collections, name, rate))
+
+    async def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return await self._send(Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _json))
+
+    async def eval_report(self) -> dict[str, Any]:
+        return await self._send(_routes.get("/v1/eval/report"))
+
+    async def eval_plot(self, name: str) -> bytes:
+        return await self._send(Call("GET", f"/v1/eval/report/plots/{quote(name, safe='')}", lambda r: r.content))
+
+    async def health(self) -> wire.Health:
+        return await self._send(Call("GET", "/healthz", _model(wire.Health)))
+
+    async def ready(self) -> wire.Readiness:
+        return await self._send(Call("GET", "/readyz", _model(wire.Readiness), accept=(503,)))
