@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked fo
     from services.ingest.pipeline import IngestPipeline
     from services.jobs import JobStore
     from services.store.sparse import SparseEncoder
+    from services.serving import QuestionBatcher
 
 T = TypeVar("T")
 
@@ -48,6 +49,7 @@ class _Models:
         self.question_towers: DualEncoder | None = None
         self.sparse: SparseEncoder | None = None
 
+        self.batcher: QuestionBatcher | None = None  # the serving runtime's (``use_batcher``); None: direct calls
 
 class Runtime:
     """The parts one process needs for one collection, built on first use from one Settings object."""
@@ -240,9 +242,21 @@ class Runtime:
             return self._collections[collection]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
-        return search(question, store=self.store, towers=self.question_towers, options=options,
-                      sparse_for=lambda: self.sparse, towers_for=self.question_towers_for, reranker_for=self.reranker,
-                      rerank_batch_size=self.settings.rerank.batch_size)
+        return search(question, store=self.store, towers=self._batched(self.question_towers), options=options,
+                      sparse_for=lambda: self.sparse, towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
+                      reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
+    def use_batcher(self, batcher: QuestionBatcher) -> None:
+        """Encode this process's questions through ``batcher`` (``dpr serve``: one per process, every collection)."""
+        self._models.batcher = batcher
+
+    def _batched(self, towers: DualEncoder) -> DualEncoder:
+        batcher = self._models.batcher
+        if batcher is None:
+            return towers
+        from services.serving import BatchedQuestionTowers
+
+        return BatchedQuestionTowers(towers, batcher)  # type: ignore[return-value]
+
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""
@@ -261,6 +275,8 @@ class Runtime:
             store.close()
 
 
+        if self._models.batcher is not None and self._jobs_owner is None:  # the process's own, not a child's
+            self._models.batcher.close()
 def local_jobs(data_dir: Path) -> JobStore:
     from services.jobs import FileHashes, JobStore
 

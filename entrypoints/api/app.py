@@ -1,7 +1,8 @@
 """The HTTP API: ``create_app(settings)`` -> a FastAPI app served by uvicorn (``dpr serve``).
 
 Same settings object, same code paths as the CLI: one ``services.runtime.Runtime`` per process (store calls
-serialised; the towers load once, in the background at start-up, and /readyz waits for them) and the executor
+serialised; the towers load once, in the background at start-up, and /readyz waits for them; concurrent questions
+share question-tower calls through the process's ``services.serving.QuestionBatcher``) and the executor
 ``entrypoints.compose.executor_for`` picks (in-process on a background thread, or Celery workers), so
 POST /v1/documents, GET /v1/jobs, POST /v1/search and DELETE run what ``dpr ingest``, ``dpr jobs``, ``dpr query``
 and ``dpr delete`` run. Routes live in ``entrypoints.api.routes``, one module per resource. The embedded
@@ -44,6 +45,7 @@ from services.access import AccessGate
 from services.core.settings import Settings
 from services.ingest.executor import Executor
 from services.runtime import Runtime
+from services.serving import QuestionBatcher
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ def create_app(
     ``Runtime`` over fake towers and an in-process store)."""
     runtime = runtime or Runtime(settings, serialize_store=True)
     metrics = ApiMetrics()
+    runtime.use_batcher(QuestionBatcher.from_settings(settings.serving, on_batch=metrics.observe_question_batch))
     executor = executor or executor_for(runtime, background=True, on_batch=metrics.observe_ingest)
     metrics.set_queue_depth_source(executor.pending)
     gate = AccessGate.from_settings(settings)

@@ -21,6 +21,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "ApiMetrics"]
 
 # Seconds. Query latency lives in 1 ms .. 10 s; a batch encode in 10 ms .. 5 min.
 QUERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+QUESTION_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 BATCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -46,6 +48,14 @@ class ApiMetrics:
         self.query_seconds = Histogram(
             "dpr_query_seconds", "services.query.search time (question tower + store search), by mode.",
             ["mode"], buckets=QUERY_BUCKETS, registry=r,
+        )
+        self.question_batch = Histogram(
+            "dpr_question_batch_size", "Questions per question-tower call (services/serving.py: concurrent questions "
+            "share one).", buckets=QUESTION_BATCH_SIZES, registry=r,
+        )
+        self.question_queue_seconds = Histogram(
+            "dpr_question_queue_seconds", "Time a question waited for its question-tower batch to start.",
+            buckets=QUEUE_BUCKETS, registry=r,
         )
         self.jobs = Counter(
             "dpr_ingest_jobs", "Ingest jobs accepted by the API, by executor.", ["executor"], registry=r
@@ -75,6 +85,12 @@ class ApiMetrics:
         if part.chunks:
             self.encode_seconds.observe(part.encode_seconds)
             self.upsert_seconds.observe(part.upsert_seconds)
+
+    def observe_question_batch(self, size: int, waits: list[float]) -> None:
+        """One question-tower call of the process's batcher: its size and each question's wait for it."""
+        self.question_batch.observe(size)
+        for wait in waits:
+            self.question_queue_seconds.observe(wait)
 
     def set_queue_depth_source(self, source: Callable[[], float]) -> None:
         """Read the queue depth when scraped (a broker round trip per scrape, not per request)."""

@@ -247,6 +247,21 @@ class ReembedSettings(BaseModel):
     schedule_seconds: float | None = Field(
         default=None, gt=0, description="Beat: seconds between checks for a model change; unset: no schedule."
     )
+class ServingSettings(BaseModel):
+    """The serving runtime's question batcher (services/serving.py, docs/capacity.md): concurrent questions share one
+    question-tower call; repeated questions are encoded once."""
+
+    batching: bool = Field(default=True, description="Encode concurrent questions together; false: each alone.")
+    batch_window_ms: float = Field(
+        default=2.0, ge=0, le=100, description="Milliseconds a batch waits for more questions while they come "
+        "together (never for a lone question); 0: only those that queued while the tower was busy."
+    )
+    max_batch: int = Field(default=32, ge=1, le=1024, description="Questions per question-tower call at most.")
+    cache_size: int = Field(
+        default=4096, ge=0, description="Encoded questions kept (LRU per model fingerprint + text); 0: no cache."
+    )
+
+
     batch_size: int = Field(default=256, ge=1, le=10_000, description="Passages per re-embed batch (task).")
     keep_generations: int = Field(default=2, ge=0, description="Inactive generations `dpr gc` keeps by default.")
     lock_ttl: float = Field(default=600.0, ge=10, description="Seconds a re-embed or beat lock lives unrefreshed.")
@@ -322,6 +337,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
         if self.broker_url is not None:
+    serving: ServingSettings = ServingSettings()
             _check_url(
                 "DPR_BROKER_URL", self.broker_url, "Redis", ("redis", "rediss"),
                 "use redis://host:6379/0 or unset it to run the pipeline in-process", need_host=False,

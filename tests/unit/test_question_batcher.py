@@ -1,0 +1,166 @@
+"""The serving runtime's question batcher (services/serving.py) over fake towers: concurrent questions share one
+tower call, each caller gets its own rows, repeats come from a bounded cache per model, a tower's error reaches
+every caller of its batch, and the API shows batch sizes and queue waits in /metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from kit.fakes import FakeRuntime, HashTowers
+
+from entrypoints.api.app import create_app
+from services.core.settings import ServingSettings, Settings
+from services.query import QueryOptions, search
+from services.serving import QuestionBatcher
+
+pytestmark = pytest.mark.unit
+
+
+class GatedTowers(HashTowers):
+    """Hash towers that record each call's questions and the thread it ran on; a call blocks while ``gate`` is
+    clear, so questions pile up behind it; ``fail`` makes calls raise."""
+
+    def __init__(self, name: str = "hash-a") -> None:
+        super().__init__(name=name)
+        self.calls: list[list[str]] = []
+        self.threads: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+
+    def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
+        self.calls.append(list(questions))
+        self.threads.append(threading.current_thread().name)
+        self.gate.wait()
+        if self.fail:
+            raise RuntimeError("tower down")
+        return super().encode_queries(questions, batch_size)
+
+
+def ask_together(batcher: QuestionBatcher, towers: GatedTowers, questions: list[str]) -> dict[str, np.ndarray]:
+    """The first question's call blocks until every other question waits in the queue, then all are released."""
+    towers.gate.clear()
+    out: dict[str, np.ndarray] = {}
+
+    def ask(q: str) -> None:
+        out[q] = batcher.encode(towers, [q])[0]
+
+    first = threading.Thread(target=ask, args=(questions[0],))
+    first.start()
+    while not towers.calls:
+        time.sleep(0.001)
+    rest = [threading.Thread(target=ask, args=(q,)) for q in questions[1:]]
+    for t in rest:
+        t.start()
+    while batcher._queue.qsize() < len(rest):
+        time.sleep(0.001)
+    towers.gate.set()
+    for t in [first, *rest]:
+        t.join()
+    return out
+
+
+def test_questions_waiting_together_share_one_call_and_get_their_own_rows() -> None:
+    towers = GatedTowers()
+    batcher = QuestionBatcher(window_s=0.0, max_batch=32, cache_size=0)
+    questions = [f"question number {i} about topic {i % 3}" for i in range(9)]
+    out = ask_together(batcher, towers, questions)
+    assert [len(c) for c in towers.calls] == [1, 8]  # the lone first, then everyone who queued behind it
+    direct = HashTowers().encode_queries(questions)
+    for i, q in enumerate(questions):
+        np.testing.assert_array_equal(out[q], direct[i])
+    assert set(towers.threads) == {"dpr-question-batcher"}
+    batcher.close()
+
+
+def test_max_batch_caps_a_call_and_the_same_question_is_encoded_once_per_call() -> None:
+    towers = GatedTowers()
+    batcher = QuestionBatcher(window_s=0.0, max_batch=3, cache_size=0)
+    ask_together(batcher, towers, ["first", "x", "y", "z", "w"])
+    assert [len(c) for c in towers.calls] == [1, 3, 1]
+    towers.calls.clear()
+    out = ask_together(batcher, towers, ["a b", "same", "same"])
+    assert towers.calls == [["a b"], ["same"]]  # one row for both askers
+    np.testing.assert_array_equal(out["same"], HashTowers().encode_queries(["same"])[0])
+    batcher.close()
+
+
+def test_a_lone_question_does_not_wait_out_the_window() -> None:
+    towers = GatedTowers()
+    batcher = QuestionBatcher(window_s=30.0, cache_size=0)
+    t0 = time.perf_counter()
+    batcher.encode(towers, ["alone"])
+    assert time.perf_counter() - t0 < 10  # a wait would take 30 s
+    assert towers.calls == [["alone"]]
+    batcher.close()
+
+
+def test_the_window_gathers_questions_that_arrive_soon_after_under_load() -> None:
+    towers = GatedTowers()
+    batcher = QuestionBatcher(window_s=0.5, max_batch=4, cache_size=0)
+    ask_together(batcher, towers, ["one", "two", "three"])  # [1], [2]: now questions come together
+    towers.calls.clear()
+    out: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda q=q: out.append(batcher.encode(towers, [q])[0])) for q in "abcd"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(c) for c in towers.calls) == [4]  # all four within the window, in one call (max_batch 4)
+    batcher.close()
+
+
+def test_repeats_come_from_a_bounded_cache_keyed_by_the_model() -> None:
+    a, b = GatedTowers("hash-a"), GatedTowers("hash-b")
+    batcher = QuestionBatcher(cache_size=2)
+    first = batcher.encode(a, ["alpha", "beta"])
+    again = batcher.encode(a, ["beta", "alpha"])
+    assert a.calls == [["alpha", "beta"]]
+    np.testing.assert_array_equal(again, first[::-1])
+    other = batcher.encode(b, ["alpha"])  # another model: its own vector, not model a's
+    assert b.calls == [["alpha"]] and not np.array_equal(other[0], first[0])
+    batcher.encode(a, ["alpha", "beta"])  # the cache holds 2: (b, alpha) pushed out (a, beta), used least lately
+    assert a.calls[-1] == ["beta"]
+    batcher.close()
+
+
+def test_a_towers_error_reaches_every_caller_and_the_next_batch_works() -> None:
+    towers = GatedTowers()
+    towers.fail = True
+    batcher = QuestionBatcher(window_s=0.0, cache_size=0)
+    with pytest.raises(RuntimeError, match="tower down"):
+        batcher.encode(towers, ["q1", "q2"])
+    towers.fail = False
+    assert batcher.encode(towers, ["q1"]).shape == (1, towers.dim)
+    batcher.close()
+
+
+def test_batching_off_encodes_on_the_callers_thread() -> None:
+    towers = GatedTowers()
+    batcher = QuestionBatcher.from_settings(ServingSettings(batching=False, cache_size=0))
+    batcher.encode(towers, ["q"])
+    assert towers.threads == [threading.current_thread().name]
+
+
+def test_the_api_answers_the_same_through_the_batcher_and_metrics_show_it(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    texts = ["Alpha particles are helium nuclei.", "Beta decay emits electrons.", "Gamma rays are photons."]
+    app = create_app(Settings(data_dir=tmp_path), runtime=runtime, warm_model=False)
+    with TestClient(app) as c:
+        job = c.post("/v1/documents", json={"documents": [{"id": str(i), "text": t} for i, t in enumerate(texts)]})
+        deadline = time.monotonic() + 10
+        while c.get(f"/v1/jobs/{job.json()['job']}").json()["state"] != "done" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        answer = c.post("/v1/search", json={"question": "which decay emits electrons", "k": 2}).json()["hits"]
+        alone = search("which decay emits electrons", store=runtime.store, towers=HashTowers(),
+                       options=QueryOptions(k=2), sparse=runtime.sparse)  # the same towers, no batcher
+        metrics = c.get("/metrics").text
+    assert len(answer) == 2
+    assert [(h["doc_id"], h["score"]) for h in answer] == [(h.passage.doc_id, h.score) for h in alone]
+    assert "dpr_question_batch_size_count 1.0" in metrics
+    assert "dpr_question_queue_seconds_count 1.0" in metrics
