@@ -331,13 +331,13 @@ class Settings(BaseSettings):
     edge: EdgeSettings = EdgeSettings()
     celery: CelerySettings = CelerySettings()
     api: ApiSettings = ApiSettings()
+    serving: ServingSettings = ServingSettings()
     reembed: ReembedSettings = ReembedSettings()
     documents: DocumentSettings = DocumentSettings()
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
         if self.broker_url is not None:
-    serving: ServingSettings = ServingSettings()
             _check_url(
                 "DPR_BROKER_URL", self.broker_url, "Redis", ("redis", "rediss"),
                 "use redis://host:6379/0 or unset it to run the pipeline in-process", need_host=False,
