@@ -241,12 +241,6 @@ class ApiSettings(BaseModel):
         return None if value is not None and not value.get_secret_value() else value
 
 
-class ReembedSettings(BaseModel):
-    """Model lifecycle: re-embedding into a new generation, the beat check, generations kept."""
-
-    schedule_seconds: float | None = Field(
-        default=None, gt=0, description="Beat: seconds between checks for a model change; unset: no schedule."
-    )
 class ServingSettings(BaseModel):
     """The serving runtime's question batcher (services/serving.py, docs/capacity.md): concurrent questions share one
     question-tower call; repeated questions are encoded once."""
@@ -262,6 +256,12 @@ class ServingSettings(BaseModel):
     )
 
 
+class ReembedSettings(BaseModel):
+    """Model lifecycle: re-embedding into a new generation, the beat check, generations kept."""
+
+    schedule_seconds: float | None = Field(
+        default=None, gt=0, description="Beat: seconds between checks for a model change; unset: no schedule."
+    )
     batch_size: int = Field(default=256, ge=1, le=10_000, description="Passages per re-embed batch (task).")
     keep_generations: int = Field(default=2, ge=0, description="Inactive generations `dpr gc` keeps by default.")
     lock_ttl: float = Field(default=600.0, ge=10, description="Seconds a re-embed or beat lock lives unrefreshed.")
