@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked fo
     from services.core.locks import WriteFence
     from services.ingest.pipeline import IngestPipeline
     from services.jobs import JobStore
-    from services.store.sparse import SparseEncoder
     from services.serving import QuestionBatcher
+    from services.store.sparse import SparseEncoder
 
 T = TypeVar("T")
 
@@ -48,8 +48,8 @@ class _Models:
         self.towers: DualEncoder | None = None
         self.question_towers: DualEncoder | None = None
         self.sparse: SparseEncoder | None = None
-
         self.batcher: QuestionBatcher | None = None  # the serving runtime's (``use_batcher``); None: direct calls
+
 
 class Runtime:
     """The parts one process needs for one collection, built on first use from one Settings object."""
@@ -241,10 +241,6 @@ class Runtime:
                 self._collections[collection] = child
             return self._collections[collection]
 
-    def search(self, question: str, options: QueryOptions) -> list[Hit]:
-        return search(question, store=self.store, towers=self._batched(self.question_towers), options=options,
-                      sparse_for=lambda: self.sparse, towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
-                      reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
     def use_batcher(self, batcher: QuestionBatcher) -> None:
         """Encode this process's questions through ``batcher`` (``dpr serve``: one per process, every collection)."""
         self._models.batcher = batcher
@@ -257,6 +253,10 @@ class Runtime:
 
         return BatchedQuestionTowers(towers, batcher)  # type: ignore[return-value]
 
+    def search(self, question: str, options: QueryOptions) -> list[Hit]:
+        return search(question, store=self.store, towers=self._batched(self.question_towers), options=options,
+                      sparse_for=lambda: self.sparse, towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
+                      reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""
@@ -271,12 +271,12 @@ class Runtime:
             self._parts.pop("pipeline", None)
         for child in children:
             child.close()
+        if self._models.batcher is not None and self._jobs_owner is None:  # the process's own, not a child's
+            self._models.batcher.close()
         if store is not None:
             store.close()
 
 
-        if self._models.batcher is not None and self._jobs_owner is None:  # the process's own, not a child's
-            self._models.batcher.close()
 def local_jobs(data_dir: Path) -> JobStore:
     from services.jobs import FileHashes, JobStore
 
