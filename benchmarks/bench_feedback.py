@@ -7,7 +7,7 @@ What a team does, simulated with SciFact's train labels standing in for the user
    never a test claim) are asked through ``POST /v1/search`` (top ``--hits``, dense), and each hit is judged
    through ``POST /v1/feedback``: relevant when the train qrels list its document, else not relevant, as a user
    pressing the console's buttons would;
-3. ``dpr train --feedback --rounds 0`` (the judgements are the only training data: no dev split, so the single
+3. ``dpr train --feedback`` (the judgements are the only training data: no dev split, so the single
    fine-tune), timed with ``/usr/bin/time``; or, with ``--learn adapt``, ``dpr adapt SCIFACT --feedback`` (the
    corpus's pseudo-questions plus the judgements; a held-out share of the judged questions chooses the model);
 4. ``dpr eval SCIFACT --split test --model FB --mode dense``: base and the feedback-trained towers through the
@@ -164,7 +164,7 @@ def main() -> int:
         print(f"judged: {judged}", flush=True)
         listed, _ = run([DPR, "feedback", "list", "--json"], env)
         learn = ([DPR, "adapt", str(corpus), "--feedback", "--name", "fba", "--json"] if args.learn == "adapt"
-                 else [DPR, "train", "--feedback", "--rounds", "0", "--name", "fb", "--json"])
+                 else [DPR, "train", "--feedback", "--name", "fb", "--json"])
         trained, steps["train"] = run(learn, env, timed=True)
         print(f"trained: {trained.get('model')} ({steps['train']})", flush=True)
         split = ["--split", "train", "--max-queries", "20"] if args.smoke else ["--split", "test"]

@@ -22,7 +22,7 @@ Also printed: the split counts, the Hangul share that ``services.ingest.language
 corpora), the gold-paragraph answer rate under the English-only and the Korean answer matching, machine, commit,
 load average. Writes ``benchmarks/results/quality/korquad.md`` (+ ``korquad.json``).
 
-Usage: ``.venv/bin/python benchmarks/bench_korquad.py [--model base] [--train multilingual --train-args "--epochs 1"]
+Usage: ``.venv/bin/python benchmarks/bench_korquad.py [--model base] [--train multilingual --train-args "--recipe FILE"]
 [--hybrid trained:multilingual]``
 """
 
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--model", action="append", default=[], help="dense towers to evaluate (repeat)")
     parser.add_argument("--train", action="append", default=[], help="train one model on this base (repeat)")
-    parser.add_argument("--train-args", default="", help="extra `dpr train` flags, e.g. '--epochs 1'")
+    parser.add_argument("--train-args", default="", help="extra `dpr train` flags, e.g. '--recipe one-epoch.toml'")
     parser.add_argument("--hybrid", action="append", default=[], help="model name or trained:BASE (repeat)")
     parser.add_argument("--dev-queries", type=int, default=100)
     parser.add_argument("--data-dir", type=Path, default=None, help="DPR_DATA_DIR (models live here)")

@@ -51,6 +51,7 @@ from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_
 from services.core.settings import Settings  # noqa: E402
 from services.learn.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
 from services.learn.hybrid import TuneResult, tune_on_corpus  # noqa: E402
+from services.learn.training_recipe import recipe_text  # noqa: E402
 from services.query import QueryOptions, search_many  # noqa: E402
 from services.readers import load_beir, load_dev_split  # noqa: E402
 from services.store.sparse import default_embedder  # noqa: E402
@@ -93,9 +94,15 @@ def run_training(cli: list[str], args: argparse.Namespace) -> tuple[dict[str, An
     return run_cli(cli, args.data_dir)
 
 
-def train_towers(args: argparse.Namespace, name: str, extra: list[str]) -> dict[str, Any]:
-    cli = ["train", str(DATA), "--split", "train", "--name", name, "--dev-queries", str(args.dev_queries), *extra]
-    out, wall, rss = run_training(cli, args)
+def train_towers(args: argparse.Namespace, name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """`dpr train` with a recipe file: the default recipe, ``data`` and this run's caps over it."""
+    caps = {"dev_queries": args.dev_queries, **({"max_pairs": args.max_pairs} if args.max_pairs else {})}
+    recipe = args.data_dir / f"{name}.recipe.toml"
+    recipe.parent.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(recipe_text(data={**caps, **data}, train={"max_steps": args.max_steps}))
+    print(f"training with {recipe}:\n{recipe.read_text()}", flush=True)
+    out, wall, rss = run_cli(["train", str(DATA), "--split", "train", "--name", name, "--recipe", str(recipe)],
+                             args.data_dir)
     card = out["card"]
     stages = card.get("stages") or [{"stage": "finetune", "model": out["model"], "steps": card["steps"],
                                      "train_seconds": card["train_seconds"], "peak_rss_mib": card.get("peak_rss_mib"),
@@ -256,11 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         trained = {
             "finetuned": existing(settings, args.finetuned_model) if args.finetuned_model
-            else train_towers(args, "bench-ft", []),
+            else train_towers(args, "bench-ft", {}),
             "pretrained+finetuned": existing(settings, args.pretrained_model) if args.pretrained_model
-            else train_towers(args, "bench-pt", ["--pretrain", "both", "--pretrain-max-pairs",
-                                                 str(args.pretrain_pairs), "--pretrain-epochs",
-                                                 str(args.pretrain_epochs)]),
+            else train_towers(args, "bench-pt", {"pretrain": "both", "pretrain_max_pairs": args.pretrain_pairs,
+                                                 "pretrain_epochs": args.pretrain_epochs}),
         }
     training = dict(trained)
     if not args.no_reranker:
@@ -334,7 +340,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpr-bench-rerank"))
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared", help="The ../shared folder.")
     parser.add_argument("--finetuned-model", help="Reuse a trained model instead of training one.")
-    parser.add_argument("--pretrained-model", help="Reuse a `dpr train --pretrain` model.")
+    parser.add_argument("--pretrained-model", help="Reuse a model `dpr train` made with a recipe's pretrain.")
     parser.add_argument("--reranker", help="Reuse a trained reranker.")
     parser.add_argument("--no-reranker", action="store_true", help="Towers and hybrid only.")
     parser.add_argument("--no-base", action="store_true",

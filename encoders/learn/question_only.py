@@ -45,9 +45,11 @@ ENCODE_BATCH = 64  # passages per forward pass when the table is encoded (no gra
 def check_config(config: TrainConfig) -> None:
     """Settings that would change the passage tower, or that have no meaning without its gradients."""
     if config.shared:
-        raise ValueError("--question-only keeps the passage tower and trains a separate question tower: drop --shared")
+        raise ValueError("--question-only keeps the passage tower and trains a separate question tower: set the "
+                         "recipe's shared = false")
     if config.blend is not None:
-        raise ValueError("--question-only cannot --blend: blending moves the passage tower's weights too")
+        raise ValueError("--question-only cannot blend (the recipe's blend): blending moves the passage tower's "
+                         "weights too")
     if config.max_passage_tokens is not None:
         raise ValueError("--question-only keeps the partner's passage length; drop max_passage_tokens")
 

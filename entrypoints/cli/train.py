@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
     app.command("train-reranker")(train_reranker)
 
 
-DATA, RECIPE, SPEED, OUTPUT = "Data", "Recipe", "Speed / memory", "Output"
+DATA, RECIPE, OUTPUT = "Data", "Recipe", "Output"
 
 
 def train(
@@ -69,19 +69,6 @@ def train(
         "--feedback", help="Learn from the judgements stored with the collection (DPR_COLLECTION; `dpr feedback "
         "list`): passages judged relevant are positives, those judged not relevant their negatives. Alone, or "
         "beside DATA's pairs.", rich_help_panel=DATA)] = False,
-    max_pairs: Annotated[int | None, typer.Option(
-        help="Cap on training pairs (labelled: a seeded sample).", rich_help_panel=DATA)] = None,
-    dev_queries: Annotated[int, typer.Option(
-        help="Queries held out of the training data for dev metrics (0: none).", rich_help_panel=DATA)] = 100,
-    ict_per_doc: Annotated[int, typer.Option(
-        min=1, help="ICT pairs (--pretrain / --self-supervised): sentences per document that become questions.",
-        rich_help_panel=DATA)] = 1,
-    ict_keep_sentence: Annotated[float, typer.Option(
-        min=0.0, max=1.0, help="ICT: chance the question's sentence stays in its passage (ORQA: 0.1; higher "
-        "teaches word overlap).", rich_help_panel=DATA)] = 0.1,
-    ict_context_words: Annotated[int, typer.Option(
-        min=10, help="ICT: words of the passage window around the question's sentence (fit it to "
-        "--train-passage-tokens: about 100 English or 55 Korean words per 128 tokens).", rich_help_panel=DATA)] = 200,
     language: Annotated[str, typer.Option(
         help="BM25 tokenisation for hard negatives: auto (detected on the corpus) | en | ko.", rich_help_panel=DATA)
     ] = "auto",
@@ -92,61 +79,9 @@ def train(
         "--question-only", help="Train the question tower only: the passage tower stays --base's, so the new model "
         "serves the points that model embedded (activate it: no re-embed). Every corpus passage is a negative.",
         rich_help_panel=RECIPE)] = False,
-    shared: Annotated[bool, typer.Option(
-        "--shared", help="One tower for questions and passages.", rich_help_panel=RECIPE)] = False,
-    pretrain: Annotated[str | None, typer.Option(
-        help="Stage 1 first: ict | title | both pairs of the target corpus, then fine-tune.", rich_help_panel=RECIPE)
-    ] = None,
-    pretrain_epochs: Annotated[float, typer.Option(
-        min=0.01, help="Epochs of the --pretrain stage.", rich_help_panel=RECIPE)] = 1.0,
-    pretrain_max_pairs: Annotated[int | None, typer.Option(
-        help="Cap on --pretrain pairs.", rich_help_panel=RECIPE)] = None,
-    epochs: Annotated[float, typer.Option(min=0.01, rich_help_panel=RECIPE)] = 4.0,
-    batch_size: Annotated[int, typer.Option(
-        min=2, help="Questions per batch (in-batch negatives).", rich_help_panel=RECIPE)] = 32,
-    lr: Annotated[float, typer.Option(
-        "--lr", help="Peak learning rate (linear warm-up and decay).", rich_help_panel=RECIPE)] = 3e-5,
-    warmup: Annotated[float, typer.Option(help="Warm-up fraction of the steps.", rich_help_panel=RECIPE)] = 0.1,
-    scale: Annotated[float, typer.Option(
-        min=1.0, help="MNRL scale: logits = scale x cosine (1 / temperature; e5 models were trained at 100).",
-        rich_help_panel=RECIPE)] = 20.0,
-    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.", rich_help_panel=RECIPE)] = 1,
-    negative_window: Annotated[str, typer.Option(
-        help="Ranks START:END searched for negatives.", rich_help_panel=RECIPE)] = "0:30",
-    negatives_from: Annotated[str, typer.Option(
-        help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
-        "trained --base, its own second mining round, as ANCE).", rich_help_panel=RECIPE)] = "bm25",
-    negatives_model: Annotated[str | None, typer.Option(
-        help="Towers for --negatives-from dense and --denoise (default: the --base model).",
-        rich_help_panel=RECIPE)] = None,
-    denoise: Annotated[float | None, typer.Option(
-        min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
-        "(likely unlabelled positives), e.g. 0.95.", rich_help_panel=RECIPE)] = None,
-    answer_windows: Annotated[bool, typer.Option(
-        help="Cut a positive whose answer (SQuAD-style data) lies past the training length to a window around "
-             "the answer, its title kept, instead of to its start.", rich_help_panel=RECIPE)] = True,
-    blend: Annotated[float | None, typer.Option(
-        min=0.01, max=1.0, help="WiSE-FT: save BLEND x the trained weights + (1 - BLEND) x the weights of the "
-        "pretrained model the lineage started from (keeps more of its quality on other collections), e.g. 0.5.",
-        rich_help_panel=RECIPE)] = None,
-    rounds: Annotated[int | None, typer.Option(
-        min=0, help="Mining rounds after the fine-tune (default 3 on labelled data with a dev split, else 0): each "
-        "mines 3 negatives with the towers of the stage before (denoised at 0.95), trains 2 epochs at lr 1e-5 "
-        "(mini-batch 16) and is kept only if its dev nDCG@10 beats that stage's; the first that does not stops "
-        "them. 0: the single fine-tune. A killed run started again goes on at its last finished stage.",
-        rich_help_panel=RECIPE)] = None,
-    seed: Annotated[int, typer.Option(rich_help_panel=RECIPE)] = 42,
-    mini_batch_size: Annotated[int, typer.Option(
-        min=0, help="Below --batch-size: cached MNRL (GradCache) with this mini-batch; 0: plain.",
-        rich_help_panel=SPEED)] = 0,
-    train_passage_tokens: Annotated[int, typer.Option(
-        help="Passage length while training (0: full).", rich_help_panel=SPEED)] = 128,
-    max_steps: Annotated[int, typer.Option(
-        help="Stop after this many steps (overrides --epochs).", rich_help_panel=SPEED)] = -1,
-    freeze_embeddings: Annotated[bool | None, typer.Option(
-        "--freeze-embeddings/--train-embeddings",
-        help="Keep the word embeddings as they are (default: only for a 100k+ vocabulary, e.g. multilingual).",
-        rich_help_panel=SPEED)] = None,
+    recipe: Annotated[Path | None, typer.Option(
+        "--recipe", help="A TOML recipe file (epochs, lr, negatives, rounds, ...): its keys over the default recipe "
+        "(services/learn/recipe.toml; docs/training.md).", rich_help_panel=RECIPE)] = None,
     name: Annotated[str, typer.Option(
         help="Model name; saved as NAME-YYYYmmdd-HHMMSS.", rich_help_panel=OUTPUT)] = "dpr",
     dev_baseline: Annotated[bool, typer.Option(
@@ -159,47 +94,30 @@ def train(
 ) -> None:
     """Train DPR towers into a versioned model directory: by default the best recipe measured (a fine-tune with
     MNRL and a BM25 hard negative, then up to 3 mining rounds of dense negatives, each kept only on a dev gain)."""
-    from encoders.learn.mining import MiningConfig
-    from encoders.learn.pairs import PairConfig
-    from encoders.learn.train import TrainConfig
     from services.ingest.language import check_choice
-    from services.learn.training import TrainingData
-    from services.learn.training_rounds import RoundConfig, rounds_unavailable, train_recipe
+    from services.learn.training_recipe import load_recipe
+    from services.learn.training_rounds import train_recipe
 
     settings = get_settings(ctx)
-    start, end = _parse_window(negative_window)
-    _check_negatives_from(negatives_from)
-    for flag, value in (("--self-supervised", self_supervised), ("--pretrain", pretrain)):
-        if value is not None and value not in ("ict", "title", "both"):
-            fail(f"{flag} {value!r} is not known; use ict, title or both", code=EXIT_USAGE)
-    if pretrain is not None and self_supervised is not None:
-        fail("--pretrain precedes labelled fine-tuning; drop --self-supervised (or --pretrain)", code=EXIT_USAGE)
+    if self_supervised is not None and self_supervised not in ("ict", "title", "both"):
+        fail(f"--self-supervised {self_supervised!r} is not known; use ict, title or both", code=EXIT_USAGE)
     if data is None and from_collection is None and not feedback:
         fail("give DATA (a dataset or corpus), --from-collection NAME or --feedback", code=EXIT_USAGE)
-    what = TrainingData(
-        data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,  # type: ignore[arg-type]
-        from_collection=from_collection, max_pairs=max_pairs, dev_queries=dev_queries, seed=seed, feedback=feedback,
-        mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end, source=negatives_from,
-                            model=negatives_model, denoise=denoise),
-        language=language, pretrain=pretrain, pretrain_epochs=pretrain_epochs, pretrain_max_pairs=pretrain_max_pairs,  # type: ignore[arg-type]
-        pair_config=PairConfig(ict_per_doc=ict_per_doc, keep_sentence_prob=ict_keep_sentence,
-                               max_context_words=ict_context_words),
-    )  # fmt: skip
-    config = TrainConfig(
-        name=name, shared=shared, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
-        learning_rate=lr, warmup_ratio=warmup, seed=seed, max_steps=max_steps, scale=scale,
-        train_passage_tokens=train_passage_tokens or None, threads=threads_per_process(settings.encoder.threads),
-        freeze_embeddings=freeze_embeddings, dev_baseline=dev_baseline, blend=blend, answer_windows=answer_windows,
-        question_only=question_only,
-    )  # fmt: skip
-    if rounds is None:  # the recipe's rounds where they can be chosen on dev, else the single fine-tune
-        rounds = 0 if rounds_unavailable(what, config) else RoundConfig().rounds
     with cli_errors():
+        chosen = load_recipe(recipe)
+        if chosen.data.pretrain is not None and self_supervised is not None:
+            fail("the recipe's pretrain precedes labelled fine-tuning; drop --self-supervised (or data.pretrain)",
+                 code=EXIT_USAGE)
+        what = chosen.training_data(data=data, fmt=fmt, split=split, corpus=corpus, self_supervised=self_supervised,
+                                    from_collection=from_collection, feedback=feedback, language=language)
+        config = chosen.train_config(name=name, threads=threads_per_process(settings.encoder.threads),
+                                     dev_baseline=dev_baseline, question_only=question_only)
         check_choice(language)
         try:
             with stage_bars(quiet=as_json) as on_progress:
                 done = train_recipe(settings, what, config, base=base or ("active" if question_only else "base"),
-                                    rounds=RoundConfig(rounds=rounds), progress=on_progress)
+                                    rounds=chosen.round_config(what, config), progress=on_progress,
+                                    recipe=chosen.describe())
         except ValueError as e:  # DataError, and the encoders' argument checks
             fail(str(e))
         result = done.result

@@ -127,7 +127,8 @@ def _train_question_only(settings: Settings, data: TrainingData, config: TrainCo
     from encoders.learn.question_only import check_config, train_question_only
 
     if data.pretrain is not None:
-        raise ConfigError("--question-only keeps the passage tower, which --pretrain would train: drop one of them")
+        raise ConfigError("--question-only keeps the passage tower, which the recipe's pretrain would train: drop one "
+                          "of them")
     try:
         check_config(config)
     except ValueError as e:

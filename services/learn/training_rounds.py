@@ -4,8 +4,8 @@ Stages (each a model under the run directory ``DATA_DIR/train/<name>-<key>/stage
 options and the starting towers, so a killed run started again with the same options goes on at its first
 unfinished stage, ``services.learn.staged_run``):
 
-1. ``finetune``: ``services.learn.training.train_stage`` with the options as given (default: MNRL, 1 BM25 hard negative,
-   4 epochs; ``--pretrain`` runs its self-supervised stage first, inside this one).
+1. ``finetune``: ``services.learn.training.train_stage`` with the recipe as given (default: MNRL, 1 BM25 hard negative,
+   4 epochs; the recipe's ``pretrain`` runs its self-supervised stage first, inside this one).
 2. ``round 1`` .. ``round N`` (``RoundConfig``): 3 hard negatives per pair mined by the towers of the stage before
    (dense ranking, denoised at 0.95 of the positive's score), 2 epochs at lr 1e-5 through the cached loss
    (mini-batch 16), continued from the stage before. A round is kept only if its dev nDCG@10 beats the stage
@@ -73,13 +73,13 @@ class RecipeResult:
 
 def rounds_unavailable(data: TrainingData, config: TrainConfig) -> str | None:
     """Why mining rounds cannot run on this data (None: they can): a round is kept or dropped on the dev split,
-    which only labelled BEIR / SQuAD data with --dev-queries > 0 has, and it trains both towers."""
+    which only labelled BEIR / SQuAD data with dev_queries > 0 has, and it trains both towers."""
     if config.question_only:
         return "--question-only trains one tower against the whole corpus (no mined negatives)"
     if data.self_supervised is not None or data.from_collection is not None or data.data is None:
         return "the rounds are chosen on held-out labelled questions; this data has none"
     if data.dev_queries <= 0:
-        return "--dev-queries 0 leaves no dev split to choose the rounds on"
+        return "data.dev_queries = 0 leaves no dev split to choose the rounds on"
     from services.readers import dataset_format
 
     if dataset_format(data.data, data.fmt) == "jsonl":
@@ -88,17 +88,24 @@ def rounds_unavailable(data: TrainingData, config: TrainConfig) -> str | None:
 
 
 def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *, base: str = "base",
-                 rounds: RoundConfig | None = None, progress: StageProgress | None = None) -> RecipeResult:
+                 rounds: RoundConfig | None = None, progress: StageProgress | None = None,
+                 recipe: dict[str, Any] | None = None) -> RecipeResult:
     """The fine-tune, then up to ``rounds.rounds`` mining rounds chosen on dev (module docstring); resumes a stopped
-    run. ``rounds.rounds`` 0: the single fine-tune of ``services.learn.training.train_model``, no run directory."""
+    run. ``rounds.rounds`` 0: the single fine-tune of ``services.learn.training.train_model``, no run directory.
+    ``recipe``: the recipe file and its values (``services.learn.training_recipe``): the card's ``recipe.settings``."""
     rounds = rounds if rounds is not None else RoundConfig()
     notify = progress or (lambda *a: None)
     if rounds.rounds <= 0:
         result = train_model(settings, data, config, base=base, progress=_steps(notify, "finetune"))
+        if recipe is not None:
+            from encoders.learn.training_run import write_card
+
+            result.card["recipe"] = {"command": "dpr train", "settings": recipe}
+            write_card(result.model_dir, result.card)
         return RecipeResult(result, None, {"finetune": "ran"})
     why = rounds_unavailable(data, config)
     if why is not None:
-        raise ConfigError(f"--rounds {rounds.rounds}: {why}; use --rounds 0")
+        raise ConfigError(f"the recipe's rounds.count = {rounds.rounds}: {why}; set it to 0")
     from encoders.towers import resolve_model_path
 
     base_path, base_name = resolve_model_path(base, settings.models_dir)
@@ -127,7 +134,7 @@ def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *,
         notify("recipe", k + 1, total, _eta(run.timings, left))
     saved = read_json(run_dir / "result.json")
     if saved is None or saved.get("model") != chosen["model"] or not Path(saved["model_dir"]).is_dir():
-        saved = _save(settings, config, rounds, records, chosen, run.timings, run_dir, base_name)
+        saved = _save(settings, config, rounds, records, chosen, run.timings, run_dir, base_name, recipe)
         write_json(run_dir / "result.json", saved)
     log.info("dpr train recipe finished", extra={"seconds": round(time.perf_counter() - t0, 1),
                                                   "stages": run.stages, "chosen": chosen["stage"]})
@@ -194,7 +201,8 @@ def _dev(record: dict[str, Any]) -> float | None:
 
 
 def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records: list[dict[str, Any]],
-          chosen: dict[str, Any], timings: dict[str, float], run_dir: Path, base_name: str) -> dict[str, Any]:
+          chosen: dict[str, Any], timings: dict[str, float], run_dir: Path, base_name: str,
+          recipe: dict[str, Any] | None) -> dict[str, Any]:
     """The chosen stage's model copied into ``models_dir`` (blended first with ``--blend``) with every stage in its
     card; its ONNX towers made."""
     from encoders.learn.training_run import versioned_name, write_card
@@ -227,7 +235,7 @@ def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records:
                                      "final_loss", "pairs", "kept")},
                 "stage_seconds": timings.get(r["stage"]), "chosen": r is chosen} for r in records]
     card["stages"] = stages
-    card["recipe"] = {"command": "dpr train", "started_from": base_name, "run_dir": str(run_dir),
+    card["recipe"] = {"command": "dpr train", "settings": recipe, "started_from": base_name, "run_dir": str(run_dir),
                       "rounds": rounds.describe(), "chosen": chosen["stage"],
                       "peak_rss_mib_note": "each stage's peak RSS is its process's peak at the end of the stage"}
     write_card(final, card)

@@ -15,6 +15,8 @@ import pytest
 from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
+from services.learn.training_recipe import recipe_text
+
 pytestmark = pytest.mark.integration
 
 QUESTION = "what about lava"
@@ -92,12 +94,15 @@ def test_settings_that_would_move_the_passage_tower_are_refused(world: dict[str,
     from entrypoints.cli.main import app
 
     runner = CliRunner()
-    args = ["--data-dir", str(world["data_dir"]), "train", str(world["beir"]), "--question-only", "--max-steps", "1"]
-    for extra, message in ((["--shared"], "drop --shared"), (["--blend", "0.5"], "cannot --blend"),
-                           (["--pretrain", "ict"], "drop one of them")):
-        refused = runner.invoke(app, [*args, *extra])
+    args = ["--data-dir", str(world["data_dir"]), "train", str(world["beir"]), "--question-only", "--recipe"]
+    recipe = world["root"] / "refused.toml"
+    for tables, message in (({"train": {"max_steps": 1, "shared": True}}, "shared = false"),
+                            ({"train": {"max_steps": 1, "blend": 0.5}}, "cannot blend"),
+                            ({"train": {"max_steps": 1}, "data": {"pretrain": "ict"}}, "drop one of them")):
+        recipe.write_text(recipe_text(**tables))
+        refused = runner.invoke(app, [*args, str(recipe)])
         assert refused.exit_code == 2 and message in refused.stderr, refused.output
-    gone = runner.invoke(app, [*args, "--distill", "rr"])  # distillation left the product (research/distillation)
+    gone = runner.invoke(app, [*args[:-1], "--distill", "rr"])  # distillation left the product (research/distillation)
     assert gone.exit_code == 2 and "No such option" in gone.output
 
 
@@ -193,8 +198,10 @@ def test_train_feedback_learns_from_the_collections_judgements(
             question = f"tell me about {words.split()[1]}"
             judgements.record("judged", question, f"judged/topic{t}.txt", 0, True)
             judgements.record("judged", question, f"judged/topic{(t + 1) % len(TOPICS)}.txt", 0, False)
+    recipe = world["root"] / "fb.toml"
+    recipe.write_text(recipe_text(train={"max_steps": 2, "batch_size": 4}))
     trained = runner.invoke(app, [*data_dir, "train", "--feedback", "--question-only", "--base", "tinybase",
-                                  "--max-steps", "2", "--batch-size", "4", "--name", "fb", "--json"])
+                                  "--recipe", str(recipe), "--name", "fb", "--json"])
     assert trained.exit_code == 0, trained.output
     card = json.loads(trained.stdout)["card"]
     assert card["training_data"]["feedback"] == {"collection": "judged", "judgements": 16, "pairs": 8,

@@ -1,6 +1,6 @@
 """The reranker and two-stage training on tiny randomly initialised models (seconds): `dpr train-reranker`'s service
 registers a reranker with a card and an ONNX export that reproduces torch; `dpr query --rerank N` on the onnx
-backend reranks without importing torch; `--pretrain` runs both stages and records them."""
+backend reranks without importing torch; a recipe's `pretrain` runs both stages and records them."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
 
 
 def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """`dpr train --negatives-from dense --denoise F`: negatives ranked by the starting towers, none of them labelled
+    """Recipe negatives.source = "dense", denoise = F: negatives ranked by the starting towers, none of them labelled
     relevant, none scored at F x the positive or above; the card says which towers mined them."""
     from encoders.learn.mining import DenseIndex, MiningConfig
     from encoders.learn.train import TrainConfig

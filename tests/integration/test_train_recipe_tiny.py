@@ -1,7 +1,7 @@
 """`dpr train`'s recipe (the fine-tune, then mining rounds chosen on dev: ``services.learn.training_rounds``) on a tiny
 randomly initialised model and a tiny BEIR folder (seconds): every stage is recorded in the card with its dev
 figure, times, peak RSS and whether it was kept; a round without a dev gain is not kept and ends the rounds; a run
-stopped after the fine-tune goes on at the first round without training the fine-tune again; `--rounds 0` is the
+stopped after the fine-tune goes on at the first round without training the fine-tune again; `rounds.count = 0` is the
 single fine-tune of before."""
 
 from __future__ import annotations
@@ -125,27 +125,36 @@ def test_cli_runs_the_recipe_and_rounds_0_is_the_single_fine_tune(world: dict[st
 
     for key in ("DPR_ENCODER__BACKEND", "DPR_ENCODER__QUESTION_BACKEND"):
         monkeypatch.setenv(key, "torch")
+    from services.learn.training_recipe import recipe_text
+
     runner = CliRunner()
+    tiny = {"train": {"max_steps": 2, "batch_size": 4}, "data": {"dev_queries": 4}}
+    r1, r0 = tmp_path / "r1.toml", tmp_path / "r0.toml"
+    r1.write_text(recipe_text(**tiny, rounds={"count": 1}))
+    r0.write_text(recipe_text(**tiny, rounds={"count": 0}))
     args = ["--data-dir", str(tmp_path / "data"), "train", str(world["beir"]), "--base", str(world["base"]),
-            "--max-steps", "2", "--batch-size", "4", "--dev-queries", "4", "--json"]
-    recipe = runner.invoke(app, [*args, "--rounds", "1", "--name", "cr"])
+            "--json", "--recipe"]
+    recipe = runner.invoke(app, [*args, str(r1), "--name", "cr"])
     assert recipe.exit_code == 0, recipe.output
     out = json.loads(recipe.stdout)
     assert out["stages_run"] == {"finetune": "ran", "round 1": "ran"}
     stages = out["card"]["stages"]
     assert [s["stage"] for s in stages] == ["finetune", "round 1"] and sum(s["chosen"] for s in stages) == 1
     assert all(isinstance(s["kept"], bool) and s["dev_ndcg@10"] is not None for s in stages)
-    shown = runner.invoke(app, [*args[:-1], "--rounds", "1", "--name", "cr"])  # the same run: nothing trained
+    used = out["card"]["recipe"]["settings"]
+    assert used["file"] == str(r1) and used["rounds"]["count"] == 1 and used["train"]["learning_rate"] == 3e-5
+    shown = runner.invoke(app, [*args[:-2], "--recipe", str(r1), "--name", "cr"])  # the same run: nothing trained
     assert shown.exit_code == 0, shown.output
     assert f"saved {out['model']}" in shown.stdout and "round 1: cr-round1-" in shown.stdout
     assert "dev nDCG@10" in shown.stdout and "(done earlier)" in shown.stdout
 
-    single = runner.invoke(app, [*args, "--rounds", "0", "--name", "one"])
+    single = runner.invoke(app, [*args, str(r0), "--name", "one"])
     assert single.exit_code == 0, single.output
     one = json.loads(single.stdout)
     assert "stages" not in one["card"] and one["card"]["steps"] == 2 and one["card"]["dev_metrics"]["after"]
+    assert one["card"]["recipe"]["settings"]["file"] == str(r0)
     assert not (tmp_path / "data" / "train" / "one").exists()
 
-    refused = runner.invoke(app, [*args, "--rounds", "1", "--question-only"])
-    assert refused.exit_code != 0 and "--question-only" in refused.output and "--rounds 0" in refused.output
+    refused = runner.invoke(app, [*args, str(r1), "--question-only"])
+    assert refused.exit_code != 0 and "--question-only" in refused.output and "rounds.count = 1" in refused.output
     assert "Traceback" not in refused.output

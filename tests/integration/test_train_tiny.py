@@ -164,13 +164,16 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
+    from services.learn.training_recipe import recipe_text
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("\n".join(json.dumps({"question": p.question, "passage": p.positive}) for p in _pairs()) + "\n")
     runner = CliRunner()
     data_dir = ["--data-dir", str(tmp_path / "data")]
-    args = ["train", str(pairs), "--base", str(tiny_base), "--max-steps", "3", "--batch-size", "8"]
-    result = runner.invoke(app, [*data_dir, *args, "--hard-negatives", "0", "--name", "cli", "--json"])
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(recipe_text(train={"max_steps": 3, "batch_size": 8}, negatives={"num_negatives": 0}))
+    args = ["train", str(pairs), "--base", str(tiny_base), "--recipe", str(recipe)]
+    result = runner.invoke(app, [*data_dir, *args, "--name", "cli", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     name = out["model"]
@@ -192,8 +195,9 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     assert failed.exit_code != 0
     assert "bad.jsonl:1: needs 'passage' or 'positive_id'" in failed.stderr
 
-    unknown = runner.invoke(app, [*data_dir, *args, "--negatives-from", "tfidf"])
-    assert unknown.exit_code != 0 and "--negatives-from 'tfidf' is not known; use bm25 or dense" in unknown.stderr
+    recipe.write_text(recipe_text(negatives={"source": "tfidf"}))
+    unknown = runner.invoke(app, [*data_dir, *args])
+    assert unknown.exit_code == 2 and "negatives.source = 'tfidf': Input should be 'bm25' or 'dense'" in unknown.stderr
     gone = runner.invoke(app, [*data_dir, *args, "--distill", "rr"])  # moved to research/distillation (issue 39)
     assert gone.exit_code == 2 and "No such option" in gone.output
 
@@ -214,7 +218,7 @@ def test_activate_skips_a_model_that_lost_on_dev() -> None:
 
 
 def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Path, tmp_path: Path) -> None:
-    """`dpr train --blend F` (WiSE-FT): every transformer tensor saved is F x trained + (1 - F) x the pretrained
+    """`dpr train`, recipe blend = F (WiSE-FT): every transformer tensor saved is F x trained + (1 - F) x the pretrained
     model the lineage started from, found through the model cards even when training continued a trained model."""
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
@@ -242,7 +246,7 @@ def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Pat
 
 
 def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Path, tmp_path: Path) -> None:
-    """`dpr models blend NAME --weight F`: WiSE-FT after training, as `dpr train --blend` would have saved it; the
+    """`dpr models blend NAME --weight F`: WiSE-FT after training, as `dpr train` (blend) would have saved it; the
     card names the trained model as its base (so a later blend still finds the pretrained root); a model with no
     lineage is refused with the fix."""
     import json

@@ -226,6 +226,8 @@ def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_clean_poi
 def _train_args(tmp_path: Path) -> list[str]:
     from kit.tiny_models import tiny_sentence_model
 
+    from services.learn.training_recipe import recipe_text
+
     words = ["lava magma eruption", "ice snow moraine", "sand dune cactus", "wave salt reef", "tree moss fern",
              "street subway crowd", "bank delta bridge", "peak summit ridge"]
     pairs = tmp_path / "pairs.jsonl"
@@ -233,8 +235,9 @@ def _train_args(tmp_path: Path) -> list[str]:
                                          "passage": f"A passage on {w}, part {r}."}) + "\n"
                              for r in range(4) for w in words))
     base = tiny_sentence_model(tmp_path / "tiny")
-    return ["train", str(pairs), "--base", str(base), "--max-steps", "6", "--batch-size", "8",
-            "--hard-negatives", "0", "--name", "crash", "--json"]
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(recipe_text(train={"max_steps": 6, "batch_size": 8}, negatives={"num_negatives": 0}))
+    return ["train", str(pairs), "--base", str(base), "--recipe", str(recipe), "--name", "crash", "--json"]
 
 
 def _models(data: Path) -> list[dict[str, Any]]:
