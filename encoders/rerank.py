@@ -28,7 +28,7 @@ from encoders.onnx_towers import (
     export_dir_for,
     read_current_manifest,
 )
-from encoders.towers import model_fingerprint, read_model_card, resolve_model_path
+from encoders.towers import model_fingerprint, offline, read_model_card, resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,6 @@ class TorchReranker:
     def model(self) -> Any:
         with self._lock:
             if self._model is None:
-                from encoders.learn.training_run import offline
-
                 offline()
                 from sentence_transformers import CrossEncoder
 

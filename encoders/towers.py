@@ -95,6 +95,16 @@ def passage_fingerprint(path: Path) -> str:
     return model_fingerprint(path)
 
 
+def offline() -> None:
+    """Nothing downloads at run time: Hugging Face's libraries read only local files (the towers, the reranker and
+    every training run call this before loading a model)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_DISABLED", "true")
+
+
 _intra_op_threads: int | None = None  # this process's towers' intra-op threads, once configured
 
 
@@ -138,9 +148,7 @@ class SentenceTransformerTowers:
     @property
     def model(self) -> Any:
         if self._model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            offline()
             from sentence_transformers import SentenceTransformer
 
             configure_threads(_intra_op_threads)  # torch is loaded now

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from encoders import registry
 from encoders.onnx_towers import Backend
 from encoders.registry import export_model, load_towers
 from encoders.towers import DualEncoder, configure_threads, resolve_model_path
@@ -159,9 +160,12 @@ class Runtime:
         loaded = m.towers if backend == self.settings.encoder.backend else m.question_towers
         if loaded is not None and loaded.fingerprint == fingerprint:
             return loaded
-        from services.lifecycle.models import towers_by_fingerprint
-
-        return towers_by_fingerprint(self.settings, fingerprint, backend=backend)
+        try:
+            return registry.towers_for(fingerprint, self.settings.models_dir, device=self.settings.encoder.device,
+                                       backend=backend, threads=self.settings.encoder.threads,
+                                       cache_dir=self.settings.onnx_cache_dir)
+        except registry.ModelNotFound as e:
+            raise ModelMismatch(str(e)) from e
 
     def question_towers_for(self, fingerprint: str) -> DualEncoder:
         """``towers_for`` on the question backend (the query path)."""
@@ -198,7 +202,7 @@ class Runtime:
         """The collection's write fence (shared by writers, exclusive for a re-embed swap or a rollback)."""
 
         def build() -> WriteFence:
-            from services.lifecycle.locks import write_fence
+            from services.core.locks import write_fence
 
             s = self.settings
             return write_fence(s.collection, s.data_dir, s.broker_url, s.reembed.fence_timeout)

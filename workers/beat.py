@@ -15,9 +15,8 @@ import threading
 from typing import Any
 
 from services.core.errors import ConfigError
-from services.core.locks import RedisLease
+from services.core.locks import RedisLease, redis_client
 from services.core.settings import Settings
-from services.lifecycle.locks import redis_client
 from services.lifecycle.state import ReembedBusy
 from workers.reembed_dispatch import CHECK_TASK, REEMBED_QUEUE
 

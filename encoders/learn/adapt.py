@@ -231,7 +231,8 @@ def hybrid_scores(cos: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np.n
 def load_model(path: Any) -> Any:
     """The towers at ``path`` as a sentence-transformers model on this process's device (the CPU unless
     ``encoders.learn.training_run.configure_device`` said otherwise), offline."""
-    from encoders.learn.training_run import learn_device, offline
+    from encoders.learn.training_run import learn_device
+    from encoders.towers import offline
 
     offline()
     from sentence_transformers import SentenceTransformer

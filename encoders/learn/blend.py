@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.learn.training_run import TrainResult, offline, save_model, versioned_name
-from encoders.towers import model_fingerprint, read_model_card
+from encoders.learn.training_run import TrainResult, save_model, versioned_name
+from encoders.towers import model_fingerprint, offline, read_model_card
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,11 @@ from encoders.learn.training_run import (
     ProgressFn,
     TrainResult,
     learn_device,
-    offline,
     save_model,
     start_run,
     versioned_name,
 )
-from encoders.towers import base_model_path
+from encoders.towers import base_model_path, offline
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The training run both trainings share (the towers: ``encoders.learn.train``; the reranker:
-``encoders.learn.rerank_train``): offline, threads and seeds; the trainer's arguments; the trainer loop with progress;
+``encoders.learn.rerank_train``): threads and seeds; the trainer's arguments; the trainer loop with progress;
 saving a versioned model with its card (written beside, renamed into place, so a half-written model is never
 listed); peak memory.
 
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from encoders.towers import model_fingerprint
+from encoders.towers import model_fingerprint, offline
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,6 @@ def configure_device(device: str) -> None:
 def learn_device() -> str:
     """The device ``configure_device`` set (``cpu`` by default)."""
     return _device
-
-
-def offline() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("WANDB_DISABLED", "true")
 
 
 def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:

@@ -100,13 +100,14 @@ class RedisLease:
     )
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
-    def __init__(self, client: Any, key: str, ttl: float, name: str = "") -> None:
+    def __init__(self, client: Any, key: str, ttl: float, name: str = "", token: str | None = None) -> None:
+        """``token``: adopt the lease its holder took (another task of the same work), held from the start."""
         self.client = client
         self.key = key
         self.ttl_ms = int(ttl * 1000)
         self.name = name or key
-        self.token = f"{uuid.uuid4().hex} {holder_tag()}"
-        self._held = False
+        self.token = token or f"{uuid.uuid4().hex} {holder_tag()}"
+        self._held = token is not None
         self.lapsed = False  # the key expired at least once while held: someone may have had it meanwhile
 
     def acquire(self, wait: float = 0.0) -> bool:
@@ -348,3 +349,18 @@ class RedisFence:
             log.warning("could not check the write fence", extra={"lock": lease.name}, exc_info=True)
             return False
         return not lease.lapsed
+
+
+def redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+
+
+def write_fence(alias: str, data_dir: Path, broker_url: str | None, timeout: float) -> WriteFence:
+    """A collection's write fence (writers hold it shared; a re-embed swap and a rollback take it exclusive): in
+    Redis when a broker is configured, else a file beside the store. All processes of one deployment must share
+    the same settings (broker or not)."""
+    if broker_url:
+        return RedisFence(redis_client(broker_url), f"dpr:fence:{alias}", timeout=timeout)
+    return FileFence(data_dir / "locks" / f"fence-{alias}", timeout=timeout)

@@ -8,8 +8,8 @@ Plain functions over the ``VectorStore`` protocol (never Celery). One module per
 - ``gate``: the promotion gate (`dpr eval` of the candidate against the active model), wired once;
 - ``swap``: ``finalize`` (catch up, gate, verify and swap under the write fence) and ``run_in_process``;
 - ``rollback``, ``gc``: the alias back to the previous generation; dropping old generations;
-- ``models``: towers by fingerprint, the ACTIVE model after a swap, the beat's "is a re-embed needed?";
-- ``locks``: the re-embed lease and the collection's write fence (over ``services.core.locks``);
+- ``models``: a model's name by fingerprint, the ACTIVE model after a swap, the beat's "is a re-embed needed?";
+- ``locks``: the re-embed lease (over ``services.core.locks``, which holds the collection's write fence);
 - ``progress``: a re-embed spread over workers as a job of ``services.jobs`` (batches sent / done, result);
 - ``inprocess`` / ``distributed``: the whole re-embed here, or submitted to workers through a ``Sender``.
 
@@ -36,7 +36,7 @@ from services.lifecycle.distributed import (
 from services.lifecycle.gate import GateDecision, Scorer, eval_scorer, promotion_gate, run_gate
 from services.lifecycle.gc import gc_collection
 from services.lifecycle.inprocess import reembed_in_process
-from services.lifecycle.models import check_needed, promote_model, towers_by_fingerprint
+from services.lifecycle.models import check_needed, promote_model
 from services.lifecycle.rollback import Rollback, rollback_collection
 from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, current_state, find_state, save_state
 from services.lifecycle.swap import ReembedResult, finalize, run_in_process
@@ -75,5 +75,4 @@ __all__ = [
     "run_in_process",
     "save_state",
     "submit_reembed",
-    "towers_by_fingerprint",
 ]

@@ -1,6 +1,7 @@
-"""Which model a collection should carry, over the registry (``encoders.registry``): towers by the fingerprint a
-collection records (errors in the service's terms), the ACTIVE pointer after a swap or a rollback, and the beat's
-check "does the configured model differ from the collection's?".
+"""Which model a collection should carry, over the registry (``encoders.registry``): the model's name for the
+fingerprint a collection records (errors in the service's terms), the ACTIVE pointer after a swap or a rollback,
+and the beat's check "does the configured model differ from the collection's?". (Towers by fingerprint:
+``Runtime.towers_for``.)
 """
 
 from __future__ import annotations
@@ -9,24 +10,13 @@ import logging
 from typing import Any
 
 from encoders import registry
-from encoders.onnx_towers import Backend, split_fingerprint
-from encoders.towers import DualEncoder, passage_fingerprint, resolve_model_path
+from encoders.onnx_towers import split_fingerprint
+from encoders.towers import passage_fingerprint, resolve_model_path
 from services.core.errors import ModelMismatch
 from services.core.settings import Settings
 from services.lifecycle.state import ReembedState
 
 log = logging.getLogger(__name__)
-
-
-def towers_by_fingerprint(settings: Settings, fingerprint: str, backend: Backend | None = None) -> DualEncoder:
-    """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), from the one tower cache, on
-    ``backend`` (default ``encoder.backend``) when its vectors agree."""
-    try:
-        return registry.towers_for(fingerprint, settings.models_dir, device=settings.encoder.device,
-                                   backend=backend or settings.encoder.backend, threads=settings.encoder.threads,
-                                   cache_dir=settings.onnx_cache_dir)
-    except registry.ModelNotFound as e:
-        raise ModelMismatch(str(e)) from e
 
 
 def model_name_for(settings: Settings, fingerprint: str) -> str:

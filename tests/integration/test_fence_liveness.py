@@ -20,8 +20,7 @@ import redis
 from worker_cluster import RedisServer
 
 from services.core.errors import StoreUnavailable
-from services.core.locks import RedisFence
-from services.lifecycle.locks import write_fence
+from services.core.locks import RedisFence, write_fence
 
 pytestmark = pytest.mark.integration
 
