@@ -6,8 +6,9 @@ wait (first come, first served) for at most ``api.queue_timeout`` seconds; anyth
 503 and a ``Retry-After`` estimated from the recent service time and the queue ahead. A waiting request holds only
 its connection and a future: its body is not read until it is admitted (``BodyLimit`` runs inside), so memory under
 a burst is bounded by ``max_in_flight`` requests at work. Health, metrics and the console's static files are never
-held back. Per-key rate limits (429) are ``AccessControl``'s and run first; this limit is per process
-(``api.workers`` processes admit ``workers x max_in_flight``).
+held back. Per-key rate limits (429) are ``AccessControl``'s and run first (one rate per key for the whole server:
+``services/access/ratelimit.py``); this limit is per process (``api.workers`` processes admit ``workers x
+max_in_flight``).
 """
 
 from __future__ import annotations

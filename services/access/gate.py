@@ -15,7 +15,7 @@ from typing import Any
 
 from services.access.audit import AuditLog, audit_path
 from services.access.keys import KeyStore, keys_path
-from services.access.ratelimit import RateLimiter
+from services.access.ratelimit import Buckets, RateLimiter, shared_buckets
 from services.access.roles import Role, allows
 from services.core.settings import Settings
 
@@ -54,17 +54,18 @@ class Decision:
 
 class AccessGate:
     def __init__(self, data_dir: Path, env_key: bytes | None = None, rate: float | None = None, burst: int = 1,
-                 audit_fsync: bool = True) -> None:
+                 audit_fsync: bool = True, buckets: Buckets | None = None) -> None:
         self.store = KeyStore(keys_path(data_dir))
         self.audit_log = AuditLog(audit_path(data_dir), fsync=audit_fsync)
         self.env_key = env_key
-        self.limiter = RateLimiter(rate, burst)
+        self.limiter = RateLimiter(rate, burst, buckets=buckets)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AccessGate:
         api = settings.api
         secret = api.api_key.get_secret_value().encode("utf-8") if api.api_key is not None else None
-        return cls(settings.data_dir, env_key=secret, rate=api.rate_limit, burst=api.rate_burst)
+        return cls(settings.data_dir, env_key=secret, rate=api.rate_limit, burst=api.rate_burst,
+                   buckets=shared_buckets(settings.data_dir, settings.broker_url))  # one rate across processes
 
     @property
     def locked(self) -> bool:
