@@ -12,15 +12,13 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from machine import commit, cpu_model, script  # benchmarks/ is sys.path[0]
 
-from machine import commit, cpu_model  # noqa: E402
+REPO = script("tests")
 
 
 def main() -> None:

@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from machine import script  # benchmarks/ is sys.path[0]
+
+REPO = script()
+
 
 FOLDERS = {"scifact": "beir-scifact", "cranfield": "cranfield", "cisi": "cisi"}
 ALL3 = ("title", "ict", "keywords")

@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
 import numpy as np  # noqa: E402
 from bench_hotpaths import scifact_dir  # noqa: E402
-from machine import commit, machine  # noqa: E402
+from machine import commit, machine, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 from encoders.learn.metrics import paired_randomization, per_query  # noqa: E402
 from encoders.registry import Backend, load_towers  # noqa: E402

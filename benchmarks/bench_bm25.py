@@ -32,10 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from machine import commit, cpu_flags, cpu_model, script  # benchmarks/ is sys.path[0]
 
-from machine import commit, cpu_flags, cpu_model  # noqa: E402
+REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.learn.metrics import ir_metrics  # noqa: E402

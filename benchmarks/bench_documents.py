@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from machine import machine_line  # noqa: E402
+from machine import machine_line, script  # benchmarks/ is sys.path[0]
+
+ROOT = script()
 
 DPR = str(Path(sys.executable).with_name("dpr"))
 RESULTS = ROOT / "benchmarks" / "results" / "ingest-speed" / "documents.md"
@@ -191,15 +190,9 @@ def start_worker(env: dict[str, str], log: Path, name: str) -> subprocess.Popen[
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(30)
+    from bench_ingest import stop_process_group
+
+    stop_process_group(process, wait=60)
 
 
 def run_cli(args: list[str], env: dict[str, str], sampler: Sampler, label: str, cwd: Path) -> tuple[dict[str, Any],

@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from machine import commit, machine_line
+from machine import commit, machine_line, script  # benchmarks/ is sys.path[0]
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = script()
+
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
 
 

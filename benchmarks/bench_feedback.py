@@ -39,11 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machine import commit, machine_line, script  # benchmarks/ is sys.path[0]
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from machine import commit, machine_line  # noqa: E402
+REPO = script()
 from serve_process import DPR, ServeProcess  # noqa: E402
 
 from encoders.data import split_dev_queries  # noqa: E402

@@ -61,14 +61,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import bench_ingest as bi  # noqa: E402
 import numpy as np  # noqa: E402
-from machine import commit, machine  # noqa: E402
+from machine import commit, machine, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 from services.core.settings import EncoderSettings, Settings  # noqa: E402
 from services.core.threads import available_cores, threads_per_process  # noqa: E402

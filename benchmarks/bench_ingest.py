@@ -46,11 +46,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from machine import script, upsert_stream  # benchmarks/ is sys.path[0]
+
+REPO = script()
+
 
 import numpy as np  # noqa: E402
 
@@ -169,17 +168,19 @@ def start_worker(env: dict[str, str], log_path: Path, name: str, concurrency: in
     return process
 
 
-def stop_process_group(process: subprocess.Popen[bytes]) -> None:
+def stop_process_group(process: subprocess.Popen[bytes], wait: float = 30) -> None:
+    """SIGTERM to the process's group, SIGKILL after ``wait`` seconds (the benchmarks' servers and workers)."""
     import signal
 
     try:
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(30)
+        process.wait(wait)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        process.wait(30)
 
 
 def bench_workers(docs: list[Document], work: Path, workers: int = 2, threads: int | None = 1,
@@ -322,15 +323,10 @@ def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total:
     sparse_of = [sparse.embed_document(t) for t in texts]
     store = Store(EdgeEngine(path, "bench", lock_timeout=60, idle_release=30))
     store.ensure_collection(collection_spec(towers, sparse=True))
-    batch: list[PassagePoint] = []
-    for doc_id, src, v in synthetic_points(vectors, total):
-        passage = Passage(doc_id=doc_id, chunk_index=0, text=texts[src], doc_hash="bench", model=towers.fingerprint)
-        batch.append(PassagePoint(passage=passage, dense=v.tolist(), sparse=sparse_of[src]))
-        if len(batch) == 1000:
-            store.upsert(batch)
-            batch = []
-    if batch:
-        store.upsert(batch)
+    upsert_stream(store, (PassagePoint(passage=Passage(doc_id=doc_id, chunk_index=0, text=texts[src], doc_hash="bench",
+                                                       model=towers.fingerprint),
+                                       dense=v.tolist(), sparse=sparse_of[src])
+                          for doc_id, src, v in synthetic_points(vectors, total)))
     return store
 
 

@@ -42,9 +42,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import commit, machine_line  # noqa: E402
+from machine import commit, machine_line, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 SHARED = REPO.parent / "shared" / "data"
 DPR = [sys.executable, "-m", "entrypoints.cli.main"]
@@ -138,7 +138,6 @@ def _points(store: Any) -> int:
 def one_process(path: Path, slices: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every document through one in-process ingest (the executor `dpr ingest` uses); per tenth of the passages:
     passages, seconds, encode seconds and RSS; and the start-up and end (HNSW build) apart."""
-    sys.path.insert(0, str(REPO))
     from entrypoints.compose import executor_for
     from services.core.settings import Settings
     from services.readers import iter_documents

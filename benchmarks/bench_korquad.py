@@ -40,13 +40,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from machine import machine  # noqa: E402
+from machine import machine, script  # benchmarks/ is sys.path[0]
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = script()
+
 
 SHARED = next((p / "shared" / "data" for p in REPO.parents if (p / "shared" / "data").is_dir()), REPO.parent / "shared")
 DATA = SHARED / "korquad-v1.0-dev" / "KorQuAD_v1.0_dev.json.gz"

@@ -41,13 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 from bench_hotpaths import peak_run  # noqa: E402
-from machine import commit, machine  # noqa: E402
+from machine import commit, machine, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 from encoders.registry import load_towers  # noqa: E402
 from encoders.towers import configure_threads, resolve_model_path  # noqa: E402

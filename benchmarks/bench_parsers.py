@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from machine import commit, cpu_flags, cpu_model  # noqa: E402
+from machine import commit, cpu_flags, cpu_model, script  # benchmarks/ is sys.path[0]
+
+ROOT = script()
 
 DOCS = Path("/work/shared/data/python-3.11-docs/docs.jsonl.gz")
 PAGES = ["library/stdtypes", "library/os", "reference/datamodel", "library/functions", "library/re",

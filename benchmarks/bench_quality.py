@@ -23,14 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from machine import script  # benchmarks/ is sys.path[0]
+
+REPO = script()
+
 
 from encoders.learn.evaluate import EvalReport, write_report  # noqa: E402
 from encoders.learn.mining import MiningConfig  # noqa: E402

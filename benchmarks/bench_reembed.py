@@ -28,30 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from machine import script  # benchmarks/ is sys.path[0]
+
+REPO = script("tests")  # kit.tiny_models: the second model, as tests/integration/test_reembed.py builds it
+
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"
 OUT = REPO / "benchmarks" / "results" / "ingest-speed" / "reembed.md"
-
-
-def second_model(models_dir: Path) -> Path:
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from encoders.towers import base_model_path
-
-    out = models_dir / "v2"
-    model = SentenceTransformer(str(base_model_path()), device="cpu")
-    with torch.no_grad():
-        params = dict(model.named_parameters())
-        name = next(n for n in params if n.endswith("encoder.layer.5.output.dense.weight"))
-        params[name].mul_(1.05)
-    model.save(str(out))
-    return out
 
 
 def main() -> None:
@@ -61,6 +44,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if not DATA.is_dir():
         sys.exit(f"needs {DATA} (BEIR SciFact) beside the repo")
+
+    from kit.tiny_models import second_base_model
 
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import lifecycle as rb
@@ -79,7 +64,7 @@ def main() -> None:
     try:
         settings = Settings(data_dir=work)
         base = SentenceTransformerTowers(base_model_path(), name="base")
-        v2 = SentenceTransformerTowers(second_model(settings.models_dir), name="v2")
+        v2 = SentenceTransformerTowers(second_base_model(settings.models_dir / "v2"), name="v2")
         sparse = default_embedder()
         base.encode_documents(["warm up"]), v2.encode_documents(["warm up"])  # load both models before timing
 

@@ -2,7 +2,7 @@
 
 The collection: a copy of an existing data dir (``--data-dir``; e.g. one kept by ``bench_scale.py --passages
 100000 --keep DIR``: its passages are real SciFact text, the bulk cycled, see that script). The new model: the base
-model with one layer's weights scaled by 1.05 (``bench_reembed.second_model``: a different fingerprint, the same
+model with one layer's weights scaled by 1.05 (``kit.tiny_models.second_base_model``: a different fingerprint, the same
 compute), or ``--model``.
 
 Steps, everything as a user starts it (the same data dir, the embedded store shared through its lease):
@@ -44,14 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from bench_ingest import start_valkey, start_worker, stop_process_group  # noqa: E402
 from bench_load import clean_env, percentile, questions, tree_rss_kb  # noqa: E402
-from bench_reembed import second_model  # noqa: E402
-from machine import commit, machine_line  # noqa: E402
+from machine import commit, machine_line, script  # benchmarks/ is sys.path[0]
+
+REPO = script("tests")
+
+from kit.tiny_models import second_base_model  # noqa: E402
 from serve_process import DPR, ServeProcess  # noqa: E402
 
 
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # the workers load the new model by its fingerprint from DATA_DIR/models, as `dpr reembed` requires
         (data_dir / "models").mkdir(exist_ok=True)
         if args.model is None:
-            model = second_model(data_dir / "models").name
+            model = second_base_model(data_dir / "models" / "v2").name
         else:
             model = args.model.name
             (data_dir / "models" / model).symlink_to(args.model.resolve(), target_is_directory=True)

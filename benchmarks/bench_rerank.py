@@ -38,11 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import cpu_flags, script  # benchmarks/ is sys.path[0]
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from machine import cpu_flags  # noqa: E402
+REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.learn.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402

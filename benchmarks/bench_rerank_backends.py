@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-
 from bench_rerank import Timed, latency_ms  # noqa: E402
-from machine import commit, machine  # noqa: E402
+from machine import commit, machine, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
 from encoders.learn.evaluate import Retrieval  # noqa: E402

@@ -32,16 +32,14 @@ import json
 import logging
 import os
 import random
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from machine import commit, cpu_flags, cpu_model, script  # benchmarks/ is sys.path[0]
 
-from machine import commit, cpu_flags, cpu_model  # noqa: E402
+REPO = script()
 
 from encoders.data import DEV_SPLIT_SEED, RetrievalDataset  # noqa: E402
 from encoders.learn.blend import (  # noqa: E402

@@ -1,18 +1,23 @@
-"""The one machine / commit probe of the benchmarks: CPU model and SIMD flags, cores, load, Python, commit.
+"""The one machine / commit probe of the benchmarks: CPU model and SIMD flags, cores, load, Python, commit; and the
+scripts' one preamble (``script``) and their streaming upsert (``upsert_stream``).
 
 Scripts run as ``python benchmarks/X.py`` (the benchmarks folder is then ``sys.path[0]``) and import it as
-``from machine import ...``.
+``from machine import ...``, then call ``REPO = script()`` before importing the product.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import subprocess
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")  # the ones that matter to the encoders
 
 
@@ -64,3 +69,22 @@ def machine_line() -> str:
     load = " / ".join(f"{x:.1f}" for x in m["load"])
     return (f"CPU: {m['cpu']} ({m['flags'] or 'no avx2'}), {m['cores']} cores visible; load average {load}; "
             f"Python {m['python']}; commit {m['commit']}")
+
+
+def script(*folders: str) -> Path:
+    """A benchmark script's preamble: the repository (and ``folders`` of it, e.g. ``tests`` for ``kit``) first on
+    ``sys.path`` so the product imports, and the model hub off (``OFFLINE``: the models come from their wheels).
+    Returns the repository's root."""
+    for path in reversed([str(REPO), *(str(REPO / f) for f in folders)]):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
+    return REPO
+
+
+def upsert_stream(store: Any, points: Iterable[Any], size: int = 1000) -> None:
+    """Upsert a stream of points into ``store`` ``size`` at a time, never holding them all (the synthetic bulks)."""
+    stream = iter(points)
+    while batch := list(itertools.islice(stream, size)):
+        store.upsert(batch)

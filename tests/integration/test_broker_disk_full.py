@@ -25,6 +25,7 @@ import httpx
 import pytest
 from api_server import ServeProcess, wait_ready
 from kit.documents import scifact_jsonl
+from kit.stored import stored_points
 from worker_cluster import DPR, Cluster, cluster_env, free_port, wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,17 +110,6 @@ def _free(disk: Path, url: str) -> None:
     client.close()
 
 
-def _points(data: Path) -> dict[str, tuple[str, int, str]]:
-    from services.core.settings import Settings
-    from services.store import open_store
-
-    store = open_store(Settings(data_dir=data))
-    try:
-        return {p.id: (p.doc_id, p.chunk_index, p.doc_hash) for batch in store.scroll() for p in batch}
-    finally:
-        store.close()
-
-
 def _one_line_naming_the_broker(stderr: str, url: str, disk: Path) -> str:
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(("job ", "  "))]
     text = " ".join(stderr.split())
@@ -142,7 +132,7 @@ def test_a_full_broker_disk_stops_ingest_with_one_line_keeps_reads_and_loses_not
     clean = subprocess.run([DPR, "ingest", str(corpus), "--json"], env=clean_env, capture_output=True, text=True,
                            timeout=600)
     assert clean.returncode == 0, clean.stderr
-    expected = _points(tmp_path / "clean")
+    expected = stored_points(tmp_path / "clean")
     assert len(expected) >= DOCS
 
     worker = cluster.start_worker()
@@ -190,7 +180,7 @@ def test_a_full_broker_disk_stops_ingest_with_one_line_keeps_reads_and_loses_not
         if server is not None:
             server.stop()
         cluster.stop()
-    got = _points(root / "data")
+    got = stored_points(root / "data")
     assert got == expected, (f"{len(set(expected) - set(got))} points missing, {len(set(got) - set(expected))} "
                              f"extra, {sum(1 for k in got if k in expected and got[k] != expected[k])} changed")
     print(json.dumps({"refused": line[:300], "points": len(got), "documents": DOCS,

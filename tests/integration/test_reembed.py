@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.tiny_models import second_base_model
 from worker_cluster import DPR, Cluster, Worker, wait_until
 
 from services.core.settings import Settings
@@ -44,19 +45,7 @@ def write_corpus(folder: Path, n: int, start: int = 0) -> None:
 
 @pytest.fixture(scope="session")
 def second_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from encoders.towers import base_model_path
-
-    out = tmp_path_factory.mktemp("models") / "v2"
-    model = SentenceTransformer(str(base_model_path()), device="cpu")
-    with torch.no_grad():
-        params = dict(model.named_parameters())
-        name = next(n for n in params if n.endswith("encoder.layer.5.output.dense.weight"))
-        params[name].mul_(1.05)
-    model.save(str(out))
-    return out
+    return second_base_model(tmp_path_factory.mktemp("models") / "v2")
 
 
 def install_model(cluster: Cluster, model: Path) -> None:

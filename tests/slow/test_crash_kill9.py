@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from kit.documents import scifact_jsonl
+from kit.stored import stored_points
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +45,6 @@ def _dpr(data: Path, *args: str, timeout: float = 600) -> subprocess.CompletedPr
                           capture_output=True, timeout=timeout)
 
 
-def _points(data: Path) -> dict[str, tuple[str, int, str]]:
-    from services.core.settings import Settings
-    from services.store import open_store
-
-    store = open_store(Settings(data_dir=data))
-    try:
-        return {p.id: (p.doc_id, p.chunk_index, p.doc_hash) for batch in store.scroll() for p in batch}
-    finally:
-        store.close()
-
-
 def _status(data: Path) -> dict[str, Any]:
     started = time.monotonic()
     done = _dpr(data, "status", "--json", timeout=120)
@@ -68,7 +58,7 @@ def test_ingest_killed_at_random_moments_loses_nothing_and_doubles_nothing(share
     clean_dir, crash_dir = tmp_path / "clean", tmp_path / "crashed"
     clean = _dpr(clean_dir, "ingest", str(corpus), "--json")
     assert clean.returncode == 0, clean.stderr[-800:]
-    expected = _points(clean_dir)
+    expected = stored_points(clean_dir)
     assert len(expected) >= DOCS
     started = time.monotonic()  # a whole run's wall time once the ONNX export exists: the kill moments' scale
     assert _dpr(tmp_path / "timing", "ingest", str(corpus), "--json").returncode == 0
@@ -92,7 +82,7 @@ def test_ingest_killed_at_random_moments_loses_nothing_and_doubles_nothing(share
     final = _dpr(crash_dir, "ingest", str(corpus), "--json")
     assert final.returncode == 0, final.stderr[-800:]
     report = json.loads(final.stdout)
-    got = _points(crash_dir)
+    got = stored_points(crash_dir)
     missing, extra = set(expected) - set(got), set(got) - set(expected)
     changed = [pid for pid in set(expected) & set(got) if expected[pid] != got[pid]]
     outcome = {"seed": seed, "documents": DOCS, "clean_points": len(expected), "run_seconds": round(run_seconds, 1),
@@ -174,7 +164,7 @@ def _upload(server: Any, corpus: Path) -> tuple[Any, str]:
     return client, str(r.json()["job"])
 
 
-def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_clean_points(shared_data: Path,
+def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_cleanstored_points(shared_data: Path,
                                                                                      tmp_path: Path) -> None:
     """`dpr serve` (its own process group, the in-process executor) SIGKILLed a seeded random moment after it
     accepted a JSONL upload; then `dpr status`, then a new server, the same upload, to the end."""
@@ -185,7 +175,7 @@ def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_clean_poi
     clean = _dpr(tmp_path / "clean", "ingest", str(corpus), "--json")
     run_seconds = time.monotonic() - started  # the kill moments' scale
     assert clean.returncode == 0, clean.stderr[-800:]
-    expected = _points(tmp_path / "clean")
+    expected = stored_points(tmp_path / "clean")
     data = tmp_path / "crashed"
     seed = int(os.environ.get("CRASH_SEED", "20261127"))
     delay = round(random.Random(seed).uniform(0.1, 0.9) * run_seconds, 2)
@@ -216,7 +206,7 @@ def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_clean_poi
         assert rerun.stop() in (0, -15), rerun.log.read_text(errors="replace")[-2000:]
     outcome["rerun"] = {"state": done["state"], "documents": done.get("documents"),
                         "unchanged": done.get("unchanged"), "failed": len(done.get("failed") or [])}
-    outcome["final"] = _compare(expected, _points(data))
+    outcome["final"] = _compare(expected, stored_points(data))
     if os.environ.get("CRASH_REPORT"):
         Path(os.environ["CRASH_REPORT"]).with_suffix(".serve.json").write_text(json.dumps(outcome, indent=2))
     assert done["state"] == "done", outcome
