@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.learn.staged_run import StageProgress
-from services.learn.staged_run import write_json as _write_json
+from services.learn.staged_run import StageProgress, write_json
 
 if TYPE_CHECKING:
-    from services.learn.adaptation import AdaptConfig
+    from encoders.learn.adapt import TeacherConfig
 
 
 def pseudo_sets(pseudo: dict[str, Any]) -> dict[str, Any]:
@@ -28,8 +27,10 @@ def pseudo_sets(pseudo: dict[str, Any]) -> dict[str, Any]:
     return {kind: dataset_from_json(row) for kind, row in pseudo["sets"].items()}
 
 
-def mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, run_dir: Path,
-                  notify: StageProgress, settings: Settings) -> None:
+def mining_stage(pseudo: dict[str, Any], base_path: Path, teacher: TeacherConfig, language: str | None,
+                 run_dir: Path, notify: StageProgress, settings: Settings) -> None:
+    """The hybrid-agreement teacher labels each training pseudo-question's candidates (``language``: the BM25
+    side's, None to detect it on each pseudo-question set's corpus)."""
     from encoders.data import labelled_pairs
     from encoders.learn.adapt import TeacherStats, dense_rankings, encode, label_with_teacher, load_model, pair_to_json
     from encoders.learn.mining import BM25Config, BM25Index
@@ -48,19 +49,19 @@ def mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, r
         doc_vectors = encode(model, [d.passage for d in docs], "document", settings.encoder.batch_size)
         questions = [p.question for p in pairs]
         question_vectors = encode(model, questions, "query", settings.encoder.batch_size)
-        languages[kind] = corpus_language(config.language, dataset.corpus)
+        languages[kind] = corpus_language(language, dataset.corpus)
         bm25 = BM25Index(docs, BM25Config.for_language(languages[kind]))
-        by_bm25 = [[d for d, _ in hits] for hits in bm25.search(questions, k=config.teacher.window)]
-        by_dense = dense_rankings(question_vectors, doc_vectors, doc_ids, config.teacher.window)
+        by_bm25 = [[d for d, _ in hits] for hits in bm25.search(questions, k=teacher.window)]
+        by_dense = dense_rankings(question_vectors, doc_vectors, doc_ids, teacher.window)
         before = stats.pairs
         labelled = label_with_teacher(pairs, dataset.corpus, by_bm25, by_dense, doc_vectors,
-                                      {d: i for i, d in enumerate(doc_ids)}, config.teacher, stats)
+                                      {d: i for i, d in enumerate(doc_ids)}, teacher, stats)
         stats.by_mode[kind] = stats.pairs - before
         pairs_out += [{"kind": kind, **pair_to_json(p)} for p in labelled]
     if not pairs_out:
         raise ConfigError("no pseudo-question was left for training after holding out the dev slice; the corpus is "
                           "too small (give more documents)")
-    _write_json(run_dir / "mining.json", {"pairs": pairs_out, "teacher": config.teacher.describe(),
+    write_json(run_dir / "mining.json", {"pairs": pairs_out, "teacher": teacher.describe(),
                                           "stats": stats.to_json(), "language": languages})
     notify("mining", len(sets), len(sets), f"{stats.negatives} hard negatives for {stats.pairs} pseudo-questions")
 
@@ -68,8 +69,8 @@ def mining_stage(pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, r
 DISTILL_CHUNK = 256  # probes scored against the whole corpus at a time (two chunk x documents float32 matrices)
 
 
-def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config: AdaptConfig, run_dir: Path,
-                   notify: StageProgress, settings: Settings) -> None:
+def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, teacher: TeacherConfig,
+                  language: str | None, seed: int, run_dir: Path, notify: StageProgress, settings: Settings) -> None:
     """The distillation teacher: every training pseudo-question probes the corpus as it is (what real questions
     will search); its candidates and hybrid search's scores of them (``encoders.learn.adapt.distill_targets``)."""
     import numpy as np
@@ -80,11 +81,9 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config:
     from services.ingest.language import corpus_language
     from services.readers.beir import load_corpus
 
-    if not config.question_only:
-        raise ConfigError("the distillation teacher trains the question tower only: use it with --question-only")
     corpus = load_corpus(source)
     doc_ids = sorted(corpus)
-    if distill_width(config.teacher, len(doc_ids)) < 2:
+    if distill_width(teacher, len(doc_ids)) < 2:
         raise ConfigError(f"{source} has {len(doc_ids)} documents: too few to distil a ranking (give at least 3)")
     col = {d: i for i, d in enumerate(doc_ids)}
     probes: list[tuple[str, Any]] = []
@@ -96,9 +95,9 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config:
     model = load_model(base_path)
     notify("mining", 0, len(probes), f"encoding {len(doc_ids)} passages")
     doc_vectors = encode(model, [corpus[d].passage for d in doc_ids], "document", settings.encoder.batch_size)
-    language = corpus_language(config.language, corpus)
-    bm25 = BM25Index([corpus[d] for d in doc_ids], BM25Config.for_language(language))
-    rng = np.random.default_rng(config.seed)
+    chosen = corpus_language(language, corpus)
+    bm25 = BM25Index([corpus[d] for d in doc_ids], BM25Config.for_language(chosen))
+    rng = np.random.default_rng(seed)
     soft: list[list[Any]] = []
     moved = 0
     for start in range(0, len(probes), DISTILL_CHUNK):
@@ -106,8 +105,8 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config:
         questions = [p.question for _, p in chunk]
         cos0 = encode(model, questions, "query", settings.encoder.batch_size) @ doc_vectors.T  # (chunk, docs)
         sources = [col.get(p.positive_id or "") for _, p in chunk]
-        cand, teacher = distill_targets(cos0, bm25_matrix(bm25, questions, doc_ids), sources, config.teacher, rng)
-        for row, scores in zip(cand, teacher, strict=True):
+        cand, targets = distill_targets(cos0, bm25_matrix(bm25, questions, doc_ids), sources, teacher, rng)
+        for row, scores in zip(cand, targets, strict=True):
             soft.append([[doc_ids[int(i)] for i in row], [round(float(x), 5) for x in scores]])
             moved += int(int(np.argmax(scores)) != 0)  # the teacher's best is not the towers' own best
         notify("mining", min(start + DISTILL_CHUNK, len(probes)), len(probes), "hybrid scores of the candidates")
@@ -118,7 +117,7 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, config:
              "sources_left_out": sum(1 for _, p in probes if (p.positive_id or "") in col),
              "teacher_changes_top1": round(moved / len(probes), 4), "documents": len(doc_ids),
              "pairs_by_mode": by_mode}
-    _write_json(run_dir / "mining.json", {"pairs": [{"kind": k, **pair_to_json(p)} for k, p in probes],
-                                          "soft": soft, "teacher": config.teacher.describe(), "stats": stats,
-                                          "language": {kind: language for kind in by_mode}})
+    write_json(run_dir / "mining.json", {"pairs": [{"kind": k, **pair_to_json(p)} for k, p in probes],
+                                          "soft": soft, "teacher": teacher.describe(), "stats": stats,
+                                          "language": {kind: chosen for kind in by_mode}})
     notify("mining", len(probes), len(probes), f"hybrid scores for {len(probes)} pseudo-questions")

@@ -36,6 +36,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,6 +139,8 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
         raise ConfigError(f"the epochs grid needs positive values, got {config.epochs_grid}")
     if any(not 0 < w < 1 for w in config.blend_grid):
         raise ConfigError(f"blend weights must lie in (0, 1), got {config.blend_grid}")
+    if config.teacher.distill and not config.question_only:
+        raise ConfigError("the distillation teacher trains the question tower only: use it with --question-only")
     source = corpus_file(corpus, config.fmt)
     base_path, base_name = resolve_model_path(config.base, settings.models_dir)
     judged = _judgements_digest(settings) if config.feedback else None
@@ -156,8 +160,9 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
               lambda: _feedback_stage(settings, config, run_dir, notify))
     judged_record = _read_json(run_dir / "feedback.json") if config.feedback else None
     stage("mining", (run_dir / "mining.json").is_file(),
-          lambda: (distill_stage(source, pseudo, base_path, config, run_dir, notify, settings)
-                   if config.teacher.distill else mining_stage(pseudo, base_path, config, run_dir, notify, settings)))
+          lambda: (distill_stage(source, pseudo, base_path, config.teacher, config.language, config.seed, run_dir,
+                                 notify, settings) if config.teacher.distill
+                   else mining_stage(pseudo, base_path, config.teacher, config.language, run_dir, notify, settings)))
     mining = _read_json(run_dir / "mining.json")
     stage("training", _training_done(run_dir, config),
           lambda: _training_stage(pseudo, mining, judged_record, base_path, base_name, config, run_dir, notify,
@@ -169,10 +174,8 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     dev = _read_json(run_dir / "dev.json")
     result = _read_json(run_dir / "result.json")
     if result is None:
-        from services.learn.adapt_save import save_choice
-
-        result = save_choice(settings, run_dir, pseudo, mining, judged_record, training, dev, base_path, base_name,
-                              config, timings, source, activate)
+        result = _save_stage(settings, run_dir, pseudo, mining, judged_record, training, dev, base_path, base_name,
+                             config, timings, source, activate)
     elif activate and dev["choice"] and not result["activated"]:  # a finished run, asked again with --activate
         from encoders.registry import activate as activate_model
 
@@ -379,3 +382,79 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
         "rule": f"the candidate with the best mean nDCG@10 over {' + '.join(gate)} (held out), if it beats the "
                 "start by more than min_gain"})
     notify("dev evaluation", total, total, f"gain {gain:+.4f}")
+
+
+KIND_NOTES = {"title": "a title asks for its documents' bodies",
+               "ict": "a sentence asks for its document without it",
+               "keywords": "3-5 of a document's heaviest tf-idf words ask for it"}
+
+
+def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], mining: dict[str, Any],
+                judged: dict[str, Any] | None, training: dict[str, Any], dev: dict[str, Any], base_path: Path,
+                base_name: str, config: AdaptConfig, timings: dict[str, Any], source: Path,
+                activate: bool) -> dict[str, Any]:
+    """The winner (the best candidate when none gains) saved under ``models_dir`` with the adaptation record in
+    its card; activated on a gain."""
+    from encoders.learn.training_run import peak_rss_mib, versioned_name, write_card
+    from encoders.registry import activate as activate_model
+    from encoders.towers import model_fingerprint, read_model_card
+    from services.learn.training import export_for_backends
+
+    key = dev["choice"] or dev["best"]
+    epochs_key = key.split("-blend-")[0]
+    candidate = Path(training["candidates"][epochs_key]["path"])
+    name = versioned_name(config.name)
+    models_dir = settings.models_dir
+    models_dir.mkdir(parents=True, exist_ok=True)
+    staging = models_dir / f".staging-{name}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    card = read_model_card(candidate)
+    if "-blend-" in key:
+        from encoders.learn.adapt import load_model
+        from encoders.learn.blend import blend_with_pretrained
+
+        model = load_model(candidate)
+        card["blended_with"] = blend_with_pretrained(model, base_path, float(key.split("-blend-")[1]))
+        model.save(str(staging), create_model_card=False)
+        for extra in ("metrics.json",):
+            if (candidate / extra).is_file():
+                shutil.copy2(candidate / extra, staging / extra)
+    else:
+        shutil.copytree(candidate, staging)
+    card.update(name=name, fingerprint=model_fingerprint(staging))
+    card["adaptation"] = {
+        "command": "dpr adapt", "corpus": str(source), "started_from": {"name": base_name, "path": str(base_path)},
+        "recipe": {"pseudo_questions": {k: len(v["train"]) + len(v["dev"]) for k, v in pseudo["split"].items()},
+                   "kinds": {k: KIND_NOTES[k] for k in config.kinds}, "dev_share": config.dev_share,
+                   "training": _training_note(config),
+                   "epochs_grid": list(config.epochs_grid),
+                   "blend_grid": [] if config.question_only else list(config.blend_grid),
+                   "batch_size": config.batch_size, "learning_rate": config.learning_rate, "seed": config.seed},
+        "teacher": {**mining["teacher"], "stats": mining["stats"]},
+        "training": training["candidates"],
+        "feedback": {k: v for k, v in judged.items() if k not in ("pairs", "dev")} if judged else None,
+        "dev": {k: dev.get(k) for k in ("queries", "scores", "gate", "mean", "gain", "min_gain", "rule",
+                                        "blend_error")},
+        "chosen": key, "gain_on_dev": dev["choice"] is not None,
+        "stage_seconds": timings, "peak_rss_mib": peak_rss_mib(),
+        "never_read": "queries and qrels (only the corpus file)",
+    }
+    write_card(staging, card)
+    final = models_dir / name
+    os.replace(staging, final)
+    export_for_backends(settings, final)
+    activated = bool(dev["choice"]) and activate
+    if activated:
+        activate_model(models_dir, name)
+    result = {"model": name, "model_dir": str(final), "activated": activated}
+    _write_json(run_dir / "result.json", result)
+    return result
+
+
+def _training_note(config: AdaptConfig) -> str:
+    if config.question_only and config.teacher.distill:
+        return "question tower only, the teacher's scores learnt by KL over each pseudo-question's candidates"
+    if config.question_only:
+        return "question tower only, every passage a negative"
+    return "MNRL, in-batch + teacher hard negatives"
