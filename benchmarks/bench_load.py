@@ -11,11 +11,15 @@
    question: its start-up is in the latency, as a user's shell pays it).
 5. ``--burst N``: N connections at once for a few seconds, beyond ``api.max_in_flight + api.max_queue``: how many
    were answered, how many shed with 503 / 429 and how many of those carried Retry-After, and the RSS under it.
+6. ``--batching on off``: all of the above once per value, each on its own ``dpr serve`` with
+   ``DPR_SERVING__BATCHING`` on / off (services/serving.py), in the same run; each row also gives the server's mean
+   questions per question-tower call and mean queue wait (from /metrics). The wrk script cycles 1,109 questions:
+   add ``--env DPR_SERVING__CACHE_SIZE=0`` to measure batching rather than the cache of repeated questions.
 
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/bench_load.py --docs 3000 --clients 16 32 --duration 60 \
-        --burst 600 --thin 4 [--out benchmarks/results/query-speed/load.md] [--json]
+        --burst 600 --thin 4 [--batching on off] [--out benchmarks/results/query-speed/load.md] [--json]
 
 Prints the CPU model and flags, the commit and the load average beside the figures: on a shared machine the
 load generator, the server and other work share the cores, so read figures as ratios.
@@ -367,11 +371,77 @@ def load(args: argparse.Namespace, url: str, bodies: list[str], clients: int, du
     return run_python(url, bodies, clients, duration)
 
 
+def serve_and_load(args: argparse.Namespace, env: dict[str, str], label: str, bodies: list[str], qs: list[str],
+                   work: Path, result: dict[str, Any]) -> None:
+    """One ``dpr serve`` with ``env``: the load runs, burst, flood and thin client; rows named with ``label``."""
+    server = Server(env, work / "serve.log")
+    try:
+        result["ready_s"] = server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            for body in bodies[:5]:  # warm-up: the first questions load the tower's session
+                http.post("/v1/search", content=body, headers={"content-type": "application/json"})
+            status = http.get("/v1/status").json()
+        result["points"] = status.get("points") or status.get("active", {}).get("points")
+        result["idle_rss_mb"] = server.rss_mb()
+        for clients in args.clients:
+            server.reset_peak()
+            before = question_batches(server.url)
+            r = load(args, server.url, bodies, clients, args.duration, work)
+            r["peak_rss_mb"] = server.peak_kb / 1024
+            r["name"] = f"{args.mode}, {args.generator}{label}"
+            r["batches"] = question_batches(server.url, before)
+            r["load"] = os.getloadavg()[0]
+            result["runs"].append(r)
+        if args.burst:
+            server.reset_peak()
+            r = run_burst(server.url, bodies, args.burst)
+            r["peak_rss_mb"] = server.peak_kb / 1024
+            r["name"] = f"burst, one request per connection{label}"
+            result.setdefault("bursts", []).append(r)
+        if args.flood:
+            server.reset_peak()
+            r = load(args, server.url, bodies, args.flood, args.burst_seconds, work)
+            r["peak_rss_mb"] = server.peak_kb / 1024
+            r["name"] = f"flood, {args.generator}, resending at once after 503{label}"
+            result.setdefault("floods", []).append(r)
+        if args.thin:
+            server.reset_peak()
+            r = run_thin(server.url, qs, args.thin, args.duration, env)
+            r["peak_rss_mb"] = server.peak_kb / 1024
+            r["name"] = f"thin client `dpr query` (DPR_API_URL), a process per question{label}"
+            result.setdefault("thins", []).append(r)
+    finally:
+        server.stop()
+
+
+def question_batches(url: str, before: dict[str, float] | None = None) -> dict[str, float]:
+    """The server's question-batcher counters from /metrics (minus ``before``): tower calls, questions, the sum of
+    their queue waits; ``mean_batch`` and ``mean_wait_ms`` when ``before`` is given."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {"dpr_question_batch_size_count": "calls", "dpr_question_batch_size_sum": "questions",
+             "dpr_question_queue_seconds_sum": "wait_s"}
+    now = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name in names:
+                now[names[sample.name]] = sample.value
+    if before is None:
+        return now
+    d = {k: now[k] - before[k] for k in now}
+    d["mean_batch"] = d["questions"] / d["calls"] if d["calls"] else 0.0
+    d["mean_wait_ms"] = 1000 * d["wait_s"] / d["questions"] if d["questions"] else 0.0
+    return d
+
+
 def row(name: str, r: dict[str, Any], rss_mb: float | None) -> str:
     shed = sum(v for k, v in r.get("status", {}).items() if k in (429, 503))
     rss = f"{rss_mb:,.0f}" if rss_mb is not None else "-"
+    b = r.get("batches") or {}
+    batch = f"{b['mean_batch']:.1f} / {b['mean_wait_ms']:.1f}" if b.get("calls") else "-"
     return (f"| {name} | {r['clients']} | {r['seconds']:.0f} | {r['requests']:,} | {r['qps']:.1f} | "
-            f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | {shed} | {r.get('retry_after', '-')} | {rss} |")
+            f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r.get('max_ms', 0):.0f} | {r['errors']} | {shed} | "
+            f"{r.get('retry_after', '-')} | {batch} | {rss} |")
 
 
 def main() -> int:
@@ -391,6 +461,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the markdown table here")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ap.add_argument("--encode-batching", action="store_true", help="only measure question-tower micro-batching")
+    ap.add_argument("--batching", nargs="*", choices=("on", "off"), default=[],
+                    help="a server per value, DPR_SERVING__BATCHING on / off, each with every run (none: defaults)")
     args = ap.parse_args()
     if not SCIFACT.is_dir():
         print(f"needs {SCIFACT} (BEIR SciFact questions and abstracts); not found", file=sys.stderr)
@@ -420,40 +492,10 @@ def main() -> int:
         first = subprocess.run([DPR, "query", qs[0], "--json"], env=env, capture_output=True, text=True, check=False)
         if first.returncode != 0:
             raise RuntimeError(f"dpr query failed ({first.returncode}): {first.stderr.strip()[-2000:]}")
-        server = Server(env, work / "serve.log")
-        try:
-            result["ready_s"] = server.wait_ready()
-            with httpx.Client(base_url=server.url, timeout=60) as http:
-                for body in bodies[:5]:  # warm-up: the first questions load the tower's session
-                    http.post("/v1/search", content=body, headers={"content-type": "application/json"})
-                status = http.get("/v1/status").json()
-            result["points"] = status.get("points") or status.get("active", {}).get("points")
-            result["idle_rss_mb"] = server.rss_mb()
-            for clients in args.clients:
-                server.reset_peak()
-                r = load(args, server.url, bodies, clients, args.duration, work)
-                r["peak_rss_mb"] = server.peak_kb / 1024
-                r["name"] = f"{args.mode}, {args.generator}"
-                result["runs"].append(r)
-            if args.burst:
-                server.reset_peak()
-                r = run_burst(server.url, bodies, args.burst)
-                r["peak_rss_mb"] = server.peak_kb / 1024
-                r["name"] = "burst, one request per connection"
-                result["burst"] = r
-            if args.flood:
-                server.reset_peak()
-                r = load(args, server.url, bodies, args.flood, args.burst_seconds, work)
-                r["peak_rss_mb"] = server.peak_kb / 1024
-                r["name"] = f"flood, {args.generator}, resending at once after 503"
-                result["flood"] = r
-            if args.thin:
-                server.reset_peak()
-                r = run_thin(server.url, qs, args.thin, args.duration, env)
-                r["peak_rss_mb"] = server.peak_kb / 1024
-                result["thin"] = r
-        finally:
-            server.stop()
+        for batching in args.batching or [None]:
+            variant = {} if batching is None else {"DPR_SERVING__BATCHING": "true" if batching == "on" else "false"}
+            label = "" if batching is None else f", batching {batching}"
+            serve_and_load(args, {**env, **variant}, label, bodies, qs, work, result)
     result["machine_after"] = machine_line()
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -479,23 +521,21 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
         lines.append(f"`dpr ingest` of the JSONL file: {result['ingest']['seconds']:.0f} s.")
     lines += [
         "",
-        "| run | clients | s | requests | questions/s | p50 ms | p99 ms | errors | shed 429/503 | with Retry-After "
-        "| server peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | clients | s | requests | questions/s | p50 ms | p99 ms | max ms | errors | shed 429/503 | with "
+        "Retry-After | questions per tower call / queue wait ms | server peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["runs"]:
+    extra = [*result.get("bursts", []), *result.get("floods", [])]
+    for r in [*result["runs"], *extra]:
         lines.append(row(r["name"], r, r["peak_rss_mb"]))
-    for key in ("burst", "flood"):
-        if key in result:
-            lines.append(row(result[key]["name"], result[key], result[key]["peak_rss_mb"]))
-    if "thin" in result:
-        t = result["thin"]
-        lines.append(f"| thin client `dpr query` (DPR_API_URL), a process per question | {t['clients']} | "
-                     f"{t['seconds']:.0f} | {t['requests']:,} | {t['qps']:.1f} | {t['p50_ms']:.0f} | "
-                     f"{t['p99_ms']:.0f} | {t['errors']} | - | - | {t['peak_rss_mb']:,.0f} |")
-    for r in [*result["runs"], *(result[key] for key in ("burst", "flood") if key in result)]:
+    for t in result.get("thins", []):
+        lines.append(f"| {t['name']} | {t['clients']} | {t['seconds']:.0f} | {t['requests']:,} | {t['qps']:.1f} | "
+                     f"{t['p50_ms']:.0f} | {t['p99_ms']:.0f} | - | {t['errors']} | - | - | - | "
+                     f"{t['peak_rss_mb']:,.0f} |")
+    for r in [*result["runs"], *extra]:
         lines.append("")
-        lines.append(f"- {r['name']} x{r['clients']}: status codes {r['status']}, socket errors {r['socket_errors']}")
+        lines.append(f"- {r['name']} x{r['clients']}: status codes {r['status']}, socket errors {r['socket_errors']}"
+                     + (f", 1-min load average at the end {r['load']:.1f}" if "load" in r else ""))
     return "\n".join(lines) + "\n"
 
 
