@@ -17,8 +17,8 @@ figures mean nothing.
 Usage: ``.venv/bin/python benchmarks/bench_rerank.py --data-dir /tmp/dpr-bench-rerank [--smoke]
 [--finetuned-model NAME] [--pretrained-model NAME] [--reranker NAME | --no-reranker]``; or, to compare towers
 trained already (any recipe, e.g. a second mining round), ``--towers LABEL=MODEL`` once per model instead of the
-two trainings. The run behind ``results/quality/quality16.json``: ``--data-dir /tmp/bk/data --towers
-finetuned=scifact-... --towers finetuned+ance=ance-... --no-reranker --out quality16``.
+two trainings. The run behind ``results/quality/scifact-towers.json``: ``--data-dir /tmp/bk/data --towers
+finetuned=scifact-... --towers finetuned+ance=ance-... --no-reranker --out scifact-towers``.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ and paired randomization tests against BM25 and base.
 
 Needs ../shared/data beside the repo (``--shared``) and a SciFact model trained with `dpr train` under the data
 dir's models. Usage: ``.venv/bin/python benchmarks/bench_zeroshot.py --model NAME [--choose-on target|squad]
-[--data-dir .dpr] [--out zeroshot16]``. Dev scoring is exact search in memory on torch (whole documents at the
-passage tower's length), as `dpr train --dev-baseline` reports.
+[--data-dir .dpr] [--out zeroshot-blend-chosen-on-target]``. Dev scoring is exact search in memory on torch (whole
+documents at the passage tower's length), as `dpr train --dev-baseline` reports.
 """
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--no-test", action="store_true", help="Dev scores and the picks only.")
     parser.add_argument("--no-in-domain", action="store_true", help="Skip the picks' SciFact dev scores.")
-    parser.add_argument("--out", default="zeroshot16", help="Results file name under benchmarks/results/quality.")
+    parser.add_argument("--out", default="zeroshot-blend-chosen-on-target",
+                        help="Results file name under benchmarks/results/quality.")
     args = parser.parse_args()
     if not (args.shared / "data").is_dir():
         raise SystemExit(f"{args.shared / 'data'} not found: this benchmark needs ../shared/data beside the repo")

@@ -4,7 +4,7 @@ cross-encoder's preferences among them (KL divergence between the two softmaxes)
 
 Plain InfoNCE on a few hundred labels stalls: it only says which one passage is right. The reranker's scores also
 say how wrong each hard negative is, and a near-duplicate of the positive is not pushed away as hard as an
-off-topic passage. Measured on SciFact (README, ``benchmarks/results/quality16-distill.json``) it has not helped
+off-topic passage. Measured on SciFact (README, ``research/distillation/results/scifact-dev.json``) it has not helped
 yet: the reranker there is weaker than the towers it would teach.
 
 Imported only when a training run distils (it imports torch); ``teacher_scores`` runs before the trainer starts, on

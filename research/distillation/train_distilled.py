@@ -11,7 +11,7 @@ recipe skeleton of
         [--negatives-only] [--name scidistill]
 
 Results: README.md beside this folder's parent (research/README.md) and
-benchmarks/results/quality/quality16-distill.json.
+research/distillation/results/scifact-dev.json.
 """
 
 from __future__ import annotations
