@@ -19,6 +19,7 @@ CORE = {  # the core commands and the module of each: one of them builds only it
     "query": "entrypoints.cli.core",
     "status": "entrypoints.cli.core",
     "delete": "entrypoints.cli.core",
+    "mcp": "entrypoints.cli.mcp",  # an agent starts it for each session: no other module
 }
 GROUPS = (  # every module with commands, each with register(app), in the order `dpr --help` lists them
     "entrypoints.cli.ingest",
@@ -34,6 +35,7 @@ GROUPS = (  # every module with commands, each with register(app), in the order 
     "entrypoints.cli.hybrid",
     "entrypoints.cli.snapshot",
     "entrypoints.cli.feedback",
+    "entrypoints.cli.mcp",
 )
 
 
