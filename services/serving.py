@@ -2,12 +2,14 @@
 
 Questions that reach the tower while it is busy, or within ``serving.batch_window_ms`` of the first of a batch, share
 one ``encode_queries`` call (at most ``serving.max_batch`` questions); a question alone takes the same path as a
-batch of one. One encoder thread takes the questions from a queue: it waits out the window only while questions come
-together (the last batch held more than one), so a lone question is encoded at once. Each caller waits for its own
-rows. The ONNX question tower encodes a row the same alone or in a batch (bitwise: tests/integration/
-test_question_batching.py), so batching changes no answer. Encodings of repeated questions come from a bounded LRU
-keyed by the tower's fingerprint and the text. ``serving.batching`` false: each caller encodes its own questions on
-its own thread (the cache still answers repeats).
+batch of one. ``serving.encoders`` threads (2: a call runs on one core, and two cores answer more than one) take
+the questions from one queue: each waits out the window only while questions come together (the last batch held
+more than one), so a lone question is encoded at once. Each caller waits for its own rows.
+
+The ONNX question tower encodes a row the same alone or in a batch (bitwise:
+tests/integration/test_question_batching.py), so batching changes no answer. Encodings of repeated questions come
+from a bounded LRU keyed by the tower's fingerprint and the text. ``serving.batching`` false: each caller encodes
+its own questions on its own thread (the cache still answers repeats).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class _Item:
 
 class QuestionBatcher:
     def __init__(self, batching: bool = True, window_s: float = 0.002, max_batch: int = 32, cache_size: int = 4096,
-                 on_batch: BatchObserver | None = None) -> None:
+                 on_batch: BatchObserver | None = None, encoders: int = 1) -> None:
         self.batching = batching
+        self.encoders = encoders
         self.window_s = window_s
         self.max_batch = max_batch
         self.cache_size = cache_size
@@ -53,13 +56,13 @@ class QuestionBatcher:
         self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
         self._last = 1  # size of the last batch: the window is waited only while questions come together
 
     @classmethod
     def from_settings(cls, s: ServingSettings, on_batch: BatchObserver | None = None) -> QuestionBatcher:
-        return cls(s.batching, s.batch_window_ms / 1000, s.max_batch, s.cache_size, on_batch)
+        return cls(s.batching, s.batch_window_ms / 1000, s.max_batch, s.cache_size, on_batch, s.encoders)
 
     def encode(self, towers: DualEncoder, questions: list[str]) -> np.ndarray:
         """``towers.encode_queries(questions)``, row for row, through the cache and the shared batches."""
@@ -78,10 +81,11 @@ class QuestionBatcher:
 
     def close(self) -> None:
         with self._start_lock:
-            if self._thread is not None:
+            for _ in self._threads:
                 self._queue.put(None)
-                self._thread.join(timeout=5)
-                self._thread = None
+            for thread in self._threads:
+                thread.join(timeout=5)
+            self._threads = []
 
     # --- cache --------------------------------------------------------------------------------------------------
     def _cached(self, fingerprint: str, text: str) -> np.ndarray | None:
@@ -116,11 +120,13 @@ class QuestionBatcher:
         return [item.vector for item in items]  # type: ignore[misc]
 
     def _start(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name="dpr-question-batcher", daemon=True)
-                    self._thread.start()
+                if not self._threads:
+                    self._threads = [threading.Thread(target=self._loop, name="dpr-question-batcher", daemon=True)
+                                     for _ in range(self.encoders)]
+                    for thread in self._threads:
+                        thread.start()
 
     def _loop(self) -> None:
         while True:

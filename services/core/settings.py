@@ -251,6 +251,7 @@ class ServingSettings(BaseModel):
         "together (never for a lone question); 0: only those that queued while the tower was busy."
     )
     max_batch: int = Field(default=32, ge=1, le=1024, description="Questions per question-tower call at most.")
+    encoders: int = Field(default=2, ge=1, le=64, description="Question-tower calls at once (encoder threads).")
     cache_size: int = Field(
         default=4096, ge=0, description="Encoded questions kept (LRU per model fingerprint + text); 0: no cache."
     )

@@ -164,3 +164,21 @@ def test_the_api_answers_the_same_through_the_batcher_and_metrics_show_it(tmp_pa
     assert [(h["doc_id"], h["score"]) for h in answer] == [(h.passage.doc_id, h.score) for h in alone]
     assert "dpr_question_batch_size_count 1.0" in metrics
     assert "dpr_question_queue_seconds_count 1.0" in metrics
+
+
+def test_two_encoders_run_two_calls_at_once_and_close_stops_both() -> None:
+    towers = GatedTowers()
+    towers.gate.clear()
+    batcher = QuestionBatcher(window_s=0.0, cache_size=0, encoders=2)
+    threads = [threading.Thread(target=batcher.encode, args=(towers, [q])) for q in ("one", "two")]
+    for t in threads:
+        t.start()
+    while len(towers.calls) < 2:  # both calls are in the tower together, neither has returned
+        time.sleep(0.001)
+    towers.gate.set()
+    for t in threads:
+        t.join()
+    assert sorted(map(tuple, towers.calls)) == [("one",), ("two",)]
+    workers = list(batcher._threads)
+    batcher.close()
+    assert len(workers) == 2 and not any(w.is_alive() for w in workers)
