@@ -8,8 +8,8 @@ seconds and times one ``count()``.
 Two writer policies, side by side in one run:
 
 - baseline: the writer keeps the lease for the whole ``idle_release`` (0.5 s) after each call, whoever waits
-  (what the lease did before a waiter could take it early: ``_WAITER_GRACE`` = ``idle_release``);
-- default: after ``_WAITER_GRACE`` (50 ms) without a call, the writer hands the lease to a waiting process.
+  (what the lease did before a waiter could take it early: ``WAITER_GRACE`` = ``idle_release``);
+- default: after ``WAITER_GRACE`` (10 ms) without a call, the writer hands the lease to a waiting process.
 
     python benchmarks/bench_lease.py  # about 30 s; prints the table, writes benchmarks/results/query-speed/lease.md
 """
@@ -38,7 +38,7 @@ IDLE_RELEASE = 0.5  # the setting's default (DPR_EDGE__IDLE_RELEASE)
 
 def writer(root: str, stop: Event, pause: float, grace: float | None) -> None:
     if grace is not None:
-        lease_module._WAITER_GRACE = grace  # noqa: SLF001 - the baseline policy, in this process only
+        lease_module.WAITER_GRACE = grace  # the baseline policy, in this process only
     store = Store(EdgeEngine(root, "c", idle_release=IDLE_RELEASE))
     i = 0
     while not stop.is_set():

@@ -5,7 +5,7 @@ of the edge engine goes through a lease, and the lease is per **generation**: an
 ``A/locks/G.lock``, taken the first time a call touches generation ``G`` (waiting up to
 ``edge.lock_timeout`` seconds, then ``StoreUnavailable``), its shard loaded lazily while it is held, and kept
 open for ``edge.idle_release`` seconds after the last call so that a busy process does not reopen per call (for
-``_WAITER_GRACE`` only when another process is waiting for it). A timer thread then flushes, closes and unlocks,
+``WAITER_GRACE`` only when another process is waiting for it). A timer thread then flushes, closes and unlocks,
 and the next process gets its turn. So ``dpr serve`` reading the active generation and workers writing the next
 one (a re-embed) never wait for each other, and neither reloads its shard because the other had a turn.
 
@@ -53,7 +53,7 @@ _HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to t
 # come closer together than this, while the gap a worker spends encoding its next batch is far longer, and holding
 # the lease through it stalled the other process's store calls (and its cores) for up to ``idle_release`` per batch.
 # Two workers hand the lease over twice per batch each, so every millisecond here is paid ~4 times per batch.
-_WAITER_GRACE = 0.01
+WAITER_GRACE = 0.01  # public: benchmarks/bench_lease.py sets it for its baseline
 _WAITER_POLL = 0.02  # seconds between an idle holder's later looks for a waiter
 
 
@@ -99,6 +99,10 @@ class ShardLease:
                 if self._depth == 0:
                     self._owner = None
                     self._after_use(idle_release)
+
+    def holds(self, generation: str) -> bool:
+        """This process has ``generation`` locked."""
+        return generation in self._held
 
     def in_use_here(self) -> bool:
         """This thread is inside ``held``."""
@@ -246,7 +250,7 @@ class ShardLease:
         self._hand_on([g for g, h in self._held.items()
                        if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
         if self._held and self._timer is None:
-            self._start_timer(min(idle_release, _WAITER_GRACE))
+            self._start_timer(min(idle_release, WAITER_GRACE))
 
     def _start_timer(self, delay: float) -> None:
         timer = threading.Timer(delay, self._idle_expired)
@@ -256,7 +260,7 @@ class ShardLease:
 
     def _idle_expired(self) -> None:
         """Release once the lease has been idle for ``idle_release``; a generation another process waits for
-        goes after ``_WAITER_GRACE``; until then the timer checks again (every ``_WAITER_POLL``)."""
+        goes after ``WAITER_GRACE``; until then the timer checks again (every ``_WAITER_POLL``)."""
         with self._mutex:
             if self._timer is not threading.current_thread():
                 return
@@ -265,7 +269,7 @@ class ShardLease:
                 return  # released already, or in use: the end of that use re-arms the timer
             now = time.monotonic()
             release_at = self._last_used + self._idle_release
-            waiter_at = self._last_used + _WAITER_GRACE
+            waiter_at = self._last_used + WAITER_GRACE
             if now >= release_at:
                 self._release_locked(list(self._held))
                 return

@@ -107,7 +107,7 @@ def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
     lease = lease_for(tmp_path / "c")
     seen = 0
     for batch in pending_batches(store, state, batch_size=4):
-        assert state.source not in lease._held  # noqa: SLF001 - the caller's work runs without the source
+        assert not lease.holds(state.source)  # the caller's work runs without the source
         seen += len(batch)
     assert taken.count(state.source) == 1  # one slice: 10 pages read under one hold
     assert seen == store.count() == 40
