@@ -20,13 +20,12 @@ import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from services.access.roles import ROLES, Role, parse_role
 from services.core.errors import ConfigError
-from services.core.fsutil import write_atomic
+from services.core.fsutil import now_iso, write_atomic
 
 KEYS_FILE = "keys.json"
 FORMAT = 1
@@ -45,10 +44,6 @@ def keys_path(data_dir: Path) -> Path:
 def digest(token: str | bytes) -> str:
     raw = token.encode("utf-8") if isinstance(token, str) else token
     return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 _POLL = 0.05  # seconds between flock_until's tries (the default)
@@ -115,6 +116,11 @@ def copy_file_sparse(src: Path, dst: Path) -> None:
 
 def copy_tree_sparse(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=lambda s, d: copy_file_sparse(Path(s), Path(d)))
+
+
+def now_iso() -> str:
+    """The UTC time stamp records on disk carry (key files, re-embed states, passages): seconds, ISO 8601."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def holder_tag() -> str:

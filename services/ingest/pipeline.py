@@ -15,12 +15,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from encoders.batching import length_slices
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, DocumentError
+from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
 from services.ingest.chunking import Chunk, chunk_sections, chunk_text
@@ -253,7 +253,7 @@ def _encode_and_store(
     vectors = encode_by_length(towers, texts, lengths, batch_size)  # (n_passages, dim)
     report.encode_seconds = time.perf_counter() - t0
     sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
-    now = datetime.now(UTC).isoformat(timespec="seconds")
+    now = now_iso()
     points: list[PassagePoint] = []
     for doc, chunks in planned:
         for c in chunks:

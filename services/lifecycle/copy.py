@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
+from services.core.fsutil import now_iso
 from services.ingest.chunking import Chunk
 from services.lifecycle.state import (
     LIFECYCLE_KEYS,
@@ -22,7 +23,6 @@ from services.lifecycle.state import (
     STATE_KEY,
     ReembedError,
     ReembedState,
-    now_iso,
     save_state,
 )
 from services.store.points import CollectionSpec, GenerationInfo, Passage, PassagePoint

@@ -14,8 +14,9 @@ from typing import Any
 
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
+from services.core.fsutil import now_iso
 from services.core.settings import Settings
-from services.lifecycle.state import ReembedState, now_iso
+from services.lifecycle.state import ReembedState
 from services.store.protocol import VectorStore
 
 log = logging.getLogger(__name__)

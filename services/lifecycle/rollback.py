@@ -8,11 +8,12 @@ from typing import Any
 
 from encoders.registry import activate
 from services.core.errors import CollectionNotFound, ConfigError
+from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
 from services.core.settings import Settings
 from services.lifecycle.locks import lease_for
 from services.lifecycle.models import model_name_for
-from services.lifecycle.state import ACTIVATED_KEY, PREVIOUS_KEY, ReembedBusy, ReembedState, now_iso
+from services.lifecycle.state import ACTIVATED_KEY, PREVIOUS_KEY, ReembedBusy, ReembedState
 from services.store.points import CollectionInfo, GenerationInfo
 from services.store.protocol import VectorStore
 

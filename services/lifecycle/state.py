@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from services.core.errors import DprError, PermanentError
@@ -31,10 +30,6 @@ class ReembedError(PermanentError):
 
 class ReembedBusy(DprError):
     """Another re-embed holds the collection's lock."""
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)

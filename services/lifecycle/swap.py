@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from encoders.towers import DualEncoder
+from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
 from services.lifecycle.copy import check_towers, copy_batch, pending_batches
 from services.lifecycle.gate import Gate, GateDecision
@@ -25,7 +26,6 @@ from services.lifecycle.state import (
     STATE_KEY,
     ReembedError,
     ReembedState,
-    now_iso,
     save_state,
 )
 from services.lifecycle.verify import Verification, catch_up, verified_by, verify
