@@ -15,7 +15,7 @@ import pytest
 from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

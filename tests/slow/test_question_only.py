@@ -17,7 +17,7 @@ from kit.tiny_models import tiny_sentence_model
 
 from services.learn.training_recipe import recipe_text
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 QUESTION = "what about lava"
 

@@ -13,7 +13,7 @@ import pytest
 
 from encoders.data import TrainPair
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 TOPICS = [
     ("volcano", "lava magma eruption crater ash"),

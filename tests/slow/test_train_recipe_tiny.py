@@ -14,7 +14,7 @@ import pytest
 from kit.tiny_beir import short_passage, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 def _passage(words: str, j: int) -> str:
     """This file's wording of a tiny BEIR passage (kit.tiny_beir): ``short_passage`` with " follow." at the end."""

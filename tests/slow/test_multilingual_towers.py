@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from encoders import multilingual
 from encoders.towers import SentenceTransformerTowers
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 TEXTS = [
     "대한민국의 수도는 어디인가?",

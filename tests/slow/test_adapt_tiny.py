@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kit.tiny_models import tiny_sentence_model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 TOPICS = {
     "volcano": "lava magma eruption crater ash basalt vent plume",
