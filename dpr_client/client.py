@@ -10,7 +10,6 @@ retried: the server may still be working on the request.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import time
@@ -325,6 +324,8 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def _send(self, call: Call[T]) -> T:
+        import asyncio  # here: a sync caller's import skips it (a fifth of the client's import time)
+
         for attempt in itertools.count():
             try:
                 answer = self._answer(call, await self._http.request(call.method, call.path, **call.send))
@@ -354,6 +355,8 @@ class AsyncClient(_Base):
 
     async def wait(self, job: str | wire.JobAccepted, *, timeout: float = 600.0, poll: float = 0.2,
                    progress: Callable[[wire.JobStatus], None] | None = None) -> wire.JobStatus:
+        import asyncio
+
         follow = _Follow(timeout, progress)
         while (done := self._followed(follow, await self.job(_job_id(job)))) is None:
             await asyncio.sleep(poll)

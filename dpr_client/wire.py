@@ -32,17 +32,23 @@ Mode = Literal["dense", "sparse", "hybrid"]
 Language = Literal["auto", "en", "ko"]
 
 
-class ErrorBody(BaseModel):
+class Wire(BaseModel):
+    """A body: its validator is built on first use, not at import (the client imports in a fraction of the time)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class ErrorBody(Wire):
     type: str = Field(description="Machine-readable kind: validation, not_found, model_mismatch, unavailable, ...")
     message: str = Field(description="What went wrong and what to do.")
     details: list[dict[str, Any]] | None = None
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(Wire):
     error: ErrorBody
 
 
-class DocumentIn(BaseModel):
+class DocumentIn(Wire):
     """One document. Extra scalar fields become payload metadata, as with JSONL rows for ``dpr ingest``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -55,7 +61,7 @@ class DocumentIn(BaseModel):
     )
 
 
-class DocumentsIn(BaseModel):
+class DocumentsIn(Wire):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1, description="The batch (at most DPR_API__MAX_DOCUMENTS).")
@@ -65,7 +71,7 @@ class DocumentsIn(BaseModel):
     )
 
 
-class JobAccepted(BaseModel):
+class JobAccepted(Wire):
     model_config = ConfigDict(extra="allow")
 
     job: str
@@ -74,7 +80,7 @@ class JobAccepted(BaseModel):
     status_url: str
 
 
-class JobStatus(BaseModel):
+class JobStatus(Wire):
     """``IngestReport`` counters plus the job's state; ``failed`` lists each failed document with its reason."""
 
     model_config = ConfigDict(extra="allow")
@@ -92,7 +98,7 @@ class JobStatus(BaseModel):
         return self.state in ("done", "failed")
 
 
-class SearchIn(BaseModel):
+class SearchIn(Wire):
     model_config = ConfigDict(extra="forbid")
 
     question: Annotated[Text, StringConstraints(min_length=1, max_length=4000)]
@@ -116,7 +122,7 @@ class SearchIn(BaseModel):
     )
 
 
-class HitOut(BaseModel):
+class HitOut(Wire):
     doc_id: str
     chunk_index: int
     score: float
@@ -143,20 +149,20 @@ class HitOut(BaseModel):
         return self.model_dump(exclude={"text", "score"}, exclude_none=True) | {"citation": self.citation()}
 
 
-class SearchOut(BaseModel):
+class SearchOut(Wire):
     hits: list[HitOut]
     took_ms: float
 
 
-class DeleteOut(BaseModel):
+class DeleteOut(Wire):
     doc_id: str
     points_deleted: int
 
 
-class Health(BaseModel):
+class Health(Wire):
     status: str
 
 
-class Readiness(BaseModel):
+class Readiness(Wire):
     status: Literal["ready", "not_ready"]
     checks: dict[str, dict[str, Any]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from dpr_client import wire
 from dpr_client.wire import (  # noqa: F401 - re-exported: the routes read every body from here
@@ -67,6 +67,8 @@ class DocumentsIn(wire.DocumentsIn):
 
 
 class SearchIn(wire.SearchIn):
+    model_config = ConfigDict(defer_build=False)  # built here, not inside FastAPI's body adapter (its 'body' alias)
+
     filters: dict[FilterKey, FilterValue] = Field(
         default_factory=dict, max_length=16, description="Payload key -> value, or a list (any of)."
     )

@@ -64,7 +64,7 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     async def no_sleep(seconds: float) -> None:
         asked.append(seconds)
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", no_sleep)
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)
     return asked
 
 
