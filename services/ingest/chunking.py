@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from services.core.errors import DocumentError
 from services.readers.records import SECTION_SEPARATOR, Section
@@ -71,33 +72,9 @@ def window_size(max_passage_tokens: int, max_tokens: int | None, title_tokens: i
     return max(size, MIN_WINDOW)
 
 
-def chunk_text(
-    text: str,
-    title: str,
-    *,
-    offsets_of: Callable[[str], Offsets],
-    max_passage_tokens: int,
-    max_tokens: int | None = None,
-    overlap: int = 32,
-    max_title_tokens: int = 32,
-    source: str = "",
-) -> ChunkedDocument:
-    """Token windows over ``text``. ``offsets_of`` returns the tokenizer's character spans (no special tokens)."""
-    title, title_tokens, title_truncated = _fit_title(
-        title, offsets_of, min(max_title_tokens, title_budget(max_passage_tokens, max_tokens))
-    )
-    size = window_size(max_passage_tokens, max_tokens, title_tokens)
-    if overlap >= size:
-        overlap = size // 4  # a configured overlap larger than the window would never advance
-
-    offsets = offsets_of(text)
-    if not offsets:
-        raise DocumentError(source or "document", "empty", "has no tokens after cleaning; remove it or add text")
-    chunks = [
-        Chunk(index=i, text=text[a:b], title=title, start=a, end=b, tokens=n + title_tokens)
-        for i, (a, b, n) in enumerate(_windows(text, offsets, size, overlap))
-    ]
-    return ChunkedDocument(chunks=chunks, title_truncated=title_truncated)
+def chunk_text(text: str, title: str, **options: Any) -> ChunkedDocument:
+    """Token windows over plain ``text``: ``chunk_sections`` over one untitled section (the same options)."""
+    return chunk_sections([Section(text)], title, **options)
 
 
 def _repeats(title: str, heading: str) -> bool:

@@ -23,10 +23,10 @@ from services.core.errors import CollectionNotFound, DocumentError
 from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
-from services.ingest.chunking import Chunk, chunk_sections, chunk_text
+from services.ingest.chunking import Chunk, chunk_sections
 from services.ingest.files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
 from services.ingest.language import collection_spec, for_new_collection
-from services.readers import Document, DocumentFailure, Item, Skipped
+from services.readers import Document, DocumentFailure, Item, Section, Skipped
 from services.readers.filesig import FileRef
 from services.readers.quarantine import limits_for
 from services.store.points import CollectionSpec, DocState, Passage, PassagePoint
@@ -96,20 +96,13 @@ def new_job_id() -> str:
 
 def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) -> tuple[list[Chunk], bool]:
     """A document's passages: section by section when a reader gave it sections (``chunk_sections``: each chunk
-    keeps its heading path and pages), else token windows over its text exactly as always (``chunk_text``)."""
+    keeps its heading path and pages), else its text as one untitled section (``chunk_text``'s windows)."""
     source = doc.source or doc.doc_id
-    if doc.sections:
-        result = chunk_sections(
-            doc.sections, doc.title, offsets_of=towers.passage_token_offsets,
-            max_passage_tokens=towers.max_passage_tokens, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
-            max_title_tokens=chunking.max_title_tokens, source=source,
-        )
-    else:
-        result = chunk_text(
-            doc.text, doc.title, offsets_of=towers.passage_token_offsets,
-            max_passage_tokens=towers.max_passage_tokens, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
-            max_title_tokens=chunking.max_title_tokens, source=source,
-        )
+    result = chunk_sections(
+        doc.sections or [Section(doc.text)], doc.title, offsets_of=towers.passage_token_offsets,
+        max_passage_tokens=towers.max_passage_tokens, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
+        max_title_tokens=chunking.max_title_tokens, source=source,
+    )
     return result.chunks, result.title_truncated
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.core.errors import DocumentError
-from services.ingest.chunking import HEADING_SEPARATOR, chunk_sections, chunk_text, context_line
+from services.ingest.chunking import HEADING_SEPARATOR, chunk_sections, context_line
 from services.readers.records import SECTION_SEPARATOR, Document, Section
 
 pytestmark = pytest.mark.unit
@@ -135,16 +135,6 @@ def test_a_title_repeated_as_the_first_heading_is_said_once() -> None:
     assert context_line("Tutorial", ("Tutorial", "Reading files")) == f"Tutorial{HEADING_SEPARATOR}Reading files"
     assert context_line("", ("A", "B")) == f"A{HEADING_SEPARATOR}B"
     assert context_line("T", ()) == "T"
-
-
-def test_one_untitled_section_chunks_as_plain_text_does() -> None:
-    text = " ".join(f"w{i}" for i in range(500))
-    plain = chunk_text(text, "T", offsets_of=word_offsets, max_passage_tokens=64, overlap=8).chunks
-    sectioned = chunk_sections([Section(text)], "T", offsets_of=word_offsets, max_passage_tokens=64,
-                               overlap=8).chunks
-    assert [(c.text, c.start, c.end, c.tokens, c.encoder_text) for c in plain] == [
-        (c.text, c.start, c.end, c.tokens, c.encoder_text) for c in sectioned
-    ]
 
 
 def test_sections_without_tokens_are_an_empty_document() -> None:
