@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.documents import THREE_TOPICS
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -21,15 +22,6 @@ from services.store import open_store
 from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.integration
-
-DOCS = [
-    Document(doc_id="cats", title="Cats", text="Cats are small domesticated carnivores. They purr and hunt mice.",
-             source="t"),
-    Document(doc_id="nile", title="Rivers", text="The Nile is the longest river in Africa and flows north.",
-             source="t"),
-    Document(doc_id="py", title="Python", text="Python reads a file line by line with a for loop over the file.",
-             source="t"),
-]
 
 
 def _ingest(settings: Settings, towers: Any, docs: list[Document]) -> None:
@@ -43,7 +35,7 @@ def _ingest(settings: Settings, towers: Any, docs: list[Document]) -> None:
 
 def test_stats_judgements_status_and_export(tmp_path: Path, base_towers: Any) -> None:
     settings = Settings(data_dir=tmp_path / "data", collection="fb")
-    _ingest(settings, base_towers, DOCS)
+    _ingest(settings, base_towers, THREE_TOPICS)
     store = open_store(settings)
     try:
         passages = [p for batch in store.scroll() for p in batch]

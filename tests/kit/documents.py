@@ -1,5 +1,6 @@
 """Small real documents for the reader tests, written by the formats' own libraries (pypdf, python-docx,
-python-pptx, odfpy, ebooklib), and hostile ones (encrypted, truncated, text-less, zip bombs)."""
+python-pptx, odfpy, ebooklib), and hostile ones (encrypted, truncated, text-less, zip bombs); ``THREE_TOPICS``,
+three one-passage documents on unrelated topics (cats, the Nile, Python) for the feedback tests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ import gzip
 import json
 import zipfile
 from pathlib import Path
+
+from services.readers import Document
+
+THREE_TOPICS = [
+    Document(doc_id="cats", title="Cats", text="Cats are small carnivores. They purr and hunt mice at night.",
+             source="t"),
+    Document(doc_id="nile", title="Rivers", text="The Nile is the longest river in Africa and flows north.",
+             source="t"),
+    Document(doc_id="py", title="Python", text="Python reads a file line by line with a for loop.", source="t"),
+]
 
 
 def make_pdf(path: Path, pages: list[str], outline: list[tuple[str, int]] = (), password: str | None = None,
