@@ -3,15 +3,19 @@ the same thing the local command does)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.core.errors import DprError
 from services.core.settings import Settings
 from services.store.points import CollectionInfo, GenerationInfo
 
+if TYPE_CHECKING:
+    from services.store.protocol import VectorStore
 
-def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any]:
-    """Collection, active generation, point counts, model fingerprints, and the queue depth with a broker."""
+
+def collection_status(settings: Settings, info: CollectionInfo, store: VectorStore | None = None) -> dict[str, Any]:
+    """Collection, active generation, point counts, model fingerprints, and the queue depth with a broker; with
+    ``store``, the active generation's search ef and why (``Store.search_ef``)."""
     from encoders.towers import model_fingerprint, resolve_model_path
 
     model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
@@ -40,6 +44,7 @@ def collection_status(settings: Settings, info: CollectionInfo) -> dict[str, Any
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
+    data["search_ef"] = store.search_ef(active.name) if store is not None and active is not None else None
     if settings.broker_url:
         from workers.executor import broker_refusal, queue_depth
 
@@ -89,14 +94,16 @@ def disk_status(settings: Settings) -> dict[str, Any]:
 
 
 def _serving(settings: Settings, info: CollectionInfo, configured: dict[str, str]) -> dict[str, Any]:
-    """What answers a query: the default mode, the active generation's model by name, the rollback target."""
+    """What answers a query: the default mode and why (``serving_mode``), the active generation's model by name, the
+    rollback target."""
     from services.lifecycle.models import model_name_for
     from services.lifecycle.rollback import previous_generation
     from services.lifecycle.state import MODEL_NAME_KEY
+    from services.store.common import serving_mode
 
     active = info.active
     if active is None:
-        return {"default_mode": None, "model_name": None, "rollback": None}
+        return {"default_mode": None, "serving": None, "model_name": None, "rollback": None}
     name = active.spec.settings.get(MODEL_NAME_KEY)
     if not isinstance(name, str) and active.spec.model == configured["fingerprint"]:
         name = configured["name"]
@@ -106,8 +113,12 @@ def _serving(settings: Settings, info: CollectionInfo, configured: dict[str, str
         except DprError:  # the model that built it is no longer here; `dpr status` says "differs"
             name = None
     previous = previous_generation(info)
+    serving = serving_mode(active.spec)
     return {
-        "default_mode": active.spec.settings.get("mode") or "dense",
+        "default_mode": serving.mode,
+        "serving": {"mode": serving.mode, "source": serving.source, "reason": serving.reason,
+                    "fusion": {k: serving.fusion[k] for k in ("fusion", "rrf_k", "linear_weight", "candidates")
+                               if k in serving.fusion}},
         "model_name": name,
         "rollback": None if previous is None else {
             "generation": previous.name, "points": previous.count, "model": previous.spec.model,

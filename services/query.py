@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
-from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse
+from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse, serving_mode
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
 
@@ -32,9 +32,9 @@ RerankerFor = Callable[["str | None"], "Reranker"]  # the collection's recorded 
 @dataclass(frozen=True)
 class QueryOptions:
     k: int = 10
-    mode: SearchMode | None = None  # None: the collection's tuned default, else dense
+    mode: SearchMode | None = None  # None: the collection's serving mode (tuned, else label-free hybrid)
     filters: dict[str, Any] = field(default_factory=dict)
-    fusion: Fusion | None = None  # None: the collection's tuned fusion, else rrf
+    fusion: Fusion | None = None  # None: the collection's tuned fusion, else the label-free one
     rrf_k: int | None = None
     linear_weight: float | None = None
     candidates: int | None = None
@@ -97,11 +97,12 @@ def check_towers(spec: CollectionSpec, towers: DualEncoder, alias: str) -> None:
 
 
 def resolve_request(spec: CollectionSpec, options: QueryOptions, alias: str) -> SearchRequest:
-    """Fill unset options from the collection's tuned settings (``dpr tune-hybrid``), then defaults."""
+    """Fill unset options from the collection's serving mode (``services.store.common.serving_mode``)."""
     if not 1 <= options.k <= MAX_K:
         raise ConfigError(f"k={options.k} is out of range; use 1..{MAX_K}")
-    tuned = dict(spec.settings.get("hybrid") or {})
-    mode: SearchMode = options.mode or spec.settings.get("mode") or "dense"
+    serving = serving_mode(spec)  # tuned (`dpr tune-hybrid`), else the label-free default, else dense-only
+    tuned = serving.fusion
+    mode: SearchMode = options.mode or serving.mode
     require_sparse(alias, None, spec, mode)
     weight = options.linear_weight if options.linear_weight is not None else tuned.get("linear_weight", 0.5)
     check_linear_weight(float(weight))

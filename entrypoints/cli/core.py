@@ -15,6 +15,7 @@ from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.query import QueryOptions
 from services.runtime import Runtime
+from services.store.common import serving_mode
 
 COMMANDS = ("query", "status", "delete")
 
@@ -90,7 +91,7 @@ def query(
             with Runtime(settings) as runtime:
                 hits = [h.to_json() for h in runtime.search(text, options)]
                 active = runtime.store.active()
-                mode_used = mode or (active.spec.settings.get("mode") if active else None) or "dense"
+                mode_used = mode or (serving_mode(active.spec).mode if active else "dense")
     if as_json:
         emit_json(hits)
         return
@@ -140,7 +141,7 @@ def status(
             from entrypoints.status import collection_status  # `dpr query` never needs it
 
             with Runtime(settings) as runtime:
-                data = collection_status(settings, runtime.store.info(wait=False))
+                data = collection_status(settings, runtime.store.info(wait=False), runtime.store)
     if as_json:
         emit_json(data)
         return
@@ -153,7 +154,9 @@ def status(
                   + ("" if data["model_matches"] else "  [red]differs: run `dpr reembed`[/]"))
     table.add_row("vectors", "-" if data["dim"] is None else
                   f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))
-    table.add_row("search", _describe_search(data["search_settings"], data["sparse"]))
+    table.add_row("search", _describe_search(data.get("serving"), data["sparse"]))
+    if data.get("search_ef"):
+        table.add_row("search ef", _describe_ef(data["search_ef"]))
     others = [g for g in data["generations"] if not g["active"]]
     table.add_row("other generations", ", ".join(f"{g['name']} ({_points(g['points'])})" for g in others) or "none")
     for u in data.get("unfinished", []):  # a re-embed's target: never answered from until verified and swapped
@@ -183,27 +186,20 @@ def _points(count: int | None) -> str:
     return "count not read: another process holds it" if count is None else f"{count:,}"
 
 
-def _describe_search(search: dict[str, Any], sparse: bool | None) -> str:
-    """The default query mode of the collection and, if `dpr tune-hybrid` ran, what it chose and on what."""
-    if sparse is None:
+def _describe_search(serving: dict[str, Any] | None, sparse: bool | None) -> str:
+    """The mode a query without --mode gets, and why: tuned by `dpr tune-hybrid`, the label-free default, or dense
+    for want of BM25 vectors (``services.store.common.serving_mode``)."""
+    if sparse is None or not serving:
         return "-"
-    if not sparse:
-        return "dense only: no BM25 vectors, so --mode sparse|hybrid are refused"
-    hybrid = search.get("hybrid") or {}
-    mode = search.get("mode") or "dense"
-    if not hybrid:
-        return f"default mode {mode}; hybrid untuned (rrf k=60); tune with `dpr tune-hybrid DATA`"
-    if hybrid.get("fusion") == "rrf":
-        fusion = f"rrf k={hybrid.get('rrf_k')}"
-    else:
-        fusion = f"linear, dense weight {hybrid.get('linear_weight')}"
-    on = hybrid.get("tuned_on") or {}
-    metric = hybrid.get("metric", "score")
-    return (
-        f"default mode {mode}; {fusion}, {hybrid.get('candidates')} candidates per branch; tuned on "
-        f"{on.get('dataset', '?')} ({on.get('queries', '?')} dev questions): {metric} {hybrid.get('dev_score')} "
-        f"(dense {hybrid.get('dense_score')}, bm25 {hybrid.get('sparse_score')})"
-    )
+    return f"default mode {serving['mode']}; {serving['reason']}"
+
+
+def _describe_ef(ef: dict[str, Any]) -> str:
+    """The HNSW ef dense and hybrid queries use, and why (``services.store.calibrate.describe``)."""
+    if "search" in ef:
+        return f"{ef['search']}: {ef['reason']}"
+    return "; ".join(f"{kind} ef {ef[f'{kind}_ef'] or 'default'} ({ef[f'{kind}_reason']})"
+                     for kind in ("dense", "hybrid"))
 
 
 def delete(

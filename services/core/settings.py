@@ -123,6 +123,12 @@ class SearchLevers(BaseModel):
     oversampling: float | None = Field(
         default=None, ge=1.0, description="With int8: fetch k x this many candidates to re-score; unset: k."
     )
+    recall_target: float = Field(
+        default=0.98, ge=0.0, le=1.0, description="The smallest search ef whose recall@10 against the exact scan (on "
+        "the generation's own vectors, measured after each HNSW build; a server's at `dpr optimize` and when it "
+        "grew 10x) reaches this serves queries that set no hnsw_ef / hybrid_ef (services/store/calibrate.py); 0: "
+        "no calibration, the engine's default ef."
+    )
 
     def search_ef(self, fused: bool = False) -> int | None:
         """The ef of a dense search, or (``fused``) of a hybrid query's dense branch."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from services.core.errors import CollectionNotFound, ConfigError, ModelMismatch
-from services.store.points import CollectionSpec, DocState, PassagePoint, SearchRequest
+from services.store.points import CollectionSpec, DocState, PassagePoint, SearchMode, SearchRequest
 
 GENERATION_FORMAT = "{alias}__g{number:04d}"
 SPEC_METADATA_KEY = "dpr_spec"  # server: key of the spec inside the collection's metadata
@@ -113,6 +113,48 @@ def require_sparse(alias: str, generation: str | None, spec: CollectionSpec, mod
         f"{where} is dense-only: it has no BM25 sparse vectors, so {mode} search cannot run; use mode dense, "
         "or re-ingest / re-embed it (`dpr reembed`) with sparse vectors enabled to add them"
     )
+
+
+# The label-free default: what a collection with BM25 vectors and no labelled tuning (`dpr tune-hybrid`) serves.
+# Chosen among fixed fusions on SciFact's held-out train queries, then read on SciFact, Cranfield and CISI test with
+# the base towers through the store (benchmarks/results/quality/hybrid.md, "Label-free default").
+LABEL_FREE_FUSION: dict[str, Any] = {"fusion": "rrf", "rrf_k": 60}
+LABEL_FREE_EVIDENCE = ("nDCG@10 0.713 / 0.416 / 0.448 vs dense 0.663 / 0.381 / 0.418 on SciFact / Cranfield / CISI "
+                       "test, no labels (benchmarks/results/quality/hybrid.md)")
+
+
+@dataclass(frozen=True)
+class ServingMode:
+    """The mode and fusion a query that names no mode gets, and why (``dpr status`` shows ``reason``)."""
+
+    mode: SearchMode
+    fusion: dict[str, Any]  # fusion, rrf_k, linear_weight, candidates: what the query leaves unset
+    source: str  # tuned | label-free | dense-only
+    reason: str
+
+
+def fusion_label(fusion: Mapping[str, Any]) -> str:
+    if fusion.get("fusion", "rrf") == "rrf":
+        return f"rrf k={fusion.get('rrf_k', 60)}"
+    return f"linear, dense weight {fusion.get('linear_weight', 0.5)}"
+
+
+def serving_mode(spec: CollectionSpec) -> ServingMode:
+    """The collection's tuned choice (``dpr tune-hybrid``, labelled dev questions), else the label-free default;
+    dense where the generation has no BM25 vectors to fuse."""
+    tuned = dict(spec.settings.get("hybrid") or {})
+    if not spec.sparse:
+        return ServingMode("dense", tuned, "dense-only", "dense: this generation has no BM25 sparse vectors, so "
+                           "hybrid cannot run; re-embed it (`dpr reembed`) to add them")
+    if spec.settings.get("mode"):
+        on = tuned.get("tuned_on") or {}
+        return ServingMode(spec.settings["mode"], tuned, "tuned", (
+            f"tuned on {on.get('dataset', '?')} ({on.get('queries', '?')} dev questions): {fusion_label(tuned)}, "
+            f"{tuned.get('metric', 'score')} {tuned.get('dev_score')} (dense {tuned.get('dense_score')}, "
+            f"bm25 {tuned.get('sparse_score')})"))
+    return ServingMode("hybrid", dict(LABEL_FREE_FUSION), "label-free", (
+        f"label-free default: hybrid {fusion_label(LABEL_FREE_FUSION)}, measured {LABEL_FREE_EVIDENCE}; "
+        "`dpr tune-hybrid DATA` tunes it on labelled questions"))
 
 
 def validate_request(alias: str, generation: str, spec: CollectionSpec, request: SearchRequest) -> None:

@@ -238,8 +238,8 @@ class Store:
                 due = self.engine.needs_index(name)
         except CollectionNotFound:
             return False  # a job that stored nothing: no collection to index
-        if due:
-            return self.optimize(name)
+        if due:  # a server's is a search-ef calibration only: no BM25 re-weighting beside its writers (below)
+            return self.optimize(name) if self.backend == "edge" else self.engine.optimize(name)
         # Re-weighting reads and rewrites whole points: safe while writers wait (the edge lease); on a server a
         # concurrent write to the same point could be undone, so there only an explicit `dpr optimize` does it.
         return self.bm25_renormalize(name) > 0 if self.backend == "edge" else False
@@ -247,6 +247,10 @@ class Store:
     def index_info(self, generation: str | None = None) -> dict[str, Any]:
         with self._use(generation) as (name, _):
             return {"generation": name} | self.engine.index_info(name)
+
+    def search_ef(self, generation: str) -> dict[str, Any]:
+        """The generation's search ef and why (calibrated after its build, set, or an exact scan)."""
+        return self.engine.search_ef(generation)
 
     # -- data -----------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:

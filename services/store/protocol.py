@@ -110,6 +110,11 @@ class VectorStore(Protocol):
         """What the engine says about the generation's index (points, segments, graphs), for `dpr optimize`."""
         ...
 
+    def search_ef(self, generation: str) -> dict[str, Any]:
+        """The generation's search ef and why (calibrated, set, or an exact scan: ``calibrate.describe``), for
+        `dpr status`; read without waiting for a writer."""
+        ...
+
     # --- data ------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
         """Idempotent: point ids are uuid5(doc id, chunk index). ``replace``: ``points`` hold every chunk of their
@@ -199,6 +204,8 @@ class Engine(Protocol):
         ...
 
     def index_info(self, generation: str) -> dict[str, Any]: ...
+
+    def search_ef(self, generation: str) -> dict[str, Any]: ...
 
     # --- points -------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None: ...

@@ -164,7 +164,10 @@ def test_status_says_default_mode_model_name_and_rollback_target(client: TestCli
     assert (empty["default_mode"], empty["model_name"], empty["rollback"]) == (None, None, None)
     ingest(client, DOCS)
     first = client.get("/v1/status").json()
-    assert first["default_mode"] == "dense" and first["rollback"] is None
+    assert first["default_mode"] == "hybrid" and first["rollback"] is None  # BM25 vectors, no tuning: label-free
+    assert first["serving"]["source"] == "label-free" and first["serving"]["fusion"] == {"fusion": "rrf", "rrf_k": 60}
+    assert first["serving"]["reason"].startswith("label-free default: hybrid rrf k=60, measured")
+    assert first["search_ef"]["search"] == "exact scan"  # below the index threshold: no graph to calibrate
     assert first["model_name"] is None  # hashing towers: no model of that fingerprint in the registry
 
     store = client.app.state.api.runtime.store  # type: ignore[attr-defined]
@@ -180,3 +183,4 @@ def test_status_says_default_mode_model_name_and_rollback_target(client: TestCli
     assert now["generation"] == newer and now["model_name"] == "hash-b" and now["default_mode"] == "hybrid"
     assert now["rollback"] == {"generation": old.name, "points": old.count, "model": old.spec.model}
     assert now["search_settings"]["hybrid"]["tuned_on"] == {"dataset": "dev"}
+    assert now["serving"]["source"] == "tuned" and now["serving"]["reason"].startswith("tuned on dev")

@@ -57,7 +57,8 @@ def _tiny_store(data: Path) -> Path:
     texts = {"ab.txt": "alpha beta", "gd.txt": "gamma delta"}
     vectors = towers.encode_documents(list(texts.values()))
     with open_store(settings) as store:
-        store.ensure_collection(CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint))
+        store.ensure_collection(CollectionSpec(dim=towers.dim, distance=towers.similarity, model=towers.fingerprint,
+                                               sparse=False))  # dense-only: the default query is dense
         store.upsert([PassagePoint(passage=Passage(doc_id=doc, chunk_index=0, text=text, model=towers.fingerprint),
                                    dense=v.tolist()) for (doc, text), v in zip(texts.items(), vectors, strict=True)])
     return model
@@ -102,7 +103,7 @@ def test_the_bm25_encoder_is_built_only_for_a_search_that_uses_it(tmp_path: Path
                       for (doc, text), v in zip(texts.items(), towers.encode_documents(list(texts.values())),
                                                 strict=True)])
         ask = {"store": store, "towers": towers, "sparse_for": sparse_for}
-        assert search("lava", options=QueryOptions(k=1), **ask)[0].passage.doc_id == "lava.txt"
+        assert search("lava", options=QueryOptions(k=1, mode="dense"), **ask)[0].passage.doc_id == "lava.txt"
         assert built == []
         for mode in ("sparse", "hybrid"):
             hits = search("glacier", options=QueryOptions(k=1, mode=mode), **ask)

@@ -23,15 +23,13 @@ function showTab() {
 
 // --- the collection panel ---------------------------------------------------------------------------------------
 
-function describeFusion(search, sparse) {
-  if (!sparse) return ["dense only", "no BM25 vectors: sparse and hybrid are refused"];
-  const hybrid = search.hybrid || {};
-  if (!hybrid.fusion) return ["untuned (rrf k=60)", "tune with `dpr tune-hybrid DATA`"];
-  const fusion = hybrid.fusion === "rrf" ? `rrf k=${hybrid.rrf_k}` : `linear, dense weight ${hybrid.linear_weight}`;
-  const on = hybrid.tuned_on || {};
-  return [`${fusion}, ${hybrid.candidates} candidates`,
-    `tuned on ${on.dataset || "?"} (${on.queries ?? "?"} dev questions): ${hybrid.metric || "score"} ` +
-    `${hybrid.dev_score} vs dense ${hybrid.dense_score}, BM25 ${hybrid.sparse_score}`];
+function describeServing(s) {
+  // the mode a search without one gets, and why (`serving` in /v1/status: tuned, label-free default, dense-only)
+  const serving = s.serving || {};
+  const fusion = serving.fusion || {};
+  const name = serving.mode !== "hybrid" ? "-" : fusion.fusion === "linear"
+    ? `linear, dense weight ${fusion.linear_weight}` : `rrf k=${fusion.rrf_k ?? 60}`;
+  return [name, serving.reason || ""];
 }
 
 function renderStatus(s) {
@@ -54,9 +52,9 @@ function renderStatus(s) {
       "error");
   }
   add("vectors", `dense ${s.dim}-dim${s.sparse ? " + BM25" : ""}`);
-  add("default mode", s.default_mode || "dense");
-  const [fusion, where] = describeFusion(s.search_settings || {}, s.sparse);
-  add("hybrid", fusion, where);
+  const [fusion, why] = describeServing(s);
+  add("default mode", s.default_mode || "dense", why);
+  add("hybrid fusion", fusion);
   const rollback = s.rollback;
   add("rollback to", rollback ? rollback.generation : "none kept",
     rollback ? `${fmt(rollback.points)} points, model ${rollback.model}` : "`dpr rollback` has no target", "mono");

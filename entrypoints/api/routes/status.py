@@ -18,4 +18,4 @@ router = APIRouter(prefix="/v1")
 @requires("read")
 async def get_status(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     info = await run_in_threadpool(state.runtime.store.info, wait=False)  # never waits for a re-embed's target
-    return await run_in_threadpool(collection_status, state.settings, info)
+    return await run_in_threadpool(collection_status, state.settings, info, state.runtime.store)

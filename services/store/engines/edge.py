@@ -99,13 +99,15 @@ class EdgeEngine:
         levers: EdgeLevers | None = None,
         search_params: SearchParams | None = None,
         fused_search_params: SearchParams | None = None,
+        recall_target: float = _DEFAULTS.recall_target,
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
         dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
         ``levers``: how new generations store vectors and payloads; ``search_params``: every dense search's
         (``hnsw_ef``, quantization rescore / oversampling), ``fused_search_params`` the dense branch's of a hybrid
         query (``hybrid_ef``; unset: ``search_params``); all from ``settings.edge`` (``levers_from``,
-        ``search_params_from``)."""
+        ``search_params_from``). Where they name no ef, the ef each build calibrated for ``recall_target`` serves
+        (``services.store.calibrate``)."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -121,6 +123,8 @@ class EdgeEngine:
         self.levers = levers or EdgeLevers()
         self.search_params = search_params
         self.fused_search_params = fused_search_params if fused_search_params is not None else search_params
+        self.recall_target = recall_target
+        self._calibrated: dict[str, tuple[int, dict[str, Any]]] = {}  # generation -> (index.json mtime, calibration)
         self._quantized: dict[str, bool] = {}  # generation -> created with int8 (then rescored by default)
 
     @classmethod
@@ -137,6 +141,7 @@ class EdgeEngine:
             levers=levers_from(settings.edge),
             search_params=search_params_from(settings.edge),
             fused_search_params=search_params_from(settings.edge, fused=True),
+            recall_target=settings.edge.recall_target,
         )
 
     def __repr__(self) -> str:
@@ -277,7 +282,21 @@ class EdgeEngine:
             "segments": len(kinds),
             "hnsw_segments": kinds.count("hnsw"),
             "index_threshold": self.index_threshold,
+            "indexed_points": edge_index.indexed_points(self._generations_dir / generation),
+            "calibration": self._calibration(generation),
         }
+
+    def search_ef(self, generation: str) -> dict[str, Any]:
+        """What `dpr status` says of the generation's search ef (``calibrate.describe``), read without the shard: the
+        segments' index types and the last build's record."""
+        from services.store.calibrate import describe
+
+        kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
+        dense, fused = self.search_params, self.fused_search_params
+        explicit = {"hnsw_ef": dense.hnsw_ef if dense else None,
+                    "hybrid_ef": fused.hnsw_ef if fused is not None and fused is not dense else None}
+        return describe({"hnsw_segments": kinds.count("hnsw"), "index_threshold": self.index_threshold,
+                         "calibration": self._calibration(generation)}, explicit)
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
@@ -379,7 +398,28 @@ class EdgeEngine:
         if generation not in self._quantized:
             levers = EdgeLevers.from_json(levers_of(self._generations_dir / generation))
             self._quantized[generation] = levers.quantization != "none"
-        return dense_params(self.fused_search_params if fused else self.search_params, self._quantized[generation])
+        params = self.fused_search_params if fused else self.search_params
+        if params is None or params.hnsw_ef is None:  # no explicit ef: the one the last build calibrated
+            ef = self._calibration(generation).get("fused_ef" if fused else "ef")
+            if ef:
+                params = SearchParams(hnsw_ef=int(ef), quantization=None if params is None else params.quantization)
+        return dense_params(params, self._quantized[generation])
+
+    def _calibration(self, generation: str) -> dict[str, Any]:
+        """The search-ef calibration of the generation's last build (``index.json``), re-read when a build (in any
+        process) rewrote it; ``{}`` with no target, no graph or no build yet."""
+        if self.recall_target <= 0:
+            return {}
+        path = self._generations_dir / generation / edge_index.INDEX_RECORD
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return {}
+        cached = self._calibrated.get(generation)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, dict(edge_index.index_record(path.parent).get("calibration") or {}))
+            self._calibrated[generation] = cached
+        return cached[1]
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""

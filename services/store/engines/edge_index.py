@@ -79,16 +79,28 @@ def _segment_config(path: Path) -> dict[str, Any]:
         return {}
 
 
+def index_record(generation_dir: Path) -> dict[str, Any]:
+    """The last build's record: the points it saw, its search-ef ``calibration`` (``services.store.calibrate``)."""
+    try:
+        return dict(json.loads((generation_dir / INDEX_RECORD).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
 def indexed_points(generation_dir: Path) -> int:
     """Points the last build saw (0: never built)."""
     try:
-        return int(json.loads((generation_dir / INDEX_RECORD).read_text(encoding="utf-8"))["points"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(index_record(generation_dir)["points"])
+    except (KeyError, ValueError, TypeError):
         return 0
 
 
-def record_build(generation_dir: Path, points: int) -> None:
-    write_atomic(generation_dir / INDEX_RECORD, json.dumps({"points": points}))
+def record_build(generation_dir: Path, points: int, calibration: dict[str, Any] | None = None) -> None:
+    """``calibration`` None: the build changed nothing, the last one's measurement still holds."""
+    if calibration is None:
+        calibration = index_record(generation_dir).get("calibration")
+    record = {"points": points} | ({"calibration": calibration} if calibration else {})
+    write_atomic(generation_dir / INDEX_RECORD, json.dumps(record))
 
 
 @contextlib.contextmanager
@@ -132,25 +144,27 @@ def copy_for_build(shard: Any, generation_dir: Path) -> int:
 
 class BuildChild:
     """Step 2's process: ``optimize()`` on the copy, then (on request) the journal's writes replayed onto it, then
-    closed. One line per answer on its stdout: ``built 0|1``, ``replayed RECORDS POINTS``, ``closed``;
-    ``broken REASON`` when the journal cannot be replayed."""
+    closed. One line per answer on its stdout: ``built 0|1 CALIBRATION-JSON``, ``replayed RECORDS POINTS``,
+    ``closed``; ``broken REASON`` when the journal cannot be replayed."""
 
     def __init__(self, shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str,
-                 journal: Path) -> None:
-        """``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement)."""
+                 journal: Path, recall_target: float = 0.0) -> None:
+        """``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement);
+        ``recall_target`` > 0: the search ef is calibrated on the built graph (``calibrate_built``)."""
         path = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
         self.name = shard_copy.parent.name
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure, closed in ``stop``
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb), levers_json,
-             str(journal), str(os.getpid())],
+             str(journal), str(os.getpid()), str(recall_target)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONPATH": path},
         )
 
-    def built(self) -> bool:
-        """Wait for the build (at most ``_BUILD_TIMEOUT``); True if it changed anything."""
-        return self._answer("built", _BUILD_TIMEOUT) == ["1"]
+    def built(self) -> tuple[bool, dict[str, Any] | None]:
+        """Wait for the build (at most ``_BUILD_TIMEOUT``): whether it changed anything, and its calibration."""
+        words = self._answer("built", _BUILD_TIMEOUT)
+        return words[:1] == ["1"], (json.loads(words[1]) if len(words) > 1 else None)
 
     def replay(self) -> tuple[int, int]:
         """Replay the journal's new writes onto the copy: (writes replayed, the copy's points after)."""
@@ -204,7 +218,8 @@ class BuildChild:
 
 def child_main() -> None:
     """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB), levers JSON, journal, the
-    builder's pid. Builds, then answers ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
+    builder's pid, the recall target. Builds (and calibrates the search ef on what it built), then answers
+    ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
     from qdrant_edge import EdgeShard
 
     from services.store.engines import edge_journal
@@ -216,9 +231,13 @@ def child_main() -> None:
     path, spec, kb = sys.argv[1], CollectionSpec.from_json(json.loads(sys.argv[2])), int(sys.argv[3])
     levers, journal = EdgeLevers.from_json(json.loads(sys.argv[4])), Path(sys.argv[5])
     shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
+    started = time.perf_counter()
     changed = shard.optimize()
     shard.flush()
-    print("built", int(changed), flush=True)
+    target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+    calibration = calibrate_built(shard, Path(path), levers, target, time.perf_counter() - started) if changed else None
+    print("built", int(changed), *([json.dumps(calibration, separators=(",", ":"))] if calibration else []),
+          flush=True)
     offset = 0
     for line in sys.stdin:
         if line.strip() == "close":
@@ -235,6 +254,32 @@ def child_main() -> None:
             shard.update(upsert_operation(argument) if operation == "upsert" else delete_operation(argument))
         print("replayed", len(records), shard.count(CountRequest(exact=True)), flush=True)
     shard.close()
+
+
+def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, build_s: float) -> dict[str, Any] | None:
+    """The search ef the built graph needs for ``target`` recall@10 (``services.store.calibrate``), measured on the
+    shard's first ``SAMPLE`` points in id order (uuid5 ids: no relation to their content) within a tenth of the
+    build's time; None without a graph (every search exact) or with no target."""
+    from qdrant_edge import QuantizationSearchParams, Query, QueryRequest, ScrollRequest, SearchParams
+
+    from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, calibrate
+    from services.store.engines.edge_config import dense_params
+    from services.store.points import DENSE
+
+    if target <= 0 or "hnsw" not in segment_kinds(shard_dir):
+        return None
+    quantized = levers.quantization != "none"
+    records, _ = shard.scroll(ScrollRequest(limit=SAMPLE, with_vector=True, with_payload=False))
+    sample = [(str(r.id), list(r.vector[DENSE])) for r in records if isinstance(r.vector, dict) and DENSE in r.vector]
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+        exact = SearchParams(exact=True, quantization=QuantizationSearchParams(ignore=True) if quantized else None)
+        params = exact if ef is None else dense_params(SearchParams(hnsw_ef=ef), quantized)
+        hits = shard.query(QueryRequest(limit=limit, query=Query.Nearest(vector, using=DENSE), with_payload=False,
+                                        params=params))
+        return [str(h.id) for h in hits]
+
+    return calibrate(sample, search, target, CALIBRATION_SHARE * build_s) | {"build_seconds": round(build_s, 3)}
 
 
 def _die_with(builder: int) -> None:
@@ -266,6 +311,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
     gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
     lease = engine._lease  # noqa: SLF001 - the engine's own lease: the build's two ends hold it
     changed = swapped = False
+    calibration: dict[str, Any] | None = None
     held = {"copy_s": 0.0, "swap_s": 0.0}  # the lease's two holds, in the log line (bench_search reads them)
     replayed = last = 0  # writes replayed off the lease, and in the last round under it
     with build_lock(gen_dir) as mine:
@@ -282,9 +328,9 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
                     held["copy_s"] = time.perf_counter() - started
                 kb = threshold_kb(engine.index_threshold, spec.dim)
                 child = BuildChild(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)),
-                                   journal)
+                                   journal, engine.recall_target)
                 stack.callback(child.stop)
-                changed = child.built()
+                changed, calibration = child.built()
                 replayed = _catch_up(child) if changed else 0
                 with engine.session():
                     lease.claim(generation)  # no writer from here to the swap
@@ -295,7 +341,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
                         lease.forget(generation)
                         swap_in(gen_dir)
                         swapped = True
-                    record_build(gen_dir, points)
+                    record_build(gen_dir, points, (calibration or {}) if swapped else None)
                     held["swap_s"] = time.perf_counter() - started
         except edge_journal.JournalBroken as e:
             log.warning("the index build's copy could not be brought up to date (%s); dropped, nothing lost; the "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CALIBRATION_KEY = "dpr_calibration"  # the search-ef calibration in a collection's metadata
+_CALIBRATION_TTL_S = 60.0  # a serving process re-reads it this often (another process's `dpr optimize`)
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT, "euclid": models.Distance.EUCLID}
 
 
@@ -80,6 +83,7 @@ class ServerEngine:
         self._location = location or "the Qdrant server"
         self.api_key: str | None = None  # for the snapshot download/upload (plain HTTP beside the client)
         self.http: httpx.Client | None = None  # that HTTP client (server_snapshots.http_for builds it; tests hand one)
+        self._calibrations: dict[str, tuple[float, dict[str, Any]]] = {}  # generation -> (read at, calibration)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerEngine:
@@ -210,12 +214,66 @@ class ServerEngine:
         return True
 
     def optimize(self, generation: str) -> bool:
-        """A server builds HNSW graphs in the background by itself: nothing to do but check the generation."""
+        """A server builds HNSW graphs in the background by itself: check the generation and, once the server has
+        indexed its vectors, calibrate the search ef on them (``services.store.calibrate``; kept in the collection's
+        metadata, sent as ``hnsw_ef`` by queries that name none)."""
         self.read_spec(generation)
+        if self.options.recall_target > 0 and self._indexed(generation)[1]:
+            self._calibrate(generation)
         return False
 
     def needs_index(self, generation: str) -> bool:
-        return False  # the server indexes in the background
+        """The server indexes in the background; a generation whose indexed vectors were never calibrated, or grew
+        10x since, is due for a calibration."""
+        points, indexed = self._indexed(generation)
+        done = int(self._calibration(generation, fresh=True).get("points") or 0)
+        return self.options.recall_target > 0 and indexed > 0 and (not done or points >= 10 * done)
+
+    def _indexed(self, generation: str) -> tuple[int, int]:
+        with self._engine("read the collection", generation):
+            info = self.client.get_collection(generation)
+        return info.points_count or 0, info.indexed_vectors_count or 0
+
+    def _calibrate(self, generation: str) -> dict[str, Any]:
+        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, calibrate
+
+        with self._engine("read points to calibrate the search ef", generation):
+            records, _ = self.client.scroll(generation, limit=SAMPLE, with_vectors=[DENSE], with_payload=False)
+        sample = [(str(r.id), [float(x) for x in r.vector[DENSE]]) for r in records  # type: ignore[union-attr,arg-type]
+                  if isinstance(r.vector, dict)]
+
+        def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+            params = models.SearchParams(exact=True) if ef is None else self._ef_params(ef)
+            with self._engine("search", generation):
+                found = self.client.query_points(generation, query=vector, using=DENSE, search_params=params,
+                                                 limit=limit, with_payload=False)
+            return [str(p.id) for p in found.points]
+
+        cal = calibrate(sample, search, self.options.recall_target, SERVER_BUDGET_S)
+        cal["points"] = self._indexed(generation)[0]
+        with self._engine("update collection metadata", generation):
+            self.client.update_collection(generation, metadata={CALIBRATION_KEY: cal})
+        self._calibrations[generation] = (time.monotonic(), cal)
+        return cal
+
+    def _calibration(self, generation: str, fresh: bool = False) -> dict[str, Any]:
+        """The generation's ef calibration (collection metadata), re-read at most every ``_CALIBRATION_TTL_S``."""
+        cached = self._calibrations.get(generation)
+        if fresh or cached is None or time.monotonic() - cached[0] > _CALIBRATION_TTL_S:
+            with self._engine("read the collection", generation):
+                metadata = self.client.get_collection(generation).config.metadata or {}
+            cached = (time.monotonic(), dict(metadata.get(CALIBRATION_KEY) or {}))
+            self._calibrations[generation] = cached
+        return cached[1]
+
+    def search_ef(self, generation: str) -> dict[str, Any]:
+        """What `dpr status` says of the generation's search ef (``calibrate.describe``)."""
+        from services.store.calibrate import describe
+
+        cal = self._calibration(generation)
+        explicit = {"hnsw_ef": self.options.hnsw_ef, "hybrid_ef": self.options.hybrid_ef}
+        return describe({"hnsw_segments": int(bool(cal) or self._indexed(generation)[1] > 0),
+                         "index_threshold": None, "calibration": cal}, explicit)
 
     def index_info(self, generation: str) -> dict[str, Any]:
         with self._engine("read the collection", generation):
@@ -255,12 +313,15 @@ class ServerEngine:
             params["on_disk_payload"] = True
         return params
 
-    def _search_params(self, vector: Vector, fused: bool = False) -> models.SearchParams | None:
+    def _search_params(self, vector: Vector, fused: bool = False, generation: str | None = None
+                       ) -> models.SearchParams | None:
         """Dense search params from ``settings.qdrant`` (HNSW ef, or ``hybrid_ef`` for the dense branch of a hybrid
-        query when ``fused``; int8 rescore / oversampling); None when no search lever is set (the server's
-        defaults) and for the sparse branch."""
+        query when ``fused``; int8 rescore / oversampling), else the ef ``generation``'s calibration found; None
+        when no search lever is set (the server's defaults) and for the sparse branch."""
         o = self.options
         ef = o.search_ef(fused)
+        if ef is None and generation is not None and o.recall_target > 0 and not isinstance(vector, SparseVector):
+            ef = self._calibration(generation).get("fused_ef" if fused else "ef")
         unset = ef is None and o.oversampling is None and o.quantization == "none"
         if unset or isinstance(vector, SparseVector):
             return None
@@ -268,6 +329,11 @@ class ServerEngine:
         if o.quantization != "none" or o.oversampling is not None:
             quantization = models.QuantizationSearchParams(rescore=o.rescore, oversampling=o.oversampling)
         return models.SearchParams(hnsw_ef=ef, quantization=quantization)
+
+    def _ef_params(self, ef: int) -> models.SearchParams:
+        o = self.options
+        rescore = models.QuantizationSearchParams(rescore=True) if o.quantization != "none" else None
+        return models.SearchParams(hnsw_ef=ef, quantization=rescore)
 
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
@@ -320,7 +386,7 @@ class ServerEngine:
                 query=to_vector(vector),
                 using=using,
                 query_filter=to_filter(where),
-                search_params=self._search_params(vector),
+                search_params=self._search_params(vector, generation=generation),
                 limit=limit,
                 with_payload=True,
             )
@@ -332,7 +398,7 @@ class ServerEngine:
         flt = to_filter(where)
         requests = [
             models.QueryRequest(query=to_vector(v), using=u, filter=flt, limit=limit, with_payload=with_payload,
-                                params=self._search_params(v, fused=True))
+                                params=self._search_params(v, fused=True, generation=generation))
             for u, v in branches
         ]
         with self._engine("search", generation):
@@ -362,7 +428,8 @@ class ServerEngine:
             response = self.client.query_points(
                 generation,
                 prefetch=[models.Prefetch(query=to_vector(v), using=u, filter=flt, limit=depth,
-                                          params=self._search_params(v, fused=True)) for u, v in branches],
+                                          params=self._search_params(v, fused=True, generation=generation))
+                          for u, v in branches],
                 query=models.RrfQuery(rrf=models.Rrf(k=rrf_k)),
                 limit=limit,
                 with_payload=True,

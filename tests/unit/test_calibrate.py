@@ -1,0 +1,113 @@
+"""The search ef calibrated after each HNSW build (``services.store.calibrate``): the smallest ef of the ladder that
+reaches the recall target against the exact scan, measured in the build's child on the generation's own vectors,
+recorded with the build, used by queries that name no ef; an explicit ef wins; no graph, no calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_edge_index import DIM, SPEC, unit_vectors
+
+from services.store import Store
+from services.store.calibrate import EF_LADDER, FUSED_LIMIT, calibrate, describe
+from services.store.engines import edge_index
+from services.store.engines.edge import EdgeEngine
+from services.store.points import DENSE, Passage, PassagePoint, SearchRequest
+
+pytestmark = pytest.mark.unit
+
+
+def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
+    sample = [(f"p{i}", [float(i)]) for i in range(40)]
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+        me = f"p{int(vector[0])}"
+        truth = [me] + [f"n{j}" for j in range(limit - 1)]
+        if ef is None or ef >= 96:
+            return truth
+        return [me] + [f"n{j}" for j in range(8)] + ["x1", "x2"]  # 8 of the true 10 below ef 96
+
+    cal = calibrate(sample, search, target=0.98, budget_s=60)
+    assert (cal["ef"], cal["recall"], cal["fused_ef"], cal["fused_recall"]) == (96, 1.0, FUSED_LIMIT, 1.0)
+    assert cal["reached"] and cal["sample"] == 40
+    low = calibrate(sample, search, target=0.5, budget_s=60)
+    assert (low["ef"], low["recall"]) == (EF_LADDER[0], 0.8)
+
+
+def test_calibrate_says_so_when_the_target_is_out_of_reach_or_the_budget_is_spent() -> None:
+    sample = [(f"p{i}", [float(i)]) for i in range(40)]
+    never = calibrate(sample, lambda v, limit, ef: [f"p{int(v[0])}"] + [f"n{j}" for j in range(limit - 1)]
+                      if ef is None else ["x"] * limit, target=0.9, budget_s=60)
+    assert never["ef"] == EF_LADDER[-1] and never["recall"] == 0.0 and never["reached"] is False
+    skipped = calibrate(sample[:5], lambda v, limit, ef: [], target=0.9, budget_s=60)
+    assert "skipped" in skipped and "ef" not in skipped
+
+
+def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000, recall_target=0.99)
+    store = Store(engine)
+    store.ensure_collection(SPEC)
+    corpus = unit_vectors(3000, seed=1)
+    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist())
+                  for i, v in enumerate(corpus)])
+    assert engine.index_info("c__g0001")["calibration"] == {}  # no graph yet: exact scan, nothing to calibrate
+    assert store.optimize() is True
+    cal = engine.index_info("c__g0001")["calibration"]
+    assert cal["sample"] >= 20 and cal["ef"] in EF_LADDER and cal["fused_ef"] >= FUSED_LIMIT
+    assert cal["recall"] >= 0.99 or not cal["reached"]
+    assert {"seconds", "build_seconds", "target"} <= set(cal) and cal["target"] == 0.99
+
+    asked: list[Any] = []
+    params_of = EdgeEngine._params
+    monkeypatch.setattr(EdgeEngine, "_params", lambda self, g, b, fused=False: asked.append(
+        params_of(self, g, b, fused)) or asked[-1])
+    query = unit_vectors(1, seed=2)[0].tolist()
+    assert len(store.search(SearchRequest(dense=query, k=10))) == 10
+    assert asked[-1].hnsw_ef == cal["ef"]
+    explicit = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000,
+                          search_params=edge_params(hnsw_ef=77))
+    assert explicit._params("c__g0001", (DENSE, query)).hnsw_ef == 77  # an explicit ef wins
+    store.close()
+    explicit.close()
+    info = {"hnsw_segments": 1} | engine_index(tmp_path)
+    said = describe(info, {"hnsw_ef": None, "hybrid_ef": 300})
+    assert said["dense_ef"] == cal["ef"] and said["dense_reason"].startswith("calibrated: recall@10")
+    assert (said["hybrid_ef"], said["hybrid_reason"]) == (300, "set by DPR_EDGE__HYBRID_EF")
+    assert describe({"hnsw_segments": 0, "index_threshold": 5000}, {})["search"] == "exact scan"
+
+
+def edge_params(hnsw_ef: int) -> Any:
+    from qdrant_edge import SearchParams
+
+    return SearchParams(hnsw_ef=hnsw_ef)
+
+
+def engine_index(root: Path) -> dict[str, Any]:
+    return edge_index.index_record(root / "c" / "generations" / "c__g0001")
+
+
+@pytest.mark.filterwarnings("ignore:Local mode performs exact")  # in-process engine: exact whatever the ef
+def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent() -> None:
+    from qdrant_client import QdrantClient
+
+    from services.core.settings import QdrantSettings
+    from services.store.engines.server import ServerEngine
+
+    engine = ServerEngine(QdrantClient(":memory:"), "c")
+    store = Store(engine)
+    store.ensure_collection(SPEC)
+    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist())
+                  for i, v in enumerate(unit_vectors(300, seed=3))])
+    generation = store.active().name  # type: ignore[union-attr]
+    assert engine._search_params([0.0] * DIM, generation=generation) is None  # not calibrated: server defaults
+    cal = engine._calibrate(generation)
+    assert (cal["ef"], cal["recall"], cal["points"]) == (EF_LADDER[0], 1.0, 300)  # exact engine: the first rung
+    reader = ServerEngine(engine.client, "c")  # another process reads it from the collection's metadata
+    assert reader._search_params([0.0] * DIM, generation=generation).hnsw_ef == cal["ef"]  # type: ignore[union-attr]
+    assert reader._search_params([0.0] * DIM, fused=True, generation=generation).hnsw_ef == FUSED_LIMIT  # type: ignore[union-attr]
+    assert reader.search_ef(generation)["dense_reason"].startswith("calibrated")
+    pinned = ServerEngine(engine.client, "c", QdrantSettings(hnsw_ef=64))
+    assert pinned._search_params([0.0] * DIM, generation=generation).hnsw_ef == 64  # type: ignore[union-attr]
