@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.documents import write_folder
 from kit.fakes import CountingTowers
 from typer.testing import CliRunner
 
@@ -30,14 +31,6 @@ DOCS = {
 }
 
 
-def _corpus(root: Path, docs: dict[str, str]) -> Path:
-    folder = root / "corpus"
-    folder.mkdir(exist_ok=True)
-    for name, text in docs.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    return folder
-
-
 def _ingest(settings: Settings, towers: Any, folder: Path) -> Any:
     store = open_store(settings)
     try:
@@ -49,7 +42,7 @@ def _ingest(settings: Settings, towers: Any, folder: Path) -> Any:
 
 def test_ingest_reingest_change_and_query(tmp_path: Path, base_towers: Any) -> None:
     settings = Settings(data_dir=tmp_path / "data", collection="t1")
-    folder = _corpus(tmp_path, DOCS)
+    folder = write_folder(tmp_path / "corpus", DOCS)
     towers = CountingTowers(base_towers)
 
     first = _ingest(settings, towers, folder)
@@ -92,7 +85,7 @@ def test_ingest_reingest_change_and_query(tmp_path: Path, base_towers: Any) -> N
 
 def test_query_with_a_foreign_model_is_refused(tmp_path: Path, base_towers: Any) -> None:
     settings = Settings(data_dir=tmp_path / "data", collection="t2")
-    folder = _corpus(tmp_path, {"a.md": "alpha"})
+    folder = write_folder(tmp_path / "corpus", {"a.md": "alpha"})
     _ingest(settings, base_towers, folder)
 
     class OtherModel(CountingTowers):
@@ -124,7 +117,7 @@ def test_real_tokenizer_never_truncates(base_towers: Any) -> None:
 
 
 def test_cli_ingest_query_status_delete_json(tmp_path: Path, base_towers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = _corpus(tmp_path, {**DOCS, "bad.txt": "caf\xe9"})
+    folder = write_folder(tmp_path / "corpus", {**DOCS, "bad.txt": "caf\xe9"})
     (folder / "bad.txt").write_bytes("caf\xe9".encode("latin-1"))
     monkeypatch.setenv("DPR_DATA_DIR", str(tmp_path / "cli"))
     runner = CliRunner()

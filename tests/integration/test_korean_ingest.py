@@ -4,10 +4,11 @@ whose words it shares only up to particles and endings, and a later `--language 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from kit.cli import dpr_json
+from kit.documents import write_folder
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -22,21 +23,15 @@ DOCS = {
 
 
 def test_cli_korean_ingest_and_sparse_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "ko"
-    folder.mkdir()
-    for name, text in DOCS.items():
-        (folder / name).write_text(text, encoding="utf-8")
+    folder = write_folder(tmp_path / "ko", DOCS)
     monkeypatch.setenv("DPR_DATA_DIR", str(tmp_path / "dpr"))
     runner = CliRunner()
-    res = runner.invoke(app, ["ingest", str(folder), "--collection", "ko", "--language", "ko", "--json"])
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["documents"] == 3
+    assert dpr_json(runner, "ingest", str(folder), "--collection", "ko", "--language", "ko")["documents"] == 3
 
     for question, expected in (("배추로 만든 음식은?", "ko/kimchi.txt"), ("서울의 강", "ko/river.txt"),
                                ("학생이 공부하는 곳", "ko/school.txt")):
-        res = runner.invoke(app, ["query", question, "--collection", "ko", "--mode", "sparse", "-k", "1", "--json"])
-        assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)[0]["doc_id"] == expected, question
+        hits = dpr_json(runner, "query", question, "--collection", "ko", "--mode", "sparse", "-k", "1")
+        assert hits[0]["doc_id"] == expected, question
 
     res = runner.invoke(app, ["ingest", str(folder), "--collection", "ko", "--language", "en"])
     assert res.exit_code == 2 and "tokenises BM25 as 'ko'" in res.stderr

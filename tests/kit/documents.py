@@ -1,6 +1,8 @@
 """Small real documents for the reader tests, written by the formats' own libraries (pypdf, python-docx,
 python-pptx, odfpy, ebooklib), and hostile ones (encrypted, truncated, text-less, zip bombs); ``THREE_TOPICS``,
-three one-passage documents on unrelated topics (cats, the Nile, Python) for the feedback tests."""
+three one-passage documents on unrelated topics (cats, the Nile, Python) for the feedback tests;
+``KOREAN_ENGLISH``, three Korean and three English text files for the multilingual model; ``write_folder``, a
+folder of text files to ingest."""
 
 from __future__ import annotations
 
@@ -18,6 +20,24 @@ THREE_TOPICS = [
              source="t"),
     Document(doc_id="py", title="Python", text="Python reads a file line by line with a for loop.", source="t"),
 ]
+
+KOREAN_ENGLISH = {  # a Korean question finds the Korean document, an English one the English
+    "seoul.txt": "서울특별시는 대한민국의 수도이자 최대 도시이다. 조선 시대부터 한양이라 불렸으며 "
+                 "한강이 도시를 가로지른다.",
+    "kimchi.txt": "김치는 배추와 무를 소금에 절이고 고춧가루, 마늘, 젓갈로 양념하여 발효시킨 한국의 전통 음식이다.",
+    "sejong.txt": "세종대왕은 조선의 제4대 왕으로, 1443년에 백성을 위하여 훈민정음을 창제하였다.",
+    "nile.txt": "The Nile is the longest river in Africa and flows north into the Mediterranean Sea.",
+    "python.txt": "Python is a programming language; use a for loop to read a file line by line.",
+    "cats.txt": "Cats are small domesticated carnivores that purr when content and hunt mice at night.",
+}
+
+
+def write_folder(folder: Path, files: dict[str, str]) -> Path:
+    """``folder`` (made if need be) holding one UTF-8 file per name -> text."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
 
 
 def make_pdf(path: Path, pages: list[str], outline: list[tuple[str, int]] = (), password: str | None = None,

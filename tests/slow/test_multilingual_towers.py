@@ -4,7 +4,6 @@ through the CLI with DPR_ENCODER__MODEL=multilingual. The wheel is converted onc
 from __future__ import annotations
 
 import ctypes
-import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit.cli import dpr_json
+from kit.documents import KOREAN_ENGLISH, write_folder
 from typer.testing import CliRunner
 
 from encoders import multilingual
@@ -107,41 +108,19 @@ def test_offsets_cover_korean_text_for_chunking(towers: SentenceTransformerTower
     assert all(a <= b and b <= c for (a, b), (c, _) in zip(offsets, offsets[1:], strict=False))
 
 
-KO = {
-    "seoul.txt": "서울특별시는 대한민국의 수도이자 최대 도시이다. 조선 시대부터 한양이라 불렸으며 "
-                 "한강이 도시를 가로지른다.",
-    "kimchi.txt": "김치는 배추와 무를 소금에 절이고 고춧가루, 마늘, 젓갈로 양념하여 발효시킨 한국의 전통 음식이다.",
-    "sejong.txt": "세종대왕은 조선의 제4대 왕으로, 1443년에 백성을 위하여 훈민정음을 창제하였다.",
-}
-EN = {
-    "nile.txt": "The Nile is the longest river in Africa and flows north into the Mediterranean Sea.",
-    "python.txt": "Python is a programming language; use a for loop to read a file line by line.",
-    "cats.txt": "Cats are small domesticated carnivores that purr when content and hunt mice at night.",
-}
-
-
 def test_korean_question_finds_the_korean_document(converted: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from entrypoints.cli.main import app
-
     models = tmp_path / "data" / "models"
     models.mkdir(parents=True)
     (models / converted.name).symlink_to(converted)  # the session's conversion, not a second one
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for name, text in {**KO, **EN}.items():
-        (folder / name).write_text(text, encoding="utf-8")
+    folder = write_folder(tmp_path / "docs", KOREAN_ENGLISH)
     monkeypatch.setenv("DPR_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DPR_ENCODER__MODEL", "multilingual")
     # torch on both sides: the model's ONNX export takes minutes (tests/slow/test_multilingual_onnx.py makes it)
     monkeypatch.setenv("DPR_ENCODER__BACKEND", "torch")
     runner = CliRunner()
-    res = runner.invoke(app, ["ingest", str(folder), "--json"])
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["documents"] == 6
+    assert dpr_json(runner, "ingest", str(folder))["documents"] == 6
     for question, expected in (("한글을 만든 왕은 누구인가?", "docs/sejong.txt"),
                                ("대한민국의 수도는 어디인가?", "docs/seoul.txt"),
                                ("Which river is the longest in Africa?", "docs/nile.txt")):
-        res = runner.invoke(app, ["query", question, "-k", "3", "--mode", "dense", "--json"])
-        assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)[0]["doc_id"] == expected, question
+        assert dpr_json(runner, "query", question, "-k", "3", "--mode", "dense")[0]["doc_id"] == expected, question
