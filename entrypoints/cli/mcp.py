@@ -24,7 +24,7 @@ def mcp(
     if transport not in ("stdio", "http"):
         fail(f"--transport {transport!r} is not known; use stdio or http", code=EXIT_USAGE)
     try:
-        from dpr_client import Client
+        from dpr_client import Client, Unauthorized
         from dpr_client.mcp import build, refuse_open_http
     except ModuleNotFoundError as e:
         fail(f"dpr mcp needs the mcp package ({e.name} is missing); install the extra: pip install 'dpr-ingest[mcp]'",
@@ -36,8 +36,11 @@ def mcp(
     if transport == "stdio":
         server.run("stdio")
         return
-    with Client(url, api_key=key) as probe:
-        locked = bool(probe.whoami()["locked"])
+    with Client(url, api_key=key) as probe:  # does the API ask for keys? (a 401: it does)
+        try:
+            locked = bool(probe.whoami()["locked"])
+        except Unauthorized:
+            locked = True
     refused = refuse_open_http(host, locked, insecure)
     if refused:
         fail(refused, code=EXIT_USAGE)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import DPR, LiveServer, wait_ready
+from api_server import DPR, LiveServer, free_port, wait_ready
 from kit.documents import make_pdf
 from langchain_core.retrievers import BaseRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
@@ -241,6 +244,55 @@ def test_mcp_over_stdio(served: Served, tmp_path: Path) -> None:
     assert not seen["ingest"].is_error and seen["ingest"].structured_content["jobs"][0]["state"] == "done"
     assert seen["after"].structured_content["results"][0]["doc_id"] == "new.md"
     assert "Traceback" not in str(seen)
+
+
+def test_mcp_over_streamable_http_forwards_each_callers_key(served: Served, tmp_path: Path) -> None:
+    import httpx2
+    from mcp.client import Client as McpClient
+    from mcp.client.streamable_http import streamable_http_client
+
+    with Client(served.url, api_key=KEY) as admin:
+        reader = admin.create_key("read", name="remote agent")["token"]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")} | {"DPR_API_URL": served.url}
+    log = tmp_path / "mcp.log"
+    with open(log, "wb") as out:  # no key of its own: each caller brings one
+        process = subprocess.Popen([DPR, "mcp", "--transport", "http", "--port", str(port)], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_port(port, process, log)
+
+        async def call(key: str | None, tool: str, arguments: dict[str, Any]) -> Any:
+            headers = {} if key is None else {"X-API-Key": key}
+            async with httpx2.AsyncClient(headers=headers) as http:
+                transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
+                async with McpClient(transport, raise_exceptions=False) as mcp:
+                    return await mcp.call_tool(tool, arguments)
+
+        found = asyncio.run(call(reader, "search", {"question": "save a plot as a PNG image", "k": 1}))
+        assert found.structured_content["results"][0]["page"] == 2
+        refused = asyncio.run(call(reader, "ingest", {"path": str(served.folder)}))
+        assert refused.is_error and "write" in refused.content[0].text
+        anonymous = asyncio.run(call(None, "status", {}))
+        assert anonymous.is_error and "key" in anonymous.content[0].text.lower()
+        assert not asyncio.run(call(KEY, "status", {})).is_error
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+def wait_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"dpr mcp exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _examples() -> list[str]:
