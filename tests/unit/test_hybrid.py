@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from services.ingest.pipeline import IngestPipeline, collection_spec
 from services.learn.evaluation import dataset_documents
 from services.learn.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
 from services.query import QueryOptions, resolve_request
-from services.store import open_store
+from services.store import Store, open_store
 from services.store.sparse import default_embedder
 
 pytestmark = pytest.mark.unit
@@ -158,74 +159,71 @@ def _settings(tmp_path: Path, collection: str = "mine") -> Settings:
     return Settings(data_dir=tmp_path / "data", collection=collection)
 
 
-def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashTowers()
+Tuning = tuple[Path, Settings, Store]
+
+
+@pytest.fixture
+def tuning(tmp_path: Path) -> Iterator[Tuning]:
+    """A tune's BEIR folder, settings and real embedded store (closed at the end)."""
     settings = _settings(tmp_path)
+    target = open_store(settings)
+    yield write_beir(tmp_path), settings, target
+    target.close()
+
+
+def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path, tuning: Tuning) -> None:
+    (beir, settings, target), towers = tuning, HashTowers()
     dev = readers.load_dev_split(beir, "train", "beir", dev_queries=8)
-    target = open_store(settings)
-    try:
-        with pytest.raises(CollectionNotFound, match="ingest your documents first"):
-            tune_hybrid(dev, towers=towers, settings=settings, target=target)
-        # the user's collection holds other documents: tuning ingests the dev corpus into a temporary collection
-        target.ensure_collection(collection_spec(towers, sparse=True))
-        points: list[str] = []
-        result = tune_hybrid(
-            dev,
-            towers=towers,
-            settings=settings,
-            target=target,
-            workdir=tmp_path,
-            on_point=lambda n, m: points.append(n),
-        )
-        assert not result.reused_collection and result.tuned_on["corpus"] == "temporary collection"
-        assert points[:2] == ["dense", "bm25 (sparse)"] and len(points) == 17
-        assert result.dev_score == max(m["ndcg@10"] for _, m in result.grid)
-        assert list(tmp_path.glob("dpr-eval-*")) == []  # the temporary collection is gone
+    with pytest.raises(CollectionNotFound, match="ingest your documents first"):
+        tune_hybrid(dev, towers=towers, settings=settings, target=target)
+    # the user's collection holds other documents: tuning ingests the dev corpus into a temporary collection
+    target.ensure_collection(collection_spec(towers, sparse=True))
+    points: list[str] = []
+    result = tune_hybrid(
+        dev,
+        towers=towers,
+        settings=settings,
+        target=target,
+        workdir=tmp_path,
+        on_point=lambda n, m: points.append(n),
+    )
+    assert not result.reused_collection and result.tuned_on["corpus"] == "temporary collection"
+    assert points[:2] == ["dense", "bm25 (sparse)"] and len(points) == 17
+    assert result.dev_score == max(m["ndcg@10"] for _, m in result.grid)
+    assert list(tmp_path.glob("dpr-eval-*")) == []  # the temporary collection is gone
 
-        spec = target.info().active.spec  # type: ignore[union-attr]
-        assert spec.settings["mode"] == "hybrid"
-        tuned = spec.settings["hybrid"]
-        assert tuned["tuned_on"]["dataset"] == dev.name and tuned["tuned_on"]["queries"] == 8
-        assert {"dev_score", "dense_score", "sparse_score", "metric"} <= set(tuned)
+    spec = target.info().active.spec  # type: ignore[union-attr]
+    assert spec.settings["mode"] == "hybrid"
+    tuned = spec.settings["hybrid"]
+    assert tuned["tuned_on"]["dataset"] == dev.name and tuned["tuned_on"]["queries"] == 8
+    assert {"dev_score", "dense_score", "sparse_score", "metric"} <= set(tuned)
 
-        request = resolve_request(spec, QueryOptions(k=5), target.alias)
-        choice = result.choice
-        assert (request.mode, request.fusion, request.candidates) == ("hybrid", choice.fusion, choice.candidates)
-        assert (request.rrf_k, request.linear_weight) == (choice.rrf_k, choice.linear_weight)
-        # explicit options still win over the tuned ones
-        forced = resolve_request(spec, QueryOptions(k=5, mode="dense", fusion="linear", linear_weight=0.2), "x")
-        assert (forced.mode, forced.fusion, forced.linear_weight) == ("dense", "linear", 0.2)
-    finally:
-        target.close()
+    request = resolve_request(spec, QueryOptions(k=5), target.alias)
+    choice = result.choice
+    assert (request.mode, request.fusion, request.candidates) == ("hybrid", choice.fusion, choice.candidates)
+    assert (request.rrf_k, request.linear_weight) == (choice.rrf_k, choice.linear_weight)
+    # explicit options still win over the tuned ones
+    forced = resolve_request(spec, QueryOptions(k=5, mode="dense", fusion="linear", linear_weight=0.2), "x")
+    assert (forced.mode, forced.fusion, forced.linear_weight) == ("dense", "linear", 0.2)
 
 
-def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashTowers()
-    settings = _settings(tmp_path)
+def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path, tuning: Tuning) -> None:
+    (beir, settings, target), towers = tuning, HashTowers()
     dev = readers.load_dev_split(beir, "train", "beir", dev_queries=6)
-    target = open_store(settings)
-    try:
-        IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(
-            dataset_documents(dev)
-        )
-        result = tune_hybrid(dev, towers=towers, settings=settings, target=target, workdir=tmp_path)
-        assert result.reused_collection and result.tuned_on["corpus"] == "collection mine"
-        assert target.count() == len(TOPICS)  # nothing added, nothing deleted
-        assert target.info().active.spec.settings["hybrid"]["fusion"] == result.choice.fusion  # type: ignore[union-attr]
-    finally:
-        target.close()
+    IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(
+        dataset_documents(dev)
+    )
+    result = tune_hybrid(dev, towers=towers, settings=settings, target=target, workdir=tmp_path)
+    assert result.reused_collection and result.tuned_on["corpus"] == "collection mine"
+    assert target.count() == len(TOPICS)  # nothing added, nothing deleted
+    assert target.info().active.spec.settings["hybrid"]["fusion"] == result.choice.fusion  # type: ignore[union-attr]
 
 
-def test_tune_refuses_a_dense_only_collection(tmp_path: Path) -> None:
-    beir, towers = write_beir(tmp_path), HashTowers()
-    settings = _settings(tmp_path)
-    target = open_store(settings)
-    try:
-        target.ensure_collection(collection_spec(towers, sparse=False))
-        with pytest.raises(ConfigError, match="dense-only"):
-            tune_hybrid(readers.load_dev_split(beir), towers=towers, settings=settings, target=target)
-        spec = target.info().active.spec  # type: ignore[union-attr]
-        with pytest.raises(ConfigError, match="dense-only"):
-            resolve_request(spec, QueryOptions(mode="hybrid"), target.alias)
-    finally:
-        target.close()
+def test_tune_refuses_a_dense_only_collection(tuning: Tuning) -> None:
+    (beir, settings, target), towers = tuning, HashTowers()
+    target.ensure_collection(collection_spec(towers, sparse=False))
+    with pytest.raises(ConfigError, match="dense-only"):
+        tune_hybrid(readers.load_dev_split(beir), towers=towers, settings=settings, target=target)
+    spec = target.info().active.spec  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="dense-only"):
+        resolve_request(spec, QueryOptions(mode="hybrid"), target.alias)
