@@ -144,9 +144,11 @@ class _Base:
     def _failed(self, call: Call[Any], e: httpx.TransportError) -> Unreachable:
         """A call that got no answer; a timeout after the request was sent is not retried (``_retried``)."""
         what = "is unreachable" if _retried(e) else "did not answer in time"
-        return Unreachable(f"the dpr API at {self.url} {what} ({call.method} {call.path}: {type(e).__name__}: {e}); "
-                           "start it with `dpr serve` or check the URL (DPR_API_URL)",
-                           url=self.url, type="unreachable" if _retried(e) else "timeout")
+        error = Unreachable(f"the dpr API at {self.url} {what} ({call.method} {call.path}: {type(e).__name__}: {e}); "
+                            "start it with `dpr serve` or check the URL (DPR_API_URL)",
+                            url=self.url, type="unreachable" if _retried(e) else "timeout")
+        error.__cause__ = e
+        return error
 
     def _delay(self, attempt: int, error: ApiError) -> float:
         """The wait before the next try; raises ``error`` when there is none."""

@@ -50,7 +50,7 @@ def build(url: str | None = None, api_key: str | None = None) -> MCPServer:
         try:
             async with client(ctx) as dpr:
                 return await getattr(dpr, method)(*args, **kwargs)
-        except ApiError as e:
+        except (ApiError, TimeoutError, OSError) as e:  # a refusal, a job still running, a file it cannot read
             raise ToolError(str(e)) from None
 
     @server.tool(description="Search the collection: the passages that answer a question, best first, each with "
