@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_settings
+from entrypoints.cli.common import AsJson, cli_errors, console, emit_json, fail, get_settings
 from entrypoints.cli.progress import stage_bars
 from services.core.threads import threads_per_process
 
@@ -48,7 +48,7 @@ def adapt(
         "--activate/--no-activate", help="Activate the adapted model when its own dev shows a gain. Off by default: "
         "measured so far, gains on pseudo-questions have not carried to real questions (docs/adapt.md).")] = False,
     seed: Annotated[int, typer.Option()] = 42,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Adapt the towers to CORPUS with no labels: pseudo-questions from its documents, hard negatives from hybrid
     search labelled by a hybrid-agreement teacher, MNRL training (with --question-only: the question tower learns

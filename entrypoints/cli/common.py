@@ -20,7 +20,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -32,6 +32,10 @@ from services.core.settings import Settings
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
+
+# The options most commands share
+Collection = Annotated[str | None, typer.Option(help="Collection (alias) name.")]
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
 EXIT_OK = 0
 EXIT_ERROR = 1

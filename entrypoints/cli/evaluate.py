@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, fail, get_settings
+from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, fail, get_settings
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.ingest.language import check_choice
@@ -49,7 +49,7 @@ def evaluate(
     max_queries: Annotated[int | None, typer.Option(help="Evaluate on the first N queries (by id).")] = None,
     k: Annotated[int, typer.Option(min=1, max=1000, help="Depth of each ranking.")] = 100,
     report: Annotated[Path | None, typer.Option(help="Write report.md, results.json and PNG plots here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: AsJson = False,
     mode: Annotated[
         str, typer.Option(help="Store modes: dense | sparse | hybrid | all (sparse/hybrid ingest BM25 vectors too).")
     ] = "dense",

@@ -10,14 +10,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import cli_errors, console, emit_json, err_console, settings_for
+from entrypoints.cli.common import AsJson, Collection, cli_errors, console, emit_json, err_console, settings_for
 from services.learn import feedback
 from services.runtime import Runtime
 
 feedback_app = typer.Typer(name="feedback", no_args_is_help=True,
                            help="Judgements of search hits (relevant / not relevant): list, export as training pairs.")
-AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
-Collection = Annotated[str | None, typer.Option(help="Collection (alias) name.")]
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, settings_for
+from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, settings_for
 
 
 def register(app: typer.Typer) -> None:
@@ -28,7 +28,7 @@ def tune_hybrid_command(
         str | None, typer.Option(help="Towers to tune with (default: the model that built the collection).")
     ] = None,
     collection: Annotated[str | None, typer.Option(help="Collection that receives the tuned choice.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: AsJson = False,
     language: Annotated[
         str, typer.Option(help="BM25 tokenisation: auto (the collection's) | en | ko; must match the collection.")
     ] = "auto",

@@ -10,12 +10,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.access import ROLES, AuditLog, KeyStore, audit_path, keys_path
 
 keys_app = typer.Typer(name="keys", help="API keys with a role (read < write < admin): create, list, revoke.",
                        no_args_is_help=True)
-AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from entrypoints.cli.common import (
     EXIT_ERROR,
+    AsJson,
+    Collection,
     cli_errors,
     console,
     emit_json,
@@ -49,11 +51,11 @@ def reembed(
     wait: Annotated[bool, typer.Option("--wait", help="With a broker: follow the re-embed until it ends.")] = False,
     gate: Annotated[Path | None, typer.Option(help="Dev data (BEIR folder or SQuAD JSON): promote only if "
                                                   "`dpr eval` scores the new model at least as high.")] = None,
-    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
+    collection: Collection = None,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up waiting after this many seconds.")] = None,
     show: Annotated[bool, typer.Option("--status", help="Show the latest re-embed and its progress; start nothing.")]
     = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Re-embed every stored passage with the new passage tower into a new generation, verify, swap the alias.
 
@@ -178,8 +180,8 @@ def _print_result(result: dict[str, Any]) -> None:
 
 def rollback(
     ctx: typer.Context,
-    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    collection: Collection = None,
+    as_json: AsJson = False,
 ) -> None:
     """Swap the alias back to the previous generation (kept until `dpr gc`); its model becomes ACTIVE again."""
     settings = settings_for(ctx, collection)
@@ -196,8 +198,8 @@ def gc(
     ctx: typer.Context,
     keep: Annotated[int | None, typer.Option("--keep", min=0, help="Inactive generations to keep "
                                                                   "(default: reembed.keep_generations).")] = None,
-    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    collection: Collection = None,
+    as_json: AsJson = False,
 ) -> None:
     """Drop all but the newest N inactive generations (never the active one, never a re-embed in progress)."""
     settings = settings_for(ctx, collection)
@@ -223,8 +225,8 @@ def beat(
 
 def optimize(
     ctx: typer.Context,
-    collection: Annotated[str | None, typer.Option(help="Collection (alias) name.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    collection: Collection = None,
+    as_json: AsJson = False,
 ) -> None:
     """Build the HNSW index of the active generation now (and vacuum deleted points); queries keep answering.
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import cli_errors, console, emit_json, fail, get_settings
+from entrypoints.cli.common import AsJson, cli_errors, console, emit_json, fail, get_settings
 
 if TYPE_CHECKING:
     from encoders.learn.training_run import TrainResult
@@ -23,7 +23,6 @@ models_app = typer.Typer(name="models", help="Trained towers: list, show, activa
 
 
 Name = Annotated[str, typer.Argument(help="Model name, 'base' or 'multilingual'.")]
-AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
 
 def register(app: typer.Typer) -> None:

@@ -9,13 +9,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from entrypoints.cli.common import cli_errors, console, emit_json, get_settings, settings_for
+from entrypoints.cli.common import AsJson, Collection, cli_errors, console, emit_json, get_settings, settings_for
 
 snapshot_app = typer.Typer(name="snapshot", help="Snapshots of a collection: create, list, restore.",
                            no_args_is_help=True)
 
-AsJson = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
-Collection = Annotated[str | None, typer.Option(help="Collection (alias) name.")]
 
 
 def register(app: typer.Typer) -> None:

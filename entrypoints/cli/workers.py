@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from entrypoints.cli.common import EXIT_USAGE, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.core.threads import available_cores
 from services.ingest.batches import Submitted
 from services.ingest.executor import Executor
@@ -68,7 +68,7 @@ def jobs(
     job_id: Annotated[str, typer.Argument(help="The job id printed by `dpr ingest`.")],
     wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it ends.")] = False,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Show an ingest job (in-process or on workers): state, batches, documents, passages, failures."""
     settings = get_settings(ctx)
