@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int, list[float]], None]
 """Called after each tower call with the batch's size and each question's wait in the queue (seconds)."""
+CacheObserver = Callable[[int, int], None]
+"""Called after each cache lookup with the questions found and the questions missed."""
 
 
 @dataclass(eq=False)
@@ -46,13 +48,15 @@ class _Item:
 
 class QuestionBatcher:
     def __init__(self, batching: bool = True, window_s: float = 0.002, max_batch: int = 32, cache_size: int = 4096,
-                 on_batch: BatchObserver | None = None, encoders: int = 1) -> None:
+                 on_batch: BatchObserver | None = None, encoders: int = 1,
+                 on_cache: CacheObserver | None = None) -> None:
         self.batching = batching
         self.encoders = encoders
         self.window_s = window_s
         self.max_batch = max_batch
         self.cache_size = cache_size
         self.on_batch = on_batch
+        self.on_cache = on_cache
         self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
@@ -61,14 +65,17 @@ class QuestionBatcher:
         self._last = 1  # size of the last batch: the window is waited only while questions come together
 
     @classmethod
-    def from_settings(cls, s: ServingSettings, on_batch: BatchObserver | None = None) -> QuestionBatcher:
-        return cls(s.batching, s.batch_window_ms / 1000, s.max_batch, s.cache_size, on_batch, s.encoders)
+    def from_settings(cls, s: ServingSettings, on_batch: BatchObserver | None = None,
+                      on_cache: CacheObserver | None = None) -> QuestionBatcher:
+        return cls(s.batching, s.batch_window_ms / 1000, s.max_batch, s.cache_size, on_batch, s.encoders, on_cache)
 
     def encode(self, towers: DualEncoder, questions: list[str]) -> np.ndarray:
         """``towers.encode_queries(questions)``, row for row, through the cache and the shared batches."""
         fingerprint = towers.fingerprint
         rows: list[np.ndarray | None] = [self._cached(fingerprint, q) for q in questions]
         missing = [i for i, row in enumerate(rows) if row is None]
+        if self.cache_size and self.on_cache is not None:
+            self.on_cache(len(rows) - len(missing), len(missing))
         if missing:
             texts = [questions[i] for i in missing]
             vectors = self._batched(towers, texts) if self.batching else list(towers.encode_queries(texts, len(texts)))

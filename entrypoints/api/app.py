@@ -76,7 +76,8 @@ def create_app(
     ``Runtime`` over fake towers and an in-process store)."""
     runtime = runtime or Runtime(settings, serialize_store=True)
     metrics = ApiMetrics()
-    runtime.use_batcher(QuestionBatcher.from_settings(settings.serving, on_batch=metrics.observe_question_batch))
+    runtime.use_batcher(QuestionBatcher.from_settings(settings.serving, on_batch=metrics.observe_question_batch,
+                                                      on_cache=metrics.observe_question_cache))
     executor = executor or executor_for(runtime, background=True, on_batch=metrics.observe_ingest)
     metrics.set_queue_depth_source(executor.pending)
     gate = AccessGate.from_settings(settings)

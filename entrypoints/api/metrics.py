@@ -57,6 +57,10 @@ class ApiMetrics:
             "dpr_question_queue_seconds", "Time a question waited for its question-tower batch to start.",
             buckets=QUEUE_BUCKETS, registry=r,
         )
+        self.question_cache = Counter(
+            "dpr_question_cache_lookups", "Questions looked up in the encoding cache, by result (hit, miss).",
+            ["result"], registry=r,
+        )
         self.jobs = Counter(
             "dpr_ingest_jobs", "Ingest jobs accepted by the API, by executor.", ["executor"], registry=r
         )
@@ -91,6 +95,10 @@ class ApiMetrics:
         self.question_batch.observe(size)
         for wait in waits:
             self.question_queue_seconds.observe(wait)
+
+    def observe_question_cache(self, hits: int, misses: int) -> None:
+        self.question_cache.labels("hit").inc(hits)
+        self.question_cache.labels("miss").inc(misses)
 
     def set_queue_depth_source(self, source: Callable[[], float]) -> None:
         """Read the queue depth when scraped (a broker round trip per scrape, not per request)."""

@@ -157,13 +157,17 @@ def test_the_api_answers_the_same_through_the_batcher_and_metrics_show_it(tmp_pa
         while c.get(f"/v1/jobs/{job.json()['job']}").json()["state"] != "done" and time.monotonic() < deadline:
             time.sleep(0.02)
         answer = c.post("/v1/search", json={"question": "which decay emits electrons", "k": 2}).json()["hits"]
+        again = c.post("/v1/search", json={"question": "which decay emits electrons", "k": 2}).json()["hits"]
         alone = search("which decay emits electrons", store=runtime.store, towers=HashTowers(),
                        options=QueryOptions(k=2), sparse=runtime.sparse)  # the same towers, no batcher
         metrics = c.get("/metrics").text
     assert len(answer) == 2
     assert [(h["doc_id"], h["score"]) for h in answer] == [(h.passage.doc_id, h.score) for h in alone]
-    assert "dpr_question_batch_size_count 1.0" in metrics
+    assert again == answer  # the second time from the cache
+    assert "dpr_question_batch_size_count 1.0" in metrics  # one tower call for the two searches
     assert "dpr_question_queue_seconds_count 1.0" in metrics
+    assert 'dpr_question_cache_lookups_total{result="hit"} 1.0' in metrics
+    assert 'dpr_question_cache_lookups_total{result="miss"} 1.0' in metrics
 
 
 def test_two_encoders_run_two_calls_at_once_and_close_stops_both() -> None:
