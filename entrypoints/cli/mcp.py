@@ -9,6 +9,8 @@ import typer
 
 from entrypoints.cli.common import EXIT_USAGE, fail
 
+COMMANDS = ("mcp",)
+
 
 def mcp(
     ctx: typer.Context,
@@ -49,4 +51,5 @@ def mcp(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("mcp")(mcp)
+    for name in COMMANDS:
+        app.command(name)(globals()[name])
