@@ -51,10 +51,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from encoders import data as d  # noqa: E402
 from encoders.learn.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
-from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
+from encoders.towers import DualEncoder, resolve_model_path  # noqa: E402
 from services import readers  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.learn.evaluation import StoreCorpus  # noqa: E402
+from services.learn.evaluation import StoreCorpus, _served_towers  # noqa: E402
 from services.learn.hybrid import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
 from services.readers import load_dev_split  # noqa: E402
@@ -63,6 +63,9 @@ DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "benchmarks" / "results" / "quality"
 SECTIONS = ("scifact", "squad", "zeroshot", "latency")
 K = 100
+# The fixed fusions a collection could serve with no labels (the label-free default is chosen among them on SciFact's
+# dev queries, then read on every test set: `defaults` in the results).
+LABEL_FREE = (FusionChoice("rrf", rrf_k=60), FusionChoice("linear", linear_weight=0.5))
 
 log = logging.getLogger("bench_hybrid")
 STATE: dict[str, Any] = {"sections": {}}
@@ -105,25 +108,34 @@ def tuning_metrics_from(tuned: TuneResult) -> tuple[str, str]:
     return (tuned.metric, "ndcg@10" if tuned.metric != "ndcg@10" else "recall@100")
 
 
-def model_list(args: argparse.Namespace, settings: Settings) -> list[tuple[str, SentenceTransformerTowers]]:
-    out = [("base", SentenceTransformerTowers(resolve_model_path("base", settings.models_dir)[0], name="base"))]
+def model_list(args: argparse.Namespace, settings: Settings) -> list[tuple[str, DualEncoder]]:
+    """The base towers and, when named or active, a trained model; each as the product serves it (passages on
+    ``DPR_ENCODER__BACKEND``, default onnx-int8; questions on its question backend)."""
+    out = [("base", _served_towers(settings, "base"))]
     spec = args.trained
     if spec is None and (settings.models_dir / "ACTIVE").is_file():
         spec = "active"
     if spec is not None:
-        path, name = resolve_model_path(spec, settings.models_dir)
+        _, name = resolve_model_path(spec, settings.models_dir)
         if name != "base":
-            out.append((f"trained:{name}", SentenceTransformerTowers(path, name=name)))
+            out.append((f"trained:{name}", _served_towers(settings, spec)))
     return out
 
 
 def hybrid_rows(corpus: StoreCorpus, test: d.RetrievalDataset, label: str, tuned: TuneResult) -> list[SystemResult]:
+    """Hybrid at the best RRF and the best linear point of dev, then at each label-free candidate not among them."""
     rows = []
     rrf, linear = best_of(tuned, "rrf"), best_of(tuned, "linear")
     for choice in (rrf, linear):
         mark = " (chosen)" if choice == tuned.choice else ""
         rows.append(timed(test, f"{label}+hybrid {choice.label()}{mark}", corpus.retriever(choice.options())))
-    return rows
+    return rows + label_free_rows(corpus, test, label, skip=(rrf, linear))
+
+
+def label_free_rows(corpus: StoreCorpus, test: d.RetrievalDataset, label: str,
+                    skip: tuple[FusionChoice, ...] = ()) -> list[SystemResult]:
+    return [timed(test, f"{label}+hybrid {c.label()} (label-free)", corpus.retriever(c.options()))
+            for c in LABEL_FREE if c not in skip]
 
 
 def tune_summary(label: str, tuned: TuneResult) -> dict[str, Any]:
@@ -172,7 +184,50 @@ def section_result(test: d.RetrievalDataset, results: list[SystemResult], tunes:
     report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
     seconds = {r.system: round(r.seconds, 1) for r in results}
     return {"table": report.to_markdown_table(), "queries": len(test.queries), "seconds": seconds,
-            "tuning": tunes, "floors": floors}  # fmt: skip
+            "tuning": tunes, "floors": floors, "ndcg": ndcg_of(results)}  # fmt: skip
+
+
+def ndcg_of(results: list[SystemResult]) -> dict[str, float]:
+    return {r.system: round(r.metrics["ndcg@10"], 4) for r in results}
+
+
+def label_free_summary(sec: dict[str, Any]) -> list[str]:
+    """The label-free candidates (base towers) on each BEIR test set beside dense and BM25, their dev scores on
+    SciFact's held-out train queries, and the issue's floors: each >= max(dense, BM25) - 0.005; mean >= dense + 0.03."""
+    tables = {"scifact": sec.get("scifact", {}).get("ndcg"), **sec.get("zeroshot", {}).get("ndcg", {})}
+    tables = {k: v for k, v in tables.items() if v}
+    if not tables:
+        return []
+    names = [c.label() for c in LABEL_FREE]
+    lines = ["## Label-free default (base towers, nDCG@10, test)", "",
+             "| collection | dense | BM25 (max of bm25s, store) | " + " | ".join(f"hybrid {n}" for n in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]  # fmt: skip
+    cols: dict[str, list[float]] = {"dense": [], **{n: [] for n in names}}
+    floor_rows = []
+    for name, by in tables.items():
+        bm25 = max(by["bm25 (bm25s)"], by["bm25-store"])
+        row = [by["base"]] + [next(v for k, v in by.items() if k.startswith(f"base+hybrid {n}")) for n in names]
+        cols["dense"].append(row[0])
+        for n, v in zip(names, row[1:], strict=True):
+            cols[n].append(v)
+            bar = max(row[0], bm25) - 0.005
+            floor_rows.append(f"| {name}: hybrid {n} >= max(dense, BM25) - 0.005 | {v:.3f} | {bar:.3f} | "
+                              f"{'yes' if v >= bar else 'NO'} |")
+        lines.append(f"| {name} | {row[0]:.3f} | {bm25:.3f} | " + " | ".join(f"{v:.3f}" for v in row[1:]) + " |")
+    mean = {k: sum(v) / len(v) for k, v in cols.items()}
+    lines.append(f"| mean | {mean['dense']:.3f} | | " + " | ".join(f"{mean[n]:.3f}" for n in names) + " |")
+    for n in names:
+        ok = mean[n] >= mean["dense"] + 0.03
+        floor_rows.append(f"| mean: hybrid {n} >= dense + 0.03 | {mean[n]:.3f} | {mean['dense'] + 0.03:.3f} | "
+                          f"{'yes' if ok else 'NO'} |")
+    dev = next((t for t in sec.get("scifact", {}).get("tuning", []) if t["model"] == "base"), None)
+    if dev:
+        grid = dev["grid"]  # keyed by FusionChoice.label()
+        lines += ["", f"SciFact dev ({dev['dev']['queries']} held-out train queries, nDCG@10): "
+                  f"dense {dev['dense']:.3f}, "
+                  f"bm25-store {dev['bm25_store']:.3f}, " + ", ".join(f"hybrid {n} {grid[n]:.3f}" for n in names)
+                  + ": the label-free default is the best of these on dev."]  # fmt: skip
+    return lines + ["", "| floor | value | bar | met |", "|---|---|---|---|", *floor_rows, ""]
 
 
 # --- sections ------------------------------------------------------------------------------------------------------
@@ -250,8 +305,7 @@ def section_zeroshot(args: argparse.Namespace, settings: Settings) -> dict[str, 
                 results.append(timed(test, label, corpus.retriever(QueryOptions(mode="dense"))))
                 tuned = choices.get(label)
                 picks = [("scifact-chosen", tuned.choice), ("scifact-best-rrf", best_of(tuned, "rrf"))] if tuned else []
-                if not tuned:
-                    picks = [("default", FusionChoice("rrf", rrf_k=60))]
+                picks += [("label-free", c) for c in LABEL_FREE]
                 seen = set()
                 for tag, choice in picks:
                     if choice in seen:
@@ -263,6 +317,7 @@ def section_zeroshot(args: argparse.Namespace, settings: Settings) -> dict[str, 
                 corpus.close()
         report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
         out["tables"][name] = report.to_markdown_table()
+        out.setdefault("ndcg", {})[name] = ndcg_of(results)
     return out
 
 
@@ -361,6 +416,7 @@ def write_results(args: argparse.Namespace) -> Path:
             f"| {f['floor']} | {f['value']:.3f} | {f['bar']:.3f} | {'yes' if f['met'] else 'NO'} |" for f in floors
         ]
         lines.append("")
+    lines += label_free_summary(sec)
     if "scifact" in sec:
         s = sec["scifact"]
         lines += [f"## SciFact (BEIR) test, {s['queries']} queries", "",

@@ -7,7 +7,10 @@ edge store; then, for the store's ``search`` (no towers: the engine and the fron
 - ``Store.optimize()`` while a thread writes new passages (``--writes-per-s``) and another queries every 20 ms: its
   wall time, whether the build landed (its copy swapped in, the writes made meanwhile replayed onto it), the time the
   lease was held (copy; last replay round + swap), the writes replayed, and the queries' p99 and slowest meanwhile;
-- dense, hybrid RRF (fused in the engine) and hybrid linear (payloads for the final k only) p50 / p95 with HNSW.
+- dense, hybrid RRF (fused in the engine) and hybrid linear (payloads for the final k only) p50 / p95 with HNSW,
+  and dense recall@10 against the exact scan, twice: with the ef the build calibrated (``services.store.calibrate``,
+  the default ``DPR_EDGE__RECALL_TARGET`` 0.98) and with the engine's own default ef (no calibration: the default
+  before it).
 
     python benchmarks/bench_search.py --passages 100000   # about 3-5 minutes on 2 cores
     python benchmarks/bench_search.py --data-dir COPY --add 20000 --threshold 10000   # the build alone, over a copy
@@ -34,7 +37,7 @@ from services.core.settings import EdgeSettings, Settings
 from services.store import Store
 from services.store.engines import edge_index
 from services.store.engines.edge import EdgeEngine
-from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
+from services.store.points import DENSE, CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
 
 DIM, VOCAB, TERMS, QUERY_TERMS = 384, 30_000, 40, 8
 
@@ -90,6 +93,22 @@ def latencies(store: Store, reqs: dict[str, list[SearchRequest]], modes: list[st
         cycle = iter(reqs[mode] * 10)
         out[mode] = timed(lambda cycle=cycle: store.search(next(cycle)), len(reqs[mode]))  # type: ignore[misc]
     return out
+
+
+def recall_at_10(store: Store, reqs: list[SearchRequest]) -> float:
+    """Mean recall@10 of the store's dense search against the engine's exact scan, on ``reqs``."""
+    from qdrant_edge import Query, QueryRequest, SearchParams
+
+    engine, generation = store.engine, store.active().name  # type: ignore[union-attr]
+    assert isinstance(engine, EdgeEngine)
+    found = 0
+    for r in reqs:
+        with engine.session():
+            exact = engine._shard(generation).query(QueryRequest(  # noqa: SLF001 - the truth, beside the product
+                limit=10, query=Query.Nearest(r.dense, using=DENSE), params=SearchParams(exact=True),
+                with_payload=True))
+        found += len({str(p.payload["doc_id"]) for p in exact} & {h.passage.doc_id for h in store.search(r)})
+    return found / (10 * len(reqs))
 
 
 def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Generator, writes_per_s: float,
@@ -201,18 +220,28 @@ def main() -> None:
         reqs = requests(rng, args.queries)
         exact = latencies(store, reqs, ["dense", "hybrid rrf"])
         build = optimize_under_load(store, reqs["dense"][0], rng, args.writes_per_s, args.passages)
-        hnsw = latencies(store, reqs, ["dense", "hybrid rrf", "hybrid linear"])
+        engine = store.engine
+        assert isinstance(engine, EdgeEngine)
         info = store.index_info()
+        rows = {}
+        for label, target in (("HNSW, calibrated ef", engine.recall_target), ("HNSW, engine default ef", 0.0)):
+            engine.recall_target = target  # 0: no calibration read (the default before it)
+            rows[label] = latencies(store, reqs, ["dense", "hybrid rrf", "hybrid linear"])
+            rows[label]["recall"] = (recall_at_10(store, reqs["dense"]), 0.0)
         store.close()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"## bench_search: {args.passages:,} synthetic passages, dim {DIM}, k=10, {args.queries} queries per row")
     print(f"{machine}; load average {load}")
-    print(f"upsert {ingest_s:.1f} s; index: {info['segments']} segments, {info['hnsw_segments']} with HNSW\n")
-    print("| search | index | p50 ms | p95 ms | / dense p50 |")
-    print("|---|---|---:|---:|---:|")
-    for label, rows in (("exact scan", exact), ("HNSW", hnsw)):
-        for mode, (p50, p95) in rows.items():
-            print(f"| {mode} | {label} | {p50:.2f} | {p95:.2f} | {p50 / rows['dense'][0]:.2f} |")
+    print(f"upsert {ingest_s:.1f} s; index: {info['segments']} segments, {info['hnsw_segments']} with HNSW")
+    cal = info.get("calibration") or {}
+    print(f"calibration: {cal}\n")
+    print("| search | index | p50 ms | p95 ms | / dense p50 | dense recall@10 |")
+    print("|---|---|---:|---:|---:|---:|")
+    for label, by_mode in (("exact scan", exact), *rows.items()):
+        recall = by_mode.pop("recall", (1.0, 0.0))[0]
+        for mode, (p50, p95) in by_mode.items():
+            print(f"| {mode} | {label} | {p50:.2f} | {p95:.2f} | {p50 / by_mode['dense'][0]:.2f} | "
+                  f"{recall:.3f} |")
     print("\n" + build_line(build, args.writes_per_s))
 
 

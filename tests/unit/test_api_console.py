@@ -165,8 +165,9 @@ def test_status_says_default_mode_model_name_and_rollback_target(client: TestCli
     ingest(client, DOCS)
     first = client.get("/v1/status").json()
     assert first["default_mode"] == "hybrid" and first["rollback"] is None  # BM25 vectors, no tuning: label-free
-    assert first["serving"]["source"] == "label-free" and first["serving"]["fusion"] == {"fusion": "rrf", "rrf_k": 60}
-    assert first["serving"]["reason"].startswith("label-free default: hybrid rrf k=60, measured")
+    assert first["serving"]["source"] == "label-free"
+    assert first["serving"]["fusion"] == {"fusion": "linear", "linear_weight": 0.5}
+    assert first["serving"]["reason"].startswith("label-free default: hybrid linear, dense weight 0.5, measured")
     assert first["search_ef"]["search"] == "exact scan"  # below the index threshold: no graph to calibrate
     assert first["model_name"] is None  # hashing towers: no model of that fingerprint in the registry
 

@@ -11,7 +11,7 @@ import pytest
 from test_edge_index import DIM, SPEC, unit_vectors
 
 from services.store import Store
-from services.store.calibrate import EF_LADDER, FUSED_LIMIT, calibrate, describe
+from services.store.calibrate import EF_LADDER, FUSED_LIMIT, calibrate, describe, probes
 from services.store.engines import edge_index
 from services.store.engines.edge import EdgeEngine
 from services.store.points import DENSE, Passage, PassagePoint, SearchRequest
@@ -20,29 +20,34 @@ pytestmark = pytest.mark.unit
 
 
 def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]
+    sample = [(f"p{i}", [float(i)]) for i in range(40)]  # 20 probes: the midpoints of pairs
 
     def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
-        me = f"p{int(vector[0])}"
-        truth = [me] + [f"n{j}" for j in range(limit - 1)]
-        if ef is None or ef >= 96:
-            return truth
-        return [me] + [f"n{j}" for j in range(8)] + ["x1", "x2"]  # 8 of the true 10 below ef 96
+        truth = [f"n{j}" for j in range(limit)]
+        return truth if ef is None or ef >= 96 else truth[:8] + [f"x{j}" for j in range(limit - 8)]  # 8 of 10
 
     cal = calibrate(sample, search, target=0.98, budget_s=60)
     assert (cal["ef"], cal["recall"], cal["fused_ef"], cal["fused_recall"]) == (96, 1.0, FUSED_LIMIT, 1.0)
-    assert cal["reached"] and cal["sample"] == 40
+    assert cal["reached"] and cal["sample"] == 20
     low = calibrate(sample, search, target=0.5, budget_s=60)
     assert (low["ef"], low["recall"]) == (EF_LADDER[0], 0.8)
 
 
+def test_probes_are_not_points_and_leave_their_sources_out() -> None:
+    assert probes([("a", [1.0, 0.0]), ("b", [0.0, 1.0]), ("c", [1.0, 1.0])]) == [({"a", "b"}, [0.5, 0.5])]
+
+
 def test_calibrate_says_so_when_the_target_is_out_of_reach_or_the_budget_is_spent() -> None:
     sample = [(f"p{i}", [float(i)]) for i in range(40)]
-    never = calibrate(sample, lambda v, limit, ef: [f"p{int(v[0])}"] + [f"n{j}" for j in range(limit - 1)]
-                      if ef is None else ["x"] * limit, target=0.9, budget_s=60)
+    never = calibrate(sample, lambda v, limit, ef: [f"n{j}" for j in range(limit)] if ef is None else ["x"] * limit,
+                      target=0.9, budget_s=60)
     assert never["ef"] == EF_LADDER[-1] and never["recall"] == 0.0 and never["reached"] is False
     skipped = calibrate(sample[:5], lambda v, limit, ef: [], target=0.9, budget_s=60)
     assert "skipped" in skipped and "ef" not in skipped
+    late = calibrate(sample, lambda v, limit, ef: [f"n{j}" for j in range(limit)], target=0.9, budget_s=0)
+    assert {"skipped", "fused_skipped"} <= set(late) and "ef" not in late and late["reached"] is False
+    said = describe({"hnsw_segments": 1, "calibration": late}, {})
+    assert said["dense_ef"] is None and said["dense_reason"] == "engine default (out of time before an ef was measured)"
 
 
 def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path: Path,

@@ -30,9 +30,9 @@ def spec(sparse: bool = True, **settings: object) -> CollectionSpec:
 def test_a_collection_with_bm25_and_no_tuning_serves_the_label_free_hybrid() -> None:
     serving = serving_mode(spec())
     assert (serving.mode, serving.source, serving.fusion) == ("hybrid", "label-free", LABEL_FREE_FUSION)
-    assert serving.reason.startswith("label-free default: hybrid rrf k=60, measured")
+    assert serving.reason.startswith("label-free default: hybrid linear, dense weight 0.5, measured")
     request = resolve_request(spec(), QueryOptions(k=5), "c")
-    assert (request.mode, request.fusion, request.rrf_k, request.candidates) == ("hybrid", "rrf", 60, 100)
+    assert (request.mode, request.fusion, request.linear_weight, request.candidates) == ("hybrid", "linear", 0.5, 100)
 
 
 def test_a_tuned_choice_overrides_the_label_free_default_and_says_where_it_was_tuned() -> None:
@@ -46,6 +46,8 @@ def test_a_tuned_choice_overrides_the_label_free_default_and_says_where_it_was_t
 def test_an_explicit_mode_or_fusion_wins() -> None:
     dense = resolve_request(spec(), QueryOptions(k=5, mode="dense"), "c")
     assert dense.mode == "dense"
+    rrf = resolve_request(spec(), QueryOptions(k=5, fusion="rrf"), "c")  # the label-free mode, the fusion asked
+    assert (rrf.mode, rrf.fusion, rrf.rrf_k) == ("hybrid", "rrf", 60)
     linear = resolve_request(spec(**TUNED), QueryOptions(k=5, fusion="rrf", rrf_k=10), "c")
     assert (linear.mode, linear.fusion, linear.rrf_k) == ("hybrid", "rrf", 10)
 
@@ -71,7 +73,8 @@ def test_a_default_search_through_the_store_ranks_as_the_explicit_label_free_hyb
                                                 strict=True)])
         ask = {"store": store, "towers": towers, "sparse_for": lambda: sparse}
         default = search("glacier melt", options=QueryOptions(k=4), **ask)
-        explicit = search("glacier melt", options=QueryOptions(k=4, mode="hybrid", fusion="rrf", rrf_k=60), **ask)
+        explicit = search("glacier melt", options=QueryOptions(k=4, mode="hybrid", fusion="linear", linear_weight=0.5),
+                          **ask)
         dense = search("glacier melt", options=QueryOptions(k=4, mode="dense"), **ask)
         assert default[0].passage.doc_id == "ice.txt"
         assert [(h.passage.doc_id, h.score) for h in default] == [(h.passage.doc_id, h.score) for h in explicit]

@@ -164,7 +164,7 @@ class BuildChild:
     def built(self) -> tuple[bool, dict[str, Any] | None]:
         """Wait for the build (at most ``_BUILD_TIMEOUT``): whether it changed anything, and its calibration."""
         words = self._answer("built", _BUILD_TIMEOUT)
-        return words[:1] == ["1"], (json.loads(words[1]) if len(words) > 1 else None)
+        return words[:1] == ["1"], (json.loads(" ".join(words[1:])) if len(words) > 1 else None)  # its text has spaces
 
     def replay(self) -> tuple[int, int]:
         """Replay the journal's new writes onto the copy: (writes replayed, the copy's points after)."""
