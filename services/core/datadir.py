@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.core import diskspace
 from services.core.errors import DataDirFormatError
 from services.core.fsutil import allocated_bytes, built_beside, copy_tree_sparse, fsync_dir, write_atomic
 
@@ -144,6 +143,8 @@ def migrate(data_dir: Path) -> dict[str, Any]:
     steps = [f"{n} -> {n + 1}" for n in range(state.format, CURRENT)]
     if steps:
         with built_beside(data_dir, f"migrating {data_dir}") as build:
+            from services.core import diskspace  # a migration only: dpr query never loads it
+
             diskspace.require(build, 0, "migrating the data dir", need_bytes=allocated_bytes(data_dir))
             copy = build / "data"
             copy_tree_sparse(data_dir, copy)
