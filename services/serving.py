@@ -1,10 +1,11 @@
 """The serving runtime's question batcher: one per process, in front of the question tower (docs/capacity.md).
 
-Questions that reach the tower while it is busy, or within ``serving.batch_window_ms`` of the first of a batch, share
-one ``encode_queries`` call (at most ``serving.max_batch`` questions); a question alone takes the same path as a
-batch of one. ``serving.encoders`` threads (2: a call runs on one core, and two cores answer more than one) take
-the questions from one queue: each waits out the window only while questions come together (the last batch held
-more than one), so a lone question is encoded at once. Each caller waits for its own rows.
+Questions that reach the tower while it is busy (or, with ``serving.batch_window_ms`` set, within that many
+milliseconds of the first of a batch) share one ``encode_queries`` call (at most ``serving.max_batch`` questions);
+a question alone takes the same path as a batch of one. ``serving.encoders`` threads (2: a call runs on one core,
+and two cores answer more than one) take the questions from one queue: each waits out a window only while
+questions come together (the last batch held more than one), so a lone question is encoded at once. Each caller
+waits for its own rows.
 
 The ONNX question tower encodes a row the same alone or in a batch (bitwise:
 tests/integration/test_question_batching.py), so batching changes no answer. Encodings of repeated questions come
@@ -47,7 +48,7 @@ class _Item:
 
 
 class QuestionBatcher:
-    def __init__(self, batching: bool = True, window_s: float = 0.002, max_batch: int = 32, cache_size: int = 4096,
+    def __init__(self, batching: bool = True, window_s: float = 0.0, max_batch: int = 32, cache_size: int = 4096,
                  on_batch: BatchObserver | None = None, encoders: int = 1,
                  on_cache: CacheObserver | None = None) -> None:
         self.batching = batching

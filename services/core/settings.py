@@ -253,8 +253,9 @@ class ServingSettings(BaseModel):
 
     batching: bool = Field(default=True, description="Encode concurrent questions together; false: each alone.")
     batch_window_ms: float = Field(
-        default=2.0, ge=0, le=100, description="Milliseconds a batch waits for more questions while they come "
-        "together (never for a lone question); 0: only those that queued while the tower was busy."
+        default=0.0, ge=0, le=100, description="Milliseconds a batch waits for more questions while they come "
+        "together (never for a lone question); 0: a batch is what queued while the tower was busy (measured no "
+        "worse than 2 or 5 ms: docs/capacity.md)."
     )
     max_batch: int = Field(default=32, ge=1, le=1024, description="Questions per question-tower call at most.")
     encoders: int = Field(default=2, ge=1, le=64, description="Question-tower calls at once (encoder threads).")
