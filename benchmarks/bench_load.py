@@ -513,7 +513,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
         f"Machine before: {result['machine']}",
         f"Machine after: {result['machine_after']}",
         "",
-        f"Collection: {result.get('docs', '?')} SciFact abstracts ({result.get('points') or '?'} points), "
+        f"Collection: {str(result['docs']) + ' SciFact abstracts' if 'docs' in result else 'the --data-dir given'} "
+        f"({result.get('points') or '?'} points), "
         f"`dpr serve` ready {result.get('ready_s', 0):.1f} s after start, idle RSS "
         f"{result.get('idle_rss_mb', 0):.0f} MB.",
     ]
