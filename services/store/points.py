@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from services.store.protocol import PointRecord, Vector
 
 # A fixed namespace so that the same (doc id, chunk index) maps to the same point id on every machine.
 POINT_NAMESPACE = uuid.UUID("6f1c3f2e-7a55-5b0e-9d2a-0d5c1f6a9e41")
@@ -115,16 +119,18 @@ class Passage:
         )
         if self.job:
             payload["job"] = self.job
-        # Place fields only where there is a place, so a document without structure stores what it always did.
-        if self.page is not None:
-            payload["page"] = self.page
-        if self.page_end is not None:
-            payload["page_end"] = self.page_end
+        return payload | self.place_fields()
+
+    def place_fields(self) -> dict[str, Any]:
+        """page, page_end, heading and format, only where there is a place (a document without structure stores
+        and answers what it always did)."""
+        fields: dict[str, Any] = {"page": self.page, "page_end": self.page_end}
+        fields = {k: v for k, v in fields.items() if v is not None}
         if self.heading:
-            payload["heading"] = list(self.heading)
+            fields["heading"] = list(self.heading)
         if self.format:
-            payload["format"] = self.format
-        return payload
+            fields["format"] = self.format
+        return fields
 
     @property
     def place(self) -> str:
@@ -248,14 +254,7 @@ class Hit:
         }
         if self.rerank_score is not None:
             out["rerank_score"] = self.rerank_score
-        if p.page is not None:
-            out["page"] = p.page
-        if p.page_end is not None:
-            out["page_end"] = p.page_end
-        if p.heading:
-            out["heading"] = list(p.heading)
-        if p.format:
-            out["format"] = p.format
+        out.update(p.place_fields())
         if p.place:
             out["place"] = p.place
         return out
@@ -283,3 +282,16 @@ class CollectionInfo:
     backend: str
     active: GenerationInfo | None
     generations: list[GenerationInfo]
+
+
+def vector_from_engine(vector: Any) -> Vector:
+    """An engine's vector (qdrant-edge's or qdrant-client's) as the store's: ``SparseVector`` or a list of floats."""
+    if hasattr(vector, "indices"):
+        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
+    return [float(v) for v in vector]
+
+
+def point_records(records: Iterable[Any]) -> list[PointRecord]:
+    """Engine records retrieved with their vectors and payload (either engine) as the store's point records."""
+    return [(str(r.id), {n: vector_from_engine(v) for n, v in (r.vector if isinstance(r.vector, dict) else {}).items()},
+             dict(r.payload or {})) for r in records]

@@ -55,7 +55,6 @@ from services.store.engines.edge_config import (  # converters
     delete_operation,
     dense_params,
     edge_config,
-    from_engine,
     levers_from,
     levers_of,
     nearest,
@@ -67,7 +66,7 @@ from services.store.engines.edge_config import (  # converters
     upsert_operation,
 )
 from services.store.lease import ShardLease, lease_for
-from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector
+from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector, point_records
 from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
@@ -371,11 +370,7 @@ class EdgeEngine:
     def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
         """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
         records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=True)
-        out: list[PointRecord] = []
-        for r in records:
-            named = r.vector if isinstance(r.vector, dict) else {}
-            out.append((str(r.id), {n: from_engine(v) for n, v in named.items()}, dict(r.payload or {})))
-        return out
+        return point_records(records)
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None

@@ -163,13 +163,6 @@ def to_field(condition: Match | AtLeast) -> FieldCondition:
     return FieldCondition(key=condition.key, match=match)
 
 
-def from_engine(vector: Any) -> Vector:
-    """An engine vector as the store's: ``SparseVector`` or a list of floats."""
-    if hasattr(vector, "indices"):
-        return SparseVector(indices=list(vector.indices), values=[float(v) for v in vector.values])
-    return [float(v) for v in vector]
-
-
 def to_vector(vector: Vector) -> Any:
     if isinstance(vector, SparseVector):
         return EdgeSparseVector(indices=list(vector.indices), values=list(vector.values))

@@ -36,8 +36,16 @@ from services.store.common import (
     generation_number,
     missing_generation,
 )
-from services.store.engines.server_convert import from_engine, scored, to_filter, to_vector, to_where
-from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
+from services.store.engines.server_convert import scored, to_filter, to_vector, to_where
+from services.store.points import (
+    DENSE,
+    INDEXED_INTEGERS,
+    INDEXED_KEYWORDS,
+    SPARSE,
+    CollectionSpec,
+    SparseVector,
+    point_records,
+)
 from services.store.protocol import Branch, PointRecord, Record, Vector
 
 if TYPE_CHECKING:
@@ -414,11 +422,7 @@ class ServerEngine:
         """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
         with self._engine("retrieve points", generation):
             records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=True)
-        out: list[PointRecord] = []
-        for r in records:
-            named = r.vector if isinstance(r.vector, dict) else {}
-            out.append((str(r.id), {n: from_engine(v) for n, v in named.items()}, dict(r.payload or {})))
-        return out
+        return point_records(records)
 
     def query_rrf(
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
