@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -19,17 +20,7 @@ router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templ
              summary="Question tower -> passages [-> reranker]")
 @requires("read")
 def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
-    options = QueryOptions(
-        k=body.k,
-        mode=body.mode,
-        filters=dict(body.filters),
-        fusion=body.fusion,
-        rrf_k=body.rrf_k,
-        linear_weight=body.linear_weight,
-        candidates=body.candidates,
-        rerank=body.rerank,
-        rerank_weight=body.rerank_weight,
-    )
+    options = QueryOptions(**{f.name: getattr(body, f.name) for f in fields(QueryOptions)})  # the same names
     t0 = time.perf_counter()
     with state.metrics.time_query(body.mode or "default"):
         hits = state.runtime.search(body.question, options)
