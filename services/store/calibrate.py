@@ -112,7 +112,7 @@ def describe(index: dict[str, Any], explicit: dict[str, int | None]) -> dict[str
         elif cal.get(key):
             out[f"{kind}_ef"] = cal[key]
             out[f"{kind}_reason"] = (f"calibrated: recall@10 {cal.get(key.replace('ef', 'recall'))} vs the exact scan "
-                                     f"on {cal.get('sample')} of its vectors (target {cal.get('target')})")
+                                     f"on {cal.get('sample')} probes from its own vectors (target {cal.get('target')})")
         else:
             why = cal.get("skipped") or cal.get(key.replace("ef", "skipped")) or "not calibrated"
             out[f"{kind}_ef"], out[f"{kind}_reason"] = None, f"engine default ({why})"

@@ -61,9 +61,11 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
     assert engine.index_info("c__g0001")["calibration"] == {}  # no graph yet: exact scan, nothing to calibrate
     assert store.optimize() is True
     cal = engine.index_info("c__g0001")["calibration"]
-    assert cal["sample"] >= 20 and cal["ef"] in EF_LADDER and cal["fused_ef"] >= FUSED_LIMIT
-    assert cal["recall"] >= 0.99 or not cal["reached"]
-    assert {"seconds", "build_seconds", "target"} <= set(cal) and cal["target"] == 0.99
+    assert {"sample", "seconds", "build_seconds", "target"} <= set(cal) and cal["target"] == 0.99
+    # within a tenth of a small build's time the ladder may not finish: each kind of query has its ef or says why
+    assert ("ef" in cal) != ("skipped" in cal) and ("fused_ef" in cal) != ("fused_skipped" in cal)
+    assert cal.get("ef", EF_LADDER[0]) in EF_LADDER and cal.get("fused_ef", FUSED_LIMIT) >= FUSED_LIMIT
+    assert cal.get("recall", 0.0) >= 0.99 or not cal["reached"]
 
     asked: list[Any] = []
     params_of = EdgeEngine._params
@@ -71,7 +73,7 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
         params_of(self, g, b, fused)) or asked[-1])
     query = unit_vectors(1, seed=2)[0].tolist()
     assert len(store.search(SearchRequest(dense=query, k=10))) == 10
-    assert asked[-1].hnsw_ef == cal["ef"]
+    assert (None if asked[-1] is None else asked[-1].hnsw_ef) == cal.get("ef")  # no ef measured: the engine's
     explicit = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000,
                           search_params=edge_params(hnsw_ef=77))
     assert explicit._params("c__g0001", (DENSE, query)).hnsw_ef == 77  # an explicit ef wins
@@ -79,7 +81,8 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
     explicit.close()
     info = {"hnsw_segments": 1} | engine_index(tmp_path)
     said = describe(info, {"hnsw_ef": None, "hybrid_ef": 300})
-    assert said["dense_ef"] == cal["ef"] and said["dense_reason"].startswith("calibrated: recall@10")
+    assert said["dense_ef"] == cal.get("ef")
+    assert said["dense_reason"].startswith("calibrated: recall@10" if "ef" in cal else "engine default (out of time")
     assert (said["hybrid_ef"], said["hybrid_reason"]) == (300, "set by DPR_EDGE__HYBRID_EF")
     assert describe({"hnsw_segments": 0, "index_threshold": 5000}, {})["search"] == "exact scan"
 
