@@ -8,7 +8,8 @@ branch fetches ``FUSED_LIMIT`` candidates (the engine searches with ef >= limit)
 with that limit. The whole measurement is held to ``CALIBRATION_SHARE`` of the build's own time (the probes shrink,
 never below ``MIN_SAMPLE``); where the target is not reached (or the time runs out first) the largest ef tried is
 kept and the record says so (``reached``: false); the first ef tried is the ladder's middle (128), above the
-engines' default of 100.
+engines' default of 100. Where the graph at the chosen ef answers a probe slower than the exact scan did (a small
+or structureless collection), the record says ``exact`` and queries scan exactly: full recall, less time.
 """
 
 from __future__ import annotations
@@ -52,14 +53,17 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
     out: dict[str, Any] = {"target": target, "sample": len(truth)}
     if len(truth) < MIN_SAMPLE:
         return out | {"skipped": f"fewer than {MIN_SAMPLE} probes", "seconds": _since(started)}
+    exact_s = (time.perf_counter() - started) / len(truth)  # one exact scan
+    took: dict[tuple[int, int], float] = {}  # (ef, limit) -> seconds per probe
 
     def recall(ef: int, limit: int) -> float | None:
         """Recall@10 at ``ef``; None when the budget ran out before every probe was asked."""
-        found = 0
+        found, t0 = 0, time.perf_counter()
         for skip, v, want in truth:
             if time.perf_counter() > deadline:
                 return None
             found += len(want & set(_top(search(v, limit, ef), skip)))
+        took[ef, limit] = (time.perf_counter() - t0) / len(truth)
         return found / max(1, sum(len(want) for _, _, want in truth))
 
     reached = True
@@ -79,8 +83,12 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
         good = [ef for ef, got in tried.items() if got >= target]
         ef = min(good) if good else max(tried)  # out of reach (or of time): the largest ef tried, and say so
         out[f"{key}ef"], out[f"{key}recall"] = ef, round(tried[ef], 4)
-        reached = reached and bool(good)
-    return out | {"reached": reached, "seconds": _since(started)}
+        if took[ef, limit] > exact_s:  # the graph at that ef is slower than the scan: serve exact (recall 1)
+            out[f"{key}exact"] = True
+        else:
+            reached = reached and bool(good)
+    return out | {"reached": reached, "seconds": _since(started), "exact_ms": round(exact_s * 1e3, 3),
+                  **{f"ef{ef}_ms": round(t * 1e3, 3) for (ef, limit), t in took.items() if limit == K + 2}}
 
 
 def _top(ids: list[str], skip: set[str]) -> list[str]:
@@ -109,6 +117,10 @@ def describe(index: dict[str, Any], explicit: dict[str, int | None]) -> dict[str
         if value:
             name = setting if explicit.get(setting) else "hnsw_ef"
             out[f"{kind}_ef"], out[f"{kind}_reason"] = value, f"set by DPR_EDGE__{name.upper()}"
+        elif cal.get(key.replace("ef", "exact")):
+            out[f"{kind}_ef"], out[f"{kind}_reason"] = "exact", (
+                f"exact scan: faster than the graph at ef {cal[key]} (the ef reaching recall@10 {cal.get('target')} "
+                f"on {cal.get('sample')} probes, or the largest tried)")
         elif cal.get(key):
             out[f"{kind}_ef"] = cal[key]
             out[f"{kind}_reason"] = (f"calibrated: recall@10 {cal.get(key.replace('ef', 'recall'))} vs the exact scan "

@@ -114,8 +114,28 @@ def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent(
     cal = engine._calibrate(generation)
     assert (cal["ef"], cal["recall"], cal["points"]) == (EF_LADDER[0], 1.0, 300)  # exact engine: the first rung
     reader = ServerEngine(engine.client, "c")  # another process reads it from the collection's metadata
-    assert reader._search_params([0.0] * DIM, generation=generation).hnsw_ef == cal["ef"]  # type: ignore[union-attr]
-    assert reader._search_params([0.0] * DIM, fused=True, generation=generation).hnsw_ef == FUSED_LIMIT  # type: ignore[union-attr]
-    assert reader.search_ef(generation)["dense_reason"].startswith("calibrated")
+    for fused, key, ef in ((False, "", cal["ef"]), (True, "fused_", FUSED_LIMIT)):
+        sent = reader._search_params([0.0] * DIM, fused=fused, generation=generation)
+        assert sent is not None
+        # the in-process engine scans exactly at every ef: the scan may have timed faster than the "graph"
+        assert (sent.exact, sent.hnsw_ef) == ((True, None) if cal.get(f"{key}exact") else (False, ef))
+    assert reader.search_ef(generation)["dense_reason"].startswith(("calibrated", "exact scan: faster"))
     pinned = ServerEngine(engine.client, "c", QdrantSettings(hnsw_ef=64))
     assert pinned._search_params([0.0] * DIM, generation=generation).hnsw_ef == 64  # type: ignore[union-attr]
+
+
+def test_a_graph_slower_than_the_scan_is_replaced_by_the_scan() -> None:
+    import time
+
+    sample = [(f"p{i}", [float(i)]) for i in range(40)]
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+        if ef is not None:
+            time.sleep(0.002)  # the graph: slower than the (instant) scan at every ef
+        return [f"n{j}" for j in range(limit)]
+
+    cal = calibrate(sample, search, target=0.98, budget_s=60)
+    assert cal["exact"] and cal["fused_exact"] and cal["reached"]
+    said = describe({"hnsw_segments": 1, "calibration": cal}, {})
+    assert said["dense_ef"] == "exact" and said["dense_reason"].startswith("exact scan: faster than the graph")
+    assert describe({"hnsw_segments": 1, "calibration": cal}, {"hnsw_ef": 64})["dense_ef"] == 64  # set: it wins

@@ -395,9 +395,12 @@ class EdgeEngine:
             self._quantized[generation] = levers.quantization != "none"
         params = self.fused_search_params if fused else self.search_params
         if params is None or params.hnsw_ef is None:  # no explicit ef: the one the last build calibrated
-            ef = self._calibration(generation).get("fused_ef" if fused else "ef")
-            if ef:
-                params = SearchParams(hnsw_ef=int(ef), quantization=None if params is None else params.quantization)
+            cal, key = self._calibration(generation), "fused_" if fused else ""
+            quantization = None if params is None else params.quantization
+            if cal.get(f"{key}exact"):  # the scan was faster than the graph at the ef the target needs
+                params = SearchParams(exact=True, quantization=quantization)
+            elif cal.get(f"{key}ef"):
+                params = SearchParams(hnsw_ef=int(cal[f"{key}ef"]), quantization=quantization)
         return dense_params(params, self._quantized[generation])
 
     def _calibration(self, generation: str) -> dict[str, Any]:

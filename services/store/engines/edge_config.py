@@ -133,7 +133,7 @@ def dense_params(params: SearchParams | None, quantized: bool) -> SearchParams |
     int8 copy."""
     if not quantized or (params is not None and params.quantization is not None):
         return params
-    return SearchParams(hnsw_ef=None if params is None else params.hnsw_ef,
+    return SearchParams(hnsw_ef=None if params is None else params.hnsw_ef, exact=params is not None and params.exact,
                         quantization=QuantizationSearchParams(rescore=True))
 
 

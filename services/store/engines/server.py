@@ -329,7 +329,10 @@ class ServerEngine:
         o = self.options
         ef = o.search_ef(fused)
         if ef is None and generation is not None and o.recall_target > 0 and not isinstance(vector, SparseVector):
-            ef = self._calibration(generation).get("fused_ef" if fused else "ef")
+            cal, key = self._calibration(generation), "fused_" if fused else ""
+            if cal.get(f"{key}exact"):  # the scan was faster than the graph at the ef the target needs
+                return models.SearchParams(exact=True, quantization=self._ef_params(1).quantization)
+            ef = cal.get(f"{key}ef")
         unset = ef is None and o.oversampling is None and o.quantization == "none"
         if unset or isinstance(vector, SparseVector):
             return None
