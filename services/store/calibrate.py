@@ -9,7 +9,8 @@ with that limit. The whole measurement is held to ``CALIBRATION_SHARE`` of the b
 never below ``MIN_SAMPLE``); where the target is not reached (or the time runs out first) the largest ef tried is
 kept and the record says so (``reached``: false); the first ef tried is the ladder's middle (128), above the
 engines' default of 100. Where the graph at the chosen ef answers a probe slower than the exact scan did (a small
-or structureless collection), the record says ``exact`` and queries scan exactly: full recall, less time.
+or structureless collection), the record says ``exact`` and queries scan exactly: full recall, less time; so
+it does where the graph falls short of the target and the scan costs at most twice its time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ MIN_SAMPLE = 20
 FUSED_LIMIT = 100  # a hybrid query's candidates per branch (services.query: max(100, k))
 EF_LADDER = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CALIBRATION_SHARE = 0.10  # of the build's time
+EXACT_SLACK = 0.5  # a graph short of the target loses to a scan that costs at most 2x its time per query
 SERVER_BUDGET_S = 10.0  # a server builds its graphs itself: no build time to take a share of
 
 # (vector, limit, ef or None for the exact scan) -> point ids, best first
@@ -83,8 +85,8 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
         good = [ef for ef, got in tried.items() if got >= target]
         ef = min(good) if good else max(tried)  # out of reach (or of time): the largest ef tried, and say so
         out[f"{key}ef"], out[f"{key}recall"] = ef, round(tried[ef], 4)
-        if took[ef, limit] > exact_s:  # the graph at that ef is slower than the scan: serve exact (recall 1)
-            out[f"{key}exact"] = True
+        if took[ef, limit] > exact_s * (1 if good else EXACT_SLACK):  # the scan (recall 1) is faster, or the
+            out[f"{key}exact"] = True  # graph cannot show the target and the scan costs little more
         else:
             reached = reached and bool(good)
     return out | {"reached": reached, "seconds": _since(started), "exact_ms": round(exact_s * 1e3, 3),
@@ -119,8 +121,9 @@ def describe(index: dict[str, Any], explicit: dict[str, int | None]) -> dict[str
             out[f"{kind}_ef"], out[f"{kind}_reason"] = value, f"set by DPR_EDGE__{name.upper()}"
         elif cal.get(key.replace("ef", "exact")):
             out[f"{kind}_ef"], out[f"{kind}_reason"] = "exact", (
-                f"exact scan: faster than the graph at ef {cal[key]} (the ef reaching recall@10 {cal.get('target')} "
-                f"on {cal.get('sample')} probes, or the largest tried)")
+                f"exact scan: faster than the graph at ef {cal[key]} (recall@10 {cal.get(key.replace('ef', 'recall'))}"
+                f" on {cal.get('sample')} probes, target {cal.get('target')}), or under twice its time where the graph "
+                "fell short of the target")
         elif cal.get(key):
             out[f"{kind}_ef"] = cal[key]
             out[f"{kind}_reason"] = (f"calibrated: recall@10 {cal.get(key.replace('ef', 'recall'))} vs the exact scan "

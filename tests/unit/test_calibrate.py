@@ -73,7 +73,11 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
         params_of(self, g, b, fused)) or asked[-1])
     query = unit_vectors(1, seed=2)[0].tolist()
     assert len(store.search(SearchRequest(dense=query, k=10))) == 10
-    assert (None if asked[-1] is None else asked[-1].hnsw_ef) == cal.get("ef")  # no ef measured: the engine's
+    sent = asked[-1]
+    if cal.get("exact"):  # the scan timed faster than the graph (3,000 points)
+        assert sent.exact and sent.hnsw_ef is None
+    else:
+        assert (None if sent is None else sent.hnsw_ef) == cal.get("ef")  # no ef measured: the engine's
     explicit = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000,
                           search_params=edge_params(hnsw_ef=77))
     assert explicit._params("c__g0001", (DENSE, query)).hnsw_ef == 77  # an explicit ef wins
@@ -81,8 +85,11 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
     explicit.close()
     info = {"hnsw_segments": 1} | engine_index(tmp_path)
     said = describe(info, {"hnsw_ef": None, "hybrid_ef": 300})
-    assert said["dense_ef"] == cal.get("ef")
-    assert said["dense_reason"].startswith("calibrated: recall@10" if "ef" in cal else "engine default (out of time")
+    if cal.get("exact"):
+        assert said["dense_ef"] == "exact" and said["dense_reason"].startswith("exact scan: faster")
+    else:
+        assert said["dense_ef"] == cal.get("ef")
+        assert said["dense_reason"].startswith("calibrated: recall@10" if "ef" in cal else "engine default (out of")
     assert (said["hybrid_ef"], said["hybrid_reason"]) == (300, "set by DPR_EDGE__HYBRID_EF")
     assert describe({"hnsw_segments": 0, "index_threshold": 5000}, {})["search"] == "exact scan"
 
@@ -139,3 +146,16 @@ def test_a_graph_slower_than_the_scan_is_replaced_by_the_scan() -> None:
     said = describe({"hnsw_segments": 1, "calibration": cal}, {})
     assert said["dense_ef"] == "exact" and said["dense_reason"].startswith("exact scan: faster than the graph")
     assert describe({"hnsw_segments": 1, "calibration": cal}, {"hnsw_ef": 64})["dense_ef"] == 64  # set: it wins
+
+
+def test_a_graph_short_of_the_target_loses_to_a_scan_at_most_twice_its_time() -> None:
+    import time
+
+    sample = [(f"p{i}", [float(i)]) for i in range(40)]
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+        time.sleep(0.003 if ef is None else 0.002)  # the scan 1.5x the graph's time; the graph finds 8 of 10
+        return [f"n{j}" for j in range(limit)] if ef is None else [f"n{j}" for j in range(8)] + ["x"] * (limit - 8)
+
+    cal = calibrate(sample, search, target=0.98, budget_s=60)
+    assert cal["exact"] and cal["ef"] == EF_LADDER[-1] and cal["recall"] == 0.8
