@@ -2,12 +2,12 @@
 
 Positive and negative (schema-violating) requests for every operation, once per role (the server has one key per
 role: read, write, admin), bounded twice: ``MAX_EXAMPLES`` per operation, and ``BUDGET_SECONDS`` of wall time per
-role (cases past the budget are not sent, so a slow machine shortens the run instead of timing out): 30 s in
-`make test`, 90 s (the budget before the suite was halved) with ``FUZZ_SECONDS=90``, which `make test-slow` sets. No response
-may be a 5xx, every status must be one the schema documents for that operation, every error response is the JSON
-error shape ``{"error": {"type", "message"}}``, and no operation beyond the key's role (its ``x-dpr-role``) answers
-2xx: those get 403 (or 404 / 405 when a negative case changes the method or breaks the path: no route at all).
-The case counts per role and status go to ``fuzz-role-counts.json`` in the run's temp dir.
+role (cases past the budget are not sent, so a slow machine shortens the run instead of timing out): 30 s in `make
+test`, 90 s (the budget before the suite was halved) with ``FUZZ_SECONDS=90``, which `make test-slow` sets. No
+response may be a 5xx, every status must be one the schema documents for that operation, every error response is the
+JSON error shape ``{"error": {"type", "message"}}``, and no operation beyond the key's role (its ``x-dpr-role``)
+answers 2xx: those get 403 (or 404 / 405 when a negative case changes the method or breaks the path: no route at
+all). The case counts per role and status go to ``fuzz-role-counts.json`` in the run's temp dir.
 """
 
 from __future__ import annotations
