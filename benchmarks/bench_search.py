@@ -104,7 +104,7 @@ def recall_at_10(store: Store, reqs: list[SearchRequest]) -> float:
     found = 0
     for r in reqs:
         with engine.session():
-            exact = engine._shard(generation).query(QueryRequest(  # noqa: SLF001 - the truth, beside the product
+            exact = engine.shard(generation).query(QueryRequest(
                 limit=10, query=Query.Nearest(r.dense, using=DENSE), params=SearchParams(exact=True),
                 with_payload=True))
         found += len({str(p.payload["doc_id"]) for p in exact} & {h.passage.doc_id for h in store.search(r)})

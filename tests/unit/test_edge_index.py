@@ -51,7 +51,7 @@ def engine_top(store: Store, query: np.ndarray, params: SearchParams) -> list[in
     engine = store.engine
     assert isinstance(engine, EdgeEngine)
     with engine.session():
-        shard = engine._shard("c__g0001")
+        shard = engine.shard("c__g0001")
         points = shard.query(QueryRequest(limit=10, query=Query.Nearest(query.tolist(), using=DENSE), params=params,
                                           with_payload=True))
     return [int(str(p.payload["doc_id"])[1:]) for p in points]

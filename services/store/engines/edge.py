@@ -116,7 +116,7 @@ class EdgeEngine:
         self.root = Path(store_dir) / alias
         self.lock_timeout = lock_timeout
         self.idle_release = idle_release
-        self._lease = lease_for(self.root)
+        self.lease = lease_for(self.root)
         self.min_free_mb = min_free_mb
         self.data_dir = data_dir
         self.levers = levers or EdgeLevers()
@@ -148,15 +148,18 @@ class EdgeEngine:
 
     # -- paths and the lease -------------------------------------------------------------------------------
     @property
-    def _generations_dir(self) -> Path:
+    def generations_dir(self) -> Path:
+        """One folder per generation (its shard, spec and index record); the index build and snapshots work
+        there too (``edge_index``, ``edge_snapshots``)."""
         return self.root / "generations"
 
     def _spec_path(self, generation: str) -> Path:
-        return self._generations_dir / generation / "spec.json"
+        return self.generations_dir / generation / "spec.json"
 
-    def _shard(self, generation: str) -> EdgeShard:
-        gen_dir = self._generations_dir / generation
-        return self._lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir))
+    def shard(self, generation: str) -> EdgeShard:
+        """The generation's open shard, under this process's lease (``self.lease``: one process per shard)."""
+        gen_dir = self.generations_dir / generation
+        return self.lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir))
 
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
@@ -168,7 +171,7 @@ class EdgeEngine:
             yield None  # no collection: nothing to lock, and nothing is created by looking
             return
         # creating may make the first generation and point at it: one process at a time (the directory's lock)
-        with (self._lease.held(self.lock_timeout, self.idle_release) as lease,
+        with (self.lease.held(self.lock_timeout, self.idle_release) as lease,
               lease.structure() if create else contextlib.nullcontext()):
             yield lease
 
@@ -193,13 +196,13 @@ class EdgeEngine:
         write_atomic(self.root / "CURRENT", generation + "\n")
 
     def generations(self) -> list[str]:
-        if not self._generations_dir.is_dir():
+        if not self.generations_dir.is_dir():
             return []
-        return [e.name for e in self._generations_dir.iterdir() if (e / "spec.json").is_file()]
+        return [e.name for e in self.generations_dir.iterdir() if (e / "spec.json").is_file()]
 
     def read_spec(self, generation: str) -> CollectionSpec:
-        if self._lease.in_use_here() and (self._generations_dir / generation).is_dir():
-            self._lease.claim(generation)  # in a session: read under the generation's lock (read-modify-write)
+        if self.lease.in_use_here() and (self.generations_dir / generation).is_dir():
+            self.lease.claim(generation)  # in a session: read under the generation's lock (read-modify-write)
         try:
             data = json.loads(self._spec_path(generation).read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -208,28 +211,28 @@ class EdgeEngine:
 
     def write_spec(self, generation: str, spec: CollectionSpec) -> None:
         with self.session():
-            self._lease.claim(generation)
+            self.lease.claim(generation)
             write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
         with self.session(create=True):  # the directory's lock: one process makes generations at a time
             self._sweep_half_made(keep=generation)
             try:
-                (self._generations_dir / generation).mkdir(parents=True)
+                (self.generations_dir / generation).mkdir(parents=True)
             except FileExistsError:
                 return False  # a generation, or a half-made one a crash left behind
             with self._writing("creating a generation"):
                 shard = EdgeShard.create(
-                    str(self._generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
+                    str(self.generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
                 )
-            self._lease.adopt(generation, shard)
+            self.lease.adopt(generation, shard)
             self._quantized.pop(generation, None)
             for key in INDEXED_KEYWORDS:
                 shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
             for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
                 shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
             shard.flush()
-            write_atomic(self._generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
+            write_atomic(self.generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
             self.write_spec(generation, spec)  # last: a generation without its spec is not complete
             return True
 
@@ -238,9 +241,9 @@ class EdgeEngine:
         mid-creation, never listed or read) and a ``drop``'s trash. Under the directory's lock (creation and drop
         run whole under it), so no live process is making them. ``keep`` (the name about to be tried) stays: numbers are
         never reused; its leftover goes with the next creation."""
-        if not self._generations_dir.is_dir():
+        if not self.generations_dir.is_dir():
             return
-        for entry in self._generations_dir.iterdir():
+        for entry in self.generations_dir.iterdir():
             trash = entry.name.startswith(".") and ".dropping." in entry.name
             half_made = not entry.name.startswith(".") and not (entry / "spec.json").exists()
             if entry.name != keep and entry.is_dir() and (trash or half_made):
@@ -249,15 +252,15 @@ class EdgeEngine:
 
     def drop(self, generation: str) -> bool:
         with self.session(create=True):  # the directory's lock, then the generation's (nobody has it open)
-            if not (self._generations_dir / generation).is_dir():
+            if not (self.generations_dir / generation).is_dir():
                 return False
-            self._lease.claim(generation)
-            self._lease.forget(generation)
+            self.lease.claim(generation)
+            self.lease.forget(generation)
             self._quantized.pop(generation, None)
             # rename first so that a crash mid-delete never leaves a half generation that looks complete
-            trash = self._generations_dir / f".{generation}.dropping.{os.getpid()}"
-            os.replace(self._generations_dir / generation, trash)
-            self._lease.dropped(generation)
+            trash = self.generations_dir / f".{generation}.dropping.{os.getpid()}"
+            os.replace(self.generations_dir / generation, trash)
+            self.lease.dropped(generation)
             shutil.rmtree(trash, ignore_errors=True)
             return True
 
@@ -270,18 +273,18 @@ class EdgeEngine:
 
     def needs_index(self, generation: str) -> bool:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
-        points = self._shard(generation).info().points_count
-        return points - edge_index.indexed_points(self._generations_dir / generation) >= self.index_threshold
+        points = self.shard(generation).info().points_count
+        return points - edge_index.indexed_points(self.generations_dir / generation) >= self.index_threshold
 
     def index_info(self, generation: str) -> dict[str, Any]:
-        points = self._shard(generation).info().points_count  # first: the segments are read under its lock
-        kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
+        points = self.shard(generation).info().points_count  # first: the segments are read under its lock
+        kinds = edge_index.segment_kinds(self.generations_dir / generation / edge_index.SHARD)
         return {
             "points": points,
             "segments": len(kinds),
             "hnsw_segments": kinds.count("hnsw"),
             "index_threshold": self.index_threshold,
-            "indexed_points": edge_index.indexed_points(self._generations_dir / generation),
+            "indexed_points": edge_index.indexed_points(self.generations_dir / generation),
             "calibration": self._calibration(generation),
         }
 
@@ -290,7 +293,7 @@ class EdgeEngine:
         segments' index types and the last build's record."""
         from services.store.calibrate import describe
 
-        kinds = edge_index.segment_kinds(self._generations_dir / generation / edge_index.SHARD)
+        kinds = edge_index.segment_kinds(self.generations_dir / generation / edge_index.SHARD)
         dense, fused = self.search_params, self.fused_search_params
         explicit = {"hnsw_ef": dense.hnsw_ef if dense else None,
                     "hybrid_ef": fused.hnsw_ef if fused is not None and fused is not dense else None}
@@ -300,15 +303,15 @@ class EdgeEngine:
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
         with self._writing(f"writing {len(points)} points"):
-            self._shard(generation).update(upsert_operation(points))
-        self._lease.mark_dirty(generation)
+            self.shard(generation).update(upsert_operation(points))
+        self.lease.mark_dirty(generation)
         self._journal(generation, "upsert", points)
 
     def _journal(self, generation: str, operation: str, argument: Any) -> None:
         """After the shard took a write: journal it if an index build runs (it replays the write onto its copy)."""
         from services.store.engines import edge_journal  # writers only: `dpr query` never loads it
 
-        edge_journal.record(self._generations_dir / generation, operation, argument)
+        edge_journal.record(self.generations_dir / generation, operation, argument)
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -331,16 +334,16 @@ class EdgeEngine:
         restore_generation(self, source, generation)
 
     def delete(self, generation: str, where: Where) -> None:
-        self._shard(generation).update(delete_operation(where))
-        self._lease.mark_dirty(generation)
+        self.shard(generation).update(delete_operation(where))
+        self.lease.mark_dirty(generation)
         self._journal(generation, "delete", where)
 
     def count(self, generation: str, where: Where | None = None) -> int:
-        return self._shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))
+        return self.shard(generation).count(CountRequest(exact=True, filter=to_filter(where)))
 
     def count_if_free(self, generation: str) -> int | None:
         with self.session():
-            if not self._lease.claim(generation, wait=False):
+            if not self.lease.claim(generation, wait=False):
                 return None  # another process holds it (workers writing a re-embed's target): not counted
             return self.count(generation)
 
@@ -349,27 +352,27 @@ class EdgeEngine:
         request = ScrollRequest(
             offset=offset, limit=limit, filter=to_filter(where), with_payload=payload_fields(fields), with_vector=False
         )
-        records, offset = self._shard(generation).scroll(request)
+        records, offset = self.shard(generation).scroll(request)
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
         request = query_request(branch, limit, where, params=self._params(generation, branch))
-        return scored(self._shard(generation).query(request))
+        return scored(self.shard(generation).query(request))
 
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
         requests = [query_request(b, limit, where, with_payload, self._params(generation, b, fused=True))
                     for b in branches]
-        return [scored(r) for r in self._shard(generation).query_batch(QueryBatchRequest(requests))]
+        return [scored(r) for r in self.shard(generation).query_batch(QueryBatchRequest(requests))]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=False)
+        records = self.shard(generation).retrieve(list(ids), with_payload=True, with_vector=False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
         """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
-        records = self._shard(generation).retrieve(list(ids), with_payload=True, with_vector=True)
+        records = self.shard(generation).retrieve(list(ids), with_payload=True, with_vector=True)
         return point_records(records)
 
     def query_rrf(
@@ -382,7 +385,7 @@ class EdgeEngine:
         ]
         rrf = Fusion.Rrf(k=rrf_k)  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
         request = QueryRequest(limit=limit, prefetches=prefetches, query=rrf, with_payload=True)  # type: ignore[arg-type]
-        return scored(self._shard(generation).query(request))
+        return scored(self.shard(generation).query(request))
 
     def _params(self, generation: str, branch: Branch, fused: bool = False) -> SearchParams | None:
         """The dense branch's search params (HNSW ef, quantization rescore; ``fused``: of a hybrid query); none for
@@ -391,7 +394,7 @@ class EdgeEngine:
         if isinstance(branch[1], SparseVector):
             return None
         if generation not in self._quantized:
-            levers = EdgeLevers.from_json(levers_of(self._generations_dir / generation))
+            levers = EdgeLevers.from_json(levers_of(self.generations_dir / generation))
             self._quantized[generation] = levers.quantization != "none"
         params = self.fused_search_params if fused else self.search_params
         if params is None or params.hnsw_ef is None:  # no explicit ef: the one the last build calibrated
@@ -408,7 +411,7 @@ class EdgeEngine:
         process) rewrote it; ``{}`` with no target, no graph or no build yet."""
         if self.recall_target <= 0:
             return {}
-        path = self._generations_dir / generation / edge_index.INDEX_RECORD
+        path = self.generations_dir / generation / edge_index.INDEX_RECORD
         try:
             stamp = path.stat().st_mtime_ns
         except OSError:
@@ -421,5 +424,5 @@ class EdgeEngine:
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
-        self._lease.release()
+        self.lease.release()
 

@@ -308,8 +308,8 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
     from services.store.engines import edge_journal  # builders only: `dpr query` never loads it
     from services.store.engines.edge_config import levers_of
 
-    gen_dir = engine._generations_dir / generation  # noqa: SLF001 - the engine's own layout
-    lease = engine._lease  # noqa: SLF001 - the engine's own lease: the build's two ends hold it
+    gen_dir = engine.generations_dir / generation
+    lease = engine.lease
     changed = swapped = False
     calibration: dict[str, Any] | None = None
     held = {"copy_s": 0.0, "swap_s": 0.0}  # the lease's two holds, in the log line (bench_search reads them)
@@ -322,7 +322,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
             with contextlib.ExitStack() as stack:
                 with engine.session():
                     started = time.perf_counter()
-                    points = copy_for_build(engine._shard(generation), gen_dir)  # noqa: SLF001 - under its lease
+                    points = copy_for_build(engine.shard(generation), gen_dir)
                     journal = stack.enter_context(edge_journal.opened(gen_dir))  # from here every write is journaled
                     spec = engine.read_spec(generation)
                     held["copy_s"] = time.perf_counter() - started
@@ -374,7 +374,7 @@ def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild) -> int:
     from services.store.engines import edge_journal
 
     records, copied = child.replay()
-    opened = engine._lease.opened(generation)  # noqa: SLF001 - held by the caller
+    opened = engine.lease.opened(generation)
     held = opened.count(CountRequest(exact=True)) if opened is not None else copied
     if copied != held:
         raise edge_journal.JournalBroken(f"the copy holds {copied} points after the journal's writes, the shard "

@@ -33,7 +33,7 @@ def snapshot_generation(engine: EdgeEngine, dest: Path) -> tuple[str, Collection
             raise CollectionNotFound(
                 f"collection {engine.alias!r} under {engine.root.parent} has nothing to snapshot yet; ingest first"
             )
-        shard = engine._shard(generation)  # noqa: SLF001 - the engine's own shard, under its lease
+        shard = engine.shard(generation)
         shard.flush()
         points = shard.info().points_count
         gen_dir = engine.root / "generations" / generation
