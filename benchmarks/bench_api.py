@@ -30,15 +30,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from machine import script, upsert_stream  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -147,25 +145,23 @@ def build_store(runtime: Runtime, docs: list[Document], points: int, seed: int =
     rng = np.random.default_rng(seed)
     n_real, dim = vectors.shape
     t0 = time.perf_counter()
-    batch: list[PassagePoint] = []
-    for k in range(points):
-        i, copy = k % n_real, k // n_real
-        doc, chunk = passages[i]
-        v = vectors[i]
-        if copy:
-            v = v + rng.normal(0.0, 0.5 / np.sqrt(dim), size=dim).astype(np.float32)
-            v = v / np.linalg.norm(v)
-        passage = Passage(
-            doc_id=doc.doc_id if not copy else f"{doc.doc_id}#syn{copy}", chunk_index=chunk.index, text=chunk.text,
-            title=chunk.title, doc_hash=doc.doc_hash, source="scifact" if not copy else "synthetic",
-            model=towers.fingerprint,
-        )
-        batch.append(PassagePoint(passage=passage, dense=v.tolist(), sparse=sparse_vectors[i]))
-        if len(batch) == 1000:
-            store.upsert(batch)
-            batch = []
-    if batch:
-        store.upsert(batch)
+
+    def synthetic() -> Iterator[PassagePoint]:
+        for k in range(points):
+            i, copy = k % n_real, k // n_real
+            doc, chunk = passages[i]
+            v = vectors[i]
+            if copy:
+                v = v + rng.normal(0.0, 0.5 / np.sqrt(dim), size=dim).astype(np.float32)
+                v = v / np.linalg.norm(v)
+            passage = Passage(
+                doc_id=doc.doc_id if not copy else f"{doc.doc_id}#syn{copy}", chunk_index=chunk.index,
+                text=chunk.text, title=chunk.title, doc_hash=doc.doc_hash,
+                source="scifact" if not copy else "synthetic", model=towers.fingerprint,
+            )
+            yield PassagePoint(passage=passage, dense=v.tolist(), sparse=sparse_vectors[i])
+
+    upsert_stream(store, synthetic())
     upsert_s = time.perf_counter() - t0
     return {"real": n_real, "points": store.count(), "encode_pps": n_real / encode_s, "per_core_pps": per_core,
             "upsert_pps": points / upsert_s, "dim": dim}

@@ -42,12 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from machine import script  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 from encoders import data as d  # noqa: E402
 from encoders.learn.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402

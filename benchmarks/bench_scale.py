@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -41,17 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from machine import commit, machine_line, script, upsert_stream  # benchmarks/ is sys.path[0]
+
+REPO = script()
 
 import numpy as np  # noqa: E402
 from bench_api import load_docs, load_questions  # noqa: E402
 from bench_load import percentile  # noqa: E402
-from machine import commit, machine_line  # noqa: E402
 
 from services.core.settings import EdgeSettings, Settings  # noqa: E402
 from services.ingest.language import collection_spec  # noqa: E402
@@ -272,16 +267,8 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(corpus.spec)
     t0 = time.perf_counter()
-    batch: list[PassagePoint] = []
-    for start in range(0, total, CHUNK):
-        vectors = corpus.chunk(start, total)
-        for j, v in enumerate(vectors):
-            batch.append(corpus.point(start + j, v))
-            if len(batch) == 1000:
-                store.upsert(batch)
-                batch = []
-    if batch:
-        store.upsert(batch)
+    upsert_stream(store, (corpus.point(start + j, v) for start in range(0, total, CHUNK)
+                          for j, v in enumerate(corpus.chunk(start, total))))
     upsert_s = time.perf_counter() - t0
     dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
     hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=s) for v, s in zip(dense_q, sparse_q,
