@@ -58,6 +58,15 @@ def edge_store(root: Path, settings: EdgeSettings, threshold: int = 1000) -> Sto
                             search_params=search_params_from(settings)))
 
 
+def built_edge_store(root: Path, settings: EdgeSettings, corpus: np.ndarray) -> Store:
+    """An embedded collection of ``corpus`` with its HNSW graph built."""
+    store = edge_store(root, settings)
+    store.ensure_collection(SPEC)
+    store.upsert(points(corpus))
+    assert store.optimize() is True
+    return store
+
+
 def dense_segments(root: Path) -> list[dict[str, Any]]:
     shard = root / "c" / "generations" / GEN / edge_index.SHARD
     found = []
@@ -73,10 +82,7 @@ def dense_segments(root: Path) -> list[dict[str, Any]]:
 @pytest.mark.unit
 def test_edge_int8_with_rescoring_equals_the_exact_scan_after_the_index_build(tmp_path: Path) -> None:
     corpus, queries = unit_vectors(3000, seed=1), unit_vectors(20, seed=2)
-    store = edge_store(tmp_path, LEVERS)
-    store.ensure_collection(SPEC)
-    store.upsert(points(corpus))
-    assert store.optimize() is True
+    store = built_edge_store(tmp_path, LEVERS, corpus)
     segments = dense_segments(tmp_path)
     hnsw = [s for s in segments if s["index"]["type"] == "hnsw"]
     assert hnsw, segments  # a graph answers, not a scan
@@ -92,10 +98,7 @@ def test_edge_int8_with_rescoring_equals_the_exact_scan_after_the_index_build(tm
 def test_edge_int8_without_rescoring_scores_from_the_quantized_copy(tmp_path: Path) -> None:
     """The lever is live: without rescoring the scores are int8 approximations, with it the fp32 cosines."""
     corpus, queries = unit_vectors(3000, seed=3), unit_vectors(10, seed=4)
-    rough = edge_store(tmp_path, LEVERS.model_copy(update={"rescore": False, "oversampling": None}))
-    rough.ensure_collection(SPEC)
-    rough.upsert(points(corpus))
-    assert rough.optimize() is True
+    rough = built_edge_store(tmp_path, LEVERS.model_copy(update={"rescore": False, "oversampling": None}), corpus)
     errors = score_errors(rough, corpus, queries)
     rough.close()
     assert max(errors) > 1e-4  # quantized scores
@@ -114,10 +117,7 @@ def score_errors(store: Store, corpus: np.ndarray, queries: np.ndarray) -> list[
 @pytest.mark.unit
 def test_edge_on_disk_collection_reopens_and_answers_the_same(tmp_path: Path) -> None:
     corpus, queries = unit_vectors(2000, seed=5), unit_vectors(10, seed=6)
-    store = edge_store(tmp_path, LEVERS)
-    store.ensure_collection(SPEC)
-    store.upsert(points(corpus))
-    store.optimize()
+    store = built_edge_store(tmp_path, LEVERS, corpus)
     before = top10(store, queries)
     store.close()
     recorded = json.loads((tmp_path / "c" / "generations" / GEN / LEVERS_FILE).read_text(encoding="utf-8"))
