@@ -130,7 +130,7 @@ def test_dense_only_collection_says_so_and_refuses(
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["sparse"] is False
     res = runner.invoke(app, ["status", "--collection", "plain"])
-    assert "only (no sparse)" in res.stdout and "dense only" in res.stdout
+    assert all(s in res.stdout for s in ("only (no sparse)", "default mode dense", "no BM25")), res.stdout
     res = runner.invoke(app, ["query", "router", "--collection", "plain", "--mode", "hybrid"])
     assert res.exit_code != 0 and "dense-only" in res.stderr
     beir = tmp_path / "beir"
