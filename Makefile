@@ -50,8 +50,8 @@ chromium:
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 2
 xdist = -n $(1) --dist loadfile
-integration = $(BIN)/pytest -m "integration and not serial" -q --durations=15 $(call xdist,$(INTEGRATION_WORKERS)) \
-	&& $(BIN)/pytest -m "integration and serial" -q --durations=10
+integration = $(BIN)/pytest -m "integration and not serial and not slow" -q --durations=15 $(call xdist,$(INTEGRATION_WORKERS)) \
+	&& $(BIN)/pytest -m "integration and serial and not slow" -q --durations=10
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check entrypoints services workers encoders dpr_client tests benchmarks
@@ -67,7 +67,8 @@ test-integration: $(STAMP) chromium
 
 # The rest of the suite, kept out of `make test` to hold it near 10 minutes: the lab (training, adaptation,
 # reranker, multilingual conversion on tiny models), the benchmark scripts' own tests, model-quality, OCR and kill -9
-# runs, and the API fuzz at its full budget (90 s per role instead of 30).
+# runs, two integration tests that wait out a killed re-embed (marked slow as well), and the API fuzz at its full
+# budget (90 s per role instead of 30).
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q --durations=20
 	FUZZ_SECONDS=90 $(BIN)/pytest tests/integration/test_api_fuzz.py -q

@@ -97,6 +97,7 @@ def cluster(make_cluster: Callable[[], Cluster], second_model: Path) -> Iterator
     yield c
 
 
+@pytest.mark.slow  # `make test-slow`: a whole re-embed waiting out a killed worker's redelivery (~1 min)
 def test_reembed_with_a_worker_killed_midway_resumes_to_a_complete_uniform_generation(
     cluster: Cluster, tmp_path: Path
 ) -> None:

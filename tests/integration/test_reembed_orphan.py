@@ -17,6 +17,7 @@ from services.lifecycle.progress import ReembedProgress
 pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
 
 
+@pytest.mark.slow  # `make test-slow`: waits out a dead re-embed's lease (~50 s)
 def test_a_target_whose_workers_died_is_listed_dead_with_its_job_and_dropped_by_gc(
     cluster: Cluster, tmp_path: Path  # noqa: F811 - the fixture imported above
 ) -> None:

@@ -98,7 +98,7 @@ def test_ingest_through_redis_and_two_workers(shared_cluster: Cluster, tmp_path:
     assert workers == {w.name for w in shared_cluster.workers}, "both workers should have taken batches"
     answer = shared_cluster.dpr("query", "document", "--collection", "two_workers", "-k", "1")
     assert answer.returncode == 0, answer.stderr
-    assert "mode dense; model " in answer.stdout
+    assert "mode hybrid; model " in answer.stdout  # the label-free default (BM25 vectors written by the workers)
     assert "Loading weights" not in answer.stderr + answer.stdout  # the loaders' own bars never leak into dpr output
 
 
