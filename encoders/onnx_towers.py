@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +24,6 @@ import numpy as np
 
 from encoders.batching import length_slices
 from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint, passage_fingerprint
-
-log = logging.getLogger(__name__)
 
 Backend = Literal["torch", "onnx", "onnx-int8"]
 OnnxBackend = Literal["onnx", "onnx-int8"]

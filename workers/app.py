@@ -11,7 +11,6 @@ timeout must exceed the longest task, or a slow task would be delivered a second
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import Celery
@@ -19,8 +18,6 @@ from celery import Celery
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.core.threads import resolve_threads
-
-log = logging.getLogger(__name__)
 
 INGEST_QUEUE = "ingest"
 # Task name -> queue. Re-embedding and a single index writer get their own queues when they arrive.

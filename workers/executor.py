@@ -6,7 +6,6 @@ in-process executor uses. Chosen by the entry points when ``DPR_BROKER_URL`` is 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,8 +21,6 @@ from services.jobs import BrokerWriteRefused, JobStore, redact_url, unavailable,
 from services.readers import Document, Item
 from services.readers.filesig import FileRef
 from workers.app import INGEST_QUEUE, create_app
-
-log = logging.getLogger(__name__)
 
 INGEST_TASK = "dpr.ingest_batch"
 

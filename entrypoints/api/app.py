@@ -11,7 +11,6 @@ engine's lease that other processes take turns on is ``services/store/lease.py``
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,8 +45,6 @@ from services.core.settings import Settings
 from services.ingest.executor import Executor
 from services.runtime import Runtime
 from services.serving import QuestionBatcher
-
-log = logging.getLogger(__name__)
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorResponse, "description": text}

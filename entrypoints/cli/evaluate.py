@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +13,6 @@ from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.ingest.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
-
-log = logging.getLogger(__name__)
 
 DatasetFormatOption = Annotated[str, typer.Option("--format", help="auto | beir | squad")]
 

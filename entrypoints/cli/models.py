@@ -3,7 +3,6 @@ DATA_DIR/models."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -16,8 +15,6 @@ from entrypoints.cli.common import AsJson, cli_errors, console, emit_json, fail,
 if TYPE_CHECKING:
     from encoders.learn.training_run import TrainResult
     from encoders.registry import ModelEntry
-
-log = logging.getLogger(__name__)
 
 models_app = typer.Typer(name="models", help="Trained towers: list, show, activate, blend, soup.", no_args_is_help=True)
 

@@ -3,7 +3,6 @@ chosen on the dev split), print the new model and its stages."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +25,6 @@ from services.core.threads import threads_per_process
 
 if TYPE_CHECKING:
     from encoders.learn.training_run import TrainResult
-
-log = logging.getLogger(__name__)
 
 NegativesFrom = Annotated[str, typer.Option(
     help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "

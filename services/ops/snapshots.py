@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import os
 import shutil
 import tarfile
@@ -44,8 +43,6 @@ from services.core.fsutil import allocated_bytes, built_beside, fsync_dir, move_
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
-
-log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = 1
 SUFFIX = ".dpr-snapshot.tar.gz"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import gzip
 import html
 import html.parser
-import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +27,6 @@ from services.readers.lines import read_bounded, wide_encoding
 from services.readers.markdown import markdown_sections
 from services.readers.records import Document, Section, safe_text
 from services.readers.rst import rst_sections
-
-log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".html", ".htm"}
 

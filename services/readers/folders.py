@@ -20,7 +20,6 @@ so every record is valid Unicode. Ids are claimed in the run's ``IdLedger``: a s
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -35,8 +34,6 @@ from services.readers.jsonl import RECORD_SUFFIXES, iter_jsonl
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, Skipped, duplicate, safe_text
 from services.readers.sandbox import ParserSandbox
 from services.readers.sniff import READ_KINDS, Kind, sniff
-
-log = logging.getLogger(__name__)
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".7z",
                     ".rar", ".gz", ".bz2", ".xz", ".zst")

@@ -20,7 +20,6 @@ evaluation data refuse the whole file with a ``DataError`` naming the file, the 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,6 @@ from services.core.errors import DataError, DocumentError
 from services.readers.files import oversized
 from services.readers.lines import CORRUPT, Line, bounded_lines, open_bytes, wide_encoding
 from services.readers.records import Document, DocumentFailure, IdLedger, Item, duplicate, safe_text
-
-log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 512
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib
-import logging
 import os
 import signal
 import subprocess
@@ -34,8 +33,6 @@ from services.core.settings import DocumentSettings
 from services.readers.protocol import Info, ParseFailure
 from services.readers.quarantine import Quarantine
 from services.readers.records import Section
-
-log = logging.getLogger(__name__)
 
 # Which function reads each kind (``module:function``, imported in the child only).
 READERS: dict[str, str] = {
