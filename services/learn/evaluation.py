@@ -87,38 +87,16 @@ def store_retriever(
                 saved = json.loads(cache.read_text())
                 log.info("reused a cached retrieval", extra={"cache": str(cache)})
                 return Retrieval(run=saved["run"], texts=saved["texts"])
-        retrieval = _run(dataset, k)
+        corpus = StoreCorpus(towers, settings=settings, collection=collection, workdir=workdir, sparse=False,
+                             progress=progress)
+        try:
+            retrieval = corpus.search(dataset, k, QueryOptions(mode="dense"))
+        finally:
+            corpus.close()
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps({"run": retrieval.run, "texts": retrieval.texts}))
         return retrieval
-
-    def _run(dataset: RetrievalDataset, k: int) -> Retrieval:
-        tmp = Path(tempfile.mkdtemp(prefix="dpr-eval-", dir=workdir))
-        try:
-            cfg = eval_settings(settings, tmp, collection)
-            store = open_store(cfg)
-            try:
-                docs = dataset_documents(dataset)
-                report = IngestPipeline.from_settings(cfg, store=store, towers=towers, sparse=None).ingest(
-                    docs, progress=_counting(progress, len(docs))
-                )
-                if report.failed:
-                    log.warning("documents failed to ingest", extra={"failed": len(report.failed)})
-                qids = sorted(dataset.queries)
-                options = QueryOptions(k=min(k * CHUNK_OVERFETCH, 1000), mode="dense")
-                hits = search_many(
-                    [dataset.queries[q] for q in qids],
-                    store=store,
-                    towers=towers,
-                    options=options,
-                    batch_size=cfg.encoder.batch_size,
-                )
-            finally:
-                store.close()
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return hits_to_retrieval(qids, hits, k)
 
     return run
 
