@@ -1,15 +1,6 @@
 """Shared CLI plumbing: settings from the context, JSON vs human output, errors to stderr with exit codes.
 
-Exit codes (``EXIT_CODES``; the README's table is this one), the same for in-process and broker runs:
-
-====  ==========================================================================================================
-0     ok
-1     the request cannot work as given: no such collection or model, towers that do not match, bad data, every
-      document failed, a job that ended failed
-2     usage or configuration: a bad option or argument, an invalid DPR_* setting
-3     a service (broker, store) is unavailable for now: try again
-====  ==========================================================================================================
-
+Exit codes: ``EXIT_CODES`` (the README's table is this one), the same for in-process and broker runs;
 ``exit_code_for`` is the one place that maps an error class to its code.
 """
 

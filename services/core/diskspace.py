@@ -20,7 +20,6 @@ from typing import Any
 
 from services.core.errors import DiskFull
 
-DEFAULT_MIN_FREE_MB = 256  # a WAL segment (32 MB) plus a batch's segment growth, with room for the OS
 WARN_FACTOR = 4  # `dpr status` warns below WARN_FACTOR x min_free_mb
 MB = 1024 * 1024
 

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGES = ("pseudo-questions", "feedback", "mining", "training", "dev evaluation")  # feedback: with --feedback only
 MIN_JUDGED_DEV = 5  # held-out judged questions needed for them to choose the model
 RECIPE_VERSION = 2  # part of the run key: a changed recipe never resumes an older run's stages
 QUESTION_ONLY_KINDS: tuple[PseudoKind, ...] = ("title", "ict", "keywords")  # the --question-only recipe's probes
