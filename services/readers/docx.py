@@ -13,7 +13,7 @@ from pathlib import Path
 from lxml import etree
 
 from services.core.settings import DocumentSettings
-from services.readers.office import SafeZip, local, row_text
+from services.readers.office import SafeZip, local, table_text
 from services.readers.protocol import Info, Part
 from services.readers.sections import HeadingSections
 
@@ -26,7 +26,7 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
     try:
         levels = _heading_levels(z)
         body = z.xml("word/document.xml").find(f"{W}body")
-        title = _core_title(z)
+        title = z.dc_title("docProps/core.xml")
         sections = HeadingSections()
         for block in body if body is not None else ():
             name = local(block.tag)
@@ -39,7 +39,8 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
                 else:
                     sections.add(text)
             elif name == "tbl":
-                sections.add(_table(block))
+                sections.add(table_text([" ".join(paragraph_text(p) for p in tc.iter(f"{W}p"))
+                                         for tc in tr.iterchildren(f"{W}tc")] for tr in block.iter(f"{W}tr")))
             elif name == "sdt":  # a content control (a table of contents, a cover page): its paragraphs
                 for p in block.iter(f"{W}p"):
                     sections.add(paragraph_text(p))
@@ -55,15 +56,6 @@ def paragraph_text(p: etree._Element) -> str:
         name = local(el.tag)
         out.append(el.text or "" if name == "t" else "\t" if name == "tab" else "\n")
     return "".join(out)
-
-
-def _table(tbl: etree._Element) -> str:
-    rows = []
-    for tr in tbl.iter(f"{W}tr"):
-        cells = [" ".join(paragraph_text(p) for p in tc.iter(f"{W}p")) for tc in tr.iterchildren(f"{W}tc")]
-        if line := row_text(cells):
-            rows.append(line)
-    return "\n".join(rows)
 
 
 def _style(p: etree._Element) -> str:
@@ -95,11 +87,3 @@ def _heading_levels(z: SafeZip) -> dict[str, int]:
     for n in range(1, 10):  # documents without styles.xml still name the built-in ids
         levels.setdefault(f"Heading{n}", n)
     return levels
-
-
-def _core_title(z: SafeZip) -> str:
-    if "docProps/core.xml" not in z.names:
-        return ""
-    for el in z.xml("docProps/core.xml").iter("{http://purl.org/dc/elements/1.1/}title"):
-        return " ".join((el.text or "").split())
-    return ""

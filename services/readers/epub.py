@@ -11,7 +11,7 @@ from pathlib import Path
 from lxml import etree
 
 from services.core.settings import DocumentSettings
-from services.readers.office import SafeZip, local, parse_html, resolve, row_text
+from services.readers.office import SafeZip, local, parse_html, resolve, table_text
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.sections import HeadingSections
 
@@ -59,11 +59,8 @@ def _walk(el: etree._Element, sections: HeadingSections) -> Iterator[Part]:
         if name in _HEADINGS:
             yield from sections.heading(_HEADINGS[name], _text(child))
         elif name == "table":
-            rows = []
-            for tr in child.iter("tr"):
-                if row := row_text([_text(td) for td in tr if local(td.tag).lower() in ("td", "th")]):
-                    rows.append(row)
-            sections.add("\n".join(rows))
+            sections.add(table_text([_text(td) for td in tr if local(td.tag).lower() in ("td", "th")]
+                                    for tr in child.iter("tr")))
         elif name in _BLOCKS:
             sections.add(_text(child) if name != "pre" else "".join(child.itertext()))
         elif len(child):

@@ -10,7 +10,7 @@ from pathlib import Path
 from lxml import etree
 
 from services.core.settings import DocumentSettings
-from services.readers.office import SafeZip, local, row_text
+from services.readers.office import SafeZip, local, table_text
 from services.readers.protocol import Info, Part
 from services.readers.sections import HeadingSections
 
@@ -36,7 +36,7 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
                 else:
                     sections.add(text)
         yield from sections.flush()
-        yield Info(title=_meta_title(z) or title)
+        yield Info(title=z.dc_title("meta.xml") or title)
     finally:
         z.close()
 
@@ -51,13 +51,9 @@ def _blocks(el: etree._Element) -> Iterator[tuple[str, int, str]]:
         elif name == "p":
             yield "p", 0, inline_text(child)
         elif name == "table" and child.tag == f"{TABLE}table":
-            rows = []
-            for tr in child.iter(f"{TABLE}table-row"):
-                cells = [" ".join(inline_text(p) for p in tc.iter(f"{TEXT}p", f"{TEXT}h"))
-                         for tc in tr.iterchildren(f"{TABLE}table-cell")]
-                if row := row_text(cells):
-                    rows.append(row)
-            yield "p", 0, "\n".join(rows)
+            yield "p", 0, table_text([" ".join(inline_text(p) for p in tc.iter(f"{TEXT}p", f"{TEXT}h"))
+                                      for tc in tr.iterchildren(f"{TABLE}table-cell")]
+                                     for tr in child.iter(f"{TABLE}table-row"))
         elif name not in _SKIP:
             yield from _blocks(child)  # lists, list items, sections, frames
 
@@ -76,11 +72,3 @@ def inline_text(el: etree._Element) -> str:
             out.append(inline_text(child))
         out.append(child.tail or "")
     return "".join(out)
-
-
-def _meta_title(z: SafeZip) -> str:
-    if "meta.xml" not in z.names:
-        return ""
-    for el in z.xml("meta.xml").iter("{http://purl.org/dc/elements/1.1/}title"):
-        return " ".join((el.text or "").split())
-    return ""

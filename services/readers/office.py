@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from lxml import etree
@@ -75,6 +76,14 @@ class SafeZip:
     def xml(self, name: str) -> etree._Element:
         return parse_xml(self.read(name), f"part {name!r} of this {self.what}")
 
+    def dc_title(self, name: str) -> str:
+        """The Dublin Core title in the part ``name`` (DOCX ``docProps/core.xml``, ODT ``meta.xml``), or ''."""
+        if name not in self.names:
+            return ""
+        for el in self.xml(name).iter("{http://purl.org/dc/elements/1.1/}title"):
+            return " ".join((el.text or "").split())
+        return ""
+
     def close(self) -> None:
         self.zip.close()
 
@@ -109,7 +118,11 @@ def local(tag: object) -> str:
     return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
 
 
-def row_text(cells: list[str]) -> str:
-    """A table row as one line: ``cell | cell | cell`` (empty rows give '')."""
-    cells = [" ".join(c.split()) for c in cells]
-    return " | ".join(cells) if any(cells) else ""
+def table_text(rows: Iterable[list[str]]) -> str:
+    """A table as text, one line a row: ``cell | cell | cell``; empty rows are left out."""
+    lines = []
+    for row in rows:
+        cells = [" ".join(c.split()) for c in row]
+        if any(cells):
+            lines.append(" | ".join(cells))
+    return "\n".join(lines)

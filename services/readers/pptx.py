@@ -11,7 +11,7 @@ from pathlib import Path
 from lxml import etree
 
 from services.core.settings import DocumentSettings
-from services.readers.office import SafeZip, local, resolve, row_text
+from services.readers.office import SafeZip, local, resolve, table_text
 from services.readers.protocol import Info, ParseFailure, Part
 from services.readers.records import Section
 
@@ -74,9 +74,9 @@ def _slide(z: SafeZip, part: str) -> tuple[str, str]:
     for el in root.iter(f"{P}sp", f"{P}graphicFrame"):
         if local(el.tag) == "graphicFrame":
             for tbl in el.iter(f"{A}tbl"):
-                for tr in tbl.iter(f"{A}tr"):
-                    if row := row_text([" ".join(_paragraphs(tc)) for tc in tr.iterchildren(f"{A}tc")]):
-                        lines.append(row)
+                if table := table_text([" ".join(_paragraphs(tc)) for tc in tr.iterchildren(f"{A}tc")]
+                                       for tr in tbl.iter(f"{A}tr")):
+                    lines.append(table)
             continue
         ph = el.find(f"{P}nvSpPr/{P}nvPr/{P}ph")
         paras = _paragraphs(el)
