@@ -40,18 +40,14 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     }
 
 
-def beat_lease(settings: Settings) -> RedisLease:
-    ttl = max(30.0, 3 * float(settings.reembed.schedule_seconds or 10))
-    return RedisLease(redis_client(settings.broker_url or ""), BEAT_LOCK, ttl, name="beat")
-
-
 def run_beat(settings: Settings, loglevel: str = "info") -> None:
     """Run the one beat in the foreground (blocks)."""
     if not settings.broker_url:
         raise ConfigError("the beat needs a broker; set DPR_BROKER_URL=redis://host:6379/0")
     if not beat_schedule(settings):
         raise ConfigError("no schedule configured; set DPR_REEMBED__SCHEDULE_SECONDS (e.g. 3600)")
-    lease = beat_lease(settings)
+    ttl = max(30.0, 3 * float(settings.reembed.schedule_seconds or 10))
+    lease = RedisLease(redis_client(settings.broker_url), BEAT_LOCK, ttl, name="beat")
     if not lease.acquire():
         raise ReembedBusy(f"another beat is running ({lease.holder()}); only one beat may run")
     stop = threading.Event()

@@ -67,8 +67,9 @@ def serve(
 
             _run(create_app(settings), settings, log_level)
             return
-        # Several processes: uvicorn imports the app factory in each one; settings travel as DPR_* variables.
-        os.environ.update(_settings_env(settings))
+        # Several processes: uvicorn imports the app factory in each one; what the command line set (--data-dir)
+        # travels to them as DPR_* variables.
+        os.environ.update({"DPR_DATA_DIR": str(settings.data_dir), "DPR_COLLECTION": settings.collection})
         _run("entrypoints.api.app:app_from_env", settings, log_level, factory=True)
 
 
@@ -116,8 +117,3 @@ def _run(app: Any, settings: Settings, log_level: str, factory: bool = False) ->
         pass
     if config.workers == 1 and not server.started:
         raise typer.Exit(3)  # as uvicorn.run: the server did not start (its log says why)
-
-
-def _settings_env(settings: Settings) -> dict[str, str]:
-    """What the command line may have set (``--data-dir``), as environment variables for worker processes."""
-    return {"DPR_DATA_DIR": str(settings.data_dir), "DPR_COLLECTION": settings.collection}

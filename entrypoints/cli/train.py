@@ -184,7 +184,8 @@ def train_reranker(
 
     settings = settings_for(ctx, collection)
     start, end = _parse_window(negative_window)
-    _check_negatives_from(negatives_from)
+    if negatives_from not in ("bm25", "dense"):
+        fail(f"--negatives-from {negatives_from!r} is not known; use bm25 or dense", code=EXIT_USAGE)
     what = TrainingData(data=data, fmt=fmt, split=split, corpus=corpus, max_pairs=max_pairs, dev_queries=dev_queries,
                         seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end,
                                                        source=negatives_from, model=negatives_model, denoise=denoise))
@@ -257,8 +258,3 @@ def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], No
     with stage_bars(quiet) as on_progress:
         yield lambda step, total, loss: on_progress(
             "training", step, total, f"loss {loss:.4f}" if loss is not None else "")
-
-
-def _check_negatives_from(source: str) -> None:
-    if source not in ("bm25", "dense"):
-        fail(f"--negatives-from {source!r} is not known; use bm25 or dense", code=EXIT_USAGE)

@@ -190,13 +190,8 @@ class JobStore:
         )
 
 
-
-def _batch_key(field: str) -> BatchKey:
-    return int(field) if field.isdigit() else field
-
-
 def _batches(raw: Mapping[str, str]) -> dict[BatchKey, dict[str, Any]]:
-    return {_batch_key(k): _loads(v, {}) for k, v in raw.items()}
+    return {(int(k) if k.isdigit() else k): _loads(v, {}) for k, v in raw.items()}
 
 
 def _order(key: BatchKey) -> tuple[int, int, str]:

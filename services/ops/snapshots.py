@@ -33,7 +33,6 @@ import tarfile
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
@@ -313,7 +312,7 @@ def _unpack(path: Path, manifest: dict[str, Any], staging: Path) -> None:
     seen: set[str] = set()
     try:
         with tarfile.open(path, mode="r:gz") as tar:
-            for member in _members(tar):
+            for member in iter(tar.next, None):
                 if member.name == MANIFEST:
                     continue
                 name = _safe_member(member.name)
@@ -338,11 +337,6 @@ def _unpack(path: Path, manifest: dict[str, Any], staging: Path) -> None:
     if missing:
         raise SnapshotError(f"{path} is truncated: {len(missing)} files of the manifest are missing ({missing[0]}, "
                             "...); use another snapshot")
-
-
-def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    while (member := tar.next()) is not None:
-        yield member
 
 
 def _install_model(data_dir: Path, staging: Path, model: dict[str, Any]) -> None:

@@ -99,15 +99,11 @@ UPLOADS = "uploads"  # DATA_DIR/uploads/<random>/<name>: API uploads waiting for
 
 def spool(path: Path, data_dir: Path) -> Path:
     """Move an uploaded file into ``DATA_DIR/uploads/<random>/`` (same name), where workers read it by path."""
-    folder = Path(tempfile.mkdtemp(prefix="upload-", dir=_mkdir(data_dir / UPLOADS)))
+    (data_dir / UPLOADS).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="upload-", dir=data_dir / UPLOADS))
     target = folder / path.name
     shutil.move(path, target)
     return target
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def release_spooled(items: Iterable[object], path_map: str = "") -> int:

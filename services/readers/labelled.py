@@ -67,6 +67,5 @@ def _text(obj: dict[str, Any], key: str, source: str) -> str:
     return value
 
 
-
 def _positive_id(obj: dict[str, Any], source: str) -> str:
     return row_id(obj, source, keys=("positive_id",))

@@ -40,7 +40,7 @@ def markdown_sections(text: str) -> tuple[str, list[Section]]:
             i += 3  # open, inline, close
             continue
         if kind == "inline":
-            if _in_table(tokens, i):
+            if i > 0 and tokens[i - 1].type in ("th_open", "td_open"):  # a table cell
                 row.append(one_line(_md_inline(tok)))
             else:
                 out.line(_md_inline(tok))
@@ -58,10 +58,6 @@ def markdown_sections(text: str) -> tuple[str, list[Section]]:
         i += 1
     out.flush()
     return title, out.sections
-
-
-def _in_table(tokens: list[Any], i: int) -> bool:
-    return i > 0 and tokens[i - 1].type in ("th_open", "td_open")
 
 
 def _md_inline(tok: Any) -> str:

@@ -71,7 +71,8 @@ def rst_sections(text: str) -> tuple[str, list[Section]]:
                 i += 1
                 continue
             literal = None
-            _trim_trailing_blank(out.lines)
+            while out.lines and not out.lines[-1].strip():  # the block's trailing blank lines
+                out.lines.pop()
         if pending_literal is not None and stripped:
             if indent > pending_literal:  # the literal block: kept verbatim, dedented
                 out.end_line()
@@ -166,11 +167,6 @@ def rst_sections(text: str) -> tuple[str, list[Section]]:
         i += 1
     out.flush()
     return title, out.sections
-
-
-def _trim_trailing_blank(lines: list[str]) -> None:
-    while lines and not lines[-1].strip():
-        lines.pop()
 
 
 def _rst_heading(lines: list[str], i: int) -> tuple[str, tuple[str, bool], int] | None:

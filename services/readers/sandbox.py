@@ -44,7 +44,6 @@ READERS: dict[str, str] = {
 }
 
 
-
 @dataclass
 class Parsed:
     """The outcome of one document: its sections and info, or a failure (reason, message)."""

@@ -104,7 +104,6 @@ def _documents_request_body() -> dict[str, Any]:
     }
 
 
-
 @router.post(
     "/documents",
     status_code=202,
