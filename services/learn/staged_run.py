@@ -11,11 +11,12 @@ into place, so a stage's file exists only once the stage has finished. Each stag
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from services.core.fsutil import write_atomic
 
 # stage, done, total (None: not known yet), a short note (the latest loss, the model scored, "done earlier")
 StageProgress = Callable[[str, int, int | None, str], None]
@@ -49,9 +50,7 @@ class StagedRun:
 
 def write_json(path: Path, data: Any) -> None:
     """Written beside and renamed into place: a stage's file exists only once the stage finished."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.core.fsutil import write_atomic
 from services.core.settings import DocumentSettings, Settings
 
 _MEMORY: dict[str, dict[str, str]] = {}  # records kept in this process: no directory, or it cannot be written
@@ -76,10 +76,7 @@ class Quarantine:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".record-", dir=path.parent)
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(record, f)
-                os.replace(tmp, path)
+                write_atomic(path, json.dumps(record))
                 return
             except OSError:
                 pass
