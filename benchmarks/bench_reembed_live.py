@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import shutil
@@ -77,6 +78,40 @@ class Peak:
         self._stop.set()
         self._thread.join(2)
         return {name: kb / 1024 for name, kb in self.peak_kb.items()}
+
+
+class LeaseWatch:
+    """Who takes the served generation's lock, polled every 10 ms: each acquisition rewrites its lock file
+    (``pid P host H since T``, ``services/store/generation_lock.py``), so a new mtime is a new turn. A turn lasts
+    until the next acquisition (an upper bound: the lock may have sat free between them)."""
+
+    def __init__(self, path: Path) -> None:
+        self.turns: list[tuple[float, int]] = []  # (perf_counter at acquisition, pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _run(self, path: Path) -> None:
+        seen = None
+        while not self._stop.wait(0.01):
+            try:
+                stamp = path.stat().st_mtime_ns
+                if stamp != seen:
+                    seen = stamp
+                    self.turns.append((time.perf_counter(), int(path.read_text().split()[1])))
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def stop(self, server_pids: set[int], t0: float, end: float) -> dict[str, Any]:
+        """Turns by processes other than the server in [t0, end): how many, by pid, and how long they held it."""
+        self._stop.set()
+        self._thread.join(2)
+        spans = [(at, pid, (self.turns[i + 1][0] if i + 1 < len(self.turns) else end) - at)
+                 for i, (at, pid) in enumerate(self.turns) if t0 <= at < end]
+        away = [(round(at - t0, 1), pid, round(held, 2)) for at, pid, held in spans if pid not in server_pids]
+        return {"taken_from_server": len(away), "by_pid": dict(collections.Counter(pid for _, pid, _ in away)),
+                "held_s": round(sum(h for *_, h in away), 1), "longest_s": max((h for *_, h in away), default=0.0),
+                "turns": away[:60]}
 
 
 class Askers:
@@ -202,6 +237,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         poller = threading.Thread(target=poll_generation, daemon=True)
         poller.start()
+        served = (collection / "CURRENT").read_text(encoding="utf-8").strip()
+        lease_watch = LeaseWatch(collection / "locks" / f"{served}.lock")
+        server_pids = tree_pids(server.process.pid)
         t_base = time.perf_counter()
         time.sleep(args.baseline)
         progress: list[tuple[float, dict[str, Any]]] = []
@@ -220,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if reembed.returncode != 0:
             raise RuntimeError(f"dpr reembed failed ({reembed.returncode}): {err.strip()[-3000:]}")
         result["reembed"] = json.loads(out)
+        result["lease"] = lease_watch.stop(server_pids, t0, time.perf_counter())
         time.sleep(args.after)
         t_end = time.perf_counter()
         askers.stop()
@@ -257,6 +296,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def tree_pids(pid: int) -> set[int]:
+    """``pid`` and its descendants (``dpr serve``'s uvicorn workers)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(c) for c in task.read_text().split() if int(c) not in found]
+    return found
 
 
 def batches_done(collection: Path, broker_url: str) -> tuple[int, int] | None:
@@ -314,6 +364,12 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
         lines += ["Progress (seconds after the start: batches done / sent, from the broker): "
                   + ", ".join(f"{at:.0f}: {n}" for at, n in r["progress"]) + ".", ""]
     lines += [f"Generations in the alias file: {r.get('generations')}.", ""]
+    if r.get("lease"):
+        lw = r["lease"]
+        lines += [f"The served generation's lock during the re-embed: taken from `dpr serve` {lw['taken_from_server']} "
+                  f"times (by pid: {lw['by_pid']}), held {lw['held_s']} s in all, at most {lw['longest_s']:.2f} s "
+                  "(each turn until the next acquisition; each is followed by the server loading its shard again). "
+                  f"Turns (s after the start, pid, s held): {lw['turns']}.", ""]
     if r.get("slowest"):
         lines += ["Slowest questions (started at s after the start, ms, HTTP status): "
                   + ", ".join(f"{at:.0f} s {ms:,} ms {code}" for at, ms, code in r["slowest"]) + ".", ""]
