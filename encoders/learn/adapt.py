@@ -240,15 +240,6 @@ def load_model(path: Any) -> Any:
     return SentenceTransformer(str(path), device=learn_device(), local_files_only=True)
 
 
-def encode(model: Any, texts: Sequence[str], role: str, batch_size: int = 32) -> np.ndarray:
-    """L2-normalised vectors of ``texts`` by the question (``role`` query) or passage (document) tower."""
-    if not texts:
-        return np.zeros((0, 1), dtype=np.float32)
-    fn = model.encode_query if role == "query" else model.encode_document
-    return np.asarray(fn(list(texts), batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                         show_progress_bar=False), dtype=np.float32)
-
-
 # --- choosing on dev ------------------------------------------------------------------------------------------
 
 

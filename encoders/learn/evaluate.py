@@ -178,15 +178,20 @@ def bm25_retriever(config: Any = None) -> Retriever:
     return run
 
 
+def encode(model: Any, texts: Sequence[str], role: str, batch_size: int = 32) -> Any:
+    """L2-normalised float32 vectors of ``texts`` by the question (``role`` query) or passage (document) tower."""
+    import numpy as np
+
+    if not texts:
+        return np.zeros((0, 1), dtype=np.float32)
+    fn = model.encode_query if role == "query" else model.encode_document
+    return np.asarray(fn(list(texts), batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                         show_progress_bar=False), dtype=np.float32)  # (n, dim)
+
+
 def encode_corpus(model: Any, dataset: RetrievalDataset, batch_size: int = 32) -> Any:
     """``model``'s passage vectors of ``dataset``'s documents, in ``sorted(dataset.corpus)`` order (L2-normalised)."""
-    return model.encode_document(
-        [dataset.corpus[d].passage for d in sorted(dataset.corpus)],
-        batch_size=batch_size,
-        convert_to_numpy=True,
-        normalize_embeddings=True,
-        show_progress_bar=False,
-    )  # (n_docs, dim)
+    return encode(model, [dataset.corpus[d].passage for d in sorted(dataset.corpus)], "document", batch_size)
 
 
 def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_size: int = 32,
@@ -201,13 +206,7 @@ def dense_in_memory(model: Any, dataset: RetrievalDataset, k: int = 100, batch_s
     docs = encode_corpus(model, dataset, batch_size) if doc_vectors is None else doc_vectors
     if len(docs) != len(doc_ids):
         raise ValueError(f"{len(docs)} passage vectors for the {len(doc_ids)} documents of {dataset.name}")
-    queries = model.encode_query(
-        [dataset.queries[q] for q in qids],
-        batch_size=batch_size,
-        convert_to_numpy=True,
-        normalize_embeddings=True,
-        show_progress_bar=False,
-    )  # (n_queries, dim)
+    queries = encode(model, [dataset.queries[q] for q in qids], "query", batch_size)  # (n_queries, dim)
     scores = np.asarray(queries, dtype=np.float32) @ np.asarray(docs, dtype=np.float32).T  # (n_queries, n_docs)
     k = min(k, len(doc_ids))
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (n_queries, k), unordered

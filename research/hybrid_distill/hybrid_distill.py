@@ -96,11 +96,11 @@ def hybrid_rank_scores(cos0: np.ndarray, bm25: np.ndarray, weight: float, extra:
 
 
 def encode_cached(model: Any, texts: list[str], work: Path, name: str, role: str) -> np.ndarray:
-    """``encoders.learn.adapt.encode`` of ``texts``, kept in ``work`` under a hash of the texts (a slow teacher
+    """``encoders.learn.evaluate.encode`` of ``texts``, kept in ``work`` under a hash of the texts (a slow teacher
     encodes the corpus once; a changed corpus or probe set is encoded again)."""
     import hashlib
 
-    from encoders.learn.adapt import encode
+    from encoders.learn.evaluate import encode
 
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12]
     path = work / f"{name}-{role}-{digest}.npy"

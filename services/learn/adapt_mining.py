@@ -32,7 +32,8 @@ def mining_stage(pseudo: dict[str, Any], base_path: Path, teacher: TeacherConfig
     """The hybrid-agreement teacher labels each training pseudo-question's candidates (``language``: the BM25
     side's, None to detect it on each pseudo-question set's corpus)."""
     from encoders.data import labelled_pairs
-    from encoders.learn.adapt import TeacherStats, dense_rankings, encode, label_with_teacher, load_model, pair_to_json
+    from encoders.learn.adapt import TeacherStats, dense_rankings, label_with_teacher, load_model, pair_to_json
+    from encoders.learn.evaluate import encode
     from encoders.learn.mining import BM25Config, BM25Index
     from services.ingest.language import corpus_language
 
@@ -76,7 +77,8 @@ def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, teacher
     import numpy as np
 
     from encoders.data import labelled_pairs
-    from encoders.learn.adapt import bm25_matrix, distill_targets, distill_width, encode, load_model, pair_to_json
+    from encoders.learn.adapt import bm25_matrix, distill_targets, distill_width, load_model, pair_to_json
+    from encoders.learn.evaluate import encode
     from encoders.learn.mining import BM25Config, BM25Index
     from services.ingest.language import corpus_language
     from services.readers.beir import load_corpus
