@@ -98,11 +98,21 @@ class TowerSpec:
                    str(data["prompt"]), int(data["prompt_length"]), bool(data["normalize"]))
 
 
+def cpu_session(model_file: Path, threads: int | None) -> Any:
+    """An onnxruntime session on the CPU: ``threads`` intra-op threads (None or 0: one per core), one inter-op."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxTower:
     """One tower: tokenizer (truncated to the tower's max length) -> ONNX transformer -> pooling -> normalise."""
 
     def __init__(self, root: Path, spec: TowerSpec, backend: OnnxBackend, threads: int | None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         self.spec = spec
@@ -112,13 +122,7 @@ class OnnxTower:
         self.tokenizer.enable_truncation(spec.max_seq_length)
         self._tokenizer_path = directory / "tokenizer.json"
         self._raw_tokenizer: Any = None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one per core
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(directory / VARIANT_FILES[backend]), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = cpu_session(directory / VARIANT_FILES[backend], threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     @property

@@ -25,6 +25,7 @@ from encoders.onnx_towers import (
     Backend,
     ExportMissing,
     OnnxBackend,
+    cpu_session,
     export_dir_for,
     read_current_manifest,
 )
@@ -135,7 +136,6 @@ class OnnxReranker:
 
     def __init__(self, export_dir: Path, model_path: Path, backend: OnnxBackend = "onnx", *,
                  threads: int | None = None, name: str | None = None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         if backend not in VARIANT_FILES:
@@ -150,12 +150,7 @@ class OnnxReranker:
         self.tokenizer = Tokenizer.from_file(str(self.export_dir / "reranker" / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(self.manifest["max_length"]), strategy="longest_first")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or 0
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(self.export_dir / "reranker" / VARIANT_FILES[backend]), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.export_dir / "reranker" / VARIANT_FILES[backend], threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     @property
