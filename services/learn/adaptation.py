@@ -1,34 +1,13 @@
-"""`dpr adapt CORPUS`: adapt the towers to a corpus nobody labelled, from its documents alone.
+"""`dpr adapt CORPUS`: adapt the towers to a corpus nobody labelled, from its documents alone (docs/adapt.md says
+what each stage does and why).
 
-Stages, each writing its output into the run directory (``DATA_DIR/adapt/<name>-<key>``, the key a hash of the
-corpus file and the options), so a killed run started again with the same name and options skips every finished
-stage:
-
-1. ``pseudo-questions`` (``pseudo.json``): titles and ICT sentences of the corpus
-   (``encoders.learn.pairs.pseudo_query_sets``, as `dpr models blend --choose-on`), split by source document into
-   training pairs and a held-out dev slice (``dev_share``, 20%).
-2. ``mining`` (``mining.json``, ``services.learn.adapt_mining``): hybrid candidates (BM25 + the current towers,
-   RRF) labelled by the hybrid-agreement teacher (``encoders.learn.adapt``): the source is the positive, high
-   candidates that are not it are hard negatives unless they look like false negatives. With the distillation
-   teacher (the `--question-only` recipe), over the corpus as it is: each pseudo-question's candidates and hybrid
-   search's scores of them.
-3. ``training`` (``training/``, ``training.json``): MNRL with those hard negatives (``encoders.learn.train.train``), or
-   the question tower alone (``encoders.learn.question_only.train_question_only``; with the distillation teacher it
-   learns the teacher's scores), once per point of the epochs grid.
-4. ``dev evaluation`` (``dev.json``): nDCG@10 on the held-out pseudo-questions of the towers the run started from
-   and of each candidate (and, for full training, the best one blended toward the start: WiSE-FT); the best
-   candidate wins if it beats the start by more than ``min_gain``. With ``question_only`` every model shares the
-   start's passage tower: each dev set's passages are encoded once.
-
-With ``feedback`` a ``feedback`` stage (``feedback.json``, after the pseudo-questions) reads the judgements users
-gave the collection's hits (``services.learn.feedback``): a seeded share of the judged questions is held out and
-the rest join training as labelled pairs (judged-not-relevant passages their negatives). The held-out judged
-questions then choose the model alone (at least ``MIN_JUDGED_DEV`` of them; else every held-out kind does, and the
-card's ``gate`` says which): they are real questions, and gains on pseudo-questions have not carried to real ones.
-
-Then the winner (or, with no gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS`` with the recipe, the
-teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing twice); it is
-activated only on a dev gain. The corpus's queries and qrels are never opened: only its corpus file is read.
+The stages (``StagedRun``) write their outputs into the run directory (``DATA_DIR/adapt/<name>-<key>``, the key a
+hash of the corpus file and the options), so a killed run started again with the same name and options skips every
+finished stage: ``pseudo-questions`` (``pseudo.json``), with ``feedback`` the users' judgements (``feedback.json``),
+``mining`` (``mining.json``, ``services.learn.adapt_mining``), ``training`` (``training.json``), ``dev evaluation``
+(``dev.json``). Then the winner (or, with no dev gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS``
+with the recipe, the teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing
+twice); it is activated only on a dev gain. The corpus's queries and qrels are never opened.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""`dpr train`'s recipe: the fine-tune, then mining rounds, each round kept only where the dev split says it gains.
+"""`dpr train`'s recipe: the fine-tune, then mining rounds, each round kept only where the dev split says it gains
+(docs/training.md, "The default recipe").
 
-Stages (each a model under the run directory ``DATA_DIR/train/<name>-<key>/stages``; the key hashes the data, the
-options and the starting towers, so a killed run started again with the same options goes on at its first
-unfinished stage, ``services.learn.staged_run``):
-
-1. ``finetune``: ``services.learn.training.train_stage`` with the recipe as given (default: MNRL, 1 BM25 hard negative,
-   4 epochs; the recipe's ``pretrain`` runs its self-supervised stage first, inside this one).
-2. ``round 1`` .. ``round N`` (``RoundConfig``): 3 hard negatives per pair mined by the towers of the stage before
-   (dense ranking, denoised at 0.95 of the positive's score), 2 epochs at lr 1e-5 through the cached loss
-   (mini-batch 16), continued from the stage before. A round is kept only if its dev nDCG@10 beats the stage
-   before it by more than ``min_gain``; the first round that does not stops the rounds.
-
-The last kept stage is saved as ``NAME-YYYYmmdd-HHMMSS`` under ``models_dir`` with every stage (dev nDCG@10, wall
-and train seconds, peak RSS, kept or not) in its card's ``stages`` and the recipe in ``recipe``. Dev figures are
-the in-memory exact search over the held-out dev queries (``encoders.learn.train``); the test split is never read.
+Stages (``services.learn.staged_run``; each a model under ``DATA_DIR/train/<name>-<key>/stages``, the key a hash of
+the data, the options and the starting towers, so a killed run started again goes on at its first unfinished
+stage): ``finetune`` (``services.learn.training.train_stage``), then ``round 1`` .. ``round N`` (``RoundConfig``),
+hard negatives mined by the towers of the stage before; the first round whose dev nDCG@10 does not beat the stage
+before it by more than ``min_gain`` stops the rounds. The last kept stage is saved as ``NAME-YYYYmmdd-HHMMSS``
+with every stage in its card's ``stages`` and the recipe in ``recipe``; the test split is never read.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
-"""Snapshots: a consistent, checksummed copy of one collection in one archive; restore into a fresh data dir.
+"""Snapshots: a consistent, checksummed copy of one collection in one archive; restore into a fresh data dir
+(docs/data-safety.md lists what an archive holds and how each engine is copied).
 
-What one snapshot holds (``NAME.dpr-snapshot.tar.gz`` under ``DATA_DIR/snapshots`` unless told otherwise):
-
-- ``manifest.json`` (the archive's first member): snapshot format, the data dir format, the release that wrote
-  it, collection, engine, generation, point count, the generation's ``CollectionSpec`` (dimension, distance, the
-  passage tower's fingerprint, the BM25 configuration and the tuned search settings), the model's name and card
-  (a reference: the model files themselves only with ``include_model``), and every file with its size and sha256;
-- ``data/...``: the active generation as the engine keeps it. Embedded engine: ``spec.json``, ``shard/`` (points,
-  vectors, payloads, payload indexes, the BM25 sparse vectors whose IDF the engine computes from them) and
-  ``index.json``; Qdrant server: the server's own collection snapshot (``collection.snapshot``) and ``spec.json``;
-- ``model/NAME/...`` with ``include_model`` (never the base model: it ships in the wheel).
-
-Beside the archive, ``NAME.dpr-snapshot.tar.gz.sha256`` (``sha256sum -c`` reads it) holds the archive's checksum.
-Restore checks it when present and always checks every file against the manifest while unpacking: a corrupt or
-truncated archive is refused with ``SnapshotError``. Create and restore build beside their target (a folder
-``.NAME.*.tmp``) and rename into place at the end: a failure leaves nothing behind and says so.
-
-Consistency: the embedded engine copies the generation under the store's lease (``ShardLease``: no other call of
-any process touches the shard meanwhile) after a flush, so the copy holds whole upsert batches only; the lease is
-held only for that copy (a running `dpr serve` pauses its store calls for it), the archive is written after.
+An archive (``NAME.dpr-snapshot.tar.gz``, under ``DATA_DIR/snapshots`` unless told otherwise) holds
+``manifest.json`` first (formats, collection, engine, generation, spec, the model's card, every file with its size
+and sha256), the active generation under ``data/`` and, with ``include_model``, the model under ``model/NAME/``;
+its checksum sits beside it (``.sha256``). Restore checks that checksum when present and every file against the
+manifest while unpacking: a corrupt or truncated archive is refused (``SnapshotError``). Create and restore build
+beside their target (``.NAME.*.tmp``) and rename into place at the end: a failure leaves nothing behind and says
+so. The embedded engine copies the generation under the store's lease after a flush (whole upsert batches only);
+the lease is held only for that copy, the archive is written after.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""Binary documents parsed where the batch runs, and not at all when the store already holds their bytes.
+"""Binary documents parsed where the batch runs, and not at all when the store already holds their bytes
+(docs/documents.md, "Parsing with workers", says how and why).
 
-``FileRef``: a PDF, DOCX, PPTX, ODT or EPUB not yet parsed. The folder walk yields one instead of parsing when
-asked to (``iter_documents(..., defer_binary=True)``, what ``dpr ingest`` does), so the CLI reads only the
-directory and file sizes; the batch's runner (a Celery worker, or the in-process pipeline) parses it in its own
-parser sandbox (``services.readers.sandbox``). A ``FileRef`` is a ``Document`` with no text, so the job
-machinery (batches, ids, re-sends, stale-document sync) treats it as one.
+``FileRef``: a PDF, DOCX, PPTX, ODT or EPUB not yet parsed, a ``Document`` with no text, so the job machinery
+(batches, ids, re-sends, stale-document sync) treats it as one. The folder walk yields one when asked to
+(``iter_documents(..., defer_binary=True)``); the batch's runner parses it in its parser sandbox. Its bytes reach
+a worker inline (at most ``DPR_CELERY__INLINE_FILE_BYTES``), else by path (rewritten by ``DPR_CELERY__PATH_MAP``);
+an API upload that does not travel inline is spooled under ``DATA_DIR/uploads`` (``spool``, ``release_spooled``).
 
-How its bytes reach a worker (``services.core.settings.CelerySettings``):
-- inline: a file of at most ``DPR_CELERY__INLINE_FILE_BYTES`` (default 2 MiB) travels base64 in the task body
-  (JSON; Celery's serializer here), so a worker on another machine needs nothing else;
-- by path: a larger file is read by the worker at its absolute path as the CLI saw it, rewritten by
-  ``DPR_CELERY__PATH_MAP`` (``/client/prefix=/worker/prefix``, several separated by ``;``) where the workers
-  mount the shared folder elsewhere. A worker that cannot read the path fails that document (``unreachable``)
-  naming both settings.
-- an API upload (``POST /v1/documents`` with a file, when the service runs workers) travels the same way: inline,
-  or moved to ``DATA_DIR/uploads/upload-*/`` (``spool``; ``FileRef.spooled``) and removed by the worker once its
-  batch's outcome is recorded (``release_spooled``).
-
-Unchanged files (``signature``): the signature is the sha256 of the bytes, their size and a key of the chunking
-that shapes the passages (``DPR_CHUNK__*`` and the towers' passage budget). It is stored on every passage of the
-document (payload ``file_sig``; ``DocState.file_sig``), so it lives with the collection (server store, snapshots)
-and every worker sees it, where a ledger in one data dir would not. Where the batch runs, the file is hashed
-and a file whose signature and model match what the store holds under its doc id is counted unchanged without
-being parsed. The mtime is recorded on the reference but never decides "unchanged": a copy, a checkout or
-another machine change it without changing the bytes, and bytes can change under the same size and mtime;
-hashing reads the file once (hundreds of MB/s) where parsing goes at pages/s.
+``signature``: the sha256 of the bytes, their size and a key of the chunking that shapes the passages, stored on
+every passage of the document (payload ``file_sig``), so every worker sees it; a file whose signature and model
+match the store's is counted unchanged without being parsed. The mtime never decides "unchanged".
 """
 
 from __future__ import annotations

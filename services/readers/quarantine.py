@@ -1,17 +1,10 @@
-"""Documents whose parser crashed its process, remembered by the sha256 of their bytes, beyond one process.
+"""Documents whose parser crashed its process, remembered by the sha256 of their bytes, beyond one process
+(docs/documents.md, "The crash quarantine").
 
-A document that kills the parser's child (a segfault in PDFium, an abort, the OOM killer) is quarantined: the
-same bytes are refused at once, without another crash, by this process and, when the quarantine has a
-directory (``DPR_DOCUMENTS__QUARANTINE_DIR``, default ``DATA_DIR/quarantine``), by every process using that
-directory: a later `dpr ingest`, the API, every worker on the machine (or on every machine, if the folder is
-shared). One small JSON file per crash, ``<sha256>.json`` (what happened, when, the file's name then), written
-atomically (a temporary file, then a rename), so concurrent workers never read half a record.
-
-Lifted by:
-- any change to the file's bytes (it is keyed by their hash: a repaired or re-exported file is parsed);
-- deleting its record, to try the same bytes again on purpose (after upgrading the parser, say): the refusal
-  names the file to delete (``rm DATA_DIR/quarantine/<sha256>.json``; ``rm DATA_DIR/quarantine/*.json``
-  forgets every crash).
+The same bytes are then refused at once, without another crash, by this process and, when the quarantine has a
+directory (``DPR_DOCUMENTS__QUARANTINE_DIR``, default ``DATA_DIR/quarantine``), by every process using it: one
+small JSON file per crash, ``<sha256>.json``, written atomically. Lifted by any change to the bytes, or by
+deleting the record (the refusal names it).
 """
 
 from __future__ import annotations
