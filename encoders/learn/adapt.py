@@ -1,19 +1,10 @@
 """The ML pieces of `dpr adapt` (label-free adaptation of the towers to a corpus; ``services.learn.adaptation`` runs the
-stages): pseudo-questions split into train and dev by source document, candidates from hybrid search (BM25 + the
-current towers, fused by reciprocal rank), the hybrid-agreement teacher that labels them, and the rule that picks
-a candidate on the dev pseudo-questions.
-
-The teacher: a pseudo-question's source passage is its positive; a candidate hybrid search ranks high that is not
-a source is a hard negative unless it is a likely false negative:
-
-- ``duplicate``: its passage vector is at least ``duplicate_similarity`` (cosine) from the positive's (the same
-  text, or nearly, under another id);
-- ``agreement``: BM25 and the dense towers **both** rank it above the source (two retrievers that agree against
-  the source have likely found another answer).
-
-The distillation teacher (``TeacherConfig.distill``, the `--question-only` recipe) labels nothing: a pseudo-question
-only probes the corpus, and the question tower learns the ranking hybrid search gives its candidates
-(``distill_targets``). The source is left out of them: it holds the probe's words verbatim.
+stages; docs/adapt.md describes each): pseudo-questions split into train and dev by source document, candidates
+from hybrid search (BM25 + the current towers, fused by reciprocal rank), the hybrid-agreement teacher that labels
+them (a high candidate that is not the source is a hard negative unless it is a likely false negative: within
+``duplicate_similarity`` of the positive, or ranked above the source by both BM25 and the towers, ``agreement``),
+the distillation teacher (``TeacherConfig.distill``: the question tower learns the ranking hybrid search gives
+each probe's candidates, ``distill_targets``), and the rule that picks a candidate on the dev pseudo-questions.
 
 Nothing here reads a data file; sentence-transformers (torch) is imported inside ``load_model`` only.
 """

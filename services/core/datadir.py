@@ -1,19 +1,11 @@
-"""The data directory's format version: ``DATA_DIR/FORMAT`` says which on-disk layout a data dir holds.
+"""The data directory's format version: ``DATA_DIR/FORMAT`` says which on-disk layout a data dir holds
+(docs/data-safety.md: what a release does with each kind of data dir, and `dpr migrate`).
 
 ``FORMAT`` is one JSON object, ``{"format": N, "written_by": "dpr-ingest X.Y.Z"}``, written atomically the first
-time a process writes into the data dir (the embedded store creating its directory, ``dpr migrate``, a snapshot
-restore). What a process does with a data dir (``check``):
-
-- no ``FORMAT`` file: the dir is format 1, the layout every release before this file existed wrote (there was
-  never another): it opens as it is and is stamped ``1`` on its first write. An empty or missing dir is new.
-- ``format`` == ``CURRENT``: opens.
-- ``format`` < ``CURRENT`` and in ``OPENS_AS_IS``: opens (a later format that only added files); else refused
-  with one line naming ``dpr migrate``, which runs ``MIGRATIONS`` in order and stamps the result.
-- ``format`` > ``CURRENT``: written by a newer release: refused with one line naming the version and the fix
-  (upgrade dpr, or restore a snapshot this release made). It is never read as if it were ours.
-
-A layout change adds ``N + 1`` to ``CURRENT``, a step ``MIGRATIONS[N]`` (``N`` -> ``N + 1``) and a fixture
-``tests/fixtures/datadir-vN/`` made by the release before it (the test opens it and checks its answers).
+time a process writes into the data dir. ``check`` opens a dir of ``CURRENT`` format (a dir with no ``FORMAT`` is
+format 1), or an older one in ``OPENS_AS_IS``; any other is refused with one line naming the fix (``dpr migrate``,
+which runs ``MIGRATIONS`` in order, or a newer release). A layout change adds ``N + 1`` to ``CURRENT``, a step
+``MIGRATIONS[N]`` (``N`` -> ``N + 1``) and a fixture ``tests/fixtures/datadir-vN/`` made by the release before it.
 """
 
 from __future__ import annotations

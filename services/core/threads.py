@@ -1,19 +1,11 @@
-"""The thread policy: never more busy encoder threads than the cores this machine gives us.
+"""The thread policy: never more busy encoder threads than the cores this machine gives us (docs/operations.md,
+"Threads": how many each command gets).
 
-One number decides how many intra-op threads a process's towers use (torch's ``set_num_threads``, onnxruntime's
-``intra_op_num_threads``): ``settings.encoder.threads``. ``resolve_threads`` turns its default (``None``) into a
-number at the composition roots, so every backend reads a concrete value:
-
-- in-process ingest (``dpr ingest`` without a broker, ``dpr evaluate``, ``dpr train``): all usable cores;
-- a worker with N pool processes: usable cores // N each, at least 1 (``dpr worker --concurrency N``);
-- ``dpr serve``: 1 thread per question (``entrypoints.api.app.serving_settings``): parallelism comes from
-  concurrent requests.
-
-"Usable cores" is what the process may actually run on: the CPU affinity mask (``taskset``, ``cpuset``) and the
-cgroup CPU quota (``docker --cpus``, Kubernetes ``limits.cpu``), not ``os.cpu_count()``, which counts the host.
-An explicit ``DPR_ENCODER__THREADS`` always wins; a value that oversubscribes the cores is logged as a warning.
-Several ``dpr worker`` processes on one machine do not know of each other: give each
-``DPR_ENCODER__THREADS=cores / workers`` (or run one worker with ``--concurrency``).
+One number decides how many intra-op threads a process's towers use: ``settings.encoder.threads``.
+``resolve_threads`` turns its default (``None``) into a number at the composition roots, so every backend reads a
+concrete value. "Usable cores" is what the process may run on (the CPU affinity mask and the cgroup CPU quota),
+not ``os.cpu_count()``, which counts the host. An explicit ``DPR_ENCODER__THREADS`` always wins; a value that
+oversubscribes the cores is logged as a warning.
 """
 
 from __future__ import annotations

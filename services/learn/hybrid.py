@@ -1,16 +1,11 @@
 """Hybrid tuning: pick the fusion (RRF or DPR's linear combination) and its parameters on a DEV split, through the
 real store, and record the choice in the collection's settings (``services.query.resolve_request`` reads it).
+docs/hybrid.md, "Tuning", gives the split, the grid and the metric.
 
-- Dev split, never test (``services.readers.load_dev_split``). BEIR: a seeded subset of the TRAIN qrels' queries,
-  the same ones ``dpr train`` holds out, so a model trained by ``dpr train`` never saw them; ``--split test`` is
-  refused. SQuAD: questions of the TRAIN side of the deterministic article split (corpus =
-  that side's paragraphs), the same seeded subset.
-- The dev corpus is ingested ONCE through the product ingest path with dense + BM25 sparse vectors (or the user's
-  collection is reused when it already holds that corpus, embedded by the same model, with sparse vectors), then
-  every point of the grid asks the dev questions with ``search_many``: RRF for each ``rrf_k``, linear for each
-  dense weight 0.0..1.0, each with ``candidates`` per branch; plus dense alone and BM25 alone for reference.
-- Metric: nDCG@10 (BEIR); top-20 answer accuracy for SQuAD-style data (nDCG@10 on the gold paragraph breaks ties).
-  Ties keep the earlier grid point (RRF first, then linear by increasing dense weight).
+The dev split is never test (``services.readers.load_dev_split``: the questions ``dpr train`` holds out). The dev
+corpus is ingested ONCE with dense + BM25 sparse vectors (or the user's collection is reused when it already holds
+it, embedded by the same model, with sparse vectors); every grid point asks the dev questions with
+``search_many``. Ties keep the earlier grid point (RRF first, then linear by increasing dense weight).
 """
 
 from __future__ import annotations
