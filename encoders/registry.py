@@ -30,7 +30,6 @@ from encoders.towers import (
     MULTILINGUAL,
     DualEncoder,
     SentenceTransformerTowers,
-    Similarity,
     base_model_path,
     model_fingerprint,
     newest_version,
@@ -346,30 +345,8 @@ class SplitTowers:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.passages, name)
 
-    @property
-    def fingerprint(self) -> str:
-        return self.passages.fingerprint
-
-    @property
-    def dim(self) -> int:
-        return self.passages.dim
-
-    @property
-    def similarity(self) -> Similarity:
-        return self.passages.similarity
-
-    @property
-    def max_passage_tokens(self) -> int:
-        return self.passages.max_passage_tokens
-
-    def passage_token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return self.passages.passage_token_offsets(text)
-
     def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
         return self.questions.encode_queries(questions, batch_size=batch_size)
-
-    def encode_documents(self, passages: list[str], batch_size: int = 32) -> np.ndarray:
-        return self.passages.encode_documents(passages, batch_size=batch_size)
 
 
 def towers_for(fingerprint: str, models_dir: Path, device: str = "cpu", backend: Backend = "torch", *,
