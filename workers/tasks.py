@@ -11,8 +11,7 @@ Celery's default 4 s (``worker_proc_alive_timeout`` in ``workers.app``), and tas
 meanwhile. A load that fails there is logged and tried again by the first task, which then reports the error
 per batch. Outside a prefork pool (eager tests, another pool) the Runtime is still built on first use.
 
-A broker that refuses writes (its disk is full: Redis' MISCONF; out of memory) can record neither an outcome nor a
-retry: the batch is handed back to it untouched (``Reject(requeue=True)``) and runs again once it takes writes.
+A broker that refuses writes can record neither an outcome nor a retry: ``_leave_with_a_refusing_broker``.
 
 Retries: ``TransientError`` (store or Redis unavailable, shard lock held too long) and a soft time limit are
 retried with exponential backoff and jitter, up to ``celery.max_retries``; the failure after the last retry

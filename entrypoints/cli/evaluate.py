@@ -14,8 +14,6 @@ from services.core.settings import Settings
 from services.ingest.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
 
-DatasetFormatOption = Annotated[str, typer.Option("--format", help="auto | beir | squad")]
-
 
 def register(app: typer.Typer) -> None:
     app.command("eval")(evaluate)
@@ -24,7 +22,7 @@ def register(app: typer.Typer) -> None:
 def evaluate(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON.")],
-    fmt: DatasetFormatOption = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad")] = "auto",
     split: Annotated[
         str | None,
         typer.Option(help="BEIR qrels split, or SQuAD article split (test | train | all); default test, or train "
@@ -143,10 +141,8 @@ def run_evaluation(
     from encoders.towers import resolve_model_path
     from services.learn.evaluation import compare_systems
 
-    if dev_queries is not None:
-        dataset = load_dev_split(data, split, kind, dev_queries)
-    else:
-        dataset = load_dataset(data, split, kind)
+    dataset = (load_dataset(data, split, kind) if dev_queries is None
+               else load_dev_split(data, split, kind, dev_queries))
     if max_queries is not None:
         dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
     models: list[str] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from services.core.errors import DiskFull, DprError, TransientError
@@ -50,18 +50,10 @@ class Submitted:
                 self.skipped.append(item.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "state": "queued",
-            "collection": self.collection,
-            "executor": self.executor,
-            "documents": self.documents,
-            "batches": self.batches,
-            "skipped": self.skipped,
-            "failed": self.failed,
-            "skipped_total": self.skipped_total,
-            "failed_total": self.failed_total,
-        }
+        """The job's first status: every field but ``batch_ids``, in the state ``queued``."""
+        fields = asdict(self)
+        del fields["batch_ids"]
+        return {"job": fields.pop("job"), "state": "queued", **fields}
 
 
 def job_batches(
