@@ -166,13 +166,18 @@ class FeedbackStore:
     def counts(self, collection: str) -> dict[str, int]:
         """``{"judgements", "relevant", "not_relevant", "questions"}`` for one collection (zeros when none)."""
         if not self.path.exists():
-            return {"judgements": 0, "relevant": 0, "not_relevant": 0, "questions": 0}
+            return _counts(None, collection)
         with self._lock:
-            total, relevant, questions = self._conn().execute(
-                "SELECT COUNT(*), COALESCE(SUM(relevant), 0), COUNT(DISTINCT question) FROM judgements "
-                "WHERE collection = ?", (collection,)).fetchone()
-        return {"judgements": int(total), "relevant": int(relevant), "not_relevant": int(total) - int(relevant),
-                "questions": int(questions)}
+            return _counts(self._conn(), collection)
+
+
+def _counts(db: sqlite3.Connection | None, collection: str) -> dict[str, int]:
+    """The counts of one collection's judgements in ``db`` (None: there is no file, so none)."""
+    row = (0, 0, 0) if db is None else db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(relevant), 0), COUNT(DISTINCT question) FROM judgements WHERE collection = ?",
+        (collection,)).fetchone()
+    total, relevant, questions = (int(v) for v in row)
+    return {"judgements": total, "relevant": relevant, "not_relevant": total - relevant, "questions": questions}
 
 
 def counts_in(data_dir: Path, collection: str) -> dict[str, int] | None:
@@ -180,20 +185,16 @@ def counts_in(data_dir: Path, collection: str) -> dict[str, int] | None:
     warning in the log, when the file cannot be read (status still reports everything else)."""
     path = Path(data_dir) / FILE_NAME
     if not path.exists():
-        return {"judgements": 0, "relevant": 0, "not_relevant": 0, "questions": 0}
+        return _counts(None, collection)
     try:
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
         try:
-            total, relevant, questions = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(relevant), 0), COUNT(DISTINCT question) FROM judgements "
-                "WHERE collection = ?", (collection,)).fetchone()
+            return _counts(db, collection)
         finally:
             db.close()
     except sqlite3.Error as e:
         log.warning("cannot read the judgements", extra={"path": str(path), "error": str(e)})
         return None
-    return {"judgements": int(total), "relevant": int(relevant), "not_relevant": int(total) - int(relevant),
-            "questions": int(questions)}
 
 
 # --- what a judgement names: it must exist in the collection -------------------------------------------------
