@@ -3,8 +3,6 @@ chosen on the dev split), print the new model and its stages."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -180,6 +178,7 @@ def train_reranker(
     from encoders.learn.mining import MiningConfig
     from encoders.learn.rerank_train import RerankConfig
     from services.learn.reranking import train_reranker_model
+    from services.learn.staged_run import step_progress
     from services.learn.training import TrainingData
 
     settings = settings_for(ctx, collection)
@@ -194,9 +193,9 @@ def train_reranker(
                           seed=seed, max_steps=max_steps, threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
         try:
-            with _progress_bar(quiet=as_json) as on_step:
+            with stage_bars(quiet=as_json) as on_progress:  # a bar from the first step: mining prints nothing
                 done = train_reranker_model(settings, what, config, base=base, first_stage=first_stage,
-                                            progress=on_step)
+                                            progress=step_progress(on_progress, "training"))
         except ValueError as e:
             fail(str(e))
     card = done.result.card
@@ -249,12 +248,3 @@ def _parse_window(window: str) -> tuple[int, int]:
     if not 0 <= start < end:
         fail(f"--negative-window {window!r} is empty; START must be below END", code=EXIT_USAGE)
     return start, end
-
-
-@contextmanager
-def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int, float | None], None]]:
-    """The ``progress`` callback of ``encoders.learn.train.train`` (`dpr train-reranker`): a rich bar on stderr (steps,
-    loss, times) that appears at the first step, so reading the data and mining negatives print nothing."""
-    with stage_bars(quiet) as on_progress:
-        yield lambda step, total, loss: on_progress(
-            "training", step, total, f"loss {loss:.4f}" if loss is not None else "")

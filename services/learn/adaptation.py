@@ -26,7 +26,7 @@ from encoders.learn.adapt import TeacherConfig
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.learn.adapt_mining import distill_stage, mining_stage, pseudo_sets
-from services.learn.staged_run import StagedRun, StageProgress
+from services.learn.staged_run import StagedRun, StageProgress, step_progress
 from services.learn.staged_run import read_json as _read_json
 from services.learn.staged_run import write_json as _write_json
 from services.readers.beir import corpus_file
@@ -262,11 +262,7 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict
             question_only=config.question_only,
             train_passage_tokens=None if config.question_only else config.train_passage_tokens,
         )
-        label = f"training ({key})"
-
-        def on_step(step: int, total: int, loss: float | None, label: str = label) -> None:
-            notify(label, step, total, f"loss {loss:.4f}" if loss is not None else "")
-
+        on_step = step_progress(notify, f"training ({key})")
         if config.question_only:
             from encoders.learn.question_only import train_question_only
 

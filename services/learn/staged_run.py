@@ -22,6 +22,12 @@ from services.core.fsutil import write_atomic
 StageProgress = Callable[[str, int, int | None, str], None]
 
 
+
+def step_progress(notify: StageProgress, label: str) -> Callable[[int, int, float | None], None]:
+    """A trainer's ``progress`` (step, total steps, the latest loss) reported as stage ``label``'s."""
+    return lambda step, total, loss: notify(label, step, total, f"loss {loss:.4f}" if loss is not None else "")
+
+
 class StagedRun:
     """The stages of one run directory: ``stage`` runs one unless it finished before; ``stages`` says which ran
     and which were skipped (done earlier), ``timings`` the wall seconds of each stage that ran (this or an earlier

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from services.core.errors import ConfigError
 from services.core.fsutil import sha256_of
 from services.core.settings import Settings
-from services.learn.staged_run import StagedRun, StageProgress, read_json, write_json
+from services.learn.staged_run import StagedRun, StageProgress, read_json, step_progress, write_json
 from services.learn.training import TrainingData, export_for_backends, train_model, train_stage
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *,
     rounds = rounds if rounds is not None else RoundConfig()
     notify = progress or (lambda *a: None)
     if rounds.rounds <= 0:
-        result = train_model(settings, data, config, base=base, progress=_steps(notify, "finetune"))
+        result = train_model(settings, data, config, base=base, progress=step_progress(notify, "finetune"))
         if recipe is not None:
             from encoders.learn.training_run import write_card
 
@@ -147,7 +147,7 @@ def _finetune(settings: Settings, data: TrainingData, config: TrainConfig, base_
               run_dir: Path, notify: StageProgress, total: int) -> None:
     notify("finetune", 0, None, f"stage 1 of up to {total}: reading the data, mining negatives")
     stage_config = replace(config, name=f"{config.name}-finetune", blend=None)
-    result = train_stage(settings, data, stage_config, base_path, stages_dir, _steps(notify, "finetune"))
+    result = train_stage(settings, data, stage_config, base_path, stages_dir, step_progress(notify, "finetune"))
     record = _record("finetune", result, kept=True)
     write_json(run_dir / "finetune.json", record)
     log.info("dpr train stage finished", extra={"stage": "finetune", "dev_ndcg@10": record["dev_ndcg@10"]})
@@ -166,7 +166,7 @@ def _round(settings: Settings, data: TrainingData, config: TrainConfig, rounds: 
                            learning_rate=rounds.learning_rate, mini_batch_size=rounds.mini_batch_size,
                            dev_baseline=False, blend=None)
     result = train_stage(settings, round_data, round_config, Path(previous["path"]), stages_dir,
-                         _steps(notify, label))
+                         step_progress(notify, label))
     after, before = _dev(_record(label, result, kept=False)), previous["dev_ndcg@10"]
     kept = after is not None and before is not None and after > before + rounds.min_gain
     record = {**_record(label, result, kept=kept), "dev_ndcg@10_before": before, "base": previous["model"]}
@@ -242,13 +242,6 @@ def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records:
 def _finished(run_dir: Path, stage: str) -> bool:
     record = read_json(run_dir / f"{stage}.json")
     return record is not None and Path(record["path"]).is_dir()
-
-
-def _steps(notify: StageProgress, label: str) -> Any:
-    def on_step(step: int, total: int, loss: float | None) -> None:
-        notify(label, step, total, f"loss {loss:.4f}" if loss is not None else "")
-
-    return on_step
 
 
 def _eta(timings: dict[str, float], left: int) -> str:
