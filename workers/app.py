@@ -20,13 +20,11 @@ from services.core.settings import Settings
 from services.core.threads import resolve_threads
 
 INGEST_QUEUE = "ingest"
-# Task name -> queue. Re-embedding and a single index writer get their own queues when they arrive.
-TASK_ROUTES: dict[str, dict[str, str]] = {
+TASK_ROUTES: dict[str, dict[str, str]] = {  # task name -> queue
     "dpr.ingest_batch": {"queue": INGEST_QUEUE},
     "dpr.reembed.*": {"queue": "reembed"},
-    "dpr.index.*": {"queue": "index"},
 }
-# Modules whose shared tasks every app registers; optional ones are skipped while they do not exist.
+# Modules whose shared tasks every app registers.
 TASK_MODULES = ("workers.tasks", "workers.reembed_tasks")
 # Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
 SOFT_LIMIT_MARGIN = 5
@@ -114,11 +112,7 @@ def register_task_modules() -> None:
     import importlib
 
     for module in TASK_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module or module == TASK_MODULES[0]:
-                raise
+        importlib.import_module(module)
 
 
 _default: DprCelery | None = None
