@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 def collection_status(settings: Settings, info: CollectionInfo, store: VectorStore | None = None) -> dict[str, Any]:
     """Collection, active generation, point counts, model fingerprints, and the queue depth with a broker; with
-    ``store``, the active generation's search ef and why (``Store.search_ef``)."""
+    ``store``, the active generation's search ef and where its vectors live, and why (``Store.search_ef``,
+    ``Store.memory``)."""
     from encoders.towers import model_fingerprint, resolve_model_path
 
     model_path, model_name = resolve_model_path(settings.encoder.model, settings.models_dir)
@@ -45,6 +46,7 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
     data["search_ef"] = store.search_ef(active.name) if store is not None and active is not None else None
+    data["memory"] = store.memory(active.name) if store is not None and active is not None else None
     if settings.broker_url:
         from workers.executor import broker_refusal, queue_depth
 

@@ -157,6 +157,8 @@ def status(
     table.add_row("search", _describe_search(data.get("serving"), data["sparse"]))
     if data.get("search_ef"):
         table.add_row("search ef", _describe_ef(data["search_ef"]))
+    if data.get("memory"):  # the memory budget's choice (or the levers set) and why
+        table.add_row("memory", f"{data['memory']['choice']} ({data['memory']['reason']})")
     others = [g for g in data["generations"] if not g["active"]]
     table.add_row("other generations", ", ".join(f"{g['name']} ({_points(g['points'])})" for g in others) or "none")
     for u in data.get("unfinished", []):  # a re-embed's target: never answered from until verified and swapped

@@ -163,15 +163,20 @@ class EdgeSettings(SearchLevers):
         default=5000, ge=1, description="Points above which a segment gets an HNSW graph: built after an ingest "
         "job or re-embed leaves this many new points, or by `dpr optimize`; smaller segments are scanned exactly."
     )
-    # Memory levers at scale (docs/capacity.md). Creation-time levers apply to generations created after they are
-    # set (the next `dpr reembed` or a new collection); search-time ones to every query.
+    # Memory levers at scale (docs/capacity.md): a generation takes them when it is created and at each HNSW build
+    # (the budget's choice for the two below when they are not set); search-time ones apply to every query.
+    memory_budget_mb: int | None = Field(
+        default=None, ge=1, description="RAM a generation's dense vectors and HNSW graph may take: over it, "
+        "quantization and vectors_on_disk, where not set, become int8 with re-scoring and fp32 vectors on disk "
+        "(docs/capacity.md, memory budget); unset: 5% of the machine's RAM (or of the cgroup's limit)."
+    )
     quantization: Literal["none", "int8"] = Field(
         default="none", description="int8 scalar quantization of the dense vectors (4x less RAM for the copy "
-        "searched; the fp32 originals re-score the candidates, see rescore)."
+        "searched; the fp32 originals re-score the candidates, see rescore); unset: memory_budget_mb chooses."
     )
     vectors_on_disk: bool = Field(
         default=False, description="fp32 dense vectors memory-mapped from disk (read through the page cache) "
-        "instead of held in RAM; with int8 the quantized copy stays in RAM."
+        "instead of held in RAM; with int8 the quantized copy stays in RAM; unset: memory_budget_mb chooses."
     )
     payload_on_disk: bool = Field(default=True, description="Payloads (passage text) memory-mapped from disk.")
     hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 16.")

@@ -252,6 +252,9 @@ class Store:
         """The generation's search ef and why (calibrated after its build, set, or an exact scan)."""
         return self.engine.search_ef(generation)
 
+    def memory(self, generation: str) -> dict[str, Any] | None:
+        return self.engine.memory(generation)
+
     # -- data -----------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
         import services.store.bm25_upkeep as upkeep  # each point's BM25 length and the generation's stats

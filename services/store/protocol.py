@@ -115,6 +115,11 @@ class VectorStore(Protocol):
         `dpr status`; read without waiting for a writer."""
         ...
 
+    def memory(self, generation: str) -> dict[str, Any] | None:
+        """Where the generation's dense vectors live and why (``choice``, ``reason``: the embedded engine's memory
+        budget, or the levers set), for `dpr status`; None on a server (its levers are its settings)."""
+        ...
+
     # --- data ------------------------------------------------------------------------------------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
         """Idempotent: point ids are uuid5(doc id, chunk index). ``replace``: ``points`` hold every chunk of their
@@ -206,6 +211,8 @@ class Engine(Protocol):
     def index_info(self, generation: str) -> dict[str, Any]: ...
 
     def search_ef(self, generation: str) -> dict[str, Any]: ...
+
+    def memory(self, generation: str) -> dict[str, Any] | None: ...
 
     # --- points -------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None: ...

@@ -55,6 +55,7 @@ function renderStatus(s) {
   const [fusion, why] = describeServing(s);
   add("default mode", s.default_mode || "dense", why);
   add("hybrid fusion", fusion);
+  if (s.memory) add("memory", s.memory.choice, s.memory.reason);  // the memory budget's choice and why
   const rollback = s.rollback;
   add("rollback to", rollback ? rollback.generation : "none kept",
     rollback ? `${fmt(rollback.points)} points, model ${rollback.model}` : "`dpr rollback` has no target", "mono");

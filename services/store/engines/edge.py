@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +50,22 @@ from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.engines import edge_index
 from services.store.engines.edge_config import (  # converters
+    BUDGETED,
     LEVERS_FILE,
     EdgeLevers,
+    budget_levers,
     delete_operation,
     dense_params,
     edge_config,
+    fixed_levers,
     levers_from,
     levers_of,
+    machine_budget_mb,
     nearest,
     payload_fields,
+    placement,
     query_request,
+    record_levers,
     scored,
     search_params_from,
     to_filter,
@@ -99,6 +105,8 @@ class EdgeEngine:
         search_params: SearchParams | None = None,
         fused_search_params: SearchParams | None = None,
         recall_target: float = _DEFAULTS.recall_target,
+        memory_budget_mb: int | None = None,
+        fixed_levers: Collection[str] = (),
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
         dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
@@ -106,7 +114,8 @@ class EdgeEngine:
         (``hnsw_ef``, quantization rescore / oversampling), ``fused_search_params`` the dense branch's of a hybrid
         query (``hybrid_ef``; unset: ``search_params``); all from ``settings.edge`` (``levers_from``,
         ``search_params_from``). Where they name no ef, the ef each build calibrated for ``recall_target`` serves
-        (``services.store.calibrate``)."""
+        (``services.store.calibrate``). ``memory_budget_mb``: the levers not in ``fixed_levers`` (those the user
+        set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -123,8 +132,8 @@ class EdgeEngine:
         self.search_params = search_params
         self.fused_search_params = fused_search_params if fused_search_params is not None else search_params
         self.recall_target = recall_target
+        self.memory_budget_mb, self.fixed_levers = memory_budget_mb, list(fixed_levers)
         self._calibrated: dict[str, tuple[int, dict[str, Any]]] = {}  # generation -> (index.json mtime, calibration)
-        self._quantized: dict[str, bool] = {}  # generation -> created with int8 (then rescored by default)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -141,6 +150,8 @@ class EdgeEngine:
             search_params=search_params_from(settings.edge),
             fused_search_params=search_params_from(settings.edge, fused=True),
             recall_target=settings.edge.recall_target,
+            memory_budget_mb=settings.edge.memory_budget_mb or machine_budget_mb(),
+            fixed_levers=[k for k in BUDGETED if k in settings.edge.model_fields_set],
         )
 
     def __repr__(self) -> str:
@@ -221,18 +232,22 @@ class EdgeEngine:
                 (self.generations_dir / generation).mkdir(parents=True)
             except FileExistsError:
                 return False  # a generation, or a half-made one a crash left behind
+            levers, memory = self.levers, None
+            if self.memory_budget_mb is not None:  # sized as the points the active generation's last build saw
+                active = self.read_pointer()  # (a re-embed's source; none for a new collection)
+                expected = edge_index.indexed_points(self.generations_dir / active) if active else 0
+                levers, memory = budget_levers(levers, expected, spec.dim, self.memory_budget_mb, self.fixed_levers)
             with self._writing("creating a generation"):
                 shard = EdgeShard.create(
-                    str(self.generations_dir / generation / "shard"), edge_config(spec, levers=self.levers)
+                    str(self.generations_dir / generation / "shard"), edge_config(spec, levers=levers)
                 )
             self.lease.adopt(generation, shard)
-            self._quantized.pop(generation, None)
             for key in INDEXED_KEYWORDS:
                 shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
             for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
                 shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
             shard.flush()
-            write_atomic(self.generations_dir / generation / LEVERS_FILE, json.dumps(self.levers.to_json()))
+            record_levers(self.generations_dir / generation, levers, memory)
             self.write_spec(generation, spec)  # last: a generation without its spec is not complete
             return True
 
@@ -256,7 +271,6 @@ class EdgeEngine:
                 return False
             self.lease.claim(generation)
             self.lease.forget(generation)
-            self._quantized.pop(generation, None)
             # rename first so that a crash mid-delete never leaves a half generation that looks complete
             trash = self.generations_dir / f".{generation}.dropping.{os.getpid()}"
             os.replace(self.generations_dir / generation, trash)
@@ -268,8 +282,22 @@ class EdgeEngine:
         """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
         the shard and to swap the built copy in (``edge_index.optimize``, the writes made meanwhile replayed onto
         it); False if nothing changed, another process is building, or the journal could not be trusted (the copy
-        is then dropped)."""
+        is then dropped). With a memory budget, the levers the user did not set are chosen again first for the points
+        there are now (``levers.json``), and the build's reload applies them to what it builds."""
+        if self.memory_budget_mb is not None:
+            with self.session():
+                points, dim = self.shard(generation).info().points_count, self.read_spec(generation).dim
+            recorded = levers_of(self.generations_dir / generation)
+            record_levers(self.generations_dir / generation, *budget_levers(
+                EdgeLevers.from_json(recorded), points, dim, self.memory_budget_mb, fixed_levers(recorded)))
         return edge_index.optimize(self, generation)
+
+    def memory(self, generation: str) -> dict[str, Any]:
+        """Where the generation's dense vectors live and why (`dpr status`): the budget's choice at its creation or
+        last build, or the levers it was created with."""
+        recorded = levers_of(self.generations_dir / generation)
+        return recorded.get("memory") or {"choice": placement(EdgeLevers.from_json(recorded)),
+                                          "reason": "the levers it was created with (no memory budget)"}
 
     def needs_index(self, generation: str) -> bool:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
@@ -389,13 +417,11 @@ class EdgeEngine:
 
     def _params(self, generation: str, branch: Branch, fused: bool = False) -> SearchParams | None:
         """The dense branch's search params (HNSW ef, quantization rescore; ``fused``: of a hybrid query); none for
-        the sparse branch. A generation created with int8 is rescored even by a process whose settings name no
-        quantization lever (the engine's default would rank by the int8 copy alone)."""
+        the sparse branch. Every generation is re-scored with fp32 where the settings name no quantization lever: one
+        the memory budget made int8 at its last build would rank by the int8 copy alone, and on an fp32 one the option
+        changes nothing (measured: the same hits in the same time)."""
         if isinstance(branch[1], SparseVector):
             return None
-        if generation not in self._quantized:
-            levers = EdgeLevers.from_json(levers_of(self.generations_dir / generation))
-            self._quantized[generation] = levers.quantization != "none"
         params = self.fused_search_params if fused else self.search_params
         if params is None or params.hnsw_ef is None:  # no explicit ef: the one the last build calibrated
             cal, key = self._calibration(generation), "fused_" if fused else ""
@@ -404,7 +430,7 @@ class EdgeEngine:
                 params = SearchParams(exact=True, quantization=quantization)
             elif cal.get(f"{key}ef"):
                 params = SearchParams(hnsw_ef=int(cal[f"{key}ef"]), quantization=quantization)
-        return dense_params(params, self._quantized[generation])
+        return dense_params(params, quantized=True)
 
     def _calibration(self, generation: str) -> dict[str, Any]:
         """The search-ef calibration of the generation's last build (``index.json``), re-read when a build (in any

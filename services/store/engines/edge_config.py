@@ -7,15 +7,19 @@ generation's spec (``levers.json``) because the index build reloads the shard wi
 memory placement that the reload does not repeat falls back to RAM (measured on qdrant-edge 0.9.0: a ``Cold``
 vector storage came back ``InRamMmap`` after ``optimize()``); quantization and payload placement persist.
 ``levers_from`` / ``search_params_from`` read them from the settings (``dense_params``: the rescoring an int8
-generation needs). Below: the converters of the store's neutral records to qdrant-edge's types and back (pure
-functions; in this module so `dpr query` loads one module for both).
+generation needs); ``budget_levers`` chooses the levers the settings leave unset from the memory budget, at creation
+and at each index build (whose reload applies a changed choice to the segments it builds). Below: the converters
+of the store's neutral records to qdrant-edge's types and back (pure functions; in this module so `dpr query` loads
+one module for both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +48,7 @@ from qdrant_edge import (
 )
 from qdrant_edge import SparseVector as EdgeSparseVector
 
+from services.core.fsutil import write_atomic
 from services.store.common import AtLeast, Match, Scored, Where, build_filter
 from services.store.points import DENSE, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Vector
@@ -56,6 +61,9 @@ _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance
 _HNSW_M, _HNSW_EF_CONSTRUCT, _FULL_SCAN_KB = 16, 100, 10_000
 LEVERS_FILE = "levers.json"  # a generation's EdgeLevers, beside spec.json (the index build repeats them)
 QUANTILE = 0.99  # int8 range from the 0.99 quantile of the values (Qdrant's quantization guide)
+BUDGETED = ("quantization", "vectors_on_disk")  # the levers the memory budget chooses where the settings leave them
+BUDGET_SHARE = 0.05  # of the RAM: a 24 GB machine keeps up to ~700k 384-dim fp32 vectors in RAM (docs/capacity.md)
+_MB = 2**20
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class EdgeLevers:
     payload_on_disk: bool = True  # the engine's own default (payload memory Cold)
     hnsw_m: int | None = None
     hnsw_ef_construct: int | None = None
+    int8_on_disk: bool = False  # the int8 copy memory-mapped too (the budget's last step; never a setting)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +103,8 @@ def edge_config(
         )
     quantization = None
     if levers.quantization == "int8":  # the int8 copy stays in RAM; the fp32 originals rescore the candidates
-        quantization = ScalarQuantizationConfig(type=ScalarType.Int8, quantile=QUANTILE, memory=Memory.Pinned)
+        quantization = ScalarQuantizationConfig(type=ScalarType.Int8, quantile=QUANTILE,
+                                                memory=Memory.Cold if levers.int8_on_disk else Memory.Pinned)
     return EdgeConfig(
         vectors={DENSE: EdgeVectorParams(
             size=spec.dim, distance=_DISTANCES[spec.distance], memory=Memory.Cold if levers.vectors_on_disk else None
@@ -113,6 +123,45 @@ def levers_from(edge: EdgeSettings) -> EdgeLevers:
         quantization=edge.quantization, vectors_on_disk=edge.vectors_on_disk, payload_on_disk=edge.payload_on_disk,
         hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct,
     )
+
+
+def machine_budget_mb(share: float = BUDGET_SHARE) -> int:
+    """The default memory budget: ``share`` of the machine's RAM, or of this process's cgroup limit when lower."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):  # no cgroup v2 file, or "max" (no limit)
+        ram = min(ram, int(Path("/sys/fs/cgroup/memory.max").read_text(encoding="utf-8")))
+    return max(1, int(ram * share) // _MB)
+
+
+def budget_levers(levers: EdgeLevers, points: int, dim: int, budget_mb: int,
+                  fixed: Collection[str] = ()) -> tuple[EdgeLevers, dict[str, Any]]:
+    """The memory budget's rule (docs/capacity.md): ``points`` fp32 vectors of ``dim`` and their HNSW graph (2 x m
+    neighbour ids of 4 bytes a point) within ``budget_mb``: in RAM; over it: int8 with re-scoring, the fp32 originals
+    on disk; the int8 copy and the graph still over: that copy on disk too. The levers named in ``fixed`` (set by the
+    user) keep ``levers``' values. Returns the levers and why (the ``memory`` record of ``levers.json``)."""
+    fp32, int8, graph = points * dim * 4 / _MB, points * dim / _MB, points * 8 * (levers.hnsw_m or _HNSW_M) / _MB
+    level = 0 if fp32 + graph <= budget_mb else 1 if int8 + graph <= budget_mb else 2
+    chosen = {k: v for k, v in (("quantization", "int8" if level else "none"), ("vectors_on_disk", level > 0))
+              if k not in fixed}
+    out = replace(levers, **chosen)  # type: ignore[arg-type]
+    if "quantization" not in fixed and not out.vectors_on_disk:  # an int8 copy beside fp32 in RAM saves nothing
+        out = replace(out, quantization="none")
+    out = replace(out, int8_on_disk=level == 2 and out.quantization == "int8")
+    why = (f"fp32 vectors {fp32:,.0f} MB + graph {graph:,.0f} MB for {points:,} points "
+           f"{'within' if level == 0 else 'over'} the budget of {budget_mb:,} MB"
+           + ("" if level == 0 else f", int8 copy {int8:,.0f} MB + graph {'within' if level == 1 else 'over too'}")
+           + "".join(f"; {k} set by DPR_EDGE__{k.upper()}" for k in BUDGETED if k in fixed))
+    return out, {"choice": placement(out), "reason": why, "points": points, "budget_mb": budget_mb,
+                 "fp32_mb": round(fp32, 1), "int8_mb": round(int8, 1), "graph_mb": round(graph, 1),
+                 "set": sorted(set(fixed) & set(BUDGETED))}
+
+
+def placement(levers: EdgeLevers) -> str:
+    """Where a generation's dense vectors live, in words (`dpr status`)."""
+    fp32 = "fp32 vectors on disk" if levers.vectors_on_disk else "fp32 vectors in RAM"
+    if levers.quantization == "none":
+        return fp32
+    return "int8 + re-scoring, " + ("int8 copy and fp32 vectors on disk" if levers.int8_on_disk else fp32)
 
 
 def search_params_from(edge: EdgeSettings, fused: bool = False) -> SearchParams | None:
@@ -138,11 +187,24 @@ def dense_params(params: SearchParams | None, quantized: bool) -> SearchParams |
 
 
 def levers_of(generation_dir: Path) -> dict[str, Any]:
-    """The levers a generation was created with (``{}``: one made before levers existed, engine defaults)."""
+    """The levers a generation was created or last built with, and the ``memory`` record of the budget's choice
+    (``{}``: one made before levers existed, engine defaults)."""
     try:
         return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return {}
+
+
+def record_levers(generation_dir: Path, levers: EdgeLevers, memory: dict[str, Any] | None = None) -> None:
+    write_atomic(generation_dir / LEVERS_FILE, json.dumps(levers.to_json() | ({"memory": memory} if memory else {})))
+
+
+def fixed_levers(recorded: dict[str, Any]) -> list[str]:
+    """The budgeted levers a generation's record says the user set (one recorded before the budget: those not at
+    their defaults)."""
+    if "memory" in recorded:
+        return list(recorded["memory"].get("set", []))
+    return [k for k in BUDGETED if k in recorded and recorded[k] != getattr(EdgeLevers(), k)]
 
 
 # -- converters: the store's neutral records (filters, vectors, branches) to qdrant-edge's types and back -------

@@ -283,6 +283,9 @@ class ServerEngine:
         return describe({"hnsw_segments": int(bool(cal) or self._indexed(generation)[1] > 0),
                          "index_threshold": None, "calibration": cal}, explicit)
 
+    def memory(self, generation: str) -> dict[str, Any] | None:
+        return None  # a server's levers are DPR_QDRANT__ settings, applied when a generation is created
+
     def index_info(self, generation: str) -> dict[str, Any]:
         with self._engine("read the collection", generation):
             info = self.client.get_collection(generation)
