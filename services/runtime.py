@@ -25,6 +25,7 @@ from services.core.errors import ModelMismatch
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
 from services.query import QueryOptions, search
+from services.store.common import request_filter
 from services.store.frontend import SELF_LOCKING
 from services.store.points import Hit
 from services.store.protocol import VectorStore
@@ -258,6 +259,7 @@ class Runtime:
         return BatchedQuestionTowers(towers, batcher)  # type: ignore[return-value]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
+        request_filter(options.filters)  # a bad filter is refused before the towers load
         return search(question, store=self.store, towers=self._batched(self.question_towers), options=options,
                       sparse_for=lambda: self.sparse, towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
                       reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)

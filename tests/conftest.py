@@ -4,7 +4,8 @@
 - Settings come from the test alone: every test runs with the ``DPR_*`` variables removed and no ``.env`` file
   read (``kit.policy.scrub_settings_env``), so a developer's ``DPR_BROKER_URL`` changes nothing it exercises;
   only ``DPR_ONNX_CACHE`` is set, to one export cache for the session (``onnx_cache``).
-- ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect.
+- ``unit`` tests may not open network connections (loopback included): a guard replaces socket.connect; nor
+  export a real model to ONNX (``encoders.spawned.call_in_child`` raises for one).
 - ``shared_data``: the ``../shared/data`` folder beside the repo (present on developer machines and CI, not on a
   user's machine); tests that need it skip with a reason when it is missing.
 - ``base_towers``: the real all-MiniLM-L6-v2 towers from the wheel, loaded once per session.
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -75,6 +77,30 @@ def _block_network_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: py
         raise NetworkBlocked(f"unit tests may not open network connections (tried {address!r})")
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+class RealModelInUnitTest(BaseException):  # not an Exception: the export's own fallback must not swallow it
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _no_model_export_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test that reaches the ONNX export of a real model (20-50 s: a torch load in the export's child) fails
+    here: it should have been refused earlier, or use ``kit.fakes``."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import encoders.spawned
+
+    def guarded(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: object, **kwargs: object) -> Any:
+            for model in (a for a in args if isinstance(a, Path)):
+                if any((model / weights).exists() for weights in ("model.safetensors", "pytorch_model.bin")):
+                    raise RealModelInUnitTest(f"a unit test asked for the ONNX export of the model at {model}")
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(encoders.spawned, "call_in_child", guarded(encoders.spawned.call_in_child))
 
 
 @pytest.fixture(scope="session")
