@@ -166,6 +166,9 @@ def test_worker_killed_mid_batch_redelivers_and_every_passage_is_stored_once(
     make_cluster: Callable[[], Cluster], tmp_path: Path, base_towers: Any
 ) -> None:
     cluster = make_cluster()
+    # the killed batch comes back after the visibility timeout: 12 s here (30 s for the other tests); the pool
+    # process loads the model before it takes a task, so a batch of 3 short documents stays far below 10 s
+    cluster.env.update({"DPR_CELERY__VISIBILITY_TIMEOUT": "12", "DPR_CELERY__TASK_TIME_LIMIT": "10"})
     folder = tmp_path / "killed"
     write_corpus(folder, 12)
     expected = expected_points(folder, base_towers)
