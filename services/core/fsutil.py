@@ -123,6 +123,17 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def pid_alive(pid: int) -> bool:
+    """A process ``pid`` runs on this host (under any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def holder_tag() -> str:
     """Who holds a lock, as lock files and lock keys record it: ``pid P host H since T``."""
     return f"pid {os.getpid()} host {socket.gethostname()} since {time.time():.0f}"

@@ -129,14 +129,16 @@ class Store:
             yield self._resolve(generation)
 
     # -- collection and generations -------------------------------------------------------------------------
-    def info(self, wait: bool = True) -> CollectionInfo:
+    def info(self, wait: bool = True, counts: bool = True) -> CollectionInfo:
         active = self.engine.read_pointer()
         names = sorted(self.engine.generations(), key=lambda n: generation_number(self.alias, n) or 0)
         generations = []
         for n in names:  # one generation at a time: the embedded engine then never holds two locks for this
             with contextlib.suppress(CollectionNotFound):  # dropped meanwhile: not listed
                 count: int | None
-                if wait or n == active:
+                if not counts:
+                    count, spec = None, self.engine.read_spec(n)
+                elif wait or n == active:
                     with self.engine.session():
                         spec, count = self.engine.read_spec(n), self.engine.count(n)
                 else:  # outside a session the spec is read as last written (atomically), without its lock
@@ -335,6 +337,23 @@ class Store:
         with self._use(generation) as (name, _):
             pass  # pin the generation now: a concurrent activate must not switch it mid-scan
         for records in self._pages(name, batch_size):
+            yield [Passage.from_payload(payload) for _, payload in records]
+
+    def scan(self, batch_size: int = 1024, generation: str | None = None) -> Iterator[list[Passage]]:
+        """Every passage of a generation as it is now, for a reader of one another process may be using: on the edge
+        read from a copy of its shard (``EdgeEngine.copy_pages``), so that `dpr serve` keeps the generation it answers
+        from instead of loading it again after every page; elsewhere ``scroll``."""
+        copy_pages = getattr(self.engine, "copy_pages", None)
+        if copy_pages is None:
+            yield from self.scroll(batch_size, generation)
+            return
+        check_at_least_one("batch_size", batch_size)
+        name = generation or getattr(self.active(), "name", None)
+        if name is None:
+            raise missing_collection(self.alias, self.backend)
+        if generation_number(self.alias, name) is None or name not in self.engine.generations():
+            raise missing_generation(self.alias, name)
+        for records in copy_pages(name, batch_size):
             yield [Passage.from_payload(payload) for _, payload in records]
 
     def documents(self, generation: str | None = None) -> dict[str, str]:

@@ -42,13 +42,14 @@ class VectorStore(Protocol):
     alias: str
 
     # --- collection and generations -------------------------------------------------------------------
-    def info(self, wait: bool = True) -> CollectionInfo:
+    def info(self, wait: bool = True, counts: bool = True) -> CollectionInfo:
         """Alias, active generation (None if the collection does not exist yet), every generation kept, with
         exact point counts. For ``dpr status`` and the lifecycle; hot paths use ``active()``.
 
         ``wait=False`` (``dpr status``, ``/v1/status``): a generation other than the active one that another
         process holds (on the edge: workers writing a re-embed's target) is listed from its spec as last written,
-        with ``count`` None, instead of waiting for it and making its writer hand it over and reload it."""
+        with ``count`` None, instead of waiting for it and making its writer hand it over and reload it.
+        ``counts=False``: every ``count`` None, no generation locked (the lifecycle reads the records alone)."""
         ...
 
     def session(self) -> AbstractContextManager[object]:
@@ -144,6 +145,11 @@ class VectorStore(Protocol):
     def scroll(self, batch_size: int = 256, generation: str | None = None) -> Iterator[list[Passage]]:
         """Every stored passage (payload only), in batches, in a stable order, from the generation resolved when
         the scroll started."""
+        ...
+
+    def scan(self, batch_size: int = 1024, generation: str | None = None) -> Iterator[list[Passage]]:
+        """Every passage as it is now, for a reader of a generation another process may be using (a re-embed's
+        source): on the edge from a copy of its files, so that the holder keeps it."""
         ...
 
     def documents(self, generation: str | None = None) -> dict[str, str]:

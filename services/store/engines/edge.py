@@ -26,6 +26,8 @@ import json
 import logging
 import os
 import shutil
+import tempfile
+import time
 from collections.abc import Collection, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +47,7 @@ from qdrant_edge import (
 
 from services.core import datadir
 from services.core.errors import ConfigError
-from services.core.fsutil import write_atomic
+from services.core.fsutil import copy_tree_sparse, pid_alive, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.engines import edge_index
@@ -71,6 +73,7 @@ from services.store.engines.edge_config import (  # converters
     to_filter,
     upsert_operation,
 )
+from services.store.generation_lock import lock_file
 from services.store.lease import ShardLease, lease_for
 from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector, point_records
 from services.store.protocol import Branch, PointRecord, Record
@@ -383,6 +386,47 @@ class EdgeEngine:
         records, offset = self.shard(generation).scroll(request)
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
+    def copy_pages(self, generation: str, limit: int) -> Iterator[list[Record]]:
+        """Every point's payload, ``limit`` a page, read from a copy of the generation's shard (removed after), so
+        that its holder (``dpr serve`` answering from it) keeps it: the files are copied beside the holder and the
+        copy kept if none of them and not the lock changed meanwhile (every write, through a call or a map, moves an
+        mtime: ``_settled``); else copied again under one lease turn (the holder then loads its shard again)."""
+        for stale in self.generations_dir.glob(".*.read.*"):  # a reader killed mid-read left it
+            if not pid_alive(int(stale.name.rsplit(".read.", 1)[1].split(".")[0])):
+                shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{generation}.read.{os.getpid()}.", dir=self.generations_dir))
+        copy, source, shard = work / edge_index.SHARD, self.generations_dir / generation / edge_index.SHARD, None
+        lock = lock_file(self.root, generation)
+        try:
+            with contextlib.suppress(OSError):  # a file went meanwhile (an index swap)
+                settled = _settled(source, lock)
+                with self._writing("copying a generation to read it"):
+                    copy_tree_sparse(source, copy)
+                if settled is not None and _stamps(source, lock) == settled:
+                    shard = EdgeShard.load(str(copy))
+            if shard is None:
+                shutil.rmtree(copy, ignore_errors=True)
+                with self.session():
+                    self.lease.claim(generation)
+                    edge_index.recover_swap(source.parent)
+                    opened = self.lease.opened(generation)
+                    if opened is not None:
+                        opened.flush()
+                    with self._writing("copying a generation to read it"):
+                        copy_tree_sparse(source, copy)
+                shard = EdgeShard.load(str(copy))
+            offset = None
+            while True:
+                records, offset = shard.scroll(ScrollRequest(offset=offset, limit=limit, with_payload=True,
+                                                             with_vector=False))
+                yield [(str(r.id), dict(r.payload or {})) for r in records]
+                if offset is None:
+                    return
+        finally:
+            if shard is not None:
+                shard.close()
+            shutil.rmtree(work, ignore_errors=True)
+
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
         request = query_request(branch, limit, where, params=self._params(generation, branch))
         return scored(self.shard(generation).query(request))
@@ -452,3 +496,31 @@ class EdgeEngine:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
         self.lease.release()
 
+
+_CLOCK_STEP_NS = 20_000_000  # more than the step of the kernel's file clock (a jiffy)
+
+
+def _stamps(shard_dir: Path, lock: Path, settle: bool = False) -> dict[str, tuple[int, int, int]]:
+    """Size, mtime and inode of every file of a shard and of its generation's lock file (rewritten by each holder
+    that takes it). ``settle``: each file's dirty pages are written back first, so that a later store through a
+    memory map faults again and moves its mtime."""
+    files = [Path(d, f) for d, _, names in os.walk(shard_dir) for f in names]
+    for path in files if settle else ():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return {str(p): (st.st_size, st.st_mtime_ns, st.st_ino) for p in [lock, *files] for st in [p.stat()]}
+
+
+def _settled(shard_dir: Path, lock: Path) -> dict[str, tuple[int, int, int]] | None:
+    """``_stamps`` once the newest is older than the file clock's step, so that any write from then on, through a
+    call or a map, changes one of them; None if they moved meanwhile or the filesystem keeps no sub-millisecond
+    times."""
+    first = _stamps(shard_dir, lock, settle=True)
+    times = [m for _, m, _ in first.values()]
+    if all(m % 1_000_000 == 0 for m in times):
+        return None
+    time.sleep(max(0.0, (max(times) + _CLOCK_STEP_NS - time.time_ns()) / 1e9))
+    return first if _stamps(shard_dir, lock) == first else None
