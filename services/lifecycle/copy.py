@@ -9,8 +9,7 @@ flight; running ``dpr reembed`` again continues.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from encoders.towers import DualEncoder
@@ -45,7 +44,7 @@ def plan(
     ``owned_here``: record this process (pid, host) as the builder (an in-process re-embed), so that `dpr status`
     can tell a running build from one a kill left behind. Caller holds the re-embed lock.
     """
-    info = store.info()
+    info = store.info(counts=False)
     if info.active is None:
         raise CollectionNotFound(f"collection {store.alias!r} does not exist yet; ingest something first")
     source = info.active
@@ -107,14 +106,11 @@ def _create_target(
     return replace(state, target=target)
 
 
-READ_SLICE = 2.0  # seconds of reading the source under one hold (pending_batches)
-
-
-def index_of(store: VectorStore, generation: str, batch_size: int = 1024) -> tuple[Index, dict[str, Passage]]:
-    """Every point of a generation: its (model, text hash, doc hash), and its passage."""
+def index_of(pages: Iterable[list[Passage]]) -> tuple[Index, dict[str, Passage]]:
+    """Every point of a generation's pages: its (model, text hash, doc hash), and its passage."""
     index: Index = {}
     passages: dict[str, Passage] = {}
-    for batch in store.scroll(batch_size=batch_size, generation=generation):
+    for batch in pages:
         for p in batch:
             index[p.id] = (p.model, p.text_hash, p.doc_hash)
             passages[p.id] = p
@@ -125,34 +121,22 @@ def is_done(target: Index, model: str, p: Passage) -> bool:
     return target.get(p.id) == (model, p.text_hash, p.doc_hash)
 
 
-def pending_batches(
-    store: VectorStore, state: ReembedState, batch_size: int, hold: float = READ_SLICE
-) -> Iterator[list[Passage]]:
+def pending_batches(store: VectorStore, state: ReembedState, batch_size: int) -> Iterator[list[Passage]]:
     """Source passages, in batches, that the target does not hold yet with the new model (resumability).
 
-    The source is read in slices of ``hold`` seconds, each under one store session, and a slice's batches are
-    handed out only after it: the caller's work between batches (sending, encoding) never holds the source.
-    Otherwise, on the embedded engine, `dpr serve` (which answers from the source) and this reader would hand
-    the source to each other between every two pages, each reloading it (~1 s at 100k passages): the first
-    measured 100k re-embed beside `dpr serve` spent 14 minutes sending its batches that way."""
-    target, _ = index_of(store, state.target)
-    pages = iter(store.scroll(batch_size=batch_size, generation=state.source))
+    The source is read from a copy of its files taken beside its holder (``VectorStore.scan``), so `dpr serve`,
+    answering from it, keeps it. Read under the lease it
+    was handed over and loaded again by both sides once per page (the first measured 100k re-embed beside `dpr
+    serve` spent 14 minutes sending its batches that way), then once per 2 s slice (questions waited up to 25 s)."""
+    target, _ = index_of(store.scroll(1024, generation=state.target))
     batch: list[Passage] = []
-    finished = False
-    while not finished:
-        ready: list[list[Passage]] = []
-        with store.session():
-            started = time.monotonic()
-            while not finished and (not ready or time.monotonic() - started < hold):  # a page per slice at least
-                page = next(pages, None)
-                finished = page is None
-                for p in page or ():
-                    if not is_done(target, state.model, p):
-                        batch.append(p)
-                        if len(batch) >= batch_size:
-                            ready.append(batch)
-                            batch = []
-        yield from ready
+    for page in store.scan(batch_size, generation=state.source):
+        for p in page:
+            if not is_done(target, state.model, p):
+                batch.append(p)
+                if len(batch) >= batch_size:
+                    yield batch
+                    batch = []
     if batch:
         yield batch
 

@@ -257,17 +257,22 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
 
     store = open_store(settings)
     try:
-        # a follower names the target: read that generation alone while it builds (on the embedded engine the
-        # source is `dpr serve`'s, and reading it takes it from the server, which then reloads it)
+        # a follower names the target: it counts that generation alone, while it builds (on the embedded engine
+        # the active one is `dpr serve`'s, and counting it takes it from the server, which then reloads it); the
+        # counts at the end are the verification's
         state = state_and_spec(store, target)[0] if target else current_state(store)
         if state is None:
             return {"state": None}
         data: dict[str, Any] = {"state": {**state.to_json(), "target": state.target}}
-        data["target_points"] = store.count(generation=state.target)
-        if target is None or state.status != "building":
+        if target is None or state.status == "building":
+            data["target_points"] = store.count(generation=state.target)
+        if target is None:
             data["source_points"] = store.count(generation=state.source)
     finally:
         store.close()
     if settings.broker_url:
         data.update(reembed_progress(settings, state.target))
+    verified = (data.get("result") or {}).get("verification") or {}
+    for key in ("source", "target"):
+        data.setdefault(f"{key}_points", verified.get(f"{key}_count"))
     return data

@@ -69,7 +69,7 @@ def promotion_gate(
     if not data:
         return None
     scorer = eval_scorer(settings, Path(data))
-    active = store.info().active
+    active = store.active()
     if active is None:
         raise CollectionNotFound(f"collection {store.alias!r} has no active generation to compare the candidate with")
     old = towers_for(active.spec.model)

@@ -63,7 +63,7 @@ def check_needed(settings: Settings) -> dict[str, Any]:
     wanted = passage_fingerprint(path)  # a question-only model's is its partner's: it serves the partner's points
     store = open_store(settings)
     try:
-        info = store.info()
+        info = store.info(counts=False)  # the records alone: the active generation stays with `dpr serve`
     finally:
         store.close()
     if info.active is None:

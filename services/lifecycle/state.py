@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from services.core.errors import DprError, PermanentError
+from services.core.fsutil import pid_alive
 from services.store.points import CollectionSpec, GenerationInfo
 from services.store.protocol import VectorStore
 
@@ -83,13 +84,7 @@ class ReembedState:
         another host, or a record older than the owner fields)."""
         if self.pid <= 0 or self.host != socket.gethostname():
             return None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # it exists, under another user
-            return True
-        return True
+        return pid_alive(self.pid)
 
     def owned_here(self) -> ReembedState:
         """This record with this process as its owner (an in-process re-embed creating or resuming it)."""
@@ -102,7 +97,7 @@ def save_state(store: VectorStore, state: ReembedState) -> None:
 
 def find_state(store: VectorStore, target: str | None = None) -> ReembedState | None:
     """The re-embed record of ``target``, or of the newest generation in status ``building``."""
-    info = store.info()
+    info = store.info(counts=False)
     for g in reversed(info.generations):
         st = ReembedState.from_generation(g)
         if st is None:

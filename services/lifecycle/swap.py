@@ -74,14 +74,14 @@ def finalize(
 ) -> ReembedResult:
     """Catch up, (gate), then under the exclusive write fence: catch up, verify, swap, record. Idempotent."""
     check_towers(state, towers)
-    info = store.info()
-    if info.active is not None and info.active.name == state.target:  # already swapped (a redelivered finalize)
+    active = store.active()  # no count: the source stays with `dpr serve`
+    if active is not None and active.name == state.target:  # already swapped (a redelivered finalize)
         return ReembedResult(state=replace(state, status="active"), outcome="activated")
-    if info.active is None or info.active.name != state.source:
+    if active is None or active.name != state.source:
         save_state(store, replace(state, status="abandoned", finished=now_iso(), error="source no longer active"))
         raise ReembedError(
             f"the source generation {state.source} is no longer active (now "
-            f"{info.active.name if info.active else None}); run `dpr reembed` again to re-embed the new one"
+            f"{active.name if active else None}); run `dpr reembed` again to re-embed the new one"
         )
     copied = 0
     for _ in range(max_unfenced_passes):
@@ -110,14 +110,14 @@ def _swap(
     on_activated: OnActivated | None,
 ) -> ReembedResult:
     """Under the exclusive fence: the last catch-up, verification, the alias swap and the record."""
-    active_now = store.info().active.name  # type: ignore[union-attr]
+    active_now = store.active().name  # type: ignore[union-attr]
     if active_now == state.target:  # a concurrent finalize of the same re-embed won
         return ReembedResult(state=replace(state, status="active"), outcome="activated")
     if active_now != state.source:
         raise ReembedError(f"the source generation {state.source} stopped being active during the re-embed")
     last = catch_up(store, state, towers, sparse)
-    # a clean diff *is* the verification (same ids, hashes, one model); only re-scan after writing
-    verification = verified_by(last, state) if last.clean else verify(store, state)
+    # a clean diff *is* the verification (same ids, hashes, one model); only re-scan the target after writing
+    verification = verified_by(last, state) if last.clean else verify(store, state, last.source)
     if not verification.ok:
         save_state(store, replace(state, error=f"verification failed: {verification.to_json()}"))
         raise ReembedError(

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from encoders.towers import DualEncoder
-from services.lifecycle.copy import copy_batch, index_of, is_done
+from services.lifecycle.copy import Index, copy_batch, index_of, is_done
 from services.lifecycle.state import ReembedState
 from services.store.points import Passage
 from services.store.protocol import VectorStore
@@ -28,6 +28,7 @@ class Diff:
     extra: dict[str, str] = field(default_factory=dict)  # target point id -> doc id, absent from the source
     foreign: int = 0  # target points embedded by another model
     source_docs: dict[str, tuple[str, int]] = field(default_factory=dict)  # doc id -> (doc hash, chunks)
+    source: Index = field(default_factory=dict, repr=False)  # the source as read
 
     @property
     def clean(self) -> bool:
@@ -45,9 +46,10 @@ class Diff:
 
 
 def diff(store: VectorStore, state: ReembedState) -> Diff:
-    src, src_passages = index_of(store, state.source)
-    tgt, tgt_passages = index_of(store, state.target)
-    d = Diff(source_count=len(src), target_count=len(tgt))
+    """The source read from a copy (``VectorStore.scan``: `dpr serve` keeps it), the target as it is."""
+    src, src_passages = index_of(store.scan(generation=state.source))
+    tgt, tgt_passages = index_of(store.scroll(1024, generation=state.target))
+    d = Diff(source_count=len(src), target_count=len(tgt), source=src)
     for p in src_passages.values():
         h, n = d.source_docs.get(p.doc_id, (p.doc_hash, 0))
         d.source_docs[p.doc_id] = (h if h == p.doc_hash else "", n + 1)
@@ -95,10 +97,11 @@ class Verification:
         return asdict(self)
 
 
-def verify(store: VectorStore, state: ReembedState) -> Verification:
-    """Same count as the source, every id present, same text and doc hash per id, one fingerprint (the new)."""
-    src, _ = index_of(store, state.source)
-    tgt, _ = index_of(store, state.target)
+def verify(store: VectorStore, state: ReembedState, source: Index | None = None) -> Verification:
+    """Same count as the source, every id present, same text and doc hash per id, one fingerprint (the new).
+    ``source``: the source as read under the same write fence (not read again)."""
+    src = source if source is not None else index_of(store.scan(generation=state.source))[0]
+    tgt, _ = index_of(store.scroll(1024, generation=state.target))
     missing = sum(1 for pid in src if pid not in tgt)
     extra = sum(1 for pid in tgt if pid not in src)
     stale = sum(1 for pid, v in src.items() if pid in tgt and tgt[pid][1:] != v[1:])
@@ -108,7 +111,7 @@ def verify(store: VectorStore, state: ReembedState) -> Verification:
         missing == 0
         and extra == 0
         and stale == 0
-        and len(src) == len(tgt) == counted == store.count(generation=state.source)
+        and len(src) == len(tgt) == counted
         and models in ([state.model], [])
     )
     return Verification(ok, len(src), counted, missing, extra, stale, models)

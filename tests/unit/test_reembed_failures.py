@@ -4,6 +4,9 @@ for good stops being pending, and a finalize step that cannot load the new tower
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,16 +82,17 @@ def test_a_batch_that_fails_for_good_does_not_keep_the_finalize_step_waiting(bro
         rt.close()
 
 
-def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
+def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while_it_was_copied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`dpr serve` answers from the source while a re-embed reads it: the reader takes it once per slice of
-    pages, not once per page, and lets go of it while the caller sends or encodes a batch."""
+    """`dpr serve` answers from the source while a re-embed reads it: what to send is read from a copy of its files
+    taken beside its holder, kept when no file changed while it was taken (never locked), else copied again under the
+    lock (once); no copy is left behind."""
     from services.lifecycle.copy import pending_batches
+    from services.lifecycle.verify import diff
     from services.store import Store
     from services.store.engines.edge import EdgeEngine
     from services.store.generation_lock import GenerationLock
-    from services.store.lease import lease_for
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))  # every run of calls ends by unlocking
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
@@ -104,11 +108,43 @@ def test_the_source_is_read_in_slices_and_never_held_while_the_caller_works(
         return take(cls, root, generation, *args, **kw)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(GenerationLock, "take", classmethod(counting))
-    lease = lease_for(tmp_path / "c")
-    seen = 0
-    for batch in pending_batches(store, state, batch_size=4):
-        assert not lease.holds(state.source)  # the caller's work runs without the source
-        seen += len(batch)
-    assert taken.count(state.source) == 1  # one slice: 10 pages read under one hold
+    seen = sum(len(batch) for batch in pending_batches(store, state, batch_size=4))
+    assert taken.count(state.source) == 0
+    assert len(diff(store, state).stale) == seen  # the same: nothing changed while it was copied
+    assert taken.count(state.source) == 0
+    copytree = shutil.copytree
+
+    def touched(src: Path, dst: Path, *args: Any, **kw: Any) -> Any:  # a file changes while the copy is taken
+        out = copytree(src, dst, *args, **kw)
+        if Path(dst).name == "shard":
+            first = next(p for p in Path(src).rglob("*") if p.is_file())
+            os.utime(first, ns=(time.time_ns(), time.time_ns()))
+        return out
+
+    monkeypatch.setattr(shutil, "copytree", touched)
+    assert len(diff(store, state).stale) == seen  # so it is copied again under the lock
+    assert taken.count(state.source) == 1
+    monkeypatch.setattr(shutil, "copytree", copytree)
     assert seen == store.count() == 40
+    assert not list((tmp_path / "c" / "generations").glob(".*read*"))
+    store.close()
+
+
+def test_a_copy_that_cannot_be_taken_beside_the_holder_is_taken_under_the_lease(tmp_path: Path) -> None:
+    """A swap cut short between its renames (no ``shard``, only ``shard.next``) fails the copy taken without the
+    lock; the read then copies under the lease (which finishes the swap first) and a dead reader's copy goes."""
+    from services.store import Store
+    from services.store.engines.edge import EdgeEngine
+
+    store = Store(EdgeEngine(tmp_path, "c", idle_release=0))
+    docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(10)]
+    assert not ingest_batch(docs, store=store, towers=V1,  # type: ignore[arg-type]
+                            chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+    name = store.active().name  # type: ignore[union-attr]
+    store.close()
+    gens = tmp_path / "c" / "generations"
+    os.replace(gens / name / "shard", gens / name / "shard.next")
+    (gens / f".{name}.read.999999999.x").mkdir()  # no such pid
+    assert sum(len(page) for page in store.scan(4, generation=name)) == store.count() == 10
+    assert not list(gens.glob(".*read*"))
     store.close()
