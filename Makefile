@@ -10,6 +10,11 @@ DEMO_PDF_QUESTION ?= How do I save a plot as a PNG image?
 # The demo corpus: part of the Python 3.11 documentation (Debian's python3.11-doc). DOCS=all ingests all of it.
 DOCS ?= tutorial howto faq reference glossary.rst.txt
 
+# Python writes its bytecode caches here whatever the shell says: with PYTHONDONTWRITEBYTECODE set, every `dpr`
+# process a test starts compiles its imports again, and every pytest process rewrites the asserts of ~800 modules
+# (the plugins' packages included) again: about 10 s of CPU each.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install chromium demo test test-unit test-integration test-slow lint typecheck bench bench-hotpaths clean
 
 $(STAMP): pyproject.toml
