@@ -35,7 +35,7 @@ from services.store.engines.edge_config import (
 pytestmark = pytest.mark.unit
 
 M = 2**20  # bytes a MB
-SEARCH = search_params_from(EdgeSettings(hnsw_ef=512, oversampling=2.0))  # answers the exact scan's top 10
+SEARCH = search_params_from(EdgeSettings(hnsw_ef=512))  # int8: re-scored, oversampling 2 (dense_params' default)
 
 
 # -- the rule ----------------------------------------------------------------------------------------------------
