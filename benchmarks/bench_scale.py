@@ -1,7 +1,8 @@
 """Scale of one embedded collection (issue 42): N passages, each memory lever, in-process.
 
 For each lever configuration (``--levers``: fp32, int8, int8-disk, and each with HNSW m 32 / ef_construct 200:
-fp32-m32, int8-m32, int8-disk-m32) a fresh data dir gets a collection of
+fp32-m32, int8-m32, int8-disk-m32; budget-32 / budget-16: no lever set, ``DPR_EDGE__MEMORY_BUDGET_MB`` 32 or 16, the
+budget choosing at the build, issue 56) a fresh data dir gets a collection of
 ``--passages`` points through the real store (``EdgeEngine.from_settings``, the layout `dpr serve` reads):
 
 - **real part**: the first ``--real-docs`` SciFact abstracts, chunked with the passage tower's tokenizer and
@@ -67,6 +68,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "int8-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "hnsw_m": 32, "hnsw_ef_construct": 200},
     "int8-disk-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True,
                       "hnsw_m": 32, "hnsw_ef_construct": 200},
+    "budget-32": {"memory_budget_mb": 32},  # the budget chooses (fp32 itself: the default budget's choice)
+    "budget-16": {"memory_budget_mb": 16},
 }
 
 
@@ -295,7 +298,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     asker.join()
     store.close()
     generation = next((root / name / "dpr" / "store" / settings.collection / "generations").iterdir())
-    disk = du_bytes(generation)
+    disk, memory = du_bytes(generation), store.memory(generation.name)
     # reopened, as a serving process finds it
     before_kb, before_anon, before_file = rss_kb(), rss_kb("RssAnon"), rss_kb("RssFile")
     store = Store(EdgeEngine.from_settings(settings))
@@ -313,7 +316,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
         "during_ms": during, "dense_ms": dense_ms, "hybrid_ms": hybrid_ms, "recall10": recall(corpus, answers, truth),
         "by_ef": by_ef, "ndcg10": ndcg10(judged[0], answers, judged[1]) if judged else None,
         "disk_bytes": disk, "disk_per_passage": disk / total, "rss_growth_mb": rss_growth_mb,
-        "anon_mb": anon_mb, "file_mb": file_mb, "resident": resident,
+        "anon_mb": anon_mb, "file_mb": file_mb, "resident": resident, "memory": memory,
     }
 
 
@@ -519,6 +522,8 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
         for r in results:
             cells = [f"{r['by_ef'][e][0]}, {r['by_ef'][e][1]:.3f}" for e in args.ef_sweep]
             lines.append(f"| {r['lever']} | " + " | ".join(cells) + " |")
+    lines += ["", "Where each generation's vectors live and why (`dpr status`'s memory line):", ""]
+    lines += [f"- {r['lever']}: {r['memory']['choice']} ({r['memory']['reason']})" for r in results]
     lines += ["", "Resident MB of the store's mapped files after the queries, by kind (/proc/self/smaps):", ""]
     for r in results:
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["resident"].items())[:8])
