@@ -111,11 +111,27 @@ def recall_at_10(store: Store, reqs: list[SearchRequest]) -> float:
     return found / (10 * len(reqs))
 
 
+def ask_elsewhere(data_dir: Path, probe: list[float], answers: Any) -> None:
+    """The reader as ``dpr serve`` is, in a process of its own (``--data-dir``): a question every 20 ms until
+    ``answers`` says stop, then (wall start, seconds waited) of each sent back."""
+    store = Store(EdgeEngine.from_settings(Settings(data_dir=data_dir)))
+    store.search(SearchRequest(k=10, dense=probe))  # the shard loaded before the build starts
+    answers.send("ready")
+    waited: list[tuple[float, float]] = []
+    while not answers.poll(0.02):
+        t0, started = time.time(), time.perf_counter()
+        store.search(SearchRequest(k=10, dense=probe))
+        waited.append((t0, time.perf_counter() - started))
+    store.close()
+    answers.send(waited)
+
+
 def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Generator, writes_per_s: float,
-                        first_id: int, dim: int = DIM) -> dict[str, float]:
+                        first_id: int, dim: int = DIM, elsewhere: Path | None = None) -> dict[str, Any]:
     """Build the index while a thread queries every 20 ms and another writes ``writes_per_s`` new passages a second
     (in batches of 32) until the build returns: how long the lease was held at each end, what the readers waited,
-    how many writes the build replayed onto its copy, and whether the copy was swapped in."""
+    how many writes the build replayed onto its copy, and whether the copy was swapped in. ``elsewhere``: the
+    questions come from another process over this data dir instead (``ask_elsewhere``: a server beside a worker)."""
     report: dict[str, Any] = {}
 
     class BuildLog(logging.Handler):  # the build's own figures: its log line "edge index build"
@@ -131,7 +147,24 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
     written = [0]
     done = threading.Event()
 
+    asked: list[tuple[float, float]] = []
+
     def reader() -> None:
+        if elsewhere is not None:
+            import multiprocessing
+
+            ours, theirs = multiprocessing.Pipe()
+            process = multiprocessing.get_context("spawn").Process(target=ask_elsewhere,
+                                                                   args=(elsewhere, probe.dense, theirs))
+            process.start()
+            ours.recv()  # "ready": its shard is loaded
+            ready.set()
+            done.wait()
+            ours.send("stop")
+            asked.extend(ours.recv())
+            process.join()
+            return
+        ready.set()
         while not done.is_set():
             t0 = time.perf_counter()
             store.search(probe)
@@ -144,10 +177,12 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
             written[0] += 32
 
     before = store.count()
+    ready = threading.Event()
     threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
     for t in threads:
         t.start()
-    t0 = time.perf_counter()
+    ready.wait()
+    t0, wall0 = time.perf_counter(), time.time()
     try:
         changed = store.optimize()
     finally:
@@ -156,6 +191,8 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
         for t in threads:
             t.join()
         build_log.removeHandler(handler)
+    slow = sorted((w, t - wall0) for t, w in asked if t >= wall0)[-3:]  # the slowest, and when after the start
+    waits = waits or [w for t, w in asked if t >= wall0]
     waits.sort()
     return {"changed": float(changed), "wall_s": wall, "lease_copy_s": report["copy_s"],
             "lease_swap_s": report["swap_s"],
@@ -164,10 +201,10 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
             "over_1s": float(sum(w > 1.0 for w in waits)),
             "written": float(written[0]), "lost": float(before + written[0] - store.count()),
             "replayed_off_lease": float(report["replayed"]),
-            "replayed_under_lease": float(report["replayed_last"])}
+            "replayed_under_lease": float(report["replayed_last"]), "slow": slow}
 
 
-def build_line(build: dict[str, float], writes_per_s: float) -> str:
+def build_line(build: dict[str, Any], writes_per_s: float) -> str:
     return (f"optimize: {build['wall_s']:.1f} s wall, swapped in: {'yes' if build['changed'] else 'no'}; lease held "
             f"{build['lease_copy_s']:.2f} s to copy + {build['lease_swap_s']:.2f} s for the last replay round, the "
             f"check and the swap; {writes_per_s:g} writes/s meanwhile: {int(build['written'])} passages written "
@@ -175,7 +212,8 @@ def build_line(build: dict[str, float], writes_per_s: float) -> str:
             f"{int(build['replayed_off_lease'])} + {int(build['replayed_under_lease'])} writes replayed (off / under "
             f"the lease); {int(build['queries_meanwhile'])} queries answered meanwhile, p99 "
             f"{build['p99_query_ms']:.0f} ms, the slowest {build['slowest_query_ms']:.0f} ms ({int(build['over_1s'])} "
-            "over 1 s: those that waited for a lease hold or a shard's reload)")
+            "over 1 s: those that waited for a lease hold or a shard's reload)"
+            + "".join(f"; {w:.2f} s at +{at:.1f} s" for w, at in build.get("slow", [])))
 
 
 def main() -> None:
@@ -203,7 +241,7 @@ def main() -> None:
         first = 100_000_000 + 2 * before  # ids no earlier run over this data dir used: every write adds a point
         added_s = fill(store, args.add, rng, first_id=first, dim=spec.dim)
         probe = SearchRequest(k=10, dense=unit(rng, 1, spec.dim)[0].tolist())
-        build = optimize_under_load(store, probe, rng, args.writes_per_s, first + args.add, spec.dim)
+        build = optimize_under_load(store, probe, rng, args.writes_per_s, first + args.add, spec.dim, args.data_dir)
         after = store.count()
         store.close()
         kept = "none lost" if after == before + args.add + build["written"] else "MISMATCH"

@@ -118,6 +118,63 @@ def copy_tree_sparse(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=lambda s, d: copy_file_sparse(Path(s), Path(d)))
 
 
+Noted = dict[str, tuple[tuple[int, int, int], int]]  # file -> ((inode, size, mtime ns), when it was looked at, ns)
+_SETTLED_NS = 1_000_000_000  # an mtime this close to the look: a write in the same clock tick could keep it
+
+
+def copy_tree_changed(src: Path, dst: Path, noted: Noted | None = None, settle: bool = False) -> Noted:
+    """Make ``dst`` a copy of ``src`` (holes kept), copying only the files an earlier call did not note unchanged:
+    the same inode, size and mtime, that mtime a second older than the look; what ``src`` lacks is removed. Returns
+    this call's notes. ``settle`` (``src`` may be written meanwhile): each file's dirty pages are written back before
+    it is looked at, so that a later store through a memory map faults and moves its mtime (see
+    ``tracks_mapped_writes``); a file that vanishes meanwhile is left to the next call."""
+    notes: Noted = {}
+    for folder, _, files in os.walk(src):
+        (dst / Path(folder).relative_to(src)).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(src))
+            try:
+                looked = time.time_ns()
+                if settle:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                st = path.stat()
+                notes[rel] = ((st.st_ino, st.st_size, st.st_mtime_ns), looked)
+                before = (noted or {}).get(rel)
+                if before is None or before[0] != notes[rel][0] or st.st_mtime_ns > before[1] - _SETTLED_NS:
+                    copy_file_sparse(path, dst / rel)
+            except FileNotFoundError:
+                if not settle:
+                    raise
+                notes.pop(rel, None)
+    for folder, dirs, files in os.walk(dst, topdown=False):
+        gone = [n for n in files + dirs if not (src / Path(folder).relative_to(dst) / n).exists()]
+        for name in gone:
+            path = Path(folder) / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return notes
+
+
+def tracks_mapped_writes(path: Path) -> bool:
+    """Whether stores through a memory map move the mtime of files under ``path`` once their pages were written
+    back (disk file systems do; tmpfs never writes back, nor moves it): ``copy_tree_changed`` can then trust it."""
+    path, best, kind = path.resolve(), -1, ""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        mount = fields.split()[4].replace("\\040", " ")
+        if path.is_relative_to(mount) and len(mount) > best:
+            best, kind = len(mount), rest.split()[0]
+    return kind in {"ext4", "xfs", "btrfs", "overlay"}
+
+
 def now_iso() -> str:
     """The UTC time stamp records on disk carry (key files, re-embed states, passages): seconds, ISO 8601."""
     return datetime.now(UTC).isoformat(timespec="seconds")

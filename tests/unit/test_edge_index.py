@@ -4,8 +4,11 @@ built once enough points arrived (``maybe_optimize``), swapped in with the write
 
 from __future__ import annotations
 
+import mmap
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 from qdrant_edge import Query, QueryRequest, SearchParams
 
+from services.core import fsutil
 from services.store import Store
 from services.store.engines import edge_index, edge_journal
 from services.store.engines.edge import EdgeEngine
@@ -211,3 +215,34 @@ def test_a_swap_cut_between_its_renames_is_finished(tmp_path: Path) -> None:
     reopened = Store(EdgeEngine(tmp_path, "c", idle_release=0))
     assert reopened.count() == 50
     assert (gen / edge_index.SHARD).is_dir() and not (gen / edge_index.NEXT).exists()
+
+
+def test_the_copy_under_the_lease_takes_only_what_changed_since_the_copy_before_it(tmp_path: Path) -> None:
+    src, dst = tmp_path / "shard", tmp_path / "shard.build"
+    (src / "segments" / "sealed").mkdir(parents=True)
+    (src / "wal").mkdir()
+    files = {"segments/sealed/vectors": b"v" * 5000, "segments/sealed/tracker": b"t" * 4096, "wal/open-1": b"w",
+             "gone": b"g", "fresh": b"f"}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    with (src / "segments/sealed/tracker").open("r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        mapped[0:1] = b"1"  # a store through a map, its page not written back when the copy looks at it
+        for rel in set(files) - {"fresh"}:  # a minute old; "fresh" was written just now
+            os.utime(src / rel, (time.time() - 60, time.time() - 60))
+        noted = fsutil.copy_tree_changed(src, dst, settle=True)  # off the lease, the shard in use
+        assert (dst / "segments/sealed/tracker").read_bytes() == b"1" + b"t" * 4095
+        mapped[1:2] = b"2"  # the same page again, after the copy read it
+    for rel in ("segments/sealed/vectors", "fresh"):
+        (dst / rel).write_bytes(b"copied before")  # stays if not copied again
+    (src / "wal/open-1").write_bytes(b"w2")
+    (src / "gone").unlink()
+    (src / "segments/new").mkdir()
+    (src / "segments/new/x").write_bytes(b"x")
+
+    fsutil.copy_tree_changed(src, dst, noted)  # under the lease: the files changed since
+    assert (dst / "segments/sealed/vectors").read_bytes() == b"copied before"  # sealed: not copied again
+    assert (dst / "wal/open-1").read_bytes() == b"w2" and (dst / "segments/new/x").read_bytes() == b"x"
+    assert (dst / "fresh").read_bytes() == b"f"  # its mtime too near the look to trust: copied again
+    assert not (dst / "gone").exists()
+    if fsutil.tracks_mapped_writes(tmp_path):  # disk file systems: the store after the write-back moved its mtime
+        assert (dst / "segments/sealed/tracker").read_bytes() == b"12" + b"t" * 4094

@@ -5,20 +5,22 @@ qdrant-edge builds graphs only in ``EdgeShard.optimize()``, which blocks its cal
 another thread of the same process ran 2 queries in the 12.7 s a 20k-point build took). So the build runs on a
 copy, in a child process (``BuildChild``), and only the short ends hold the generation's lease:
 
-1. under the lease: flush, copy the shard directory to ``shard.build`` and open the build journal
-   (``edge_journal.py``): from here every write to the shard is also journaled;
-2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold and runs ``optimize()``, then
-   replays the journal's writes onto it in rounds while writers go on;
+1. no lease: copy the shard directory to ``shard.build`` while others use it; then under the lease (the shard is
+   not loaded here for it: a process that has it open flushes it) copy again only the files that changed since
+   (``fsutil.copy_tree_changed``: sealed segments do not; the appendable one and the WAL are small) and open the
+   build journal (``edge_journal.py``): from here every write to the shard is also journaled;
+2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold, counts it and runs
+   ``optimize()``, then replays the journal's writes onto it in rounds while writers go on;
 3. under the lease: the child replays what is left and the copy's point count must equal the shard's (else the
    copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
 4. still under it: the child closes the copy, the shard is closed and the directories swapped (``shard.build`` ->
    ``shard.next`` -> ``shard``, the old one renamed ``shard.old`` and removed after).
 
-The lease is held for the copy and for the last replay round and the swap; the build itself and the bulk of the
-replay run beside the writers. A crash between the renames leaves ``shard.next`` and no ``shard``: ``recover_swap``
-finishes it before the shard is next loaded. One build per generation at a time (``.index.lock``); ``index.json``
-records the points the last build saw (the replayed ones are not in its graph), so ``needs_index`` asks for a
-build only when ``threshold`` new points have arrived since.
+The lease is held for the changed files' copy and for the last replay round and the swap; the build itself, the
+bulk of the copy and of the replay run beside the writers and readers. A crash between the renames leaves
+``shard.next`` and no ``shard``: ``recover_swap`` finishes it before the shard is next loaded. One build per
+generation at a time (``.index.lock``); ``index.json`` records the points the last build saw (the replayed ones are
+not in its graph), so ``needs_index`` asks for a build only when ``threshold`` new points have arrived since.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from qdrant_edge import CountRequest
 
 from services.core.errors import StoreUnavailable
-from services.core.fsutil import write_atomic
+from services.core.fsutil import Noted, copy_tree_changed, tracks_mapped_writes, write_atomic
 
 if TYPE_CHECKING:
     from services.store.engines.edge import EdgeEngine
@@ -119,7 +121,8 @@ def build_lock(generation_dir: Path) -> Iterator[bool]:
 
 
 def clear_leftovers(generation_dir: Path) -> None:
-    """Remove what an interrupted build left (only under the build lock and the lease)."""
+    """Remove what an interrupted build left (only under the build lock; a cut swap's ``shard.next`` is left to
+    ``recover_swap``, which runs under the lease)."""
     for name in (BUILD, NEXT, OLD):
         if name == NEXT and not (generation_dir / SHARD).exists():
             continue  # a swap cut short: ``recover_swap`` finishes it
@@ -133,18 +136,20 @@ def recover_swap(generation_dir: Path) -> None:
         log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
-def copy_for_build(shard: Any, generation_dir: Path) -> int:
-    """Step 1, under the lease: flush ``shard`` (the generation's, open), clear an interrupted build's leftovers
-    and copy the shard to ``BUILD``. Returns the points copied."""
-    shard.flush()
-    clear_leftovers(generation_dir)
-    shutil.copytree(generation_dir / SHARD, generation_dir / BUILD)
-    return int(shard.info().points_count)
+def copy_for_build(generation_dir: Path, noted: Noted | None = None) -> Noted:
+    """Step 1's copy of the shard to ``BUILD``: ``noted`` None, off the lease while others may write (on a file
+    system that ``tracks_mapped_writes``; elsewhere nothing: all is copied under the lease); else, under it with the
+    shard flushed or closed, the files changed since (``copy_tree_changed``)."""
+    if noted is None:
+        clear_leftovers(generation_dir)
+        if not (generation_dir / SHARD).is_dir() or not tracks_mapped_writes(generation_dir):
+            return {}
+    return copy_tree_changed(generation_dir / SHARD, generation_dir / BUILD, noted, settle=noted is None)
 
 
 class BuildChild:
     """Step 2's process: ``optimize()`` on the copy, then (on request) the journal's writes replayed onto it, then
-    closed. One line per answer on its stdout: ``built 0|1 CALIBRATION-JSON``, ``replayed RECORDS POINTS``,
+    closed. One line per answer on its stdout: ``built 0|1 POINTS CALIBRATION-JSON``, ``replayed RECORDS POINTS``,
     ``closed``; ``broken REASON`` when the journal cannot be replayed."""
 
     def __init__(self, shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str,
@@ -161,10 +166,12 @@ class BuildChild:
             env={**os.environ, "PYTHONPATH": path},
         )
 
-    def built(self) -> tuple[bool, dict[str, Any] | None]:
-        """Wait for the build (at most ``_BUILD_TIMEOUT``): whether it changed anything, and its calibration."""
+    def built(self) -> tuple[bool, int, dict[str, Any] | None]:
+        """Wait for the build (at most ``_BUILD_TIMEOUT``): whether it changed anything, the points it was given,
+        and its calibration."""
         words = self._answer("built", _BUILD_TIMEOUT)
-        return words[:1] == ["1"], (json.loads(" ".join(words[1:])) if len(words) > 1 else None)  # its text has spaces
+        calibration = json.loads(" ".join(words[2:])) if len(words) > 2 else None  # its text has spaces
+        return words[:1] == ["1"], int(words[1]), calibration
 
     def replay(self) -> tuple[int, int]:
         """Replay the journal's new writes onto the copy: (writes replayed, the copy's points after)."""
@@ -231,12 +238,13 @@ def child_main() -> None:
     path, spec, kb = sys.argv[1], CollectionSpec.from_json(json.loads(sys.argv[2])), int(sys.argv[3])
     levers, journal = EdgeLevers.from_json(json.loads(sys.argv[4])), Path(sys.argv[5])
     shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
+    points = shard.count(CountRequest(exact=True))
     started = time.perf_counter()
     changed = shard.optimize()
     shard.flush()
     target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
     calibration = calibrate_built(shard, Path(path), levers, target, time.perf_counter() - started) if changed else None
-    print("built", int(changed), *([json.dumps(calibration, separators=(",", ":"))] if calibration else []),
+    print("built", int(changed), points, *([json.dumps(calibration, separators=(",", ":"))] if calibration else []),
           flush=True)
     offset = 0
     for line in sys.stdin:
@@ -312,7 +320,8 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
     lease = engine.lease
     changed = swapped = False
     calibration: dict[str, Any] | None = None
-    held = {"copy_s": 0.0, "swap_s": 0.0}  # the lease's two holds, in the log line (bench_search reads them)
+    held = {"copy_s": 0.0, "swap_s": 0.0, "unleased_copy_s": 0.0}  # the lease's two holds and the copy before
+    # them, in the log line (bench_search reads them)
     replayed = last = 0  # writes replayed off the lease, and in the last round under it
     with build_lock(gen_dir) as mine:
         if not mine:
@@ -320,9 +329,16 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
             return False
         try:
             with contextlib.ExitStack() as stack:
+                started = time.perf_counter()
+                noted = copy_for_build(gen_dir)
+                held["unleased_copy_s"] = time.perf_counter() - started
                 with engine.session():
                     started = time.perf_counter()
-                    points = copy_for_build(engine.shard(generation), gen_dir)
+                    lease.claim(generation)  # the shard is not loaded: one open elsewhere was closed (flushed)
+                    recover_swap(gen_dir)
+                    if (opened := lease.opened(generation)) is not None:
+                        opened.flush()
+                    copy_for_build(gen_dir, noted)
                     journal = stack.enter_context(edge_journal.opened(gen_dir))  # from here every write is journaled
                     spec = engine.read_spec(generation)
                     held["copy_s"] = time.perf_counter() - started
@@ -330,7 +346,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
                 child = BuildChild(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)),
                                    journal, engine.recall_target)
                 stack.callback(child.stop)
-                changed, calibration = child.built()
+                changed, points, calibration = child.built()
                 replayed = _catch_up(child) if changed else 0
                 with engine.session():
                     lease.claim(generation)  # no writer from here to the swap
