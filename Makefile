@@ -50,21 +50,24 @@ chromium:
 
 # pytest on several processes (pytest-xdist, --dist loadfile: a test file's tests stay in one process, with its
 # module-scoped fixtures such as a worker cluster); every test has its own temp dir and free ports, and the workers
-# share one ONNX export (tests/conftest.py). The unit suite runs on UNIT_WORKERS (2). The integration suite runs in
-# two parts: the tests marked `serial` (their waits are timed in seconds against real workers or a reader's turn;
-# on 2 busy cores they failed beside another test process) run alone in one process, after
-# the rest ran on INTEGRATION_WORKERS (2; 0 runs everything in one process).
+# share one ONNX export (tests/conftest.py). `make test` runs in two parts: first the unit tests and the integration
+# tests not marked `serial`, together on TEST_WORKERS (2) processes (one collection, and the unit tests fill the
+# gaps while integration tests wait on their servers and workers); then the tests marked `serial` (their waits
+# are timed in seconds against real workers or a reader's turn; on 2 busy cores they failed beside another test
+# process) alone in one process. INTEGRATION_WORKERS (2; 0: one process) is for `make test-integration`.
+TEST_WORKERS ?= 2
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 2
 xdist = -n $(1) --dist loadfile
-integration = $(BIN)/pytest -m "integration and not serial and not slow" -q --durations=15 $(call xdist,$(INTEGRATION_WORKERS)) \
-	&& $(BIN)/pytest -m "integration and serial and not slow" -q --durations=10
+serial = $(BIN)/pytest -m "integration and serial and not slow" -q --durations=10
+integration = $(BIN)/pytest -m "integration and not serial and not slow" -q --durations=15 \
+	$(call xdist,$(INTEGRATION_WORKERS)) && $(serial)
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check entrypoints services workers encoders dpr_client tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -m unit -q --durations=20 $(call xdist,$(UNIT_WORKERS))
-	$(integration)
+	$(BIN)/pytest -m "unit or (integration and not serial and not slow)" -q --durations=25 $(call xdist,$(TEST_WORKERS))
+	$(serial)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -m unit -q $(call xdist,$(UNIT_WORKERS))
