@@ -59,7 +59,9 @@ TEST_WORKERS ?= 2
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 2
 xdist = -n $(1) --dist loadfile
-serial = $(BIN)/pytest -m "integration and serial and not slow" -q --durations=10
+# the files that mark tests `serial`, named so that this run collects them alone (1 s instead of 14 s)
+serial = $(BIN)/pytest -m "integration and serial and not slow" -q --durations=10 \
+	$(shell grep -l 'pytest.mark.serial' tests/integration/*.py)
 integration = $(BIN)/pytest -m "integration and not serial and not slow" -q --durations=15 \
 	$(call xdist,$(INTEGRATION_WORKERS)) && $(serial)
 
