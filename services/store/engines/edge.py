@@ -400,10 +400,11 @@ class EdgeEngine:
         try:
             with contextlib.suppress(OSError):  # a file went meanwhile (an index swap)
                 settled = _settled(source, lock)
-                with self._writing("copying a generation to read it"):
-                    copy_tree_sparse(source, copy)
-                if settled is not None and _stamps(source, lock) == settled:
-                    shard = EdgeShard.load(str(copy))
+                if settled is not None:
+                    with self._writing("copying a generation to read it"):
+                        copy_tree_sparse(source, copy)
+                    if _stamps(source, lock) == settled:
+                        shard = EdgeShard.load(str(copy))
             if shard is None:
                 shutil.rmtree(copy, ignore_errors=True)
                 with self.session():
