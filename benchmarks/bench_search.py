@@ -195,7 +195,7 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
     waits = waits or [w for t, w in asked if t >= wall0]
     waits.sort()
     return {"changed": float(changed), "wall_s": wall, "lease_copy_s": report["copy_s"],
-            "lease_swap_s": report["swap_s"],
+            "lease_swap_s": report["swap_s"], "unleased_copy_s": report.get("unleased_copy_s", 0.0),
             "queries_meanwhile": float(len(waits)), "slowest_query_ms": max(waits, default=0.0) * 1e3,
             "p99_query_ms": waits[int(0.99 * (len(waits) - 1))] * 1e3 if waits else 0.0,
             "over_1s": float(sum(w > 1.0 for w in waits)),
@@ -206,7 +206,8 @@ def optimize_under_load(store: Store, probe: SearchRequest, rng: np.random.Gener
 
 def build_line(build: dict[str, Any], writes_per_s: float) -> str:
     return (f"optimize: {build['wall_s']:.1f} s wall, swapped in: {'yes' if build['changed'] else 'no'}; lease held "
-            f"{build['lease_copy_s']:.2f} s to copy + {build['lease_swap_s']:.2f} s for the last replay round, the "
+            f"{build['lease_copy_s']:.2f} s to copy (after {build['unleased_copy_s']:.2f} s copying off it) + "
+            f"{build['lease_swap_s']:.2f} s for the last replay round, the "
             f"check and the swap; {writes_per_s:g} writes/s meanwhile: {int(build['written'])} passages written "
             f"({'none' if build['lost'] == 0 else int(build['lost'])} lost), "
             f"{int(build['replayed_off_lease'])} + {int(build['replayed_under_lease'])} writes replayed (off / under "
