@@ -161,7 +161,8 @@ def copy_tree_changed(src: Path, dst: Path, noted: Noted | None = None, settle: 
 
 def tracks_mapped_writes(path: Path) -> bool:
     """Whether stores through a memory map move the mtime of files under ``path`` once their pages were written
-    back (disk file systems do; tmpfs never writes back, nor moves it): ``copy_tree_changed`` can then trust it."""
+    back (disk file systems do; tmpfs never writes back, and a store after an fsync left it as it was, measured):
+    ``copy_tree_changed`` can then trust it."""
     path, best, kind = path.resolve(), -1, ""
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
