@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["copy_s"] = time.perf_counter() - t
         # the workers load the new model by its fingerprint from DATA_DIR/models, as `dpr reembed` requires
         (data_dir / "models").mkdir(exist_ok=True)
-        if args.model is None:
+        if args.reads:
+            model = ""
+        elif args.model is None:
             model = second_base_model(data_dir / "models" / "v2").name
         else:
             model = args.model.name
@@ -244,8 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.baseline)
         progress: list[tuple[float, dict[str, Any]]] = []
         t0 = time.perf_counter()
-        reembed = subprocess.Popen([DPR, "reembed", "--model", model, "--wait", "--json"], env=worker_env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        command = ([sys.executable, __file__, "--read-source", args.reads, served] if args.reads
+                   else [DPR, "reembed", "--model", model, "--wait", "--json"])
+        reembed = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while reembed.poll() is None:
             time.sleep(1)
             if time.perf_counter() - (progress[-1][0] if progress else t0) >= 120:
@@ -267,7 +270,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         records = askers.records
         result["reembed_s"] = t1 - t0
         status = result["reembed"].get("status") or {}
-        result["passages"] = status.get("target_points") or status.get("source_points")
+        result["passages"] = status.get("target_points") or status.get("source_points") or result["reembed"].get(
+            "passages_read")
         result["before"] = window(records, t_base, t0)
         result["during"] = window(records, t0, t1)
         result["after"] = window(records, t1, t_end)
@@ -296,6 +300,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def read_source(mode: str, generation: str) -> dict[str, Any]:
+    """``--reads``: only the reads a re-embed makes of the served generation, the submit's and the finalize step's:
+    ``scan`` as now (``Store.scan``, twice); ``slices`` as before issue 58 (the submit's 2 s slices under one
+    session, then the finalize's diff page by page)."""
+    from services.core.settings import Settings
+    from services.store import open_store
+
+    store, read, t = open_store(Settings()), 0, time.perf_counter()
+    if mode == "scan":
+        read = sum(len(page) for _ in range(2) for page in store.scan(1024, generation=generation))
+    else:
+        pages, finished = iter(store.scroll(1024, generation=generation)), False
+        while not finished:
+            with store.session():
+                started = time.monotonic()
+                while not finished and time.monotonic() - started < 2.0:
+                    page = next(pages, None)
+                    finished, read = page is None, read + len(page or ())
+        read += sum(len(page) for page in store.scroll(1024, generation=generation))
+    store.close()
+    return {"passages_read": read, "seconds": time.perf_counter() - t}
 
 
 def tree_pids(pid: int) -> set[int]:
@@ -336,12 +363,16 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     ]
     passages = r.get("passages") or 0
     seconds = r.get("reembed_s") or 0.0
+    what, wall = ((f"**`--reads {args.reads}`: only a re-embed's reads of the served generation** (the submit's and "
+                   f"the finalize step's: `read_source`), {passages:,} passages read in {seconds:.0f} s, beside", "")
+                  if args.reads else
+                  (f"**{passages:,} passages re-embedded in {seconds:.0f} s: {passages / max(seconds, 1e-9):.1f} "
+                   f"passages/s** with {r['workers']} `dpr worker` processes (1 encoder thread each) on the same cores "
+                   "as", " The wall time is `dpr reembed --wait`'s: the workers' model load, the copy, the catch-up, "
+                   "the verification, the new generation's HNSW build and the swap."))
     lines += [
-        f"**{passages:,} passages re-embedded in {seconds:.0f} s: {passages / max(seconds, 1e-9):.1f} passages/s** "
-        f"with {r['workers']} `dpr worker` processes (1 encoder thread each) on the same cores as `dpr serve` and "
-        f"{r['clients']} clients sending {r['rate']:g} questions a second between them (an open loop: latency "
-        "counted from each question's scheduled start). The wall time is `dpr reembed --wait`'s: the workers' model "
-        "load, the copy, the catch-up, the verification, the new generation's HNSW build and the swap.",
+        f"{what} `dpr serve` and {r['clients']} clients sending {r['rate']:g} questions a second between them (an "
+        f"open loop: latency counted from each question's scheduled start).{wall}",
         "",
         "| window | seconds | questions answered | questions/s | p50 ms | p99 ms | max ms | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -377,6 +408,9 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--read-source"]:
+        print(json.dumps(read_source(sys.argv[2], sys.argv[3])))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", type=Path, required=True, help="the data dir to copy and re-embed")
     ap.add_argument("--model", type=Path, help="the new model (default: the base model with one layer scaled)")
@@ -389,6 +423,9 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between /v1/status reads")
     ap.add_argument("--env", action="append", default=[], metavar="DPR_X=Y",
                     help="settings for the workers and `dpr reembed` (e.g. DPR_REEMBED__BATCH_SIZE=2048)")
+    ap.add_argument("--reads", choices=["scan", "slices"],
+                    help="instead of a re-embed, only its reads of the served generation: as now, or as before (with "
+                         "--workers 0)")
     ap.add_argument("--work", type=Path, help="parent of the work dir (default: the system temp dir)")
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--out", type=Path)
