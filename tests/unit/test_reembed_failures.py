@@ -85,9 +85,9 @@ def test_a_batch_that_fails_for_good_does_not_keep_the_finalize_step_waiting(bro
 def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while_it_was_copied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`dpr serve` answers from the source while a re-embed reads it: what to send is read from a copy of its files
-    taken beside its holder, kept when no file changed while it was taken (never locked), else copied again under the
-    lock (once); no copy is left behind."""
+    """`dpr serve` answers from the source while a re-embed plans and reads it: the plan reads the records without
+    counting (no lock); what to send is read from a copy of its files taken beside its holder, kept when no file
+    changed while it was taken (never locked), else copied again under the lock (once); no copy is left behind."""
     from services.lifecycle.copy import pending_batches
     from services.lifecycle.verify import diff
     from services.store import Store
@@ -98,8 +98,7 @@ def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
     assert not ingest_batch(docs, store=store, towers=V1,  # type: ignore[arg-type]
                             chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
-    state = plan(store, V2, model_name="v2")
-    assert state is not None
+    source = store.active().name  # type: ignore[union-attr]
     taken: list[str] = []
     take = GenerationLock.take.__func__  # type: ignore[attr-defined]
 
@@ -108,6 +107,8 @@ def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while
         return take(cls, root, generation, *args, **kw)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(GenerationLock, "take", classmethod(counting))
+    state = plan(store, V2, model_name="v2")  # the records read without counts
+    assert state is not None and state.source == source
     seen = sum(len(batch) for batch in pending_batches(store, state, batch_size=4))
     assert taken.count(state.source) == 0
     assert len(diff(store, state).stale) == seen  # the same: nothing changed while it was copied
