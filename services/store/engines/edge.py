@@ -47,7 +47,7 @@ from qdrant_edge import (
 
 from services.core import datadir
 from services.core.errors import ConfigError
-from services.core.fsutil import copy_tree_sparse, pid_alive, write_atomic
+from services.core.fsutil import copy_tree_sparse, pid_alive, tracks_mapped_writes, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.engines import edge_index
@@ -517,11 +517,10 @@ def _stamps(shard_dir: Path, lock: Path, settle: bool = False) -> dict[str, tupl
 
 def _settled(shard_dir: Path, lock: Path) -> dict[str, tuple[int, int, int]] | None:
     """``_stamps`` once the newest is older than the file clock's step, so that any write from then on, through a
-    call or a map, changes one of them; None if they moved meanwhile or the filesystem keeps no sub-millisecond
-    times."""
-    first = _stamps(shard_dir, lock, settle=True)
-    times = [m for _, m, _ in first.values()]
-    if all(m % 1_000_000 == 0 for m in times):
+    call or a map, changes one of them; None if they moved meanwhile or the filesystem does not move an mtime on a
+    store through a map (``tracks_mapped_writes``: tmpfs)."""
+    if not tracks_mapped_writes(shard_dir):
         return None
-    time.sleep(max(0.0, (max(times) + _CLOCK_STEP_NS - time.time_ns()) / 1e9))
+    first = _stamps(shard_dir, lock, settle=True)
+    time.sleep(max(0.0, (max(m for _, m, _ in first.values()) + _CLOCK_STEP_NS - time.time_ns()) / 1e9))
     return first if _stamps(shard_dir, lock) == first else None
