@@ -179,12 +179,12 @@ class BuildChild:
         return int(records), int(points)
 
     def close(self) -> None:
-        """Flush and close the copy (before the swap) and let the process end."""
+        """Flush and close the copy (before the swap). Its process's exit is not waited for here, under the lease
+        (0.16 s of a 0.72 s hold at 100k): ``stop`` ends it after."""
         self._ask("close", "closed")
-        self._proc.wait(timeout=_STEP_TIMEOUT)
 
     def stop(self) -> None:
-        """End the process whatever it is doing (the copy is then dropped)."""
+        """End the process whatever it is doing (the copy is then dropped; after ``close`` it has only to exit)."""
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
