@@ -33,8 +33,8 @@ def unit_vectors(n: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def store_with(root: Path, vectors: np.ndarray, threshold: int) -> Store:
-    store = Store(EdgeEngine(root, "c", idle_release=5, index_threshold=threshold))
+def store_with(root: Path, vectors: np.ndarray, threshold: int, idle_release: float = 5) -> Store:
+    store = Store(EdgeEngine(root, "c", idle_release=idle_release, index_threshold=threshold))
     store.ensure_collection(SPEC)
     add(store, vectors, start=0)
     return store
@@ -161,7 +161,9 @@ def test_a_broken_journal_drops_the_copy_and_loses_nothing(tmp_path: Path, monke
 
 
 def test_a_write_the_journal_missed_drops_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = store_with(tmp_path, unit_vectors(1200, seed=11), threshold=1000)
+    # the shard stays open in this process however long the build takes (the count is checked where it is open;
+    # with a 5 s idle release a slow build closed it first and the copy was trusted)
+    store = store_with(tmp_path, unit_vectors(1200, seed=11), threshold=1000, idle_release=3600)
     monkeypatch.setattr(edge_journal, "record", lambda *a: None)  # a writer that journals nothing
 
     during_the_build(monkeypatch, lambda: add(store, unit_vectors(1, seed=12), start=5000))
