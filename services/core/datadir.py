@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core.errors import DataDirFormatError
-from services.core.fsutil import allocated_bytes, built_beside, copy_tree_sparse, fsync_dir, write_atomic
+from services.core.fsutil import allocated_bytes, built_beside, copy_tree_sparse, fsync_path, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def migrate(data_dir: Path) -> dict[str, Any]:
             except BaseException:
                 os.replace(build / "old", data_dir)
                 raise
-            fsync_dir(data_dir.parent)
+            fsync_path(data_dir.parent)
     elif not state.recorded:
         write_atomic(data_dir / FORMAT_FILE, _format_text(CURRENT))
         steps.append("stamped")

@@ -33,11 +33,11 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the renames in directory ``path`` durable."""
+def fsync_path(path: Path) -> None:
+    """Make a file's written pages, or the renames in a directory, durable."""
     dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -69,7 +69,7 @@ def move_into(src: Path, dst: Path) -> None:
     a file both hold keeps ``dst``'s."""
     if not dst.exists():
         os.replace(src, dst)
-        fsync_dir(dst.parent)
+        fsync_path(dst.parent)
         return
     for entry in src.iterdir():
         there = dst / entry.name
@@ -77,7 +77,7 @@ def move_into(src: Path, dst: Path) -> None:
             move_into(entry, there)
         elif not there.exists():
             os.replace(entry, there)
-    fsync_dir(dst)
+    fsync_path(dst)
 
 
 def allocated_bytes(root: Path) -> int:
@@ -137,11 +137,7 @@ def copy_tree_changed(src: Path, dst: Path, noted: Noted | None = None, settle: 
             try:
                 looked = time.time_ns()
                 if settle:
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    fsync_path(path)
                 st = path.stat()
                 notes[rel] = ((st.st_ino, st.st_size, st.st_mtime_ns), looked)
                 before = (noted or {}).get(rel)

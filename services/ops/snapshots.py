@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from services.core import datadir, diskspace
 from services.core.errors import DprError, SnapshotError
-from services.core.fsutil import allocated_bytes, built_beside, fsync_dir, move_into, sha256_of, write_atomic
+from services.core.fsutil import allocated_bytes, built_beside, fsync_path, move_into, sha256_of, write_atomic
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
@@ -115,7 +115,7 @@ def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None
             write_atomic(build / sidecar, f"{digest}  {name}\n")
         os.replace(build / sidecar, out_dir / sidecar)
         os.replace(build / name, path)
-        fsync_dir(out_dir)
+        fsync_path(out_dir)
     return {
         "snapshot": str(path), "collection": settings.collection, "backend": engine.backend,
         "generation": generation, "points": points, "model": model["fingerprint"], "model_name": model["name"],

@@ -47,7 +47,7 @@ from qdrant_edge import (
 
 from services.core import datadir
 from services.core.errors import ConfigError
-from services.core.fsutil import copy_tree_sparse, pid_alive, tracks_mapped_writes, write_atomic
+from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.engines import edge_index
@@ -512,11 +512,7 @@ def _stamps(shard_dir: Path, lock: Path, settle: bool = False) -> dict[str, tupl
     memory map faults again and moves its mtime."""
     files = [Path(d, f) for d, _, names in os.walk(shard_dir) for f in names]
     for path in files if settle else ():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
     return {str(p): (st.st_size, st.st_mtime_ns, st.st_ino) for p in [lock, *files] for st in [p.stat()]}
 
 
