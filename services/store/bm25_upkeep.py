@@ -85,11 +85,13 @@ def renormalize(store: Store, generation: str | None = None, tolerance: float = 
     Nothing is read when the stats record's range says no point drifted. Each page is read and rewritten
     under one engine session (edge: one lease hold, so no other writer lands in between)."""
     engine = store.engine
-    with store._use(generation) as (name, spec):
-        fresh = engine.read_spec(name)
-        current = bm25.read_stats(fresh, name)
-        if not bm25.has_stats(fresh, name) and spec.sparse and engine.count(name) > 0:
-            current = dataclasses.replace(current, complete=False)  # a generation from before the record
+    name, spec = store._resolve(generation)  # the drift is checked without the lease (specs are written atomically)
+    fresh = engine.read_spec(name)
+    current = bm25.read_stats(fresh, name)
+    if not bm25.has_stats(fresh, name) and spec.sparse:
+        with engine.session():
+            if engine.count(name) > 0:
+                current = dataclasses.replace(current, complete=False)  # a generation from before the record
     k, b = bm25.params(spec)
     if not spec.sparse or not current.drifted(tolerance) or k <= 0 or b <= 0:
         return 0

@@ -110,7 +110,8 @@ class Store:
         self._cached = None
 
     def _resolve(self, generation: str | None) -> tuple[str, CollectionSpec]:
-        """Name and spec of ``generation`` (the active one by default); only inside a session."""
+        """Name and spec of ``generation`` (the active one by default); inside a session, the spec is read under the
+        generation's lock (on the edge), outside as last written."""
         if generation is None:
             active = self.active()
             if active is None:
@@ -227,8 +228,8 @@ class Store:
             self._forget_active()
 
     def optimize(self, generation: str | None = None) -> bool:
-        with self._use(generation) as (name, _):
-            pass  # resolve under the lease; the engine takes it again only for the short ends of the build
+        name, _ = self._resolve(generation)  # without the lease (pointer and specs are written atomically): a claim
+        # here would take the generation from the process answering from it; the build takes it for its short ends
         reweighted = self.bm25_renormalize(name)  # BM25 weights of points whose average length drifted
         changed = self.engine.optimize(name) or reweighted > 0
         log.info("optimized generation", extra={"alias": self.alias, "generation": name, "changed": changed})

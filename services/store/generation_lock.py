@@ -1,7 +1,9 @@
-"""``GenerationLock``: the lock file of one generation of an embedded collection, as one process holds it.
+"""``GenerationLock``: a lock file of one generation of an embedded collection, as one process holds it.
 
-``A/locks/G.lock`` is ``flock``-ed exclusively and records its holder (``pid host since``); ``A/locks/G.lock.wait``
-is touched by every process waiting for it, so the holder can tell that someone wants it (``wanted``). Which
+Two per generation, each ``flock``-ed exclusively and recording its holder (``pid host since``): ``A/locks/G.lock``
+(the generation's files: writing the shard, loading it, copying or swapping it) and ``A/locks/G.open`` (having its
+shard open: qdrant-edge lets one process load a shard directory). ``A/locks/G.lock.wait`` (``G.open.wait``) is
+touched by every process waiting for one, so the holder can tell that someone wants it (``wanted``). Which
 generations a process holds and when it hands them on is ``ShardLease``'s business (``services/store/lease.py``);
 this module is only the files.
 """
@@ -21,12 +23,15 @@ from services.core.fsutil import flock_until, holder_tag
 _POLL_MIN, _POLL_MAX = 0.005, 0.02  # seconds between flock attempts while waiting
 
 
-def lock_file(root: Path, generation: str) -> Path:
-    return root / "locks" / f"{generation}.lock"
+KINDS = ("lock", "open")
 
 
-def wait_file(root: Path, generation: str) -> Path:
-    return root / "locks" / f"{generation}.lock.wait"
+def lock_file(root: Path, generation: str, kind: str = "lock") -> Path:
+    return root / "locks" / f"{generation}.{kind}"
+
+
+def wait_file(root: Path, generation: str, kind: str = "lock") -> Path:
+    return root / "locks" / f"{generation}.{kind}.wait"
 
 
 def holder(path: Path) -> str:
@@ -48,20 +53,20 @@ def busy(root: Path, path: Path, timeout: float) -> StoreUnavailable:
 class GenerationLock:
     """Generation ``generation`` of the collection at ``root``, locked by this process (``take``)."""
 
-    __slots__ = ("acquired_at", "acquired_wall", "fd", "generation", "root", "touched")
+    __slots__ = ("acquired_at", "acquired_wall", "fd", "generation", "kind", "root", "touched")
 
-    def __init__(self, root: Path, generation: str, fd: int) -> None:
-        self.root, self.generation, self.fd = root, generation, fd
+    def __init__(self, root: Path, generation: str, fd: int, kind: str = "lock") -> None:
+        self.root, self.generation, self.fd, self.kind = root, generation, fd, kind
         self.touched = True  # used by the current run of calls (False: kept from an earlier one, idle)
         self.acquired_at = time.monotonic()
         self.acquired_wall = time.time()  # comparable with the wait file's mtime
 
     @classmethod
     def take(cls, root: Path, generation: str, timeout: float, yield_until: float = 0.0,
-             on_wait: Callable[[], None] | None = None) -> GenerationLock:
+             on_wait: Callable[[], None] | None = None, kind: str = "lock") -> GenerationLock:
         """Wait up to ``timeout`` seconds for the lock (then ``StoreUnavailable`` naming the holder), touching
         the wait file meanwhile and calling ``on_wait`` before each pause."""
-        path, waiting = lock_file(root, generation), wait_file(root, generation)
+        path, waiting = lock_file(root, generation, kind), wait_file(root, generation, kind)
         # This process just handed the generation to a waiter: let it take its turn first. It records its pid in
         # the lock file when it gets the lock; until then (or until ``yield_until``, if it gave up) stay out of its
         # way. A fixed pause was not enough on a loaded machine: the waiter was not scheduled in time and the busy
@@ -87,12 +92,12 @@ class GenerationLock:
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, (holder_tag() + "\n").encode(), 0)
-        return cls(root, generation, fd)
+        return cls(root, generation, fd, kind)
 
     def wanted(self) -> bool:
         """Another process has waited for this generation since this process took it."""
         try:
-            return wait_file(self.root, self.generation).stat().st_mtime >= self.acquired_wall
+            return wait_file(self.root, self.generation, self.kind).stat().st_mtime >= self.acquired_wall
         except OSError:
             return False
 
@@ -102,6 +107,6 @@ class GenerationLock:
 
     def remove_files(self) -> None:
         """The generation is gone: its lock and wait files go too (a waiter then finds no generation)."""
-        for path in (lock_file(self.root, self.generation), wait_file(self.root, self.generation)):
+        for path in [f(self.root, self.generation, kind) for kind in KINDS for f in (lock_file, wait_file)]:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -9,6 +9,15 @@ open for ``edge.idle_release`` seconds after the last call so that a busy proces
 and the next process gets its turn. So ``dpr serve`` reading the active generation and workers writing the next
 one (a re-embed) never wait for each other, and neither reloads its shard because the other had a turn.
 
+Having the shard open is a second lock, ``A/locks/G.open``, taken before the load and given up with the close. A
+process that hands ``G.lock`` on keeps its shard open (flushed if it wrote) and answers reads from it without
+``G.lock`` until a process that wants to load the shard waits for ``G.open`` (then it closes at once, under that
+process's ``G.lock``) or it is idle for ``idle_release``: holders that never load it (an index build's copy and
+swap, a re-embed's read copy) cost `dpr serve` no reload. Nothing can change the shard's points meanwhile (a
+writer must load it), and a swapped-in index build holds the same points: reads from the old shard stay right
+until the next call sees the swap and loads the new one (``EdgeShard.load`` and ``close`` hold the GIL: a load
+in a thread beside the questions would stall them as much, so it runs on the call that finds the swap).
+
 A process that keeps a generation busy for longer than its fair share yields it at the end of the current call
 when another process is waiting (waiters touch ``G.lock.wait``). Making, dropping and restoring generations
 (and choosing the first one) hold the directory's lock ``A/.lock`` for their block (``structure``), then each
@@ -67,7 +76,10 @@ class ShardLease:
         self._mutex = threading.RLock()
         self._owner: int | None = None  # the thread inside ``held``
         self._held: dict[str, GenerationLock] = {}  # taken by ``claim``
-        self._shards: dict[str, EdgeShard] = {}
+        self._shards: dict[str, EdgeShard] = {}  # open: their ``G.open`` held; without ``G.lock``: handed on
+        self._open: dict[str, GenerationLock] = {}
+        self._inode: dict[str, int] = {}  # of the shard directory each was loaded from (an index swap replaces it)
+        self._retired: list[EdgeShard] = []  # swapped out: closed when the lease is idle
         self._dirty: set[str] = set()
         self._depth = 0
         self._lock_timeout = 120.0  # the current run's (``held`` sets it); the settings' default until then
@@ -126,35 +138,52 @@ class ShardLease:
                 if self._structure_depth == 0:
                     self._structure.release()
 
-    def claim(self, generation: str, wait: bool = True) -> bool:
+    def claim(self, generation: str, wait: bool = True, sole: bool = False) -> bool:
         """Lock ``generation`` for this process if it has not yet (no shard is loaded). Only inside ``held``.
 
         With ``wait=False`` one attempt only, and no sign of waiting left for the holder (which would otherwise
-        hand the generation over and reload its shard afterwards): False when another process holds it."""
+        hand the generation over and reload its shard afterwards): False when another process holds it (or, with
+        ``sole``, has its shard open). ``sole``: no other process has its shard open either (``G.open``; they close
+        it when they see this one waiting)."""
         held = self._held.get(generation)
         if held is not None:
             held.touched = True
-            return True
-        try:
-            timeout, yield_until = (self._lock_timeout, self._yield_until.get(generation, 0.0)) if wait else (0.0, 0.0)
-            self._held[generation] = GenerationLock.take(
-                self.root, generation, timeout, yield_until, on_wait=self._hand_on_carried
-            )
-        except StoreUnavailable:
-            if wait:
-                raise
-            return False
-        log.debug("edge lock acquired", extra={"generation": generation})
+        else:
+            try:
+                timeout, yield_until = ((self._lock_timeout, self._yield_until.get(generation, 0.0)) if wait
+                                        else (0.0, 0.0))
+                self._held[generation] = GenerationLock.take(
+                    self.root, generation, timeout, yield_until, on_wait=self._hand_on_carried
+                )
+            except StoreUnavailable:
+                if wait:
+                    raise
+                return False
+            log.debug("edge lock acquired", extra={"generation": generation})
+        if sole and generation not in self._open:
+            try:
+                self._open[generation] = GenerationLock.take(self.root, generation, self._lock_timeout if wait else 0.0,
+                                                             on_wait=self._hand_on_carried, kind="open")
+            except StoreUnavailable:
+                if wait:
+                    raise
+                return False
         return True
 
-    def shard(self, generation: str, path: Path, prepare: Callable[[], None] | None = None) -> EdgeShard:
+    def shard(self, generation: str, path: Path, prepare: Callable[[], None] | None = None,
+              write: bool = False) -> EdgeShard:
         """The open shard of ``generation`` (claiming it and loading it if needed; ``prepare`` runs first, under
-        the claim). Only inside ``held``."""
+        the claim). One kept open after its claim was handed on answers reads without it (``write``: claimed
+        again); one an index build swapped out is closed later and the new one loaded. Only inside ``held``."""
         shard = self._shards.get(generation)
-        if shard is not None:
-            self._held[generation].touched = True
-        else:
-            self.claim(generation)
+        if shard is not None and (write or generation in self._held or self._swapped(generation, path)):
+            self.claim(generation)  # first: the swap is checked under the claim (waiting may close the shard)
+            shard = self._shards.get(generation)
+            if shard is not None and self._swapped(generation, path):
+                self._retired.append(self._shards.pop(generation))  # the same points: closed when idle, not now
+                shard = None
+        if shard is None:
+            self.claim(generation, sole=True)
             if prepare is not None:
                 prepare()
             started = time.monotonic()
@@ -166,25 +195,47 @@ class ShardLease:
                     f"{lock_file(self.root, generation)} lock"
                 ) from e
             log.debug("loaded shard", extra={"generation": generation, "ms": (time.monotonic() - started) * 1e3})
-            self._shards[generation] = shard
+            self._adopt(generation, shard, path)
         return shard
 
     def opened(self, generation: str) -> EdgeShard | None:
         """The shard of ``generation`` if this process has it open (never loads it)."""
         return self._shards.get(generation)
 
-    def adopt(self, generation: str, shard: EdgeShard) -> None:
-        self.claim(generation)
-        self._shards[generation] = shard
+    def adopt(self, generation: str, shard: EdgeShard, path: Path) -> None:
+        """A shard this process just created at ``path`` (nobody else can have it open)."""
+        self.claim(generation, sole=True)
+        self._adopt(generation, shard, path)
+
+    def _adopt(self, generation: str, shard: EdgeShard, path: Path) -> None:
+        self._shards[generation], self._inode[generation] = shard, path.stat().st_ino
+
+    def _swapped(self, generation: str, path: Path) -> bool:
+        try:
+            return path.stat().st_ino != self._inode[generation]
+        except OSError:
+            return True  # mid-swap: ``recover_swap`` finishes it under the claim
 
     def mark_dirty(self, generation: str) -> None:
         self._dirty.add(generation)
 
+    def flush(self, generation: str) -> None:
+        """Write back what this process wrote into the generation's shard, if it has it open and wrote."""
+        shard = self._shards.get(generation)
+        if shard is not None and generation in self._dirty:
+            shard.flush()
+            self._dirty.discard(generation)
+
     def forget(self, generation: str) -> None:
         """Flush and close one generation's shard (before replacing or deleting its directory); the claim stays."""
         shard = self._shards.pop(generation, None)
-        if shard is not None:
-            self._close_shard(generation, shard)
+        try:
+            if shard is not None:
+                self._close_shard(generation, shard)
+        finally:
+            opener = self._open.pop(generation, None)
+            if opener is not None:
+                opener.release()
 
     def dropped(self, generation: str) -> None:
         """``generation``'s directory is gone: close its shard, unlock and remove its lock files."""
@@ -199,6 +250,9 @@ class ShardLease:
         with self._mutex:
             self._cancel_timer()
             self._release_locked(list(self._held))
+            for generation in self._handed_on():
+                self._close_handed_on(generation, wait=True)
+            self._close_retired()
 
     def release_before_fork(self) -> None:
         """In the parent, just before ``os.fork()``: hand everything back so the child inherits nothing.
@@ -210,6 +264,9 @@ class ShardLease:
         try:
             if self._depth == 0:
                 self._release_locked(list(self._held))
+                for generation in self._handed_on():
+                    self._close_handed_on(generation, wait=False)
+                self._close_retired()
         finally:
             self._mutex.release()
 
@@ -221,35 +278,85 @@ class ShardLease:
         reopen the shard. Closing a duplicate does not release the parent's own locks.
         """
         self._mutex = threading.RLock()
-        _ORPHANED.extend(self._shards.values())
+        _ORPHANED.extend([*self._shards.values(), *self._retired])
         self._held, self._shards, self._dirty, self._depth, self._timer = {}, {}, set(), 0, None
+        self._open, self._inode, self._retired = {}, {}, []
         self._owner, self._structure, self._structure_depth = None, None, 0
         _close_inherited_descriptors(self.root)
 
     # -- internals ----------------------------------------------------------------------------------------
     def _hand_on_carried(self) -> None:
         """While this process waits for a generation: hand on what this run of calls has not used but an earlier
-        one kept (idle) and another process wants; that process may be the one we wait for (it holds ours, wants
-        theirs)."""
+        one kept (idle) and another process wants, and close the shards kept open that a process waits to load;
+        that process may be the one we wait for (it holds ours, wants theirs)."""
         self._hand_on([g for g, h in self._held.items() if not h.touched and h.wanted()], window=0.0)
+        self._close_wanted()
 
     def _hand_on(self, generations: list[str], window: float = _HANDOFF_WINDOW) -> None:
-        """Release ``generations`` to the processes waiting for them, and stay out of their way for ``window``."""
+        """Unlock ``generations`` for the processes waiting for them, and stay out of their way for ``window``. Their
+        shards stay open (written back first) until a process waits to load one (``_close_wanted``)."""
         if generations:
             log.debug("handing edge locks to a waiting process", extra={"generations": generations})
-            self._release_locked(generations)
             for g in generations:
+                try:
+                    self.flush(g)
+                except Exception:
+                    log.exception("flushing an edge shard failed", extra={"generation": g})
+                    self.forget(g)
+                self._unclaim(g)
                 self._yield_until[g] = time.monotonic() + window
+
+    def _handed_on(self) -> list[str]:
+        """The generations whose shard this process keeps open without their ``G.lock``."""
+        return [g for g in self._shards if g not in self._held]
+
+    def _close_wanted(self) -> None:
+        for g in self._handed_on():
+            if self._open[g].wanted():
+                self._close_handed_on(g, wait=False)
+
+    def _close_handed_on(self, generation: str, wait: bool) -> bool:
+        """Close a shard kept open without its claim: under the claim of the process waiting to load it (it holds
+        ``G.lock``), else under ``G.lock`` taken again (``wait``: for up to ``lock_timeout``; a closing shard
+        writes its files, which a holder copying them must not see). False when that lock is busy."""
+        opener = self._open[generation]
+
+        def give_way() -> None:
+            if opener.wanted():
+                raise _Wanted
+
+        if not opener.wanted():
+            try:
+                self._held[generation] = GenerationLock.take(self.root, generation,
+                                                             self._lock_timeout if wait else 0.0, on_wait=give_way)
+            except _Wanted:
+                pass
+            except StoreUnavailable:
+                if wait:
+                    raise
+                return False
+        self._release_locked([generation])
+        return True
+
+    def _close_retired(self) -> None:
+        while self._retired:
+            try:
+                self._retired.pop().close()
+            except Exception:
+                log.exception("closing a swapped-out edge shard failed")
 
     def _after_use(self, idle_release: float) -> None:
         self._last_used = time.monotonic()
         self._idle_release = idle_release
+        self._close_wanted()
         if idle_release <= 0:
             self._release_locked(list(self._held))
-            return
-        self._hand_on([g for g, h in self._held.items()
-                       if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
-        if self._held and self._timer is None:
+            for generation in self._handed_on():
+                self._close_handed_on(generation, wait=False)
+        else:
+            self._hand_on([g for g, h in self._held.items()
+                           if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
+        if (self._held or self._shards or self._retired) and self._timer is None:
             self._start_timer(min(idle_release, WAITER_GRACE))
 
     def _start_timer(self, delay: float) -> None:
@@ -265,18 +372,21 @@ class ShardLease:
             if self._timer is not threading.current_thread():
                 return
             self._timer = None
-            if not self._held or self._depth > 0:
-                return  # released already, or in use: the end of that use re-arms the timer
+            if self._depth > 0:
+                return  # in use: the end of that use re-arms the timer
+            self._close_retired()
             now = time.monotonic()
             release_at = self._last_used + self._idle_release
             waiter_at = self._last_used + WAITER_GRACE
             if now >= release_at:
                 self._release_locked(list(self._held))
-                return
-            if now >= waiter_at:
+                for generation in self._handed_on():
+                    self._close_handed_on(generation, wait=False)  # its lock busy: the next look
+            elif now >= waiter_at:
                 self._hand_on([g for g, h in self._held.items() if h.wanted()])
-            if self._held:
-                self._start_timer(min(release_at, max(waiter_at, now + _WAITER_POLL)) - now)
+            self._close_wanted()
+            if self._held or self._shards:
+                self._start_timer(max(_WAITER_POLL, min(release_at, max(waiter_at, now + _WAITER_POLL)) - now))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -308,6 +418,10 @@ class ShardLease:
         if held is not None:
             held.release()
             log.debug("edge lock released", extra={"generation": generation})
+
+
+class _Wanted(Exception):
+    """A process waits to load a shard this one kept open: it holds the lock this one was waiting for."""
 
 
 _LEASES: dict[Path, ShardLease] = {}

@@ -342,6 +342,56 @@ def test_an_index_build_lands_while_another_process_writes(store_dir: str, caplo
     store.close()
 
 
+def _optimize(store_dir: str, results: mp.Queue) -> None:
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05, index_threshold=1000))
+    try:
+        results.put(("ok", store.optimize()))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", repr(e)))
+    finally:
+        store.close()
+
+
+def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
+    store_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr serve` beside an index build in another process: the build takes the generation to copy its shard and to
+    swap the built copy in, never loading it, so the reader answers from the shard it has open throughout and loads
+    it once more, after the swap (the same points, now with a graph)."""
+    import services.store.lease as lease_module
+
+    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
+    for b in range(30):
+        writer.upsert(_points(99, b, 100))  # 3,000 points to index
+    writer.close()
+    loads: list[int] = []  # the inode of the shard directory each load opened
+    engine_shard = lease_module.EdgeShard
+
+    class Counted:
+        @staticmethod
+        def load(path: str) -> object:
+            loads.append(os.stat(path).st_ino)
+            return engine_shard.load(path)
+
+    monkeypatch.setattr(lease_module, "EdgeShard", Counted)
+    reader = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
+    assert len(reader.search(probe)) == 5 and len(loads) == 1
+    results: mp.Queue = CTX.Queue()
+    builder = CTX.Process(target=_optimize, args=(store_dir, results))
+    builder.start()
+    answered = 0
+    while builder.is_alive():
+        assert len(reader.search(probe)) == 5
+        answered += 1
+        time.sleep(0.02)
+    builder.join(30)
+    assert results.get(timeout=5) == ("ok", True)
+    assert reader.count() == 3000 and reader.index_info()["hnsw_segments"] >= 1
+    assert answered > 0 and len(loads) == 2 and loads[0] != loads[1]  # the old shard, then the swapped-in one
+    reader.close()
+
+
 _BUILDER = """
 import sys
 import numpy as np

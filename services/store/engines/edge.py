@@ -59,7 +59,6 @@ from services.store.engines.edge_config import (  # converters
     delete_operation,
     dense_params,
     edge_config,
-    fixed_levers,
     levers_from,
     levers_of,
     machine_budget_mb,
@@ -170,10 +169,12 @@ class EdgeEngine:
     def _spec_path(self, generation: str) -> Path:
         return self.generations_dir / generation / "spec.json"
 
-    def shard(self, generation: str) -> EdgeShard:
-        """The generation's open shard, under this process's lease (``self.lease``: one process per shard)."""
+    def shard(self, generation: str, write: bool = False) -> EdgeShard:
+        """The generation's open shard, under this process's lease (``self.lease``: one process per shard);
+        ``write``: to write into (reads may use a shard kept open after the lease was handed on)."""
         gen_dir = self.generations_dir / generation
-        return self.lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir))
+        return self.lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir),
+                                write)
 
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
@@ -244,7 +245,7 @@ class EdgeEngine:
                 shard = EdgeShard.create(
                     str(self.generations_dir / generation / "shard"), edge_config(spec, levers=levers)
                 )
-            self.lease.adopt(generation, shard)
+            self.lease.adopt(generation, shard, self.generations_dir / generation / "shard")
             for key in INDEXED_KEYWORDS:
                 shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
             for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
@@ -272,7 +273,7 @@ class EdgeEngine:
         with self.session(create=True):  # the directory's lock, then the generation's (nobody has it open)
             if not (self.generations_dir / generation).is_dir():
                 return False
-            self.lease.claim(generation)
+            self.lease.claim(generation, sole=True)  # nobody has its shard open
             self.lease.forget(generation)
             # rename first so that a crash mid-delete never leaves a half generation that looks complete
             trash = self.generations_dir / f".{generation}.dropping.{os.getpid()}"
@@ -286,13 +287,8 @@ class EdgeEngine:
         the shard and to swap the built copy in (``edge_index.optimize``, the writes made meanwhile replayed onto
         it); False if nothing changed, another process is building, or the journal could not be trusted (the copy
         is then dropped). With a memory budget, the levers the user did not set are chosen again first for the points
-        there are now (``levers.json``), and the build's reload applies them to what it builds."""
-        if self.memory_budget_mb is not None:
-            with self.session():
-                points, dim = self.shard(generation).info().points_count, self.read_spec(generation).dim
-            recorded = levers_of(self.generations_dir / generation)
-            record_levers(self.generations_dir / generation, *budget_levers(
-                EdgeLevers.from_json(recorded), points, dim, self.memory_budget_mb, fixed_levers(recorded)))
+        there are now (``levers.json``), and the build's reload applies them to what it builds (the build's child
+        counts its copy: a count here would load the shard and take it from the process answering from it)."""
         return edge_index.optimize(self, generation)
 
     def memory(self, generation: str) -> dict[str, Any]:
@@ -334,7 +330,7 @@ class EdgeEngine:
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
         with self._writing(f"writing {len(points)} points"):
-            self.shard(generation).update(upsert_operation(points))
+            self.shard(generation, write=True).update(upsert_operation(points))
         self.lease.mark_dirty(generation)
         self._journal(generation, "upsert", points)
 
@@ -365,7 +361,7 @@ class EdgeEngine:
         restore_generation(self, source, generation)
 
     def delete(self, generation: str, where: Where) -> None:
-        self.shard(generation).update(delete_operation(where))
+        self.shard(generation, write=True).update(delete_operation(where))
         self.lease.mark_dirty(generation)
         self._journal(generation, "delete", where)
 
@@ -374,8 +370,8 @@ class EdgeEngine:
 
     def count_if_free(self, generation: str) -> int | None:
         with self.session():
-            if not self.lease.claim(generation, wait=False):
-                return None  # another process holds it (workers writing a re-embed's target): not counted
+            if not self.lease.claim(generation, wait=False, sole=True):
+                return None  # another process holds it or has it open (workers writing a re-embed's target)
             return self.count(generation)
 
     def scroll(self, generation: str, limit: int, offset: Any, where: Where | None = None,
@@ -410,9 +406,7 @@ class EdgeEngine:
                 with self.session():
                     self.lease.claim(generation)
                     edge_index.recover_swap(source.parent)
-                    opened = self.lease.opened(generation)
-                    if opened is not None:
-                        opened.flush()
+                    self.lease.flush(generation)
                     with self._writing("copying a generation to read it"):
                         copy_tree_sparse(source, copy)
                 shard = EdgeShard.load(str(copy))

@@ -9,7 +9,8 @@ copy, in a child process (``BuildChild``), and only the short ends hold the gene
    not loaded here for it: a process that has it open flushes it) copy again only the files that changed since
    (``fsutil.copy_tree_changed``: sealed segments do not; the appendable one and the WAL are small) and open the
    build journal (``edge_journal.py``): from here every write to the shard is also journaled;
-2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold, counts it and runs
+2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold, counts it (with a memory budget,
+   chooses the levers for that many points, records them and loads the copy again if they changed) and runs
    ``optimize()``, then replays the journal's writes onto it in rounds while writers go on;
 3. under the lease: the child replays what is left and the copy's point count must equal the shard's (else the
    copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
@@ -153,15 +154,16 @@ class BuildChild:
     ``closed``; ``broken REASON`` when the journal cannot be replayed."""
 
     def __init__(self, shard_copy: Path, spec_json: str, indexing_threshold_kb: int, levers_json: str,
-                 journal: Path, recall_target: float = 0.0) -> None:
+                 journal: Path, recall_target: float = 0.0, budget_mb: int | None = None) -> None:
         """``levers_json``: the generation's ``EdgeLevers`` (the reload must repeat the vectors' memory placement);
-        ``recall_target`` > 0: the search ef is calibrated on the built graph (``calibrate_built``)."""
+        ``recall_target`` > 0: the search ef is calibrated on the built graph (``calibrate_built``); ``budget_mb``:
+        the levers the user did not set are chosen again for the copy's points (``budget_levers``)."""
         path = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
         self.name = shard_copy.parent.name
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure, closed in ``stop``
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(shard_copy), spec_json, str(indexing_threshold_kb), levers_json,
-             str(journal), str(os.getpid()), str(recall_target)],
+             str(journal), str(os.getpid()), str(recall_target), str(budget_mb or 0)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONPATH": path},
         )
@@ -225,20 +227,37 @@ class BuildChild:
 
 def child_main() -> None:
     """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB), levers JSON, journal, the
-    builder's pid, the recall target. Builds (and calibrates the search ef on what it built), then answers
-    ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
+    builder's pid, the recall target, the memory budget (MB, 0: none). Builds (and calibrates the search ef on what
+    it built), then answers ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
     from qdrant_edge import EdgeShard
 
     from services.store.engines import edge_journal
-    from services.store.engines.edge_config import EdgeLevers, delete_operation, edge_config, upsert_operation
+    from services.store.engines.edge_config import (
+        EdgeLevers,
+        budget_levers,
+        delete_operation,
+        edge_config,
+        fixed_levers,
+        record_levers,
+        upsert_operation,
+    )
     from services.store.points import CollectionSpec
 
     _die_with(int(sys.argv[6]))
     os.nice(10)  # the serving process's queries come first
     path, spec, kb = sys.argv[1], CollectionSpec.from_json(json.loads(sys.argv[2])), int(sys.argv[3])
-    levers, journal = EdgeLevers.from_json(json.loads(sys.argv[4])), Path(sys.argv[5])
+    recorded, journal = json.loads(sys.argv[4]), Path(sys.argv[5])
+    levers = EdgeLevers.from_json(recorded)
     shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     points = shard.count(CountRequest(exact=True))
+    budget_mb = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+    if budget_mb:
+        chosen, memory = budget_levers(levers, points, spec.dim, budget_mb, fixed_levers(recorded))
+        record_levers(Path(path).parent, chosen, memory)
+        if chosen != levers:
+            shard.close()
+            levers = chosen
+            shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     started = time.perf_counter()
     changed = shard.optimize()
     shard.flush()
@@ -334,17 +353,16 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
                 held["unleased_copy_s"] = time.perf_counter() - started
                 with engine.session():
                     started = time.perf_counter()
-                    lease.claim(generation)  # the shard is not loaded: one open elsewhere was closed (flushed)
-                    recover_swap(gen_dir)
-                    if (opened := lease.opened(generation)) is not None:
-                        opened.flush()
+                    lease.claim(generation)  # the shard is not loaded; one open elsewhere was flushed, and stays
+                    recover_swap(gen_dir)  # open there: nothing writes it without loading it (``lease.py``)
+                    lease.flush(generation)
                     copy_for_build(gen_dir, noted)
                     journal = stack.enter_context(edge_journal.opened(gen_dir))  # from here every write is journaled
                     spec = engine.read_spec(generation)
                     held["copy_s"] = time.perf_counter() - started
                 kb = threshold_kb(engine.index_threshold, spec.dim)
                 child = BuildChild(gen_dir / BUILD, json.dumps(spec.to_json()), kb, json.dumps(levers_of(gen_dir)),
-                                   journal, engine.recall_target)
+                                   journal, engine.recall_target, engine.memory_budget_mb)
                 stack.callback(child.stop)
                 changed, points, calibration = child.built()
                 replayed = _catch_up(child) if changed else 0
