@@ -179,8 +179,8 @@ class EdgeSettings(SearchLevers):
         "instead of held in RAM; with int8 the quantized copy stays in RAM; unset: memory_budget_mb chooses."
     )
     payload_on_disk: bool = Field(default=True, description="Payloads (passage text) memory-mapped from disk.")
-    hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 16.")
-    hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 100.")
+    hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 32.")
+    hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 200.")
 
 
 class CelerySettings(BaseModel):

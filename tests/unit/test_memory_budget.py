@@ -42,11 +42,11 @@ SEARCH = search_params_from(EdgeSettings(hnsw_ef=512))  # int8: re-scored, overs
 
 
 def test_the_rule_steps_from_ram_to_int8_on_disk_as_the_vectors_outgrow_the_budget() -> None:
-    """1M 384-dim passages: fp32 1,465 MB + graph 122 MB, the int8 copy 366 MB."""
+    """1M 384-dim passages: fp32 1,465 MB + graph 244 MB (m 32, the default), the int8 copy 366 MB."""
     fits, why = budget_levers(EdgeLevers(), 1_000_000, 384, budget_mb=2048)
     assert (fits.quantization, fits.vectors_on_disk, fits.int8_on_disk) == ("none", False, False)
     assert why["choice"] == "fp32 vectors in RAM" and "within the budget of 2,048 MB" in why["reason"]
-    assert (why["fp32_mb"], why["graph_mb"], why["set"]) == (1464.8, 122.1, [])
+    assert (why["fp32_mb"], why["graph_mb"], why["set"]) == (1464.8, 244.1, [])
     over, why = budget_levers(EdgeLevers(), 1_000_000, 384, budget_mb=1024)
     assert (over.quantization, over.vectors_on_disk, over.int8_on_disk) == ("int8", True, False)
     assert why["choice"] == "int8 + re-scoring, fp32 vectors on disk"
@@ -54,11 +54,11 @@ def test_the_rule_steps_from_ram_to_int8_on_disk_as_the_vectors_outgrow_the_budg
     tight, why = budget_levers(EdgeLevers(), 1_000_000, 384, budget_mb=400)
     assert (tight.quantization, tight.vectors_on_disk, tight.int8_on_disk) == ("int8", True, True)
     assert why["choice"] == "int8 + re-scoring, int8 copy and fp32 vectors on disk" and "over too" in why["reason"]
-    edge = 1_000_000 * 384 * 4 + 1_000_000 * 8 * 16  # fp32 + graph exactly at the budget: still in RAM
+    edge = 1_000_000 * 384 * 4 + 1_000_000 * 8 * 32  # fp32 + graph exactly at the budget: still in RAM
     assert budget_levers(EdgeLevers(), 1_000_000, 384, budget_mb=edge // M + 1)[0].quantization == "none"
     assert budget_levers(EdgeLevers(), 1_000_000, 384, budget_mb=edge // M)[0].quantization == "int8"
-    m32 = budget_levers(EdgeLevers(hnsw_m=32), 1_000_000, 384, budget_mb=1600)[1]  # a denser graph counts
-    assert m32["graph_mb"] == 244.1 and m32["choice"].startswith("int8")
+    m16 = budget_levers(EdgeLevers(hnsw_m=16), 1_000_000, 384, budget_mb=1600)[1]  # a sparser graph counts
+    assert m16["graph_mb"] == 122.1 and m16["choice"] == "fp32 vectors in RAM"
     assert budget_levers(EdgeLevers(), 0, 384, budget_mb=1)[0] == EdgeLevers()  # a new collection: RAM
 
 
@@ -116,11 +116,11 @@ def test_a_collection_that_outgrows_a_tiny_budget_is_rebuilt_int8_on_disk_with_t
     corpus, queries = unit_vectors(8000, seed=21), unit_vectors(20, seed=22)
     store = budget_store(tmp_path, budget_mb=1)
     store.ensure_collection(SPEC)
-    store.upsert(points(corpus[:2000]))  # fp32 0.24 MB + graph 0.24 MB: within 1 MB
+    store.upsert(points(corpus[:2000]))  # fp32 0.24 MB + graph 0.49 MB: within 1 MB
     assert store.optimize() is True
     assert placements(tmp_path) == [("hnsw", "InRamMmap", None)]
     assert store.memory(GEN)["choice"] == "fp32 vectors in RAM"
-    store.upsert(points(corpus)[2000:])  # 4x: fp32 0.98 + graph 0.98 MB, int8 0.24 + graph over 1 MB too
+    store.upsert(points(corpus)[2000:])  # 4x: fp32 0.98 + graph 1.95 MB, int8 0.24 + graph over 1 MB too
     assert store.optimize() is True
     [(_, storage, int8_memory)] = placements(tmp_path)
     assert "InRam" not in storage and int8_memory == "cold"
@@ -159,7 +159,7 @@ def test_status_says_where_the_vectors_live_and_why(tmp_path: Path, monkeypatch:
     settings = Settings(data_dir=tmp_path / "dpr", edge=EdgeSettings(memory_budget_mb=1))
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(SPEC)
-    store.upsert(points(unit_vectors(6000, seed=26)))  # fp32 0.73 + graph 0.73 MB: over; int8 0.18 + graph within
+    store.upsert(points(unit_vectors(3000, seed=26)))  # fp32 0.37 + graph 0.73 MB: over; int8 0.09 + graph within
     assert store.optimize() is True
     want = store.memory(store.info().active.name)  # type: ignore[union-attr]
     assert want["choice"] == "int8 + re-scoring, fp32 vectors on disk" and "budget of 1 MB" in want["reason"]
