@@ -11,9 +11,10 @@ is first asked for: `dpr query` never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,10 +25,10 @@ from encoders.towers import DualEncoder, configure_threads, resolve_model_path
 from services.core.errors import ModelMismatch
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
-from services.query import QueryOptions, search
+from services.query import QueryOptions, search_many
 from services.store.common import request_filter
 from services.store.frontend import SELF_LOCKING
-from services.store.points import Hit
+from services.store.points import Hit, SearchRequest
 from services.store.protocol import VectorStore
 
 if TYPE_CHECKING:  # jobs and locks load when a job or a fence is first asked for, the BM25 encoder for a sparse
@@ -250,19 +251,31 @@ class Runtime:
         """Encode this process's questions through ``batcher`` (``dpr serve``: one per process, every collection)."""
         self._models.batcher = batcher
 
-    def _batched(self, towers: DualEncoder) -> DualEncoder:
+    def _batched(self, towers: DualEncoder, queued: bool = True) -> DualEncoder:
         batcher = self._models.batcher
         if batcher is None:
             return towers
         from services.serving import BatchedQuestionTowers
 
-        return BatchedQuestionTowers(towers, batcher)  # type: ignore[return-value]
+        return BatchedQuestionTowers(towers, batcher, queued)  # type: ignore[return-value]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
         request_filter(options.filters)  # a bad filter is refused before the towers load
-        return search(question, store=self.store, towers=self._batched(self.question_towers), options=options,
-                      sparse_for=lambda: self.sparse, towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
-                      reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
+        batcher = self._models.batcher
+        if batcher is None:
+            return self.search_many([question], options)[0]
+        # concurrent searches with the same options share one search_many (services/serving.py)
+        return batcher.ask((id(self), repr(options)), lambda qs: self.search_many(qs, options), question)  # type: ignore[no-any-return]
+
+    def search_many(self, questions: list[str], options: QueryOptions) -> list[list[Hit]]:
+        """One answer per question: one question-tower call for those not cached, then the store searches (of
+        several questions: in one store session, on the edge one lease turn; a reranker's scoring in it too)."""
+        with contextlib.ExitStack() as turn:
+            store = _OneSession(self.store, turn) if len(questions) > 1 else self.store
+            return search_many(questions, store=store, towers=self._batched(
+                self.question_towers, queued=False), options=options, sparse_for=lambda: self.sparse,
+                towers_for=lambda fp: self._batched(self.question_towers_for(fp), queued=False),
+                reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""
@@ -289,12 +302,34 @@ def local_jobs(data_dir: Path) -> JobStore:
     return JobStore(FileHashes(data_dir / "jobs"))
 
 
+class _OneSession:
+    """``store`` whose searches, from the first, run in one store session that ``turn`` holds until it closes."""
+
+    def __init__(self, store: VectorStore, turn: contextlib.ExitStack) -> None:
+        self._store = store
+        self._turn: contextlib.ExitStack | None = turn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def search(self, request: SearchRequest, generation: str | None = None) -> list[Hit]:
+        if self._turn is not None:
+            self._turn.enter_context(self._store.session())
+            self._turn = None
+        return self._store.search(request, generation=generation)
+
+
 class _Serialized:
-    """A store behind one lock: its methods run one at a time in this process."""
+    """A store behind one lock: its methods run one at a time in this process; a session holds the lock."""
 
     def __init__(self, store: VectorStore) -> None:
         self._store = store
         self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[object]:
+        with self._lock, self._store.session() as held:  # the lock first, always: a session's lease under it
+            yield held
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)

@@ -1,16 +1,19 @@
-"""The serving runtime's question batcher: one per process, in front of the question tower (docs/capacity.md).
+"""The serving runtime's question batcher: one per process (docs/capacity.md).
 
-Questions that reach the tower while it is busy (or, with ``serving.batch_window_ms`` set, within that many
-milliseconds of the first of a batch) share one ``encode_queries`` call (at most ``serving.max_batch`` questions);
-a question alone takes the same path as a batch of one. ``serving.encoders`` threads (2: a call runs on one core,
-and two cores answer more than one) take the questions from one queue: each waits out a window only while
-questions come together (the last batch held more than one), so a lone question is encoded at once. Each caller
-waits for its own rows.
+Concurrent searches with the same options that reach the batcher while it is busy (or, with
+``serving.batch_window_ms`` set, within that many milliseconds of the first of a batch) run as one
+``Runtime.search_many`` call (at most ``serving.max_batch`` questions): one look at the active generation, one
+question-tower call, then the store searches back to back in one store session (on the edge one lease turn, not
+one per question: under load a turn and the lock in front of it cost more than the search). A question alone takes
+the same path as a batch of one. ``serving.encoders`` threads (2: one encodes while the other searches) take the
+work from one queue: each waits out a window only while questions come together (the last batch held more than
+one), so a lone question is answered at once. Each caller waits for its own answer. ``encode`` batches bare
+question-tower calls the same way.
 
 The ONNX question tower encodes a row the same alone or in a batch (bitwise:
 tests/integration/test_question_batching.py), so batching changes no answer. Encodings of repeated questions come
-from a bounded LRU keyed by the tower's fingerprint and the text. ``serving.batching`` false: each caller encodes
-its own questions on its own thread (the cache still answers repeats).
+from a bounded LRU keyed by the tower's fingerprint and the text. ``serving.batching`` false: each caller searches
+and encodes its own questions on its own thread (the cache still answers repeats).
 """
 
 from __future__ import annotations
@@ -20,29 +23,33 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from encoders.towers import DualEncoder
+from services.core.errors import PermanentError
 from services.core.settings import ServingSettings
 
 log = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int, list[float]], None]
-"""Called after each tower call with the batch's size and each question's wait in the queue (seconds)."""
+"""Called after each batch with its size and each question's wait in the queue (seconds)."""
+Run = Callable[[list[str]], Any]
+"""A batch's work: its distinct texts -> one result each, in order (a list, or an array's rows)."""
 CacheObserver = Callable[[int, int], None]
 """Called after each cache lookup with the questions found and the questions missed."""
 
 
 @dataclass(eq=False)
 class _Item:
-    towers: DualEncoder
+    key: Hashable  # items with equal keys share one ``run``
+    run: Run  # distinct texts -> one result each, in order
     text: str
     queued: float = field(default_factory=time.perf_counter)
-    vector: np.ndarray | None = None
+    result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -70,8 +77,16 @@ class QuestionBatcher:
                       on_cache: CacheObserver | None = None) -> QuestionBatcher:
         return cls(s.batching, s.batch_window_ms / 1000, s.max_batch, s.cache_size, on_batch, s.encoders, on_cache)
 
-    def encode(self, towers: DualEncoder, questions: list[str]) -> np.ndarray:
-        """``towers.encode_queries(questions)``, row for row, through the cache and the shared batches."""
+    def ask(self, key: Hashable, run: Run, text: str) -> Any:
+        """``run([text])[0]``, in a batch with the texts other callers ask with an equal ``key`` at the same time
+        (``run`` of the distinct texts, once); on this thread with batching off."""
+        if not self.batching:
+            return run([text])[0]
+        return self._submit(key, run, [text])[0]
+
+    def encode(self, towers: DualEncoder, questions: list[str], queued: bool = True) -> np.ndarray:
+        """``towers.encode_queries(questions)``, row for row, through the cache and (``queued``, batching on) the
+        shared batches; else the missing rows in one call on this thread (a batch's own search)."""
         fingerprint = towers.fingerprint
         rows: list[np.ndarray | None] = [self._cached(fingerprint, q) for q in questions]
         missing = [i for i, row in enumerate(rows) if row is None]
@@ -79,7 +94,10 @@ class QuestionBatcher:
             self.on_cache(len(rows) - len(missing), len(missing))
         if missing:
             texts = [questions[i] for i in missing]
-            vectors = self._batched(towers, texts) if self.batching else list(towers.encode_queries(texts, len(texts)))
+            if self.batching and queued:
+                vectors = self._submit(id(towers), lambda t: towers.encode_queries(t, batch_size=len(t)), texts)
+            else:
+                vectors = list(towers.encode_queries(texts, len(texts)))
             for i, v in zip(missing, vectors, strict=True):
                 rows[i] = v
                 self._remember(fingerprint, questions[i], v)
@@ -116,16 +134,16 @@ class QuestionBatcher:
                 self._cache.popitem(last=False)
 
     # --- batches ------------------------------------------------------------------------------------------------
-    def _batched(self, towers: DualEncoder, texts: list[str]) -> list[np.ndarray]:
+    def _submit(self, key: Hashable, run: Run, texts: list[str]) -> list[Any]:
         self._start()
-        items = [_Item(towers, t) for t in texts]
+        items = [_Item(key, run, t) for t in texts]
         for item in items:
             self._queue.put(item)
         for item in items:
             item.done.wait()
             if item.error is not None:
                 raise item.error
-        return [item.vector for item in items]  # type: ignore[misc]
+        return [item.result for item in items]
 
     def _start(self) -> None:
         if not self._threads:
@@ -159,20 +177,20 @@ class QuestionBatcher:
     def _run(self, batch: list[_Item]) -> None:
         started = time.perf_counter()
         waits = [started - item.queued for item in batch]
-        groups: dict[int, list[_Item]] = {}  # by tower: a re-embed's switch can put two in one batch
+        groups: dict[Hashable, list[_Item]] = {}  # by key: a re-embed's switch can put two towers in one batch
         for item in batch:
-            groups.setdefault(id(item.towers), []).append(item)
+            groups.setdefault(item.key, []).append(item)
         for items in groups.values():
             unique = list(dict.fromkeys(item.text for item in items))
+            results: dict[str, tuple[Any, BaseException | None]]
             try:
-                vectors = items[0].towers.encode_queries(unique, batch_size=len(unique))  # (unique, dim)
-                by_text = dict(zip(unique, vectors, strict=True))
-                for item in items:
-                    item.vector = by_text[item.text]
-            except Exception as e:  # each caller raises the tower's error itself
-                for item in items:
-                    item.error = e
+                results = {t: (r, None) for t, r in zip(unique, items[0].run(unique), strict=True)}
+            except PermanentError as e:  # a bad question (refused at once): each alone, so it fails only its own
+                results = {unique[0]: (None, e)} if len(unique) == 1 else {t: _alone(items[0].run, t) for t in unique}
+            except Exception as e:  # the tower's, the store's: every caller raises it
+                results = dict.fromkeys(unique, (None, e))
             for item in items:
+                item.result, item.error = results[item.text]
                 item.done.set()
         if self.on_batch is not None:
             try:
@@ -181,16 +199,24 @@ class QuestionBatcher:
                 log.exception("the batch observer failed")
 
 
+def _alone(run: Run, text: str) -> tuple[Any, BaseException | None]:
+    try:
+        return run([text])[0], None
+    except Exception as e:
+        return None, e
+
+
 class BatchedQuestionTowers:
     """Towers whose ``encode_queries`` goes through a process's ``QuestionBatcher``; everything else is the
     towers' own (fingerprint, dim, similarity: what ``services.query`` checks against the collection)."""
 
-    def __init__(self, towers: DualEncoder, batcher: QuestionBatcher) -> None:
+    def __init__(self, towers: DualEncoder, batcher: QuestionBatcher, queued: bool = True) -> None:
         self._towers = towers
         self._batcher = batcher
+        self._queued = queued
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._towers, name)
 
     def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._batcher.encode(self._towers, questions)
+        return self._batcher.encode(self._towers, questions, self._queued)

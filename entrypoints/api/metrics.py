@@ -50,11 +50,11 @@ class ApiMetrics:
             ["mode"], buckets=QUERY_BUCKETS, registry=r,
         )
         self.question_batch = Histogram(
-            "dpr_question_batch_size", "Questions per question-tower call (services/serving.py: concurrent questions "
-            "share one).", buckets=QUESTION_BATCH_SIZES, registry=r,
+            "dpr_question_batch_size", "Questions per batch (services/serving.py: concurrent searches share one "
+            "question-tower call and one store session).", buckets=QUESTION_BATCH_SIZES, registry=r,
         )
         self.question_queue_seconds = Histogram(
-            "dpr_question_queue_seconds", "Time a question waited for its question-tower batch to start.",
+            "dpr_question_queue_seconds", "Time a question waited for its batch to start.",
             buckets=QUEUE_BUCKETS, registry=r,
         )
         self.question_cache = Counter(

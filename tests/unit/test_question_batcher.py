@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from kit.documents import THREE_TOPICS
 from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.api.app import create_app
+from services.core.errors import ConfigError
 from services.core.settings import ServingSettings, Settings
 from services.query import QueryOptions, search
 from services.serving import QuestionBatcher
@@ -164,8 +166,8 @@ def test_the_api_answers_the_same_through_the_batcher_and_metrics_show_it(tmp_pa
     assert len(answer) == 2
     assert [(h["doc_id"], h["score"]) for h in answer] == [(h.passage.doc_id, h.score) for h in alone]
     assert again == answer  # the second time from the cache
-    assert "dpr_question_batch_size_count 1.0" in metrics  # one tower call for the two searches
-    assert "dpr_question_queue_seconds_count 1.0" in metrics
+    assert "dpr_question_batch_size_count 2.0" in metrics  # each search a batch (of one)
+    assert "dpr_question_queue_seconds_count 2.0" in metrics
     assert 'dpr_question_cache_lookups_total{result="hit"} 1.0' in metrics
     assert 'dpr_question_cache_lookups_total{result="miss"} 1.0' in metrics
 
@@ -186,3 +188,57 @@ def test_two_encoders_run_two_calls_at_once_and_close_stops_both() -> None:
     workers = list(batcher._threads)
     batcher.close()
     assert len(workers) == 2 and not any(w.is_alive() for w in workers)
+
+
+def test_searches_asked_together_share_one_run_and_a_bad_question_fails_only_its_caller() -> None:
+    runs: list[list[str]] = []
+    gate = threading.Event()
+
+    def run(texts: list[str]) -> list[str]:
+        runs.append(list(texts))
+        gate.wait()
+        if "bad" in texts:
+            raise ConfigError("bad question")
+        return [t.upper() for t in texts]
+
+    batcher = QuestionBatcher(window_s=0.0, cache_size=0)
+    out: dict[str, object] = {}
+
+    def ask(q: str) -> None:
+        try:
+            out[q] = batcher.ask("options", run, q)
+        except ConfigError as e:
+            out[q] = e
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    while not runs:
+        time.sleep(0.001)
+    rest = [threading.Thread(target=ask, args=(q,)) for q in ("a", "bad", "b")]
+    for t in rest:
+        t.start()
+    while batcher._queue.qsize() < len(rest):
+        time.sleep(0.001)
+    gate.set()
+    for t in [first, *rest]:
+        t.join()
+    assert runs[:2] == [["first"], ["a", "bad", "b"]]  # the three that queued: one run, then each alone
+    assert sorted(map(tuple, runs[2:])) == [("a",), ("b",), ("bad",)]
+    assert out["first"] == "FIRST" and out["a"] == "A" and out["b"] == "B"
+    assert isinstance(out["bad"], ConfigError)
+    batcher.close()
+
+
+def test_a_batch_of_searches_holds_one_store_session_and_answers_as_one_at_a_time() -> None:
+    runtime = FakeRuntime()
+    runtime.pipeline.ingest(THREE_TOPICS)
+    questions = ["where does the nile flow", "what do cats eat", "rivers of africa"]
+    alone = [runtime.search(q, QueryOptions(k=2)) for q in questions]  # no batcher: a session each
+    store = runtime.store._store  # type: ignore[attr-defined]  # the serialised store's own
+    sessions: list[str] = []
+    opened = store.session
+    store.session = lambda: sessions.append("session") or opened()
+    runtime.use_batcher(QuestionBatcher(cache_size=0))
+    assert runtime.search_many(questions, QueryOptions(k=2)) == alone
+    assert sessions == ["session"]  # the three searches in one session (the edge: one lease turn)
+    runtime.close()
