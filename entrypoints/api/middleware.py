@@ -140,12 +140,18 @@ class AccessControl:
         self.gate = gate
         self.collection = collection
         self.public_paths = public_paths
+        self._flat: list[Any] | None = None  # flat_routes(routes), kept: flattening costs more than matching
 
     def _match(self, scope: Scope) -> tuple[Any, dict[str, Any]]:
-        for route in flat_routes(self.routes):
-            match, child = route.matches(scope)
-            if match == Match.FULL:
-                return route, child
+        for fresh in (self._flat is None, True):  # no match in the kept list: look again in the app's list now
+            if fresh:
+                self._flat = flat_routes(self.routes)
+            for route in self._flat or ():
+                match, child = route.matches(scope)
+                if match == Match.FULL:
+                    return route, child
+            if fresh:
+                break
         return None, {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -6,11 +6,11 @@ import time
 from dataclasses import fields
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 
 from entrypoints.api import schemas
 from entrypoints.api.auth import requires
-from entrypoints.api.state import ApiState, api_state
+from entrypoints.api.state import api_state
 from services.query import QueryOptions
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
@@ -19,7 +19,8 @@ router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templ
 @router.post("/search", response_model=schemas.SearchOut, response_model_exclude_none=True,
              summary="Question tower -> passages [-> reranker]")
 @requires("read")
-def post_search(body: schemas.SearchIn, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
+def post_search(body: schemas.SearchIn, request: Request) -> dict[str, Any]:
+    state = api_state(request)  # not a Depends: FastAPI would run a plain function on a worker thread of its own
     options = QueryOptions(**{f.name: getattr(body, f.name) for f in fields(QueryOptions)})  # the same names
     t0 = time.perf_counter()
     with state.metrics.time_query(body.mode or "default"):
