@@ -13,7 +13,8 @@
    were answered, how many shed with 503 / 429 and how many of those carried Retry-After, and the RSS under it.
 6. ``--batching on off``: all of the above once per value, each on its own ``dpr serve`` with
    ``DPR_SERVING__BATCHING`` on / off (services/serving.py), in the same run; each row also gives the server's mean
-   questions per question-tower call and mean queue wait (from /metrics). The wrk script cycles 1,109 questions:
+   questions per batch and mean queue wait (from /metrics) and the server's CPU time per answered question (from
+   /proc: on a shared machine the server gets what the others leave, so this is the figure to compare). The wrk script cycles 1,109 questions:
    add ``--env DPR_SERVING__CACHE_SIZE=0`` to measure batching rather than the cache of repeated questions.
 
 Usage::
@@ -132,6 +133,11 @@ class Server(ServeProcess):
 
     def reset_peak(self) -> None:
         self.peak_kb = tree_rss_kb(self.process.pid)
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, every thread) the server process has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> float:
         return tree_rss_kb(self.process.pid) / 1024
@@ -385,8 +391,9 @@ def serve_and_load(args: argparse.Namespace, env: dict[str, str], label: str, bo
         result["idle_rss_mb"] = server.rss_mb()
         for clients in args.clients:
             server.reset_peak()
-            before = question_batches(server.url)
+            before, cpu = question_batches(server.url), server.cpu_s()
             r = load(args, server.url, bodies, clients, args.duration, work)
+            r["cpu_ms"] = 1000 * (server.cpu_s() - cpu) / max(1, r["ok"])  # the server's CPU per answered question
             r["peak_rss_mb"] = server.peak_kb / 1024
             r["name"] = f"{args.mode}, {args.generator}{label}"
             r["batches"] = question_batches(server.url, before)
@@ -439,9 +446,10 @@ def row(name: str, r: dict[str, Any], rss_mb: float | None) -> str:
     rss = f"{rss_mb:,.0f}" if rss_mb is not None else "-"
     b = r.get("batches") or {}
     batch = f"{b['mean_batch']:.1f} / {b['mean_wait_ms']:.1f}" if b.get("calls") else "-"
+    cpu = f"{r['cpu_ms']:.1f}" if "cpu_ms" in r else "-"
     return (f"| {name} | {r['clients']} | {r['seconds']:.0f} | {r['requests']:,} | {r['qps']:.1f} | "
             f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r.get('max_ms', 0):.0f} | {r['errors']} | {shed} | "
-            f"{r.get('retry_after', '-')} | {batch} | {rss} |")
+            f"{r.get('retry_after', '-')} | {batch} | {cpu} | {rss} |")
 
 
 def main() -> int:
@@ -523,15 +531,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
     lines += [
         "",
         "| run | clients | s | requests | questions/s | p50 ms | p99 ms | max ms | errors | shed 429/503 | with "
-        "Retry-After | questions per tower call / queue wait ms | server peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Retry-After | questions per batch / queue wait ms | server CPU ms per question | server peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     extra = [*result.get("bursts", []), *result.get("floods", [])]
     for r in [*result["runs"], *extra]:
         lines.append(row(r["name"], r, r["peak_rss_mb"]))
     for t in result.get("thins", []):
         lines.append(f"| {t['name']} | {t['clients']} | {t['seconds']:.0f} | {t['requests']:,} | {t['qps']:.1f} | "
-                     f"{t['p50_ms']:.0f} | {t['p99_ms']:.0f} | - | {t['errors']} | - | - | - | "
+                     f"{t['p50_ms']:.0f} | {t['p99_ms']:.0f} | - | {t['errors']} | - | - | - | - | "
                      f"{t['peak_rss_mb']:,.0f} |")
     for r in [*result["runs"], *extra]:
         lines.append("")
