@@ -302,7 +302,8 @@ class ShardLease:
                     self.flush(g)
                 except Exception:
                     log.exception("flushing an edge shard failed", extra={"generation": g})
-                    self.forget(g)
+                    with contextlib.suppress(Exception):
+                        self.forget(g)
                 self._unclaim(g)
                 self._yield_until[g] = time.monotonic() + window
 

@@ -392,6 +392,46 @@ def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
     reader.close()
 
 
+def _idle_reader(store_dir: str, ready: Event, go: Event, results: mp.Queue) -> None:
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    try:
+        store.count()
+        ready.set()  # the shard open, then idle
+        go.wait(60)
+        results.put(("ok", store.count()))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", repr(e)))
+    finally:
+        store.close()
+
+
+def test_a_generation_another_process_keeps_open_is_dropped_once_it_closes_it(store_dir: str) -> None:
+    """A process idle with the old generation's shard open (`dpr serve` after an alias swap): dropping that
+    generation makes it close the shard (the drop waits for no idle time), and it then answers from the new one."""
+    parent = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0))
+    parent.upsert(_points(1, 0, 3))
+    old = parent.active().name  # type: ignore[union-attr]
+    ready, go, results = CTX.Event(), CTX.Event(), CTX.Queue()
+    reader = CTX.Process(target=_idle_reader, args=(store_dir, ready, go, results))
+    reader.start()
+    try:
+        assert ready.wait(30), "the reader never opened the store"
+        new = parent.create_generation(SPEC)
+        parent.upsert(_points(2, 0, 5), generation=new)
+        parent.activate(new)
+        started = time.monotonic()
+        parent.drop_generation(old)
+        assert time.monotonic() - started < 10
+        go.set()
+        assert results.get(timeout=30) == ("ok", 5)
+    finally:
+        go.set()
+        reader.join(30)
+        parent.close()
+    assert reader.exitcode == 0
+    assert not (Path(store_dir) / ALIAS / "generations" / old).exists()
+
+
 _BUILDER = """
 import sys
 import numpy as np

@@ -6,7 +6,8 @@ another thread of the same process ran 2 queries in the 12.7 s a 20k-point build
 copy, in a child process (``BuildChild``), and only the short ends hold the generation's lease:
 
 1. no lease: copy the shard directory to ``shard.build`` while others use it; then under the lease (the shard is
-   not loaded here for it: a process that has it open flushes it) copy again only the files that changed since
+   not loaded here for it: a process that has it open flushed it and keeps it open) copy again only the files
+   that changed since
    (``fsutil.copy_tree_changed``: sealed segments do not; the appendable one and the WAL are small) and open the
    build journal (``edge_journal.py``): from here every write to the shard is also journaled;
 2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold, counts it (with a memory budget,
@@ -14,8 +15,9 @@ copy, in a child process (``BuildChild``), and only the short ends hold the gene
    ``optimize()``, then replays the journal's writes onto it in rounds while writers go on;
 3. under the lease: the child replays what is left and the copy's point count must equal the shard's (else the
    copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
-4. still under it: the child closes the copy, the shard is closed and the directories swapped (``shard.build`` ->
-   ``shard.next`` -> ``shard``, the old one renamed ``shard.old`` and removed after).
+4. still under it: the child closes the copy and the directories are swapped (``shard.build`` -> ``shard.next`` ->
+   ``shard``, the old one renamed ``shard.old`` and removed after); a process that has the old one open answers
+   from it until its next call loads the new one (``lease.py``).
 
 The lease is held for the changed files' copy and for the last replay round and the swap; the build itself, the
 bulk of the copy and of the replay run beside the writers and readers. A crash between the renames leaves
