@@ -267,6 +267,18 @@ class Runtime:
         # concurrent searches with the same options share one search_many (services/serving.py)
         return batcher.ask((id(self), repr(options)), lambda qs: self.search_many(qs, options), question)  # type: ignore[no-any-return]
 
+    @property
+    def batches(self) -> bool:
+        """Searches go through a batcher with batching on (``search_async`` then needs no thread of the caller's)."""
+        return self._models.batcher is not None and self._models.batcher.batching
+
+    async def search_async(self, question: str, options: QueryOptions) -> list[Hit]:
+        """``search`` from an event loop while ``batches``."""
+        request_filter(options.filters)
+        assert self._models.batcher is not None
+        return await self._models.batcher.ask_async(  # type: ignore[no-any-return]
+            (id(self), repr(options)), lambda qs: self.search_many(qs, options), question)
+
     def search_many(self, questions: list[str], options: QueryOptions) -> list[list[Hit]]:
         """One answer per question: one question-tower call for those not cached, then the store searches (of
         several questions: in one store session, on the edge one lease turn; a reranker's scoring in it too)."""

@@ -18,6 +18,7 @@ and encodes its own questions on its own thread (the cache still answers repeats
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -52,6 +53,7 @@ class _Item:
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    wake: Callable[[], object] | None = None  # an event loop's caller (``ask_async``)
 
 
 class QuestionBatcher:
@@ -83,6 +85,16 @@ class QuestionBatcher:
         if not self.batching:
             return run([text])[0]
         return self._submit(key, run, [text])[0]
+
+    async def ask_async(self, key: Hashable, run: Run, text: str) -> Any:
+        """``ask`` from an event loop, with batching on: the loop waits for the batch without a thread of its own."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        item = _Item(key, run, text)
+        item.wake = lambda: loop.call_soon_threadsafe(_settle, answer, item)
+        self._start()
+        self._queue.put(item)
+        return await answer
 
     def encode(self, towers: DualEncoder, questions: list[str], queued: bool = True) -> np.ndarray:
         """``towers.encode_queries(questions)``, row for row, through the cache and (``queued``, batching on) the
@@ -192,11 +204,25 @@ class QuestionBatcher:
             for item in items:
                 item.result, item.error = results[item.text]
                 item.done.set()
+                if item.wake is not None:
+                    try:
+                        item.wake()
+                    except RuntimeError:  # its event loop has closed: nobody waits any more
+                        pass
         if self.on_batch is not None:
             try:
                 self.on_batch(len(batch), waits)
             except Exception:  # metrics must never fail a question
                 log.exception("the batch observer failed")
+
+
+def _settle(answer: asyncio.Future[Any], item: _Item) -> None:
+    if answer.done():  # the caller went away
+        return
+    if item.error is not None:
+        answer.set_exception(item.error)
+    else:
+        answer.set_result(item.result)
 
 
 def _alone(run: Run, text: str) -> tuple[Any, BaseException | None]:

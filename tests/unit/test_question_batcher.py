@@ -242,3 +242,42 @@ def test_a_batch_of_searches_holds_one_store_session_and_answers_as_one_at_a_tim
     assert runtime.search_many(questions, QueryOptions(k=2)) == alone
     assert sessions == ["session"]  # the three searches in one session (the edge: one lease turn)
     runtime.close()
+
+
+def test_an_event_loop_waits_for_its_batch_without_a_thread_and_gets_its_own_answer_or_error() -> None:
+    import asyncio
+
+    runs: list[list[str]] = []
+    threads: list[str] = []
+
+    def run(texts: list[str]) -> list[str]:
+        runs.append(list(texts))
+        threads.append(threading.current_thread().name)
+        if "bad" in texts:
+            raise ConfigError("bad question")
+        return [t.upper() for t in texts]
+
+    batcher = QuestionBatcher(window_s=0.0, cache_size=0)
+
+    async def ask_all() -> list[object]:
+        return await asyncio.gather(*(batcher.ask_async("options", run, q) for q in ("a", "bad", "b")),
+                                    return_exceptions=True)
+
+    a, bad, b = asyncio.run(ask_all())
+    assert (a, b) == ("A", "B") and isinstance(bad, ConfigError)
+    assert set(threads) == {"dpr-question-batcher"} and sorted(q for r in runs for q in r if len(r) == 1) == [
+        "a", "b", "bad"]  # each alone once the batch failed (or alone from the start)
+    batcher.close()
+
+
+def test_the_api_with_batching_off_answers_the_same_without_a_batch(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    runtime.pipeline.ingest(THREE_TOPICS)
+    settings = Settings(data_dir=tmp_path, serving=ServingSettings(batching=False))
+    with TestClient(create_app(settings, runtime=runtime, warm_model=False)) as c:
+        hits = c.post("/v1/search", json={"question": "where does the nile flow", "k": 2}).json()["hits"]
+        metrics = c.get("/metrics").text
+        alone = search("where does the nile flow", store=runtime.store, towers=HashTowers(),
+                       options=QueryOptions(k=2), sparse=runtime.sparse)
+    assert [(h["doc_id"], h["score"]) for h in hits] == [(h.passage.doc_id, h.score) for h in alone]
+    assert "dpr_question_batch_size_count 0.0" in metrics  # no batch
