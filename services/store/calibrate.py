@@ -4,11 +4,8 @@ Probes made from a sample of the generation's vectors (the midpoint of each pair
 question is not) ask the exact scan for their 10 nearest neighbours (the two sources left out), then the HNSW graph
 at the ef of ``EF_LADDER`` (bisected: recall rises with ef) for the smallest whose recall@10 against the scan
 reaches the target (``DPR_EDGE__RECALL_TARGET``, default 0.98): that ef serves dense queries. A hybrid query's dense
-branch hands the fusion its ``FUSED_LIMIT`` candidates (the engine searches with ef >= limit), so its ef is the
-smallest whose top ``FUSED_LIMIT`` reaches the target against the exact top ``FUSED_LIMIT``: the branch's own
-recall, not a dense query's top 10 (at 1M passages the top-10 rule gave the branch ef 2,048, hybrid 1.75x dense's
-time; the fusion's answers agree 0.997 with an exact branch at ef 512, docs/capacity.md).
-The whole measurement is held to ``CALIBRATION_SHARE`` of the build's own time (the probes shrink,
+branch fetches ``FUSED_LIMIT`` candidates (the engine searches with ef >= limit), so its ef is found the same way
+with that limit. The whole measurement is held to ``CALIBRATION_SHARE`` of the build's own time (the probes shrink,
 never below ``MIN_SAMPLE``); where the target is not reached (or the time runs out first) the largest ef tried is
 kept and the record says so (``reached``: false); the first ef tried is the ladder's middle (128), above the
 engines' default of 100. Where the graph at the chosen ef answers a probe slower than the exact scan did (a small
@@ -50,11 +47,11 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
     ``MIN_SAMPLE`` exact scans."""
     started = time.perf_counter()
     deadline = started + budget_s
-    truth: list[tuple[set[str], list[float], list[str]]] = []  # the exact top FUSED_LIMIT, best first
+    truth: list[tuple[set[str], list[float], set[str]]] = []
     for skip, vector in probes(sample):
         if len(truth) >= MIN_SAMPLE and time.perf_counter() > started + budget_s / 3:
             break  # a third of the budget for the exact scans, the rest for the ladder
-        truth.append((skip, vector, _top(search(vector, FUSED_LIMIT + 2, None), skip, FUSED_LIMIT)))
+        truth.append((skip, vector, set(_top(search(vector, K + 2, None), skip))))
     out: dict[str, Any] = {"target": target, "sample": len(truth)}
     if len(truth) < MIN_SAMPLE:
         return out | {"skipped": f"fewer than {MIN_SAMPLE} probes", "seconds": _since(started)}
@@ -62,17 +59,14 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
     took: dict[tuple[int, int], float] = {}  # (ef, limit) -> seconds per probe
 
     def recall(ef: int, limit: int) -> float | None:
-        """Recall@``depth`` at ``ef`` (10 for a dense query, the whole ``limit`` for a hybrid's branch); None when
-        the budget ran out before every probe was asked."""
-        depth = K if limit == K + 2 else limit
-        found, wanted, t0 = 0, 0, time.perf_counter()
-        for skip, v, exact in truth:
+        """Recall@10 at ``ef``; None when the budget ran out before every probe was asked."""
+        found, t0 = 0, time.perf_counter()
+        for skip, v, want in truth:
             if time.perf_counter() > deadline:
                 return None
-            want = set(exact[:depth])
-            found, wanted = found + len(want & set(_top(search(v, limit, ef), skip, depth))), wanted + len(want)
+            found += len(want & set(_top(search(v, limit, ef), skip)))
         took[ef, limit] = (time.perf_counter() - t0) / len(truth)
-        return found / max(1, wanted)
+        return found / max(1, sum(len(want) for _, _, want in truth))
 
     reached = True
     for key, limit, ladder in (("", K + 2, EF_LADDER), ("fused_", FUSED_LIMIT, _fused_ladder())):
@@ -99,8 +93,8 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
                   **{f"ef{ef}_ms": round(t * 1e3, 3) for (ef, limit), t in took.items() if limit == K + 2}}
 
 
-def _top(ids: list[str], skip: set[str], depth: int = K) -> list[str]:
-    return [i for i in ids if i not in skip][:depth]
+def _top(ids: list[str], skip: set[str]) -> list[str]:
+    return [i for i in ids if i not in skip][:K]
 
 
 def _fused_ladder() -> tuple[int, ...]:

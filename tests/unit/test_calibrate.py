@@ -33,19 +33,6 @@ def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
     assert (low["ef"], low["recall"]) == (EF_LADDER[0], 0.8)
 
 
-def test_a_hybrid_branch_is_calibrated_on_its_own_top_100_not_on_a_dense_top_10() -> None:
-    """Below ef 512 the graph misses two of the true top 10 (recall@10 0.8) and nothing else of the top 100 (0.98):
-    a dense query needs 512, the branch that hands the fusion its 100 candidates does with the ladder's first."""
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]
-
-    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
-        truth = [f"n{j}" for j in range(limit)]
-        return truth if ef is None or ef >= 512 else ["x0", "x1", *truth[2:]]
-
-    cal = calibrate(sample, search, target=0.98, budget_s=60)
-    assert (cal["ef"], cal["recall"], cal["fused_ef"], cal["fused_recall"]) == (512, 1.0, FUSED_LIMIT, 0.98)
-
-
 def test_probes_are_not_points_and_leave_their_sources_out() -> None:
     assert probes([("a", [1.0, 0.0]), ("b", [0.0, 1.0]), ("c", [1.0, 1.0])]) == [({"a", "b"}, [0.5, 0.5])]
 
