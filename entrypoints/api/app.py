@@ -157,6 +157,7 @@ def _document_access(app: FastAPI, schema: dict[str, Any]) -> None:
 # --- serving ----------------------------------------------------------------------------------------------------
 
 SERVE_TORCH_THREADS = 1
+SERVE_IDLE_RELEASE = 3600.0  # seconds dpr serve keeps its shard open after the last question (serving_settings)
 
 
 def serving_settings(settings: Settings) -> Settings:
@@ -166,13 +167,17 @@ def serving_settings(settings: Settings) -> Settings:
       a one-question batch only add barrier waits, and on a busy machine they make a question encode ~10x
       slower (measured: p50 24 ms with 1 thread vs 170-280 ms with 2, load average 15 on 2 cores).
 
-    The embedded store's lease needs nothing here: it keeps the shard open between requests (``edge.idle_release``,
-    10 s by default; reopening a 50k-passage shard costs 0.4-0.7 s) and hands it to a waiting process ~10 ms
-    after the last request.
+    - ``edge.idle_release`` an hour (``SERVE_IDLE_RELEASE``): the first question after a quiet spell would wait for
+      the shard's load (0.4-0.7 s at 50k passages, 7-8 s at 1M). Keeping it open costs the others nothing: the
+      lease hands ``G.lock`` to a waiting process ~10 ms after the last request, and the shard is closed as soon as
+      another process waits to load it (``G.open``, services/store/lease.py).
     """
-    if "threads" in settings.encoder.model_fields_set:
-        return settings
-    return settings.model_copy(update={"encoder": settings.encoder.model_copy(update={"threads": SERVE_TORCH_THREADS})})
+    update: dict[str, Any] = {}
+    if "threads" not in settings.encoder.model_fields_set:
+        update["encoder"] = settings.encoder.model_copy(update={"threads": SERVE_TORCH_THREADS})
+    if not settings.qdrant_url and "idle_release" not in settings.edge.model_fields_set:
+        update["edge"] = settings.edge.model_copy(update={"idle_release": SERVE_IDLE_RELEASE})
+    return settings.model_copy(update=update) if update else settings
 
 
 def app_from_env() -> FastAPI:
