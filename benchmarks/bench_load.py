@@ -14,8 +14,9 @@
 6. ``--batching on off``: all of the above once per value, each on its own ``dpr serve`` with
    ``DPR_SERVING__BATCHING`` on / off (services/serving.py), in the same run; each row also gives the server's mean
    questions per batch and mean queue wait (from /metrics) and the server's CPU time per answered question (from
-   /proc: on a shared machine the server gets what the others leave, so this is the figure to compare). The wrk script cycles 1,109 questions:
-   add ``--env DPR_SERVING__CACHE_SIZE=0`` to measure batching rather than the cache of repeated questions.
+   /proc: on a shared machine the server gets what the others leave, so this is the figure to compare). The wrk
+   script cycles 1,109 questions: add ``--env DPR_SERVING__CACHE_SIZE=0`` to measure batching rather than the
+   cache of repeated questions.
 
 Usage::
 
