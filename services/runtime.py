@@ -251,21 +251,20 @@ class Runtime:
         """Encode this process's questions through ``batcher`` (``dpr serve``: one per process, every collection)."""
         self._models.batcher = batcher
 
-    def _batched(self, towers: DualEncoder, queued: bool = True) -> DualEncoder:
+    def _batched(self, towers: DualEncoder) -> DualEncoder:
         batcher = self._models.batcher
         if batcher is None:
             return towers
         from services.serving import BatchedQuestionTowers
 
-        return BatchedQuestionTowers(towers, batcher, queued)  # type: ignore[return-value]
+        return BatchedQuestionTowers(towers, batcher)  # type: ignore[return-value]
 
     def search(self, question: str, options: QueryOptions) -> list[Hit]:
         request_filter(options.filters)  # a bad filter is refused before the towers load
         batcher = self._models.batcher
         if batcher is None:
             return self.search_many([question], options)[0]
-        # concurrent searches with the same options share one search_many (services/serving.py)
-        return batcher.ask((id(self), repr(options)), lambda qs: self.search_many(qs, options), question)  # type: ignore[no-any-return]
+        return batcher.ask(*self._shared(options), question)  # type: ignore[no-any-return]
 
     @property
     def batches(self) -> bool:
@@ -276,18 +275,21 @@ class Runtime:
         """``search`` from an event loop while ``batches``."""
         request_filter(options.filters)
         assert self._models.batcher is not None
-        return await self._models.batcher.ask_async(  # type: ignore[no-any-return]
-            (id(self), repr(options)), lambda qs: self.search_many(qs, options), question)
+        return await self._models.batcher.ask_async(*self._shared(options), question)  # type: ignore[no-any-return]
+
+    def _shared(self, options: QueryOptions) -> tuple[tuple[int, str], Callable[[list[str]], list[list[Hit]]]]:
+        """The batcher's key and work for searches with ``options``: concurrent ones share one ``search_many``."""
+        return (id(self), repr(options)), lambda questions: self.search_many(questions, options)
 
     def search_many(self, questions: list[str], options: QueryOptions) -> list[list[Hit]]:
         """One answer per question: one question-tower call for those not cached, then the store searches (of
         several questions: in one store session, on the edge one lease turn; a reranker's scoring in it too)."""
         with contextlib.ExitStack() as turn:
             store = _OneSession(self.store, turn) if len(questions) > 1 else self.store
-            return search_many(questions, store=store, towers=self._batched(
-                self.question_towers, queued=False), options=options, sparse_for=lambda: self.sparse,
-                towers_for=lambda fp: self._batched(self.question_towers_for(fp), queued=False),
-                reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
+            return search_many(questions, store=store, towers=self._batched(self.question_towers), options=options,
+                               sparse_for=lambda: self.sparse,
+                               towers_for=lambda fp: self._batched(self.question_towers_for(fp)),
+                               reranker_for=self.reranker, rerank_batch_size=self.settings.rerank.batch_size)
 
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Remove documents with all their passages (no model is loaded for it)."""

@@ -7,8 +7,7 @@ question-tower call, then the store searches back to back in one store session (
 one per question: under load a turn and the lock in front of it cost more than the search). A question alone takes
 the same path as a batch of one. ``serving.encoders`` threads (2: one encodes while the other searches) take the
 work from one queue: each waits out a window only while questions come together (the last batch held more than
-one), so a lone question is answered at once. Each caller waits for its own answer. ``encode`` batches bare
-question-tower calls the same way.
+one), so a lone question is answered at once. Each caller waits for its own answer.
 
 The ONNX question tower encodes a row the same alone or in a batch (bitwise:
 tests/integration/test_question_batching.py), so batching changes no answer. Encodings of repeated questions come
@@ -84,7 +83,13 @@ class QuestionBatcher:
         (``run`` of the distinct texts, once); on this thread with batching off."""
         if not self.batching:
             return run([text])[0]
-        return self._submit(key, run, [text])[0]
+        item = _Item(key, run, text)
+        self._start()
+        self._queue.put(item)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
 
     async def ask_async(self, key: Hashable, run: Run, text: str) -> Any:
         """``ask`` from an event loop, with batching on: the loop waits for the batch without a thread of its own."""
@@ -96,9 +101,9 @@ class QuestionBatcher:
         self._queue.put(item)
         return await answer
 
-    def encode(self, towers: DualEncoder, questions: list[str], queued: bool = True) -> np.ndarray:
-        """``towers.encode_queries(questions)``, row for row, through the cache and (``queued``, batching on) the
-        shared batches; else the missing rows in one call on this thread (a batch's own search)."""
+    def encode(self, towers: DualEncoder, questions: list[str]) -> np.ndarray:
+        """``towers.encode_queries(questions)``, row for row: repeats from the cache, the others in one call on this
+        thread (a batch's own ``search_many``, which ``ask`` already shares among concurrent callers)."""
         fingerprint = towers.fingerprint
         rows: list[np.ndarray | None] = [self._cached(fingerprint, q) for q in questions]
         missing = [i for i, row in enumerate(rows) if row is None]
@@ -106,10 +111,7 @@ class QuestionBatcher:
             self.on_cache(len(rows) - len(missing), len(missing))
         if missing:
             texts = [questions[i] for i in missing]
-            if self.batching and queued:
-                vectors = self._submit(id(towers), lambda t: towers.encode_queries(t, batch_size=len(t)), texts)
-            else:
-                vectors = list(towers.encode_queries(texts, len(texts)))
+            vectors = towers.encode_queries(texts, len(texts))
             for i, v in zip(missing, vectors, strict=True):
                 rows[i] = v
                 self._remember(fingerprint, questions[i], v)
@@ -146,17 +148,6 @@ class QuestionBatcher:
                 self._cache.popitem(last=False)
 
     # --- batches ------------------------------------------------------------------------------------------------
-    def _submit(self, key: Hashable, run: Run, texts: list[str]) -> list[Any]:
-        self._start()
-        items = [_Item(key, run, t) for t in texts]
-        for item in items:
-            self._queue.put(item)
-        for item in items:
-            item.done.wait()
-            if item.error is not None:
-                raise item.error
-        return [item.result for item in items]
-
     def _start(self) -> None:
         if not self._threads:
             with self._start_lock:
@@ -233,16 +224,15 @@ def _alone(run: Run, text: str) -> tuple[Any, BaseException | None]:
 
 
 class BatchedQuestionTowers:
-    """Towers whose ``encode_queries`` goes through a process's ``QuestionBatcher``; everything else is the
+    """Towers whose ``encode_queries`` goes through a process's ``QuestionBatcher``'s cache; everything else is the
     towers' own (fingerprint, dim, similarity: what ``services.query`` checks against the collection)."""
 
-    def __init__(self, towers: DualEncoder, batcher: QuestionBatcher, queued: bool = True) -> None:
+    def __init__(self, towers: DualEncoder, batcher: QuestionBatcher) -> None:
         self._towers = towers
         self._batcher = batcher
-        self._queued = queued
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._towers, name)
 
     def encode_queries(self, questions: list[str], batch_size: int = 32) -> np.ndarray:
-        return self._batcher.encode(self._towers, questions, self._queued)
+        return self._batcher.encode(self._towers, questions)

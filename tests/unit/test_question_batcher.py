@@ -44,13 +44,18 @@ class GatedTowers(HashTowers):
         return super().encode_queries(questions, batch_size)
 
 
+def encoded(batcher: QuestionBatcher, towers: GatedTowers, question: str) -> np.ndarray:
+    """``question``'s row through the batcher's queue: its work a bare question-tower call."""
+    return batcher.ask(id(towers), lambda texts: towers.encode_queries(texts, len(texts)), question)  # type: ignore[no-any-return]
+
+
 def ask_together(batcher: QuestionBatcher, towers: GatedTowers, questions: list[str]) -> dict[str, np.ndarray]:
     """The first question's call blocks until every other question waits in the queue, then all are released."""
     towers.gate.clear()
     out: dict[str, np.ndarray] = {}
 
     def ask(q: str) -> None:
-        out[q] = batcher.encode(towers, [q])[0]
+        out[q] = encoded(batcher, towers, q)
 
     first = threading.Thread(target=ask, args=(questions[0],))
     first.start()
@@ -96,7 +101,7 @@ def test_a_lone_question_does_not_wait_out_the_window() -> None:
     towers = GatedTowers()
     batcher = QuestionBatcher(window_s=30.0, cache_size=0)
     t0 = time.perf_counter()
-    batcher.encode(towers, ["alone"])
+    encoded(batcher, towers, "alone")
     assert time.perf_counter() - t0 < 10  # a wait would take 30 s
     assert towers.calls == [["alone"]]
     batcher.close()
@@ -108,7 +113,7 @@ def test_the_window_gathers_questions_that_arrive_soon_after_under_load() -> Non
     ask_together(batcher, towers, ["one", "two", "three"])  # [1], [2]: now questions come together
     towers.calls.clear()
     out: list[np.ndarray] = []
-    threads = [threading.Thread(target=lambda q=q: out.append(batcher.encode(towers, [q])[0])) for q in "abcd"]
+    threads = [threading.Thread(target=lambda q=q: out.append(encoded(batcher, towers, q))) for q in "abcd"]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,6 +133,7 @@ def test_repeats_come_from_a_bounded_cache_keyed_by_the_model() -> None:
     assert b.calls == [["alpha"]] and not np.array_equal(other[0], first[0])
     batcher.encode(a, ["alpha", "beta"])  # the cache holds 2: (b, alpha) pushed out (a, beta), used least lately
     assert a.calls[-1] == ["beta"]
+    assert set(a.threads) == {threading.current_thread().name}  # a batch's own search_many: no queue
     batcher.close()
 
 
@@ -136,16 +142,16 @@ def test_a_towers_error_reaches_every_caller_and_the_next_batch_works() -> None:
     towers.fail = True
     batcher = QuestionBatcher(window_s=0.0, cache_size=0)
     with pytest.raises(RuntimeError, match="tower down"):
-        batcher.encode(towers, ["q1", "q2"])
+        encoded(batcher, towers, "q1")
     towers.fail = False
-    assert batcher.encode(towers, ["q1"]).shape == (1, towers.dim)
+    assert encoded(batcher, towers, "q1").shape == (towers.dim,)
     batcher.close()
 
 
 def test_batching_off_encodes_on_the_callers_thread() -> None:
     towers = GatedTowers()
     batcher = QuestionBatcher.from_settings(ServingSettings(batching=False, cache_size=0))
-    batcher.encode(towers, ["q"])
+    encoded(batcher, towers, "q")
     assert towers.threads == [threading.current_thread().name]
 
 
@@ -176,7 +182,7 @@ def test_two_encoders_run_two_calls_at_once_and_close_stops_both() -> None:
     towers = GatedTowers()
     towers.gate.clear()
     batcher = QuestionBatcher(window_s=0.0, cache_size=0, encoders=2)
-    threads = [threading.Thread(target=batcher.encode, args=(towers, [q])) for q in ("one", "two")]
+    threads = [threading.Thread(target=encoded, args=(batcher, towers, q)) for q in ("one", "two")]
     for t in threads:
         t.start()
     while len(towers.calls) < 2:  # both calls are in the tower together, neither has returned
