@@ -143,15 +143,17 @@ class AccessControl:
         self._flat: list[Any] | None = None  # flat_routes(routes), kept: flattening costs more than matching
 
     def _match(self, scope: Scope) -> tuple[Any, dict[str, Any]]:
-        for fresh in (self._flat is None, True):  # no match in the kept list: look again in the app's list now
-            if fresh:
-                self._flat = flat_routes(self.routes)
-            for route in self._flat or ():
-                match, child = route.matches(scope)
-                if match == Match.FULL:
-                    return route, child
-            if fresh:
-                break
+        found = self._first(scope)
+        if found[0] is None:  # none kept yet, or a route added since: flatten the app's list again
+            self._flat = flat_routes(self.routes)
+            found = self._first(scope)
+        return found
+
+    def _first(self, scope: Scope) -> tuple[Any, dict[str, Any]]:
+        for route in self._flat or ():
+            match, child = route.matches(scope)
+            if match == Match.FULL:
+                return route, child
         return None, {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
