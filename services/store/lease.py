@@ -249,9 +249,7 @@ class ShardLease:
         """Flush, close every shard and unlock, now."""
         with self._mutex:
             self._cancel_timer()
-            self._release_locked(list(self._held))
-            for generation in self._handed_on():
-                self._close_handed_on(generation, wait=True)
+            self._let_go(wait=True)
             self._close_retired()
 
     def release_before_fork(self) -> None:
@@ -263,9 +261,7 @@ class ShardLease:
             return
         try:
             if self._depth == 0:
-                self._release_locked(list(self._held))
-                for generation in self._handed_on():
-                    self._close_handed_on(generation, wait=False)
+                self._let_go(wait=False)
                 self._close_retired()
         finally:
             self._mutex.release()
@@ -339,6 +335,13 @@ class ShardLease:
         self._release_locked([generation])
         return True
 
+    def _let_go(self, wait: bool) -> None:
+        """Unlock every generation and close every shard, those kept open after their claim was handed on too
+        (``_close_handed_on``; with ``wait`` False one whose lock is busy stays open for the next look)."""
+        self._release_locked(list(self._held))
+        for generation in self._handed_on():
+            self._close_handed_on(generation, wait)
+
     def _close_retired(self) -> None:
         while self._retired:
             try:
@@ -351,9 +354,7 @@ class ShardLease:
         self._idle_release = idle_release
         self._close_wanted()
         if idle_release <= 0:
-            self._release_locked(list(self._held))
-            for generation in self._handed_on():
-                self._close_handed_on(generation, wait=False)
+            self._let_go(wait=False)
         else:
             self._hand_on([g for g, h in self._held.items()
                            if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
@@ -380,9 +381,7 @@ class ShardLease:
             release_at = self._last_used + self._idle_release
             waiter_at = self._last_used + WAITER_GRACE
             if now >= release_at:
-                self._release_locked(list(self._held))
-                for generation in self._handed_on():
-                    self._close_handed_on(generation, wait=False)  # its lock busy: the next look
+                self._let_go(wait=False)  # its lock busy: the next look
             elif now >= waiter_at:
                 self._hand_on([g for g, h in self._held.items() if h.wanted()])
             self._close_wanted()
