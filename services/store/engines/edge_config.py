@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     from services.core.settings import EdgeSettings
 
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
-# The graph where the settings leave (m, ef_construct) unset: above Qdrant's 16 / 100, whose graph needs about twice
-# the search ef for recall@10 0.98 (100k passages: calibrated dense p50 5.3 vs 8.0 ms, for a build 1.7x as long;
-# at 1M m 16 does not reach it within the ef ladder: docs/capacity.md). full_scan_threshold in KB
+# The graph where the settings leave (m, ef_construct) unset: above Qdrant's 16 / 100, whose graph needed three times
+# the search ef for recall@10 0.98 (100k passages: calibrated ef 768 vs 256, dense p50 8.0 vs 5.3 ms, for a build
+# 1.7x as long: benchmarks/results/query-speed/scale.md). full_scan_threshold in KB
 _HNSW_M, _HNSW_EF_CONSTRUCT, _FULL_SCAN_KB = 32, 200, 10_000
 LEVERS_FILE = "levers.json"  # a generation's EdgeLevers, beside spec.json (the index build repeats them)
 QUANTILE = 0.99  # int8 range from the 0.99 quantile of the values (Qdrant's quantization guide)
