@@ -226,7 +226,8 @@ def search_sweep(settings: Settings, corpus: Corpus, dense: list[SearchRequest],
     factors: list[float | None] = list(oversampling) if oversampling else [None]
     for ef in efs:
         for factor in factors:
-            update: dict[str, Any] = {"hnsw_ef": ef} if factor is None else {"hnsw_ef": ef, "oversampling": factor}
+            update: dict[str, Any] = {"hnsw_ef": ef or None} if factor is None else {"hnsw_ef": ef or None,
+                                                                                     "oversampling": factor}
             tuned = Store(EdgeEngine.from_settings(settings.model_copy(
                 update={"edge": settings.edge.model_copy(update=update)})))
             timed(tuned, dense[:10])
@@ -402,7 +403,8 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=100, help="real SciFact questions")
     ap.add_argument("--levers", nargs="+", default=["fp32", "int8", "int8-disk"], choices=list(LEVERS))
     ap.add_argument("--ef", type=int, default=None, help="search-time HNSW ef (default: the engine's)")
-    ap.add_argument("--ef-sweep", type=int, nargs="*", default=[64, 128, 256], help="also search at these ef")
+    ap.add_argument("--ef-sweep", type=int, nargs="*", default=[64, 128, 256],
+                    help="also search at these ef (with --searched-only, 0: the calibrated ef, no setting)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
     ap.add_argument("--out", type=Path, help="write the markdown here")

@@ -126,8 +126,8 @@ class SearchLevers(BaseModel):
     recall_target: float = Field(
         default=0.98, ge=0.0, le=1.0, description="The smallest search ef whose recall@10 against the exact scan (on "
         "the generation's own vectors, measured after each HNSW build; a server's at `dpr optimize` and when it "
-        "grew 10x) reaches this serves queries that set no hnsw_ef / hybrid_ef (services/store/calibrate.py); 0: "
-        "no calibration, the engine's default ef."
+        "grew 10x) reaches this serves queries that set no hnsw_ef / hybrid_ef; a hybrid's dense branch is held to "
+        "the fused top 10 (services/store/calibrate.py); 0: no calibration, the engine's default ef."
     )
 
     def search_ef(self, fused: bool = False) -> int | None:

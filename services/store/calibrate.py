@@ -1,75 +1,133 @@
 """The search ef a generation needs, measured on its own vectors after each HNSW build (engine-neutral).
 
 Probes made from a sample of the generation's vectors (the midpoint of each pair: not a point of the graph, as a
-question is not) ask the exact scan for their 10 nearest neighbours (the two sources left out), then the HNSW graph
+question is not) ask the exact scan for their nearest neighbours (the two sources left out), then the HNSW graph
 at the ef of ``EF_LADDER`` (bisected: recall rises with ef) for the smallest whose recall@10 against the scan
-reaches the target (``DPR_EDGE__RECALL_TARGET``, default 0.98): that ef serves dense queries. A hybrid query's dense
-branch fetches ``FUSED_LIMIT`` candidates (the engine searches with ef >= limit), so its ef is found the same way
-with that limit. The whole measurement is held to ``CALIBRATION_SHARE`` of the build's own time (the probes shrink,
-never below ``MIN_SAMPLE``); where the target is not reached (or the time runs out first) the largest ef tried is
-kept and the record says so (``reached``: false); the first ef tried is the ladder's middle (128), above the
-engines' default of 100. Where the graph at the chosen ef answers a probe slower than the exact scan did (a small
-or structureless collection), the record says ``exact`` and queries scan exactly: full recall, less time; so
-it does where the graph falls short of the target and the scan costs at most twice its time.
+reaches the target (``DPR_EDGE__RECALL_TARGET``, default 0.98): that ef serves dense queries.
+
+A hybrid query's dense branch hands the fusion its top ``FUSED_LIMIT`` (the engine searches with ef >= limit); what
+it must keep is the *hybrid's* top 10, not the dense one: a passage the branch misses near the dense cut rarely
+survives the fusion. So where the generation has BM25 vectors each probe also gets a few keywords, ``KEYWORDS``
+terms drawn from each of its two sources' own, and the branch's ef is the smallest whose fused top 10 (the
+collection's serving fusion: the label-free linear one unless `dpr tune-hybrid` chose another) reaches the target
+against the same fusion over the exact scan. Without BM25 vectors the branch is held to the dense top 10 at its
+limit (``fused_on``: ``dense``).
+
+The whole measurement is held to ``CALIBRATION_SHARE`` of the build's own time (the probes shrink, never below
+``MIN_SAMPLE``); where the target is not reached (or the time runs out first) the largest ef tried is kept and the
+record says so (``reached``: false); the first ef tried is the ladder's middle (128), above the engines' default of
+100. Where the graph at the chosen ef answers a probe slower than the exact scan did (a small or structureless
+collection), the record says ``exact`` and queries scan exactly: full recall, less time; so it does where the graph
+falls short of the target and the scan costs at most twice its time.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from services.store.common import LABEL_FREE_FUSION, linear_fusion
 
 K = 10
 SAMPLE = 400  # vectors: 200 probes
 MIN_SAMPLE = 20
 FUSED_LIMIT = 100  # a hybrid query's candidates per branch (services.query: max(100, k))
+KEYWORDS = 4  # BM25 terms a probe takes from each of its two sources
 EF_LADDER = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CALIBRATION_SHARE = 0.10  # of the build's time
 EXACT_SLACK = 0.5  # a graph short of the target loses to a scan that costs at most 2x its time per query
 SERVER_BUDGET_S = 10.0  # a server builds its graphs itself: no build time to take a share of
 
-# (vector, limit, ef or None for the exact scan) -> point ids, best first
-Search = Callable[[list[float], int, "int | None"], list[str]]
+Ranked = list[tuple[str, float]]  # (point id, score), best first
+# (vector, limit, ef or None for the exact scan) -> the dense branch's answer
+Search = Callable[[list[float], int, "int | None"], Ranked]
+# (BM25 term indexes, limit) -> the sparse branch's answer (each term weighted 1, as a question's once)
+Keywords = Callable[[list[int], int], Ranked]
+# a sampled point: (id, dense vector, its BM25 term indexes: empty where it has none)
+Sampled = tuple[str, list[float], Sequence[int]]
 
 
-def probes(sample: Sequence[tuple[str, list[float]]]) -> list[tuple[set[str], list[float]]]:
+@dataclass(frozen=True)
+class Probe:
+    skip: set[str]  # its two sources, left out of every answer
+    vector: list[float]
+    terms: list[int]
+
+
+def probes(sample: Sequence[Sampled]) -> list[Probe]:
     """Questions that are not points of the graph (a stored vector finds itself and its own graph neighbours, an
-    easier search than a question's): the midpoint of each pair of sampled vectors, its two sources left out of
-    the answers."""
-    return [({a, b}, [(x + y) / 2 for x, y in zip(u, v, strict=True)])
-            for (a, u), (b, v) in zip(sample[0::2], sample[1::2], strict=False)]
+    easier search than a question's): the midpoint of each pair of sampled vectors, with ``KEYWORDS`` of each
+    source's BM25 terms (drawn by a generator seeded with the pair's place: the same sample gives the same
+    probes)."""
+    out = []
+    for n, ((a, u, ta), (b, v, tb)) in enumerate(zip(sample[0::2], sample[1::2], strict=False)):
+        pick = random.Random(n)
+        terms = sorted({*pick.sample(sorted(ta), min(KEYWORDS, len(ta))), *pick.sample(sorted(tb), min(KEYWORDS,
+                                                                                                       len(tb)))})
+        out.append(Probe({a, b}, [(x + y) / 2 for x, y in zip(u, v, strict=True)], terms))
+    return out
 
 
-def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target: float, budget_s: float
-              ) -> dict[str, Any]:
-    """``{"target", "sample", "ef", "recall", "fused_ef", "fused_recall", "reached", "seconds"}`` for the graph
-    ``search`` asks, on the ``probes`` of ``sample``; ``{"skipped": why, ...}`` when the budget does not buy
-    ``MIN_SAMPLE`` exact scans."""
+def fuse(dense: Ranked, sparse: Ranked, fusion: Mapping[str, Any], higher_is_better: bool = True) -> list[str]:
+    """The top ``K`` ids of ``fusion`` (``services.store.common.ServingMode.fusion``) over the two branches: linear
+    as the store fuses; RRF as the engine does (1 / (k + rank), ranks from 1)."""
+    if fusion.get("fusion", "rrf") == "linear":
+        return [pid for pid, _, _ in linear_fusion([(i, s, {}) for i, s in dense], [(i, s, {}) for i, s in sparse],
+                                                   float(fusion.get("linear_weight", 0.5)), K, higher_is_better)]
+    k, scores = int(fusion.get("rrf_k", 60)), {}  # type: ignore[var-annotated]
+    for branch in (dense, sparse):
+        for rank, (pid, _) in enumerate(branch, 1):
+            scores[pid] = scores.get(pid, 0.0) + 1.0 / (k + rank)
+    return [pid for pid, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:K]]
+
+
+def calibrate(sample: Sequence[Sampled], search: Search, target: float, budget_s: float,
+              keywords: Keywords | None = None, fusion: Mapping[str, Any] | None = None,
+              higher_is_better: bool = True) -> dict[str, Any]:
+    """``{"target", "sample", "ef", "recall", "fused_ef", "fused_recall", "fused_on", "reached", "seconds"}`` for
+    the graph ``search`` asks, on the ``probes`` of ``sample``; a hybrid's branch is measured through ``fusion``
+    (default: the label-free one) with ``keywords`` asking the BM25 branch, where both are given and the probes
+    have terms. ``{"skipped": why, ...}`` when the budget does not buy ``MIN_SAMPLE`` exact scans."""
     started = time.perf_counter()
     deadline = started + budget_s
-    truth: list[tuple[set[str], list[float], set[str]]] = []
-    for skip, vector in probes(sample):
+    fusion = fusion or LABEL_FREE_FUSION
+    truth: list[tuple[Probe, set[str], Ranked, set[str]]] = []  # probe, dense top 10, BM25 answer, fused top 10
+    for probe in probes(sample):
         if len(truth) >= MIN_SAMPLE and time.perf_counter() > started + budget_s / 3:
             break  # a third of the budget for the exact scans, the rest for the ladder
-        truth.append((skip, vector, set(_top(search(vector, K + 2, None), skip))))
+        exact = _top(search(probe.vector, FUSED_LIMIT + 2, None), probe.skip, FUSED_LIMIT)
+        sparse = _top(keywords(probe.terms, FUSED_LIMIT + 2), probe.skip, FUSED_LIMIT) if (
+            keywords and probe.terms) else []
+        truth.append((probe, {i for i, _ in exact[:K]}, sparse, set(fuse(exact, sparse, fusion, higher_is_better))))
     out: dict[str, Any] = {"target": target, "sample": len(truth)}
     if len(truth) < MIN_SAMPLE:
         return out | {"skipped": f"fewer than {MIN_SAMPLE} probes", "seconds": _since(started)}
-    exact_s = (time.perf_counter() - started) / len(truth)  # one exact scan
+    hybrid = keywords is not None and any(sparse for _, _, sparse, _ in truth)
+    exact_s = (time.perf_counter() - started) / len(truth)  # one exact scan (and a BM25 one)
     took: dict[tuple[int, int], float] = {}  # (ef, limit) -> seconds per probe
 
     def recall(ef: int, limit: int) -> float | None:
-        """Recall@10 at ``ef``; None when the budget ran out before every probe was asked."""
-        found, t0 = 0, time.perf_counter()
-        for skip, v, want in truth:
+        """Recall@10 at ``ef`` (at ``FUSED_LIMIT`` of a hybrid: of the fused top 10); None when the budget ran
+        out before every probe was asked."""
+        found = wanted = 0
+        t0 = time.perf_counter()
+        for probe, dense, sparse, fused in truth:
             if time.perf_counter() > deadline:
                 return None
-            found += len(want & set(_top(search(v, limit, ef), skip)))
+            got = _top(search(probe.vector, limit, ef), probe.skip, FUSED_LIMIT)
+            if limit == FUSED_LIMIT + 2 and hybrid:
+                found, wanted = found + len(fused & set(fuse(got, sparse, fusion, higher_is_better))), wanted + len(
+                    fused)
+            else:
+                found, wanted = found + len(dense & {i for i, _ in got[:K]}), wanted + len(dense)
         took[ef, limit] = (time.perf_counter() - t0) / len(truth)
-        return found / max(1, sum(len(want) for _, _, want in truth))
+        return found / max(1, wanted)
 
     reached = True
-    for key, limit, ladder in (("", K + 2, EF_LADDER), ("fused_", FUSED_LIMIT, _fused_ladder())):
+    for key, limit, ladder in (("", K + 2, EF_LADDER), ("fused_", FUSED_LIMIT + 2, _fused_ladder())):
         tried: dict[int, float] = {}
         lo, hi = 0, len(ladder) - 1
         while lo <= hi:  # bisection: recall rises with ef
@@ -89,12 +147,13 @@ def calibrate(sample: Sequence[tuple[str, list[float]]], search: Search, target:
             out[f"{key}exact"] = True  # graph cannot show the target and the scan costs little more
         else:
             reached = reached and bool(good)
+    out["fused_on"] = "hybrid" if hybrid else "dense"
     return out | {"reached": reached, "seconds": _since(started), "exact_ms": round(exact_s * 1e3, 3),
                   **{f"ef{ef}_ms": round(t * 1e3, 3) for (ef, limit), t in took.items() if limit == K + 2}}
 
 
-def _top(ids: list[str], skip: set[str]) -> list[str]:
-    return [i for i in ids if i not in skip][:K]
+def _top(ranked: Ranked, skip: set[str], n: int) -> Ranked:
+    return [hit for hit in ranked if hit[0] not in skip][:n]
 
 
 def _fused_ladder() -> tuple[int, ...]:
@@ -126,8 +185,10 @@ def describe(index: dict[str, Any], explicit: dict[str, int | None]) -> dict[str
                 "fell short of the target")
         elif cal.get(key):
             out[f"{kind}_ef"] = cal[key]
-            out[f"{kind}_reason"] = (f"calibrated: recall@10 {cal.get(key.replace('ef', 'recall'))} vs the exact scan "
-                                     f"on {cal.get('sample')} probes from its own vectors (target {cal.get('target')})")
+            what = ("the hybrid's top 10 " if kind == "hybrid" and cal.get("fused_on") == "hybrid" else "")
+            out[f"{kind}_reason"] = (f"calibrated: {what}recall@10 {cal.get(key.replace('ef', 'recall'))} vs the exact "
+                                     f"scan on {cal.get('sample')} probes from its own vectors"
+                                     f"{' and keywords' if what else ''} (target {cal.get('target')})")
         else:
             why = cal.get("skipped") or cal.get(key.replace("ef", "skipped")) or "not calibrated"
             out[f"{kind}_ef"], out[f"{kind}_reason"] = None, f"engine default ({why})"

@@ -4,6 +4,8 @@ recorded with the build, used by queries that name no ef; an explicit ef wins; n
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,40 +13,86 @@ import pytest
 from test_edge_index import DIM, SPEC, unit_vectors
 
 from services.store import Store
-from services.store.calibrate import EF_LADDER, FUSED_LIMIT, calibrate, describe, probes
+from services.store.calibrate import EF_LADDER, FUSED_LIMIT, Probe, calibrate, describe, fuse, probes
 from services.store.engines import edge_index
 from services.store.engines.edge import EdgeEngine
-from services.store.points import DENSE, Passage, PassagePoint, SearchRequest
+from services.store.points import DENSE, Passage, PassagePoint, SearchRequest, SparseVector
 
 pytestmark = pytest.mark.unit
 
 
-def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]  # 20 probes: the midpoints of pairs
+def ranked(ids: list[str]) -> list[tuple[str, float]]:
+    return [(pid, 1.0 - n / 1000) for n, pid in enumerate(ids)]
 
-    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+
+def points(n: int, terms: tuple[int, ...] = ()) -> list[tuple[str, list[float], tuple[int, ...]]]:
+    return [(f"p{i}", [float(i)], terms) for i in range(n)]
+
+
+def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
+    sample = points(40)  # 20 probes: the midpoints of pairs
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[tuple[str, float]]:
         truth = [f"n{j}" for j in range(limit)]
-        return truth if ef is None or ef >= 96 else truth[:8] + [f"x{j}" for j in range(limit - 8)]  # 8 of 10
+        return ranked(truth if ef is None or ef >= 96 else truth[:8] + [f"x{j}" for j in range(limit - 8)])  # 8/10
 
     cal = calibrate(sample, search, target=0.98, budget_s=60)
     assert (cal["ef"], cal["recall"], cal["fused_ef"], cal["fused_recall"]) == (96, 1.0, FUSED_LIMIT, 1.0)
-    assert cal["reached"] and cal["sample"] == 20
+    assert cal["reached"] and cal["sample"] == 20 and cal["fused_on"] == "dense"
     low = calibrate(sample, search, target=0.5, budget_s=60)
     assert (low["ef"], low["recall"]) == (EF_LADDER[0], 0.8)
 
 
+def test_a_hybrids_branch_is_held_to_the_fused_top_10_not_the_dense_one() -> None:
+    """The graph misses the dense 9th and 10th below ef 384: a dense query needs 384; a hybrid, whose top 10 the
+    keywords' own passages share, keeps its answers at the branch's first rung. Without keywords (no BM25 vectors)
+    the branch is held to the dense top 10 as before."""
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[tuple[str, float]]:
+        truth = [f"n{j}" for j in range(limit)]
+        if ef is None:
+            time.sleep(0.002)  # the scan: slower than the graph, which is kept
+        return ranked(truth if ef is None or ef >= 384 else truth[:8] + [f"x{j}" for j in range(limit - 8)])
+
+    asked: list[list[int]] = []
+
+    def keywords(terms: list[int], limit: int) -> list[tuple[str, float]]:
+        asked.append(terms)
+        return ranked([f"k{j}" for j in range(limit)])
+
+    cal = calibrate(points(40, (5, 6, 7)), search, 0.98, 60, keywords)
+    assert (cal["ef"], cal["fused_ef"], cal["fused_recall"], cal["fused_on"]) == (384, FUSED_LIMIT, 1.0, "hybrid")
+    assert asked and all(terms == [5, 6, 7] for terms in asked)  # both sources' terms, once each
+    dense_only = calibrate(points(40), search, 0.98, 60, keywords)  # no terms: no BM25 branch to fuse
+    assert (dense_only["fused_ef"], dense_only["fused_on"]) == (384, "dense")
+    said = describe({"hnsw_segments": 1, "calibration": cal}, {})
+    assert said["hybrid_ef"] == FUSED_LIMIT and said["hybrid_reason"].startswith("calibrated: the hybrid's top 10")
+    assert "keywords" in said["hybrid_reason"] and "keywords" not in said["dense_reason"]
+
+
+def test_fuse_is_the_stores_linear_fusion_or_the_engines_rrf() -> None:
+    dense, sparse = [("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 9.0), ("d", 1.0)]
+    assert fuse(dense, sparse, {"fusion": "linear", "linear_weight": 0.5}) == ["a", "c", "b", "d"]
+    assert fuse(dense, sparse, {"fusion": "linear", "linear_weight": 1.0})[:3] == ["a", "b", "c"]
+    assert fuse(dense, sparse, {"fusion": "rrf", "rrf_k": 60}) == ["c", "a", "b", "d"]  # c: 1/63 + 1/61
+
+
 def test_probes_are_not_points_and_leave_their_sources_out() -> None:
-    assert probes([("a", [1.0, 0.0]), ("b", [0.0, 1.0]), ("c", [1.0, 1.0])]) == [({"a", "b"}, [0.5, 0.5])]
+    assert probes([("a", [1.0, 0.0], ()), ("b", [0.0, 1.0], ()), ("c", [1.0, 1.0], ())]) == [
+        Probe({"a", "b"}, [0.5, 0.5], [])]
+    many = [("a", [1.0], tuple(range(10))), ("b", [0.0], tuple(range(100, 110)))]
+    terms = probes(many)[0].terms
+    assert len(terms) == 8 and len([t for t in terms if t < 100]) == 4 and terms == probes(many)[0].terms
 
 
 def test_calibrate_says_so_when_the_target_is_out_of_reach_or_the_budget_is_spent() -> None:
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]
-    never = calibrate(sample, lambda v, limit, ef: [f"n{j}" for j in range(limit)] if ef is None else ["x"] * limit,
-                      target=0.9, budget_s=60)
+    sample = points(40)
+    never = calibrate(sample, lambda v, limit, ef: ranked([f"n{j}" for j in range(limit)] if ef is None
+                                                          else ["x"] * limit), target=0.9, budget_s=60)
     assert never["ef"] == EF_LADDER[-1] and never["recall"] == 0.0 and never["reached"] is False
     skipped = calibrate(sample[:5], lambda v, limit, ef: [], target=0.9, budget_s=60)
     assert "skipped" in skipped and "ef" not in skipped
-    late = calibrate(sample, lambda v, limit, ef: [f"n{j}" for j in range(limit)], target=0.9, budget_s=0)
+    late = calibrate(sample, lambda v, limit, ef: ranked([f"n{j}" for j in range(limit)]), target=0.9, budget_s=0)
     assert {"skipped", "fused_skipped"} <= set(late) and "ef" not in late and late["reached"] is False
     said = describe({"hnsw_segments": 1, "calibration": late}, {})
     assert said["dense_ef"] is None and said["dense_reason"] == "engine default (out of time before an ef was measured)"
@@ -54,9 +102,10 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     engine = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000, recall_target=0.99)
     store = Store(engine)
-    store.ensure_collection(SPEC)
+    store.ensure_collection(dataclasses.replace(SPEC, sparse=True))  # BM25 vectors: the hybrid's own ladder
     corpus = unit_vectors(3000, seed=1)
-    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist())
+    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist(),
+                               sparse=SparseVector([i % 50, 50 + i % 7, 60 + i % 11], [1.0, 1.0, 1.0]))
                   for i, v in enumerate(corpus)])
     assert engine.index_info("c__g0001")["calibration"] == {}  # no graph yet: exact scan, nothing to calibrate
     assert store.optimize() is True
@@ -66,6 +115,7 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
     assert ("ef" in cal) != ("skipped" in cal) and ("fused_ef" in cal) != ("fused_skipped" in cal)
     assert cal.get("ef", EF_LADDER[0]) in EF_LADDER and cal.get("fused_ef", FUSED_LIMIT) >= FUSED_LIMIT
     assert cal.get("recall", 0.0) >= 0.99 or not cal["reached"]
+    assert cal.get("fused_on", "hybrid") == "hybrid"  # measured through the fusion, with the probes' keywords
 
     asked: list[Any] = []
     params_of = EdgeEngine._params
@@ -113,13 +163,15 @@ def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent(
 
     engine = ServerEngine(QdrantClient(":memory:"), "c")
     store = Store(engine)
-    store.ensure_collection(SPEC)
-    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist())
+    store.ensure_collection(dataclasses.replace(SPEC, sparse=True))
+    store.upsert([PassagePoint(Passage(doc_id=f"d{i}", chunk_index=0, text=f"p {i}"), dense=v.tolist(),
+                               sparse=SparseVector([i % 50, 50 + i % 7], [1.0, 1.0]))
                   for i, v in enumerate(unit_vectors(300, seed=3))])
     generation = store.active().name  # type: ignore[union-attr]
     assert engine._search_params([0.0] * DIM, generation=generation) is None  # not calibrated: server defaults
     cal = engine._calibrate(generation)
     assert (cal["ef"], cal["recall"], cal["points"]) == (EF_LADDER[0], 1.0, 300)  # exact engine: the first rung
+    assert (cal["fused_ef"], cal["fused_recall"], cal["fused_on"]) == (FUSED_LIMIT, 1.0, "hybrid")  # and BM25
     reader = ServerEngine(engine.client, "c")  # another process reads it from the collection's metadata
     for fused, key, ef in ((False, "", cal["ef"]), (True, "fused_", FUSED_LIMIT)):
         sent = reader._search_params([0.0] * DIM, fused=fused, generation=generation)
@@ -132,14 +184,12 @@ def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent(
 
 
 def test_a_graph_slower_than_the_scan_is_replaced_by_the_scan() -> None:
-    import time
+    sample = points(40)
 
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]
-
-    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+    def search(vector: list[float], limit: int, ef: int | None) -> list[tuple[str, float]]:
         if ef is not None:
             time.sleep(0.002)  # the graph: slower than the (instant) scan at every ef
-        return [f"n{j}" for j in range(limit)]
+        return ranked([f"n{j}" for j in range(limit)])
 
     cal = calibrate(sample, search, target=0.98, budget_s=60)
     assert cal["exact"] and cal["fused_exact"] and cal["reached"]
@@ -149,13 +199,12 @@ def test_a_graph_slower_than_the_scan_is_replaced_by_the_scan() -> None:
 
 
 def test_a_graph_short_of_the_target_loses_to_a_scan_at_most_twice_its_time() -> None:
-    import time
+    sample = points(40)
 
-    sample = [(f"p{i}", [float(i)]) for i in range(40)]
-
-    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+    def search(vector: list[float], limit: int, ef: int | None) -> list[tuple[str, float]]:
         time.sleep(0.003 if ef is None else 0.002)  # the scan 1.5x the graph's time; the graph finds 8 of 10
-        return [f"n{j}" for j in range(limit)] if ef is None else [f"n{j}" for j in range(8)] + ["x"] * (limit - 8)
+        return ranked([f"n{j}" for j in range(limit)] if ef is None else [f"n{j}" for j in range(8)] + [
+            f"x{j}" for j in range(limit - 8)])
 
     cal = calibrate(sample, search, target=0.98, budget_s=60)
     assert cal["exact"] and cal["ef"] == EF_LADDER[-1] and cal["recall"] == 0.8

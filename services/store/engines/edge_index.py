@@ -264,7 +264,8 @@ def child_main() -> None:
     changed = shard.optimize()
     shard.flush()
     target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
-    calibration = calibrate_built(shard, Path(path), levers, target, time.perf_counter() - started) if changed else None
+    calibration = (calibrate_built(shard, Path(path), levers, target, time.perf_counter() - started, spec) if changed
+                   else None)
     print("built", int(changed), points, *([json.dumps(calibration, separators=(",", ":"))] if calibration else []),
           flush=True)
     offset = 0
@@ -285,30 +286,42 @@ def child_main() -> None:
     shard.close()
 
 
-def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, build_s: float) -> dict[str, Any] | None:
+def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, build_s: float,
+                    spec: Any = None) -> dict[str, Any] | None:
     """The search ef the built graph needs for ``target`` recall@10 (``services.store.calibrate``), measured on the
     shard's first ``SAMPLE`` points in id order (uuid5 ids: no relation to their content) within a tenth of the
-    build's time; None without a graph (every search exact) or with no target."""
+    build's time, a hybrid's branch through ``spec``'s serving fusion where it has BM25 vectors; None without a
+    graph (every search exact) or with no target."""
     from qdrant_edge import QuantizationSearchParams, Query, QueryRequest, ScrollRequest, SearchParams
 
-    from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, calibrate
-    from services.store.engines.edge_config import dense_params
-    from services.store.points import DENSE
+    from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, Ranked, calibrate
+    from services.store.common import serving_mode
+    from services.store.engines.edge_config import dense_params, nearest
+    from services.store.points import DENSE, SPARSE, SparseVector
 
     if target <= 0 or "hnsw" not in segment_kinds(shard_dir):
         return None
     quantized = levers.quantization != "none"
     records, _ = shard.scroll(ScrollRequest(limit=SAMPLE, with_vector=True, with_payload=False))
-    sample = [(str(r.id), list(r.vector[DENSE])) for r in records if isinstance(r.vector, dict) and DENSE in r.vector]
+    sample = [(str(r.id), list(r.vector[DENSE]), list(getattr(r.vector.get(SPARSE), "indices", None) or []))
+              for r in records if isinstance(r.vector, dict) and DENSE in r.vector]
 
-    def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+    def search(vector: list[float], limit: int, ef: int | None) -> Ranked:
         exact = SearchParams(exact=True, quantization=QuantizationSearchParams(ignore=True) if quantized else None)
         params = exact if ef is None else dense_params(SearchParams(hnsw_ef=ef), quantized)
         hits = shard.query(QueryRequest(limit=limit, query=Query.Nearest(vector, using=DENSE), with_payload=False,
                                         params=params))
-        return [str(h.id) for h in hits]
+        return [(str(h.id), float(h.score)) for h in hits]
 
-    return calibrate(sample, search, target, CALIBRATION_SHARE * build_s) | {"build_seconds": round(build_s, 3)}
+    def keywords(terms: list[int], limit: int) -> Ranked:
+        query = nearest((SPARSE, SparseVector(terms, [1.0] * len(terms))))
+        hits = shard.query(QueryRequest(limit=limit, query=query, with_payload=False))
+        return [(str(h.id), float(h.score)) for h in hits]
+
+    hybrid = spec is not None and spec.sparse
+    return calibrate(sample, search, target, CALIBRATION_SHARE * build_s, keywords if hybrid else None,
+                     serving_mode(spec).fusion if hybrid else None,
+                     spec is None or spec.distance != "euclid") | {"build_seconds": round(build_s, 3)}
 
 
 def _die_with(builder: int) -> None:

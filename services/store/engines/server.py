@@ -243,21 +243,34 @@ class ServerEngine:
         return info.points_count or 0, info.indexed_vectors_count or 0
 
     def _calibrate(self, generation: str) -> dict[str, Any]:
-        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, calibrate
+        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, Ranked, calibrate
+        from services.store.common import serving_mode
 
+        spec = self.read_spec(generation)
         with self._engine("read points to calibrate the search ef", generation):
-            records, _ = self.client.scroll(generation, limit=SAMPLE, with_vectors=[DENSE], with_payload=False)
-        sample = [(str(r.id), [float(x) for x in r.vector[DENSE]]) for r in records  # type: ignore[union-attr,arg-type]
-                  if isinstance(r.vector, dict)]
+            records, _ = self.client.scroll(generation, limit=SAMPLE, with_payload=False,
+                                            with_vectors=[DENSE, SPARSE] if spec.sparse else [DENSE])
+        sample = [(str(r.id), [float(x) for x in r.vector[DENSE]],  # type: ignore[union-attr,arg-type,index]
+                   list(getattr(r.vector.get(SPARSE), "indices", None) or []))  # type: ignore[union-attr]
+                  for r in records if isinstance(r.vector, dict)]
 
-        def search(vector: list[float], limit: int, ef: int | None) -> list[str]:
+        def search(vector: list[float], limit: int, ef: int | None) -> Ranked:
             params = models.SearchParams(exact=True) if ef is None else self._ef_params(ef)
             with self._engine("search", generation):
                 found = self.client.query_points(generation, query=vector, using=DENSE, search_params=params,
                                                  limit=limit, with_payload=False)
-            return [str(p.id) for p in found.points]
+            return [(str(p.id), float(p.score)) for p in found.points]
 
-        cal = calibrate(sample, search, self.options.recall_target, SERVER_BUDGET_S)
+        def keywords(terms: list[int], limit: int) -> Ranked:
+            query = models.SparseVector(indices=terms, values=[1.0] * len(terms))
+            with self._engine("search", generation):
+                found = self.client.query_points(generation, query=query, using=SPARSE, limit=limit,
+                                                 with_payload=False)
+            return [(str(p.id), float(p.score)) for p in found.points]
+
+        cal = calibrate(sample, search, self.options.recall_target, SERVER_BUDGET_S,
+                        keywords if spec.sparse else None, serving_mode(spec).fusion if spec.sparse else None,
+                        spec.distance != "euclid")
         cal["points"] = self._indexed(generation)[0]
         with self._engine("update collection metadata", generation):
             self.client.update_collection(generation, metadata={CALIBRATION_KEY: cal})
