@@ -352,19 +352,11 @@ def _optimize(store_dir: str, results: mp.Queue) -> None:
         store.close()
 
 
-def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
-    store_dir: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`dpr serve` beside an index build in another process: the build takes the generation to copy its shard and to
-    swap the built copy in, never loading it, so the reader answers from the shard it has open throughout and loads
-    it once more, after the swap (the same points, now with a graph)."""
+def _counted_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The inode of the shard directory each load in this process opens, from now on."""
     import services.store.lease as lease_module
 
-    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
-    for b in range(30):
-        writer.upsert(_points(99, b, 100))  # 3,000 points to index
-    writer.close()
-    loads: list[int] = []  # the inode of the shard directory each load opened
+    loads: list[int] = []
     engine_shard = lease_module.EdgeShard
 
     class Counted:
@@ -374,22 +366,77 @@ def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
             return engine_shard.load(path)
 
     monkeypatch.setattr(lease_module, "EdgeShard", Counted)
+    return loads
+
+
+def _answering(store: Store, probe: SearchRequest, process: mp.process.BaseProcess) -> int:
+    """Start ``process`` and ask ``store`` ``probe`` (5 hits each time) until it ends: the questions answered."""
+    process.start()
+    answered = 0
+    while process.is_alive():
+        assert len(store.search(probe)) == 5
+        answered += 1
+        time.sleep(0.02)
+    process.join(30)
+    return answered
+
+
+def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
+    store_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr serve` beside an index build in another process: the build takes the generation to copy its shard and to
+    swap the built copy in, never loading it, so the reader answers from the shard it has open throughout and loads
+    it once more, after the swap (the same points, now with a graph)."""
+    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
+    for b in range(30):
+        writer.upsert(_points(99, b, 100))  # 3,000 points to index
+    writer.close()
+    loads = _counted_loads(monkeypatch)
     reader = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
     probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
     assert len(reader.search(probe)) == 5 and len(loads) == 1
     results: mp.Queue = CTX.Queue()
-    builder = CTX.Process(target=_optimize, args=(store_dir, results))
-    builder.start()
-    answered = 0
-    while builder.is_alive():
-        assert len(reader.search(probe)) == 5
-        answered += 1
-        time.sleep(0.02)
-    builder.join(30)
+    answered = _answering(reader, probe, CTX.Process(target=_optimize, args=(store_dir, results)))
     assert results.get(timeout=5) == ("ok", True)
     assert reader.count() == 3000 and reader.index_info()["hnsw_segments"] >= 1
     assert answered > 0 and len(loads) == 2 and loads[0] != loads[1]  # the old shard, then the swapped-in one
     reader.close()
+
+
+def _snapshot(store_dir: str, dest: str, results: mp.Queue) -> None:
+    from services.store.engines.edge_snapshots import snapshot_generation
+
+    engine = EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
+    try:
+        results.put(("ok", snapshot_generation(engine, Path(dest))[2]))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", repr(e)))
+    finally:
+        engine.close()
+
+
+def test_a_snapshot_in_another_process_leaves_the_readers_shard_open_and_holds_its_writes(
+    store_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr snapshot` beside `dpr serve`: the snapshot copies the shard without loading it, so the server answers
+    from the shard it has open throughout and never loads it again; the server's own last batch, not yet flushed
+    when the snapshot began, is in the copy."""
+    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
+    for b in range(10):
+        writer.upsert(_points(99, b, 100))
+    writer.close()
+    loads = _counted_loads(monkeypatch)
+    server = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
+    server.upsert(_points(98, 0, 50))  # written in this process, its shard open
+    assert len(server.search(probe)) == 5 and len(loads) == 1
+    results: mp.Queue = CTX.Queue()
+    answered = _answering(server, probe, CTX.Process(target=_snapshot, args=(store_dir, str(tmp_path / "snap"),
+                                                                           results)))
+    assert results.get(timeout=5) == ("ok", 1050)  # the server's unflushed batch included
+    assert answered > 0 and len(loads) == 1  # answered from the shard it had open, never loaded again
+    assert server.count() == 1050
+    server.close()
 
 
 def _idle_reader(store_dir: str, ready: Event, go: Event, results: mp.Queue) -> None:

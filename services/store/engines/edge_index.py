@@ -140,14 +140,20 @@ def recover_swap(generation_dir: Path) -> None:
 
 
 def copy_for_build(generation_dir: Path, noted: Noted | None = None) -> Noted:
-    """Step 1's copy of the shard to ``BUILD``: ``noted`` None, off the lease while others may write (on a file
-    system that ``tracks_mapped_writes``; elsewhere nothing: all is copied under the lease); else, under it with the
-    shard flushed or closed, the files changed since (``copy_tree_changed``)."""
+    """Step 1's copy of the shard to ``BUILD`` (``copy_shard``)."""
     if noted is None:
         clear_leftovers(generation_dir)
-        if not (generation_dir / SHARD).is_dir() or not tracks_mapped_writes(generation_dir):
-            return {}
-    return copy_tree_changed(generation_dir / SHARD, generation_dir / BUILD, noted, settle=noted is None)
+    return copy_shard(generation_dir, generation_dir / BUILD, noted)
+
+
+def copy_shard(generation_dir: Path, dest: Path, noted: Noted | None = None) -> Noted:
+    """The shard copied to ``dest`` in two calls (an index build's, a snapshot's): ``noted`` None, off the lease
+    while others may write (on a file system that ``tracks_mapped_writes``; elsewhere nothing: all is copied under
+    the lease); else, under it with the shard flushed or closed, the files changed since (``copy_tree_changed``).
+    Neither loads the shard, so a process answering from it keeps it open."""
+    if noted is None and (not (generation_dir / SHARD).is_dir() or not tracks_mapped_writes(generation_dir)):
+        return {}
+    return copy_tree_changed(generation_dir / SHARD, dest, noted, settle=noted is None)
 
 
 class BuildChild:

@@ -1,9 +1,11 @@
 """Snapshots of the embedded engine: the active generation copied under the store's lease, and a snapshot's
 generation moved in (``services/ops/snapshots.py`` builds and checks the archive around them).
 
-Consistency: the copy runs inside ``engine.session()`` (the directory's ``ShardLease``: no call of any process
-touches the shard meanwhile) after a flush, so it holds whole upsert batches only; holes of the WAL's sparse files
-stay holes. The lease is held only for the copy; the archive is written after, without it.
+Consistency: as an index build's copy (``edge_index.copy_shard``), most of the shard is copied first without the
+lease, then, inside ``engine.session()`` with the generation claimed (every writer's batch flushed, none writing
+meanwhile), the files changed since; so the copy holds whole upsert batches only, and holes of the WAL's sparse
+files stay holes. The shard is never loaded here: a process answering from it (``dpr serve``) keeps it open and
+answers throughout (writers wait only for the second, short copy). The point count is read from the copy, after.
 """
 
 from __future__ import annotations
@@ -23,26 +25,41 @@ if TYPE_CHECKING:
 
 
 def snapshot_generation(engine: EdgeEngine, dest: Path) -> tuple[str, CollectionSpec, int]:
-    """Copy the active generation (flushed, under the lease) into ``dest``: ``spec.json``, ``shard/``,
-    ``index.json`` and ``levers.json`` if any. Returns the generation's name, spec and point count."""
-    from services.core.fsutil import copy_tree_sparse
+    """Copy the active generation into ``dest``: ``spec.json``, ``shard/``, ``index.json`` and ``levers.json`` if
+    any. Returns the generation's name, spec and point count."""
+    from qdrant_edge import CountRequest, EdgeShard
 
+    generation = _active(engine)
+    dest.mkdir(parents=True, exist_ok=True)
+    noted = edge_index.copy_shard(engine.root / "generations" / generation, dest / "shard")  # off the lease
     with engine.session():
-        generation = engine.read_pointer()
-        if generation is None:
-            raise CollectionNotFound(
-                f"collection {engine.alias!r} under {engine.root.parent} has nothing to snapshot yet; ingest first"
-            )
-        shard = engine.shard(generation)
-        shard.flush()
-        points = shard.info().points_count
+        if _active(engine) != generation:  # another generation was activated meanwhile: all of it, under the lease
+            generation, noted = _active(engine), {}
         gen_dir = engine.root / "generations" / generation
-        dest.mkdir(parents=True, exist_ok=True)
-        copy_tree_sparse(gen_dir / edge_index.SHARD, dest / "shard")
+        engine.lease.claim(generation)  # not loaded: one open elsewhere was flushed, and stays open there
+        edge_index.recover_swap(gen_dir)
+        engine.lease.flush(generation)  # this process's own writes, if it has the shard open
+        edge_index.copy_shard(gen_dir, dest / "shard", noted)
         for name in ("spec.json", edge_index.INDEX_RECORD, LEVERS_FILE):
             if (gen_dir / name).is_file():
                 shutil.copy2(gen_dir / name, dest / name)
-        return generation, engine.read_spec(generation), points
+        spec = engine.read_spec(generation)
+    copy = EdgeShard.load(str(dest / "shard"))  # the copy's own count: the served shard is not touched
+    try:
+        points = copy.count(CountRequest(exact=True))
+    finally:
+        copy.close()
+    return generation, spec, points
+
+
+def _active(engine: EdgeEngine) -> str:
+    with engine.session():
+        generation = engine.read_pointer()
+    if generation is None:
+        raise CollectionNotFound(
+            f"collection {engine.alias!r} under {engine.root.parent} has nothing to snapshot yet; ingest first"
+        )
+    return generation
 
 
 def restore_generation(engine: EdgeEngine, source: Path, generation: str) -> None:
