@@ -15,6 +15,9 @@ Steps, everything as a user starts it (the same data dir, the embedded store sha
    for the copy's progress;
 4. the clients go on for ``--after`` seconds past the swap.
 
+``--reads MODE`` runs only a re-embed's reads of the served generation in step 3, ``--snapshot`` runs ``dpr snapshot
+create`` instead (both with ``--workers 0``): the same windows, for the stalls they cause.
+
 Reported: passages re-embedded and passages/s (wall of ``dpr reembed --wait``, which includes the workers' model
 load and the new generation's HNSW build); questions/s, p50 / p99 / max and errors before, during and after; the
 swap: when ``/v1/status`` first named the new generation, the longest latency of a question in flight across it
@@ -34,6 +37,7 @@ import argparse
 import collections
 import itertools
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -53,6 +57,8 @@ REPO = script("tests")
 
 from kit.tiny_models import second_base_model  # noqa: E402
 from serve_process import DPR, ServeProcess  # noqa: E402
+
+from services.core.fsutil import copy_file_sparse  # noqa: E402
 
 
 class Peak:
@@ -189,11 +195,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         data_dir = work / "dpr"
         t = time.perf_counter()
-        shutil.copytree(args.data_dir, data_dir, symlinks=True)
+        shutil.copytree(args.data_dir, data_dir, symlinks=True,  # holes kept (8 GB of a 1M store are holes)
+                        copy_function=lambda src, dst: copy_file_sparse(Path(src), Path(dst)))
+        os.sync()  # the copy written back first: its writeback would weigh on the questions measured
         result["copy_s"] = time.perf_counter() - t
         # the workers load the new model by its fingerprint from DATA_DIR/models, as `dpr reembed` requires
         (data_dir / "models").mkdir(exist_ok=True)
-        if args.reads:
+        if args.reads or args.snapshot:
             model = ""
         elif args.model is None:
             model = second_base_model(data_dir / "models" / "v2").name
@@ -247,6 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress: list[tuple[float, dict[str, Any]]] = []
         t0 = time.perf_counter()
         command = ([sys.executable, __file__, "--read-source", args.reads, served] if args.reads
+                   else [DPR, "snapshot", "create", "--json", "--out", str(work / "snapshots")] if args.snapshot
                    else [DPR, "reembed", "--model", model, "--wait", "--json"])
         reembed = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while reembed.poll() is None:
@@ -270,8 +279,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         records = askers.records
         result["reembed_s"] = t1 - t0
         status = result["reembed"].get("status") or {}
-        result["passages"] = status.get("target_points") or status.get("source_points") or result["reembed"].get(
-            "passages_read")
+        result["passages"] = (status.get("target_points") or status.get("source_points")
+                              or result["reembed"].get("passages_read") or result["reembed"].get("points"))
         result["before"] = window(records, t_base, t0)
         result["during"] = window(records, t0, t1)
         result["after"] = window(records, t1, t_end)
@@ -350,11 +359,13 @@ def batches_done(collection: Path, broker_url: str) -> tuple[int, int] | None:
 
 
 def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
+    event = "snapshot" if args.snapshot else "reads" if args.reads else "re-embed"
     lines = [
-        "# Re-embed at scale while questions arrive",
+        f"# {'A snapshot' if args.snapshot else 'Re-embed'} at scale while questions arrive",
         "",
         f"`benchmarks/bench_reembed_live.py --data-dir {args.data_dir} --workers {args.workers} --clients "
-        f"{args.clients} --rate {args.rate:g}"
+        f"{args.clients} --rate {args.rate:g}" + (" --snapshot" if args.snapshot else "")
+        + (f" --reads {args.reads}" if args.reads else "")
         + "".join(f" --env {k}={v}" for k, v in (r.get("env") or {}).items()) + f"` at commit {r['commit']}.",
         "",
         f"Before: {r['machine']}",
@@ -366,6 +377,8 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     what, wall = ((f"**`--reads {args.reads}`: only a re-embed's reads of the served generation** (the submit's and "
                    f"the finalize step's: `read_source`), {passages:,} passages read in {seconds:.0f} s, beside", "")
                   if args.reads else
+                  (f"**`--snapshot`: `dpr snapshot create`** of {passages:,} passages in {seconds:.0f} s (the whole "
+                   "command: the copy and the archive), beside", "") if args.snapshot else
                   (f"**{passages:,} passages re-embedded in {seconds:.0f} s: {passages / max(seconds, 1e-9):.1f} "
                    f"passages/s** with {r['workers']} `dpr worker` processes (1 encoder thread each) on the same cores "
                    "as", " The wall time is `dpr reembed --wait`'s: the workers' model load, the copy, the catch-up, "
@@ -380,7 +393,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     for name in ("before", "during", "after"):
         w = r.get(name)
         if w:
-            lines.append(f"| {name} the re-embed | {w['seconds']:.0f} | {w['ok']:,} | {w['qps']:.1f} | "
+            lines.append(f"| {name} the {event} | {w['seconds']:.0f} | {w['ok']:,} | {w['qps']:.1f} | "
                          f"{w['p50_ms']:.0f} | {w['p99_ms']:.0f} | {w['max_ms']:.0f} | {w['errors']} |")
     lines.append("")
     if "swap" in r:
@@ -397,9 +410,10 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
     lines += [f"Generations in the alias file: {r.get('generations')}.", ""]
     if r.get("lease"):
         lw = r["lease"]
-        lines += [f"The served generation's lock during the re-embed: taken from `dpr serve` {lw['taken_from_server']} "
+        lines += [f"The served generation's lock during the {event}: taken from `dpr serve` {lw['taken_from_server']} "
                   f"times (by pid: {lw['by_pid']}), held {lw['held_s']} s in all, at most {lw['longest_s']:.2f} s "
-                  "(each turn until the next acquisition; each is followed by the server loading its shard again). "
+                  "(each turn until the next acquisition; since 059710c only a turn by a process that loads the shard "
+                  "makes the server load it again). "
                   f"Turns (s after the start, pid, s held): {lw['turns']}.", ""]
     if r.get("slowest"):
         lines += ["Slowest questions (started at s after the start, ms, HTTP status): "
@@ -426,6 +440,8 @@ def main() -> int:
     ap.add_argument("--reads", choices=["scan", "slices"],
                     help="instead of a re-embed, only its reads of the served generation: as now, or as before (with "
                          "--workers 0)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="instead of a re-embed, `dpr snapshot create` of the served collection (with --workers 0)")
     ap.add_argument("--work", type=Path, help="parent of the work dir (default: the system temp dir)")
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--out", type=Path)

@@ -56,7 +56,7 @@ from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
 from services.store import Store  # noqa: E402
 from services.store.engines.edge import EdgeEngine  # noqa: E402
-from services.store.points import Passage, PassagePoint, SearchRequest, SparseVector  # noqa: E402
+from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector  # noqa: E402
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
 CHUNK = 50_000  # synthetic vectors generated (and scanned) per chunk
@@ -383,6 +383,32 @@ def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray
     return "\n".join(lines) + "\n"
 
 
+def recalibrate(data_dir: Path) -> None:
+    """``--recalibrate``: the build's calibration run again (this commit's ``services/store/calibrate.py``) on each
+    generation kept under ``data_dir``, with its build's own time budget, and recorded in its ``index.json`` as a
+    build would (the old record printed first)."""
+    from qdrant_edge import EdgeShard
+
+    from services.store.engines.edge_config import LEVERS_FILE, EdgeLevers
+    from services.store.engines.edge_index import INDEX_RECORD, SHARD, calibrate_built
+
+    for gen in sorted((data_dir / "store").glob("*/generations/*")):
+        record = json.loads((gen / INDEX_RECORD).read_text(encoding="utf-8"))
+        old = record.get("calibration") or {}
+        if "build_seconds" not in old:
+            print(f"{gen}: no build calibration recorded; skipped", flush=True)
+            continue
+        levers = EdgeLevers.from_json(json.loads((gen / LEVERS_FILE).read_text(encoding="utf-8")))
+        spec = CollectionSpec.from_json(json.loads((gen / "spec.json").read_text(encoding="utf-8")))
+        shard = EdgeShard.load(str(gen / SHARD))
+        try:
+            new = calibrate_built(shard, gen / SHARD, levers, old["target"], old["build_seconds"], spec)
+        finally:
+            shard.close()
+        print(f"{gen}\n  old: {json.dumps(old)}\n  new: {json.dumps(new)}", flush=True)
+        (gen / INDEX_RECORD).write_text(json.dumps(record | {"calibration": new}), encoding="utf-8")
+
+
 def agreement(answers: list[Any], reference: list[Any]) -> tuple[float, float]:
     """Share of each top 10 that is in the reference's: counting a hit that scores at least the reference's 10th
     (a tie at the cut: RRF scores are sums of rank terms, so equal scores are common), and strictly by id."""
@@ -405,6 +431,9 @@ def main() -> int:
     ap.add_argument("--ef", type=int, default=None, help="search-time HNSW ef (default: the engine's)")
     ap.add_argument("--ef-sweep", type=int, nargs="*", default=[64, 128, 256],
                     help="also search at these ef (with --searched-only, 0: the calibrated ef, no setting)")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="with --searched-only: run the build's ef calibration again on each kept generation and "
+                         "record it (as this commit's rule would have chosen at its build)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
     ap.add_argument("--out", type=Path, help="write the markdown here")
@@ -426,6 +455,13 @@ def main() -> int:
     machine = machine_line()
     args.commit = commit()
     print(machine, flush=True)
+    if args.recalibrate:
+        if not args.searched_only:
+            print("--recalibrate needs --searched-only DIR", file=sys.stderr)
+            return 2
+        for name in args.levers:
+            recalibrate(args.searched_only / name / "dpr")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = args.keep or Path(tmp)
         runtime = Runtime(Settings(data_dir=Path(tmp) / "models"))
