@@ -65,8 +65,7 @@ def probes(sample: Sequence[Sampled]) -> list[Probe]:
     out = []
     for n, ((a, u, ta), (b, v, tb)) in enumerate(zip(sample[0::2], sample[1::2], strict=False)):
         pick = random.Random(n)
-        terms = sorted({*pick.sample(sorted(ta), min(KEYWORDS, len(ta))), *pick.sample(sorted(tb), min(KEYWORDS,
-                                                                                                       len(tb)))})
+        terms = sorted({t for source in (ta, tb) for t in pick.sample(sorted(source), min(KEYWORDS, len(source)))})
         out.append(Probe({a, b}, [(x + y) / 2 for x, y in zip(u, v, strict=True)], terms))
     return out
 
@@ -77,7 +76,7 @@ def fuse(dense: Ranked, sparse: Ranked, fusion: Mapping[str, Any], higher_is_bet
     if fusion.get("fusion", "rrf") == "linear":
         return [pid for pid, _, _ in linear_fusion([(i, s, {}) for i, s in dense], [(i, s, {}) for i, s in sparse],
                                                    float(fusion.get("linear_weight", 0.5)), K, higher_is_better)]
-    k, scores = int(fusion.get("rrf_k", 60)), {}  # type: ignore[var-annotated]
+    k, scores = int(fusion.get("rrf_k", 60)), dict[str, float]()
     for branch in (dense, sparse):
         for rank, (pid, _) in enumerate(branch, 1):
             scores[pid] = scores.get(pid, 0.0) + 1.0 / (k + rank)
