@@ -16,7 +16,8 @@ Steps, everything as a user starts it (the same data dir, the embedded store sha
 4. the clients go on for ``--after`` seconds past the swap.
 
 ``--reads MODE`` runs only a re-embed's reads of the served generation in step 3, ``--snapshot`` runs ``dpr snapshot
-create`` instead (both with ``--workers 0``): the same windows, for the stalls they cause.
+create`` instead, ``--ingest FILE`` a ``dpr ingest`` into the served collection (all with ``--workers 0``): the same
+windows, for the stalls they cause.
 
 Reported: passages re-embedded and passages/s (wall of ``dpr reembed --wait``, which includes the workers' model
 load and the new generation's HNSW build); questions/s, p50 / p99 / max and errors before, during and after; the
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["copy_s"] = time.perf_counter() - t
         # the workers load the new model by its fingerprint from DATA_DIR/models, as `dpr reembed` requires
         (data_dir / "models").mkdir(exist_ok=True)
-        if args.reads or args.snapshot:
+        if args.reads or args.snapshot or args.ingest:
             model = ""
         elif args.model is None:
             model = second_base_model(data_dir / "models" / "v2").name
@@ -256,8 +257,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         command = ([sys.executable, __file__, "--read-source", args.reads, served] if args.reads
                    else [DPR, "snapshot", "create", "--json", "--out", str(work / "snapshots")] if args.snapshot
+                   else [DPR, "ingest", str(args.ingest), "--json"] if args.ingest
                    else [DPR, "reembed", "--model", model, "--wait", "--json"])
-        reembed = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reembed = subprocess.Popen(command, env=serve_env if args.ingest else worker_env,  # ingest: in-process
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while reembed.poll() is None:
             time.sleep(1)
             if time.perf_counter() - (progress[-1][0] if progress else t0) >= 120:
@@ -280,7 +283,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["reembed_s"] = t1 - t0
         status = result["reembed"].get("status") or {}
         result["passages"] = (status.get("target_points") or status.get("source_points")
-                              or result["reembed"].get("passages_read") or result["reembed"].get("points"))
+                              or result["reembed"].get("passages_read") or result["reembed"].get("points")
+                              or result["reembed"].get("chunks"))
         result["before"] = window(records, t_base, t0)
         result["during"] = window(records, t0, t1)
         result["after"] = window(records, t1, t_end)
@@ -359,12 +363,14 @@ def batches_done(collection: Path, broker_url: str) -> tuple[int, int] | None:
 
 
 def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
-    event = "snapshot" if args.snapshot else "reads" if args.reads else "re-embed"
+    event = "snapshot" if args.snapshot else "ingest" if args.ingest else "reads" if args.reads else "re-embed"
     lines = [
-        f"# {'A snapshot' if args.snapshot else 'Re-embed'} at scale while questions arrive",
+        f"# {'A snapshot' if args.snapshot else 'An ingest' if args.ingest else 'Re-embed'} at scale while questions "
+        "arrive",
         "",
         f"`benchmarks/bench_reembed_live.py --data-dir {args.data_dir} --workers {args.workers} --clients "
         f"{args.clients} --rate {args.rate:g}" + (" --snapshot" if args.snapshot else "")
+        + (f" --ingest {args.ingest}" if args.ingest else "")
         + (f" --reads {args.reads}" if args.reads else "")
         + "".join(f" --env {k}={v}" for k, v in (r.get("env") or {}).items()) + f"` at commit {r['commit']}.",
         "",
@@ -379,6 +385,9 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> str:
                   if args.reads else
                   (f"**`--snapshot`: `dpr snapshot create`** of {passages:,} passages in {seconds:.0f} s (the whole "
                    "command: the copy and the archive), beside", "") if args.snapshot else
+                  (f"**`--ingest`: `dpr ingest {args.ingest.name}`** in its own process (in-process pipeline), "
+                   f"{passages:,} passages in {seconds:.0f} s, into the served collection, beside", "") if args.ingest
+                  else
                   (f"**{passages:,} passages re-embedded in {seconds:.0f} s: {passages / max(seconds, 1e-9):.1f} "
                    f"passages/s** with {r['workers']} `dpr worker` processes (1 encoder thread each) on the same cores "
                    "as", " The wall time is `dpr reembed --wait`'s: the workers' model load, the copy, the catch-up, "
@@ -442,6 +451,9 @@ def main() -> int:
                          "--workers 0)")
     ap.add_argument("--snapshot", action="store_true",
                     help="instead of a re-embed, `dpr snapshot create` of the served collection (with --workers 0)")
+    ap.add_argument("--ingest", type=Path, metavar="FILE",
+                    help="instead of a re-embed, `dpr ingest FILE` into the served collection from another process "
+                         "(the in-process pipeline; with --workers 0)")
     ap.add_argument("--work", type=Path, help="parent of the work dir (default: the system temp dir)")
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--out", type=Path)
