@@ -83,9 +83,7 @@ class QuestionBatcher:
         (``run`` of the distinct texts, once); on this thread with batching off."""
         if not self.batching:
             return run([text])[0]
-        item = _Item(key, run, text)
-        self._start()
-        self._queue.put(item)
+        item = self._enqueue(_Item(key, run, text))
         item.done.wait()
         if item.error is not None:
             raise item.error
@@ -97,8 +95,7 @@ class QuestionBatcher:
         answer: asyncio.Future[Any] = loop.create_future()
         item = _Item(key, run, text)
         item.wake = lambda: loop.call_soon_threadsafe(_settle, answer, item)
-        self._start()
-        self._queue.put(item)
+        self._enqueue(item)
         return await answer
 
     def encode(self, towers: DualEncoder, questions: list[str]) -> np.ndarray:
@@ -148,6 +145,11 @@ class QuestionBatcher:
                 self._cache.popitem(last=False)
 
     # --- batches ------------------------------------------------------------------------------------------------
+    def _enqueue(self, item: _Item) -> _Item:
+        self._start()
+        self._queue.put(item)
+        return item
+
     def _start(self) -> None:
         if not self._threads:
             with self._start_lock:

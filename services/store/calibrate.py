@@ -108,20 +108,18 @@ def calibrate(sample: Sequence[Sampled], search: Search, target: float, budget_s
     exact_s = (time.perf_counter() - started) / len(truth)  # one exact scan (and a BM25 one)
     took: dict[tuple[int, int], float] = {}  # (ef, limit) -> seconds per probe
 
-    def recall(ef: int, limit: int) -> float | None:
-        """Recall@10 at ``ef`` (at ``FUSED_LIMIT`` of a hybrid: of the fused top 10); None when the budget ran
-        out before every probe was asked."""
+    def recall(ef: int, limit: int, fused: bool) -> float | None:
+        """Recall@10 at ``ef`` (``fused``: of the fused top 10); None when the budget ran out before every probe
+        was asked."""
         found = wanted = 0
         t0 = time.perf_counter()
-        for probe, dense, sparse, fused in truth:
+        for probe, dense_top, sparse, fused_top in truth:
             if time.perf_counter() > deadline:
                 return None
             got = _top(search(probe.vector, limit, ef), probe.skip, FUSED_LIMIT)
-            if limit == FUSED_LIMIT + 2 and hybrid:
-                found, wanted = found + len(fused & set(fuse(got, sparse, fusion, higher_is_better))), wanted + len(
-                    fused)
-            else:
-                found, wanted = found + len(dense & {i for i, _ in got[:K]}), wanted + len(dense)
+            want, have = ((fused_top, set(fuse(got, sparse, fusion, higher_is_better))) if fused
+                          else (dense_top, {i for i, _ in got[:K]}))
+            found, wanted = found + len(want & have), wanted + len(want)
         took[ef, limit] = (time.perf_counter() - t0) / len(truth)
         return found / max(1, wanted)
 
@@ -131,7 +129,7 @@ def calibrate(sample: Sequence[Sampled], search: Search, target: float, budget_s
         lo, hi = 0, len(ladder) - 1
         while lo <= hi:  # bisection: recall rises with ef
             mid = (lo + hi) // 2
-            got = recall(ladder[mid], limit)
+            got = recall(ladder[mid], limit, fused=hybrid and key == "fused_")
             if got is None:
                 break
             tried[ladder[mid]] = got

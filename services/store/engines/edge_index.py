@@ -298,11 +298,11 @@ def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, bui
     shard's first ``SAMPLE`` points in id order (uuid5 ids: no relation to their content) within a tenth of the
     build's time, a hybrid's branch through ``spec``'s serving fusion where it has BM25 vectors; None without a
     graph (every search exact) or with no target."""
-    from qdrant_edge import QuantizationSearchParams, Query, QueryRequest, ScrollRequest, SearchParams
+    from qdrant_edge import QuantizationSearchParams, ScrollRequest, SearchParams
 
     from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, Ranked, calibrate
     from services.store.common import serving_mode
-    from services.store.engines.edge_config import dense_params, nearest
+    from services.store.engines.edge_config import dense_params, query_request, scored
     from services.store.points import DENSE, SPARSE, SparseVector
 
     if target <= 0 or "hnsw" not in segment_kinds(shard_dir):
@@ -312,17 +312,16 @@ def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, bui
     sample = [(str(r.id), list(r.vector[DENSE]), list(getattr(r.vector.get(SPARSE), "indices", None) or []))
               for r in records if isinstance(r.vector, dict) and DENSE in r.vector]
 
+    def ask(branch: Any, limit: int, params: SearchParams | None = None) -> Ranked:
+        return [(pid, score) for pid, score, _ in scored(shard.query(query_request(branch, limit, None, False,
+                                                                                     params)))]
+
     def search(vector: list[float], limit: int, ef: int | None) -> Ranked:
         exact = SearchParams(exact=True, quantization=QuantizationSearchParams(ignore=True) if quantized else None)
-        params = exact if ef is None else dense_params(SearchParams(hnsw_ef=ef), quantized)
-        hits = shard.query(QueryRequest(limit=limit, query=Query.Nearest(vector, using=DENSE), with_payload=False,
-                                        params=params))
-        return [(str(h.id), float(h.score)) for h in hits]
+        return ask((DENSE, vector), limit, exact if ef is None else dense_params(SearchParams(hnsw_ef=ef), quantized))
 
     def keywords(terms: list[int], limit: int) -> Ranked:
-        query = nearest((SPARSE, SparseVector(terms, [1.0] * len(terms))))
-        hits = shard.query(QueryRequest(limit=limit, query=query, with_payload=False))
-        return [(str(h.id), float(h.score)) for h in hits]
+        return ask((SPARSE, SparseVector(terms, [1.0] * len(terms))), limit)
 
     hybrid = spec is not None and spec.sparse
     return calibrate(sample, search, target, CALIBRATION_SHARE * build_s, keywords if hybrid else None,
