@@ -55,6 +55,7 @@ from services.ingest.pipeline import chunk_document  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
 from services.store import Store  # noqa: E402
+from services.store.common import LABEL_FREE_FUSION  # noqa: E402
 from services.store.engines.edge import EdgeEngine  # noqa: E402
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector  # noqa: E402
 
@@ -241,12 +242,23 @@ def search_sweep(settings: Settings, corpus: Corpus, dense: list[SearchRequest],
     return rows
 
 
+FUSIONS: dict[str, dict[str, Any]] = {"rrf": {"fusion": "rrf"}, "linear": dict(LABEL_FREE_FUSION)}
+
+
+def as_requests(dense_q: np.ndarray, sparse_q: list[SparseVector], fusion: str = "rrf"
+                ) -> tuple[list[SearchRequest], list[SearchRequest]]:
+    """The questions as dense and as hybrid requests; ``fusion``: ``rrf`` (``SearchRequest``'s default, inside the
+    engine) or ``linear`` (the label-free fusion a collection without `dpr tune-hybrid` serves)."""
+    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
+    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq, **FUSIONS[fusion])
+              for v, sq in zip(dense_q, sparse_q, strict=True)]
+    return dense, hybrid
+
+
 def sweep_report(args: argparse.Namespace, machine: str, corpus: Corpus, dense_q: np.ndarray,
                  sparse_q: list[SparseVector], truth: np.ndarray) -> str:
     """``--searched-only``: each kept lever's generation at each ef x oversampling, dense and hybrid, as markdown."""
-    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
-    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
-              for v, sq in zip(dense_q, sparse_q, strict=True)]
+    dense, hybrid = as_requests(dense_q, sparse_q, args.fusion)
     lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only {args.searched_only} "
              f"--passages {args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers "
              f"{' '.join(args.levers)} --ef-sweep {' '.join(map(str, args.ef_sweep))} --oversampling-sweep "
@@ -266,7 +278,7 @@ def sweep_report(args: argparse.Namespace, machine: str, corpus: Corpus, dense_q
 
 def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.ndarray, sparse_q: list[SparseVector],
               truth: np.ndarray, ef: int | None, sweep: list[int],
-              judged: tuple[list[str], dict[str, dict[str, int]]] | None = None) -> dict[str, Any]:
+              judged: tuple[list[str], dict[str, dict[str, int]]] | None = None, fusion: str = "rrf") -> dict[str, Any]:
     settings = Settings(data_dir=root / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=ef))
     store = Store(EdgeEngine.from_settings(settings))
     store.ensure_collection(corpus.spec)
@@ -274,9 +286,7 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
     upsert_stream(store, (corpus.point(start + j, v) for start in range(0, total, CHUNK)
                           for j, v in enumerate(corpus.chunk(start, total))))
     upsert_s = time.perf_counter() - t0
-    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
-    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=s) for v, s in zip(dense_q, sparse_q,
-                                                                                           strict=True)]
+    dense, hybrid = as_requests(dense_q, sparse_q, fusion)
     # the build, with a thread asking questions meanwhile (exact scans: the graph is not there yet), one every 20 ms
     during: list[float] = []
     stop = threading.Event()
@@ -323,20 +333,18 @@ def run_lever(name: str, corpus: Corpus, total: int, root: Path, dense_q: np.nda
 
 def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray,
                      sparse_q: list[SparseVector]) -> str:
-    """``--searched-only --hybrid-ef-sweep``: each kept lever's generation asked dense at ``--ef`` and hybrid (RRF,
-    the product's default fusion) with its dense branch at each ``hybrid_ef``, interleaved question by question;
+    """``--searched-only --hybrid-ef-sweep``: each kept lever's generation asked dense at ``--ef`` and hybrid (fused
+    by ``--fusion``) with its dense branch at each ``hybrid_ef``, interleaved question by question;
     each hybrid top 10 against the same question's hybrid with an exact fp32 dense branch (every point, on-top
     ones included), the sparse branch and the fusion unchanged; and the dense branch's own recall of the exact
     top ``candidates`` (the depth it hands the fusion) at that ef."""
     from qdrant_edge import QuantizationSearchParams
     from qdrant_edge import SearchParams as EdgeSearchParams
 
-    dense = [SearchRequest(k=10, mode="dense", dense=v.tolist()) for v in dense_q]
-    hybrid = [SearchRequest(k=10, mode="hybrid", dense=v.tolist(), sparse=sq)
-              for v, sq in zip(dense_q, sparse_q, strict=True)]
+    dense, hybrid = as_requests(dense_q, sparse_q, args.fusion)
     lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only {args.searched_only} "
              f"--queries {args.queries} --levers {' '.join(args.levers)} --ef {args.ef} --hybrid-ef-sweep "
-             f"{' '.join(map(str, args.hybrid_ef_sweep))}`", "",
+             f"{' '.join(map(str, args.hybrid_ef_sweep))} --fusion {args.fusion}`", "",
              "| lever | points | dense: HNSW ef | dense p50 / p99 ms | hybrid: dense-branch ef | hybrid p50 / p99 ms | "
              "hybrid / dense p50 | hybrid top 10 vs exact-branch hybrid (ties at the cut counted) | same, strict | "
              "dense branch: recall@100 vs exact |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -434,6 +442,9 @@ def main() -> int:
     ap.add_argument("--recalibrate", action="store_true",
                     help="with --searched-only: run the build's ef calibration again on each kept generation and "
                          "record it (as this commit's rule would have chosen at its build)")
+    ap.add_argument("--fusion", choices=sorted(FUSIONS), default="rrf",
+                    help="the hybrid requests' fusion: rrf (the results so far) or linear (what `dpr serve` answers "
+                         "with no `dpr tune-hybrid` record)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep the data dirs here (one per lever)")
     ap.add_argument("--out", type=Path, help="write the markdown here")
@@ -511,7 +522,8 @@ def main() -> int:
         for name in args.levers:
             if (root / name).exists():
                 shutil.rmtree(root / name)
-            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep, judged)
+            r = run_lever(name, corpus, args.passages, root, dense_q, sparse_q, truth, args.ef, args.ef_sweep, judged,
+                          args.fusion)
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.endswith("_ms")}), flush=True)
         runtime.close()
