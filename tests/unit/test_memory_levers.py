@@ -294,3 +294,48 @@ def test_real_server_int8_with_rescoring_equals_the_exact_scan() -> None:
         for name in store.engine.generations():
             client.delete_collection(name)
         client.close()
+
+
+def payload_index_memory(root: Path) -> dict[str, Any]:
+    """Each payload index's memory placement (``"Memory.Cold"``, ``"None"``: in RAM), from the closed shard of
+    ``GEN``."""
+    from qdrant_edge import EdgeShard
+
+    shard = EdgeShard.load(str(root / "c" / "generations" / GEN / edge_index.SHARD))
+    try:
+        return {key: str(getattr(index.params, "memory", None)) for key, index in shard.info().payload_schema.items()}
+    finally:
+        shard.close()
+
+
+@pytest.mark.unit
+def test_edge_payload_indexes_are_memory_mapped_and_an_index_build_moves_old_ones(tmp_path: Path) -> None:
+    """In RAM, payload indexes are rebuilt at every load of the shard (a serving process's stall at each swap);
+    a generation made before they were memory-mapped gets them moved by its next index build."""
+    from qdrant_edge import EdgeShard, Memory, PayloadSchemaType, UpdateOperation
+
+    from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS
+
+    corpus = unit_vectors(2000, seed=7)
+    store = edge_store(tmp_path, EdgeSettings())
+    store.ensure_collection(SPEC)
+    store.upsert(points(corpus[:1000]))
+    store.close()
+    placed = payload_index_memory(tmp_path)
+    assert set(placed) == {*INDEXED_KEYWORDS, *INDEXED_INTEGERS}
+    assert set(placed.values()) == {str(Memory.Cold)}
+    # the generation as it was made before: the engine's in-RAM indexes
+    shard = EdgeShard.load(str(tmp_path / "c" / "generations" / GEN / edge_index.SHARD))
+    for keys, kind in ((INDEXED_KEYWORDS, PayloadSchemaType.Keyword), (INDEXED_INTEGERS, PayloadSchemaType.Integer)):
+        for key in keys:
+            shard.update(UpdateOperation.delete_field_index(key))
+            shard.update(UpdateOperation.create_field_index(key, kind))
+    shard.close()
+    assert str(Memory.Cold) not in set(payload_index_memory(tmp_path).values())
+    store = edge_store(tmp_path, EdgeSettings())
+    store.upsert(points(corpus))
+    assert store.optimize() is True
+    assert store.delete_documents(["d3", "d1500"]) == 2  # a filter by doc_id through the moved index
+    assert store.count() == 1998
+    store.close()
+    assert set(payload_index_memory(tmp_path).values()) == {str(Memory.Cold)}

@@ -36,13 +36,11 @@ from qdrant_edge import (
     CountRequest,
     EdgeShard,
     Fusion,
-    PayloadSchemaType,
     Prefetch,
     QueryBatchRequest,
     QueryRequest,
     ScrollRequest,
     SearchParams,
-    UpdateOperation,
 )
 
 from services.core import datadir
@@ -64,6 +62,7 @@ from services.store.engines.edge_config import (  # converters
     machine_budget_mb,
     nearest,
     payload_fields,
+    payload_indexes,
     placement,
     query_request,
     record_levers,
@@ -74,7 +73,7 @@ from services.store.engines.edge_config import (  # converters
 )
 from services.store.generation_lock import lock_file
 from services.store.lease import ShardLease, lease_for
-from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS, CollectionSpec, SparseVector, point_records
+from services.store.points import CollectionSpec, SparseVector, point_records
 from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
@@ -246,10 +245,8 @@ class EdgeEngine:
                     str(self.generations_dir / generation / "shard"), edge_config(spec, levers=levers)
                 )
             self.lease.adopt(generation, shard, self.generations_dir / generation / "shard")
-            for key in INDEXED_KEYWORDS:
-                shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Keyword))
-            for key in INDEXED_INTEGERS:  # chunk_index, page, page_end
-                shard.update(UpdateOperation.create_field_index(key, PayloadSchemaType.Integer))
+            for operation in payload_indexes(levers):
+                shard.update(operation)
             shard.flush()
             record_levers(self.generations_dir / generation, levers, memory)
             self.write_spec(generation, spec)  # last: a generation without its spec is not complete

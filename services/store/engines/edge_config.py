@@ -32,6 +32,8 @@ from qdrant_edge import (
     FieldCondition,
     Filter,
     HnswIndexConfig,
+    IntegerIndexParams,
+    KeywordIndexParams,
     MatchAny,
     MatchValue,
     Memory,
@@ -50,7 +52,7 @@ from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services.core.fsutil import write_atomic
 from services.store.common import AtLeast, Match, Scored, Where, build_filter
-from services.store.points import DENSE, SPARSE, CollectionSpec, SparseVector
+from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Vector
 
 if TYPE_CHECKING:
@@ -118,6 +120,29 @@ def edge_config(
         quantization_config=quantization,
         payload_memory=Memory.Cold if levers.payload_on_disk else Memory.Cached,
     )
+
+
+def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> list[UpdateOperation]:
+    """The operations that create a generation's payload indexes (``only``: those fields): memory-mapped with its
+    payloads (``payload_on_disk``), else the engine's in-RAM default. In RAM they are rebuilt from disk at every
+    load, which at 1M passages made a load take 3.5-6.5 s instead of 0.9-1.1 s (and 450 MB more RSS): each swap of an
+    index build or a re-embed, and each turn of the lease, stalls a serving process for that long
+    (benchmarks/results/query-speed/build-stalls.md). The filters they serve (a document's passages by ``doc_id``,
+    ``--where``) touch few pages."""
+    memory = Memory.Cold if levers.payload_on_disk else None
+    fields = [(key, KeywordIndexParams(memory=memory)) for key in INDEXED_KEYWORDS]
+    fields += [(key, IntegerIndexParams(lookup=True, range=True, memory=memory)) for key in INDEXED_INTEGERS]
+    return [UpdateOperation.create_field_index(key, params) for key, params in fields
+            if only is None or key in only]
+
+
+def misplaced_payload_indexes(shard: Any, levers: EdgeLevers) -> list[str]:
+    """The payload indexes of an open shard whose memory placement is not what ``payload_indexes`` would create
+    (a generation made before they followed ``payload_on_disk``, whose indexes have no params; the index build
+    moves them)."""
+    want = Memory.Cold if levers.payload_on_disk else None
+    return sorted(key for key, index in shard.info().payload_schema.items()
+                  if key in (*INDEXED_KEYWORDS, *INDEXED_INTEGERS) and getattr(index.params, "memory", None) != want)
 
 
 def levers_from(edge: EdgeSettings) -> EdgeLevers:
