@@ -13,7 +13,7 @@ import pytest
 from test_edge_index import DIM, SPEC, unit_vectors
 
 from services.store import Store
-from services.store.calibrate import EF_LADDER, FUSED_LIMIT, Probe, calibrate, describe, fuse, probes
+from services.store.calibrate import EF_LADDER, FUSED_LIMIT, Probe, calibrate, carry_over, describe, fuse, probes
 from services.store.engines import edge_index
 from services.store.engines.edge import EdgeEngine
 from services.store.points import DENSE, Passage, PassagePoint, SearchRequest, SparseVector
@@ -96,6 +96,34 @@ def test_calibrate_says_so_when_the_target_is_out_of_reach_or_the_budget_is_spen
     assert {"skipped", "fused_skipped"} <= set(late) and "ef" not in late and late["reached"] is False
     said = describe({"hnsw_segments": 1, "calibration": late}, {})
     assert said["dense_ef"] is None and said["dense_reason"] == "engine default (out of time before an ef was measured)"
+
+
+def test_what_a_build_had_no_time_to_measure_is_kept_from_the_last_calibration(tmp_path: Path) -> None:
+    """A small build on a large generation cannot afford the exact scans: it keeps the last build's ef (was: the
+    engine's default, recall@10 0.86 at 1M), and status says where the figure comes from."""
+    measured = {"target": 0.98, "sample": 200, "ef": 2048, "recall": 0.986, "fused_ef": 1536, "fused_recall": 0.984,
+                "fused_on": "hybrid", "reached": True}
+    late = calibrate(points(40), lambda v, limit, ef: ranked([f"n{j}" for j in range(limit)]), target=0.98,
+                     budget_s=0)
+    kept = carry_over(late, measured, 1_000_000)
+    assert (kept["ef"], kept["recall"], kept["fused_ef"], kept["fused_recall"]) == (2048, 0.986, 1536, 0.984)
+    assert kept["carried"] == kept["fused_carried"] == 1_000_000 and kept["sample"] == late["sample"]
+    assert carry_over(kept, {"ef": 64, "fused_ef": 128}, 1_040_000)["carried"] == 1_000_000  # where it was measured
+    fresh = calibrate(points(40), lambda v, limit, ef: ranked([f"n{j}" for j in range(limit)]), target=0.9,
+                      budget_s=60)
+    assert carry_over(fresh, measured, 1_000_000) == fresh  # measured now: nothing carried
+    assert carry_over(late, {}, 5) == late  # nothing to keep: the engine's default, as before
+    said = describe({"hnsw_segments": 1, "calibration": kept}, {})
+    assert said["dense_ef"] == 2048 and "measured at the build of 1,000,000 points and kept" in said["dense_reason"]
+    assert said["hybrid_ef"] == 1536 and "out of time before an ef was measured" in said["hybrid_reason"]
+    # through the index record of an edge generation: the build's own record keeps the last one's ef
+    generation = tmp_path / "g"
+    generation.mkdir()
+    edge_index.record_build(generation, 1_000_000, measured)
+    edge_index.record_build(generation, 1_020_000, late)
+    record = edge_index.index_record(generation)
+    assert record["points"] == 1_020_000 and record["calibration"]["ef"] == 2048
+    assert record["calibration"]["carried"] == 1_000_000
 
 
 def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path: Path,

@@ -102,9 +102,15 @@ def indexed_points(generation_dir: Path) -> int:
 
 
 def record_build(generation_dir: Path, points: int, calibration: dict[str, Any] | None = None) -> None:
-    """``calibration`` None: the build changed nothing, the last one's measurement still holds."""
+    """``calibration`` None: the build changed nothing, the last one's measurement still holds; what this build had no
+    time to measure is kept from the last one (``calibrate.carry_over``)."""
+    from services.store.calibrate import carry_over
+
+    previous = index_record(generation_dir)
     if calibration is None:
-        calibration = index_record(generation_dir).get("calibration")
+        calibration = previous.get("calibration")
+    elif previous.get("calibration"):
+        calibration = carry_over(calibration, previous["calibration"], int(previous.get("points") or 0))
     record = {"points": points} | ({"calibration": calibration} if calibration else {})
     write_atomic(generation_dir / INDEX_RECORD, json.dumps(record))
 

@@ -243,7 +243,7 @@ class ServerEngine:
         return info.points_count or 0, info.indexed_vectors_count or 0
 
     def _calibrate(self, generation: str) -> dict[str, Any]:
-        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, Ranked, calibrate
+        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, Ranked, calibrate, carry_over
         from services.store.common import serving_mode
 
         spec = self.read_spec(generation)
@@ -271,6 +271,7 @@ class ServerEngine:
         cal = calibrate(sample, search, self.options.recall_target, SERVER_BUDGET_S,
                         keywords if spec.sparse else None, serving_mode(spec).fusion if spec.sparse else None,
                         spec.distance != "euclid")
+        cal = carry_over(cal, self._calibration(generation, fresh=True))  # what it had no time for: the last one's
         cal["points"] = self._indexed(generation)[0]
         with self._engine("update collection metadata", generation):
             self.client.update_collection(generation, metadata={CALIBRATION_KEY: cal})
