@@ -130,7 +130,8 @@ def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> 
     (benchmarks/results/query-speed/build-stalls.md). The filters they serve (a document's passages by ``doc_id``,
     ``--where``) touch few pages."""
     memory = Memory.Cold if levers.payload_on_disk else None
-    fields = [(key, KeywordIndexParams(memory=memory)) for key in INDEXED_KEYWORDS]
+    fields: list[tuple[str, KeywordIndexParams | IntegerIndexParams]] = [
+        (key, KeywordIndexParams(memory=memory)) for key in INDEXED_KEYWORDS]
     fields += [(key, IntegerIndexParams(lookup=True, range=True, memory=memory)) for key in INDEXED_INTEGERS]
     return [UpdateOperation.create_field_index(key, params) for key, params in fields
             if only is None or key in only]

@@ -279,8 +279,8 @@ def child_main() -> None:
     moved = misplaced_payload_indexes(shard, levers)  # one made before they followed payload_on_disk: once
     for key in moved:
         shard.update(UpdateOperation.delete_field_index(key))
-    for operation in payload_indexes(levers, only=moved):
-        shard.update(operation)
+    for creation in payload_indexes(levers, only=moved):
+        shard.update(creation)
     changed = shard.optimize() or bool(moved)
     shard.flush()
     target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
