@@ -127,8 +127,10 @@ def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> 
     payloads (``payload_on_disk``), else the engine's in-RAM default. In RAM they are rebuilt from disk at every
     load, which at 1M passages made a load take 3.5-6.5 s instead of 0.9-1.1 s (and 450 MB more RSS): each swap of an
     index build or a re-embed, and each turn of the lease, stalls a serving process for that long
-    (benchmarks/results/query-speed/build-stalls.md). The filters they serve (a document's passages by ``doc_id``,
-    ``--where``) touch few pages."""
+    (benchmarks/results/query-speed/build-stalls.md). What it costs: a filter that matches most of the collection
+    checks each point the graph visits through the mapped index, 2x as slow at 1M (16-25 -> 35-49 ms a question);
+    a selective one (a document's passages by ``doc_id``) is as fast. ``DPR_EDGE__PAYLOAD_ON_DISK=false`` keeps
+    payloads and their indexes in RAM."""
     memory = Memory.Cold if levers.payload_on_disk else None
     fields: list[tuple[str, KeywordIndexParams | IntegerIndexParams]] = [
         (key, KeywordIndexParams(memory=memory)) for key in INDEXED_KEYWORDS]
