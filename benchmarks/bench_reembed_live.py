@@ -55,6 +55,7 @@ from bench_load import clean_env, percentile, questions, tree_rss_kb  # noqa: E4
 from machine import commit, machine_line, script  # benchmarks/ is sys.path[0]
 
 REPO = script("tests")
+SERVE_ENV = ("DPR_EDGE__SERVE_WRITES",)  # --env settings that apply to every process of the run
 
 from kit.tiny_models import second_base_model  # noqa: E402
 from serve_process import DPR, ServeProcess  # noqa: E402
@@ -210,8 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model = args.model.name
             (data_dir / "models" / model).symlink_to(args.model.resolve(), target_is_directory=True)
         valkey, url = start_valkey(work)
-        serve_env = clean_env(data_dir, {})
         extra = dict(item.split("=", 1) for item in args.env)
+        serve_env = clean_env(data_dir, {k: v for k, v in extra.items() if k in SERVE_ENV})
         worker_env = clean_env(data_dir, {"DPR_BROKER_URL": url, "DPR_ENCODER__THREADS": str(args.threads), **extra})
         result["env"] = extra
         first = subprocess.run([DPR, "query", "warm up", "--json"], env=serve_env, capture_output=True, text=True,
@@ -445,7 +446,9 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=30.0, help="seconds of questions after it")
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between /v1/status reads")
     ap.add_argument("--env", action="append", default=[], metavar="DPR_X=Y",
-                    help="settings for the workers and `dpr reembed` (e.g. DPR_REEMBED__BATCH_SIZE=2048)")
+                    help="settings for the workers and `dpr reembed` (e.g. DPR_REEMBED__BATCH_SIZE=2048); those in "
+                    "SERVE_ENV also for `dpr serve` and `--ingest`'s `dpr ingest` (DPR_EDGE__SERVE_WRITES=false: "
+                    "the writers take the shard from the server, as before it answered their calls)")
     ap.add_argument("--reads", choices=["scan", "slices"],
                     help="instead of a re-embed, only its reads of the served generation: as now, or as before (with "
                          "--workers 0)")

@@ -82,6 +82,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.own_store()
         if warm_model:
             threading.Thread(target=state.warm, name="dpr-warm", daemon=True).start()
         else:

@@ -9,6 +9,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -17,6 +18,9 @@ from services.access import AccessGate
 from services.core.settings import Settings
 from services.ingest.executor import Executor
 from services.runtime import Runtime
+
+if TYPE_CHECKING:
+    from services.store.engines.edge_owner import Owner
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,20 @@ class ApiState:
     probes: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpr-probe")
     )
+    owner: Owner | None = None
+
+    def own_store(self) -> None:
+        """Answer other processes' point reads and writes of the generations this process has open (the embedded
+        store; ``services/store/engines/edge_owner.py``), unless another server process of the data dir does."""
+        s = self.settings
+        if s.qdrant_url or not s.edge.serve_writes:
+            return
+        from services.store.engines.edge import EdgeEngine
+        from services.store.engines.edge_owner import Owner
+
+        owner = Owner(s.store_dir, lambda alias: EdgeEngine.from_settings(s.for_collection(alias)))
+        if owner.start():
+            self.owner = owner
 
     def warm(self) -> None:
         """Load the towers (and touch the model) once, so the first search does not pay for it."""
@@ -46,6 +64,8 @@ class ApiState:
             self.model_ready.set()
 
     def close(self) -> None:
+        if self.owner is not None:
+            self.owner.close()
         self.executor.close()
         self.probes.shutdown(wait=False, cancel_futures=True)
         try:

@@ -159,6 +159,11 @@ class EdgeSettings(SearchLevers):
         "process wants it (one that waits gets it about 10 ms after the holder's last call): an ingest keeps it "
         "between its batches instead of reopening it twice per batch."
     )
+    serve_writes: bool = Field(
+        default=True, description="Writers in other processes (workers, `dpr ingest`) send their reads and writes "
+        "of the generation `dpr serve` has open to it instead of taking the shard from it (each turn cost the "
+        "server a reload: services/store/engines/edge_owner.py)."
+    )
     index_threshold: int = Field(
         default=5000, ge=1, description="Points above which a segment gets an HNSW graph: built after an ingest "
         "job or re-embed leaves this many new points, or by `dpr optimize`; smaller segments are scanned exactly."

@@ -124,6 +124,14 @@ class Store:
             return generation, cached.active.spec  # dim, distance, model and sparse never change
         return generation, self.engine.read_spec(generation)
 
+    def _elsewhere(self, call: str, generation: str | None, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """``(True, answer)`` where the process serving the generation ran this call (the embedded engine beside
+        `dpr serve`: ``edge_owner``); else ``(False, None)``."""
+        name = generation or self.engine.read_pointer()
+        if name is None or generation_number(self.alias, name) is None:
+            return False, None
+        return self.engine.elsewhere(name, call, args, kwargs)
+
     @contextlib.contextmanager
     def _use(self, generation: str | None) -> Iterator[tuple[str, CollectionSpec]]:
         with self.engine.session():
@@ -236,9 +244,10 @@ class Store:
         return changed
 
     def maybe_optimize(self, generation: str | None = None) -> bool:
+        owned, points = self._elsewhere("count", generation)  # beside `dpr serve`: counted there, not loaded here
         try:
             with self._use(generation) as (name, _):
-                due = self.engine.needs_index(name)
+                due = self.engine.needs_index(name, points if owned else None)
         except CollectionNotFound:
             return False  # a job that stored nothing: no collection to index
         if due:  # a server's is a search-ef calibration only: no BM25 re-weighting beside its writers (below)
@@ -264,6 +273,8 @@ class Store:
 
         if not points:
             return
+        if self._elsewhere("upsert", generation, points, replace=replace)[0]:
+            return
         versions = document_versions(points) if replace else {}
         with self._use(generation) as (name, spec):
             for p in points:
@@ -288,6 +299,9 @@ class Store:
     def bm25_renormalize(self, generation: str | None = None, tolerance: float | None = None) -> int:
         """Re-weight the points whose BM25 weights use an average length more than ``tolerance`` (default
         ``bm25.DRIFT``) off the generation's own; returns how many were rewritten (``bm25_upkeep.renormalize``)."""
+        owned, rewritten = self._elsewhere("bm25_renormalize", generation, tolerance=tolerance)
+        if owned:
+            return rewritten  # type: ignore[no-any-return]
         import services.store.bm25_upkeep as upkeep
 
         if tolerance is None:
@@ -298,6 +312,9 @@ class Store:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return {}
+        owned, states = self._elsewhere("doc_states", generation, wanted)
+        if owned:
+            return states  # type: ignore[no-any-return]
         groups: DocStateGroups = {}
         with self._use(generation) as (name, _):
             for records in self._pages(name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
@@ -308,6 +325,8 @@ class Store:
     def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
         if keep_chunks < 0:
             raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
+        if self._elsewhere("delete_stale", generation, doc_id, keep_doc_hash, keep_chunks)[0]:
+            return
         import services.store.bm25_upkeep as upkeep
 
         with self._use(generation) as (name, spec):
@@ -318,6 +337,9 @@ class Store:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return 0
+        owned, removed = self._elsewhere("delete_documents", generation, wanted)
+        if owned:
+            return removed  # type: ignore[no-any-return]
         import services.store.bm25_upkeep as upkeep
 
         where = documents_filter(wanted)
@@ -329,6 +351,9 @@ class Store:
         return removed
 
     def count(self, generation: str | None = None) -> int:
+        owned, counted = self._elsewhere("count", generation)
+        if owned:
+            return counted  # type: ignore[no-any-return]
         with self._use(generation) as (name, _):
             return self.engine.count(name)
 
@@ -358,6 +383,9 @@ class Store:
             yield [Passage.from_payload(payload) for _, payload in records]
 
     def documents(self, generation: str | None = None) -> dict[str, str]:
+        owned, found_there = self._elsewhere("documents", generation)
+        if owned:
+            return found_there  # type: ignore[no-any-return]
         with self._use(generation) as (name, _):
             pass
         found: dict[str, str] = {}

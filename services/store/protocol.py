@@ -210,8 +210,9 @@ class Engine(Protocol):
         """Takes its own sessions: the edge holds the lease only to copy the shard and to swap the result in."""
         ...
 
-    def needs_index(self, generation: str) -> bool:
-        """Enough points arrived since the last index build to build again (server: never, it does it itself)."""
+    def needs_index(self, generation: str, points: int | None = None) -> bool:
+        """Enough points arrived since the last index build to build again (server: never, it does it itself);
+        ``points``: the generation's count where the caller has it (from the process serving it)."""
         ...
 
     def index_info(self, generation: str) -> dict[str, Any]: ...
@@ -231,6 +232,11 @@ class Engine(Protocol):
 
     def count_if_free(self, generation: str) -> int | None:
         """Exact, or None at once when another process holds ``generation`` (edge); never waits for it."""
+        ...
+
+    def elsewhere(self, generation: str, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, answer)`` where another process that serves ``generation`` ran ``Store.call`` for this one (the
+        embedded engine: `dpr serve`, which has the shard open); ``(False, None)``: run it here."""
         ...
 
     def scroll(

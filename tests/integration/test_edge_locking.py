@@ -369,6 +369,17 @@ def _counted_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return loads
 
 
+def _server_over(store_dir: str, batches: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, list[int]]:
+    """``batches`` of 100 points written (and closed) by another store, then a long-lived server store over them, and
+    the loads of this process from now on (``_counted_loads``)."""
+    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
+    for b in range(batches):
+        writer.upsert(_points(99, b, 100))
+    writer.close()
+    loads = _counted_loads(monkeypatch)
+    return Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600)), loads
+
+
 def _answering(store: Store, probe: SearchRequest, process: mp.process.BaseProcess) -> int:
     """Start ``process`` and ask ``store`` ``probe`` (5 hits each time) until it ends: the questions answered."""
     process.start()
@@ -421,12 +432,7 @@ def test_a_snapshot_in_another_process_leaves_the_readers_shard_open_and_holds_i
     """`dpr snapshot` beside `dpr serve`: the snapshot copies the shard without loading it, so the server answers
     from the shard it has open throughout and never loads it again; the server's own last batch, not yet flushed
     when the snapshot began, is in the copy."""
-    writer = Store(EdgeEngine(store_dir, ALIAS, idle_release=0))
-    for b in range(10):
-        writer.upsert(_points(99, b, 100))
-    writer.close()
-    loads = _counted_loads(monkeypatch)
-    server = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=3600))
+    server, loads = _server_over(store_dir, 10, monkeypatch)
     probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
     server.upsert(_points(98, 0, 50))  # written in this process, its shard open
     assert len(server.search(probe)) == 5 and len(loads) == 1
@@ -539,3 +545,46 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_blocks_the_next(tmp_path
     assert store.count() == 30_001 and store.index_info()["hnsw_segments"] >= 1
     assert not (gen / edge_index.BUILD).exists()
     store.close()
+
+
+def _writer_beside_a_server(store_dir: str, batches: int, results: mp.Queue) -> None:
+    """A worker's writes and reads (``serve_writes``: through the server where it has the generation open)."""
+    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05, serve_writes=True))
+    try:
+        for b in range(batches):
+            store.upsert(_points(7, b, 20))
+        states = store.doc_states([f"w7-b{b}" for b in range(batches)])
+        removed = store.delete_documents(["w7-b0"])
+        results.put(("ok", sorted(s.chunks for s in states.values()), removed, store.count(),
+                     sorted(lease_for(Path(store_dir) / ALIAS)._shards)))
+    except Exception as e:  # reported to the parent, which asserts on it
+        results.put(("error", repr(e)))
+    finally:
+        store.close()
+
+
+def test_a_writer_in_another_process_writes_through_the_server_that_has_the_generation_open(
+    store_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpr worker` / `dpr ingest` beside `dpr serve`: the writer's reads and writes of the served generation run
+    in the server (``edge_owner``), so the server never closes its shard and loads it again (each turn of the
+    lease a stall of every question); with no server answering, the writer takes the generation as before."""
+    from services.store.engines.edge_owner import Owner
+
+    server, loads = _server_over(store_dir, 10, monkeypatch)
+    owner = Owner(Path(store_dir), lambda alias: EdgeEngine(store_dir, alias, lock_timeout=30, idle_release=3600))
+    assert owner.start()
+    assert not Owner(Path(store_dir), lambda alias: server.engine).start()  # one owner per store directory
+    probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
+    assert len(server.search(probe)) == 5 and len(loads) == 1
+    results: mp.Queue = CTX.Queue()
+    answered = _answering(server, probe, CTX.Process(target=_writer_beside_a_server, args=(store_dir, 5, results)))
+    assert results.get(timeout=5) == ("ok", [20] * 5, 20, 1080, [])  # the writer never opened the shard itself
+    assert answered > 0 and len(loads) == 1 and owner.calls > 0  # the server's shard stayed open: no reload
+    assert server.count() == 1080
+    owner.close()  # the server gone: the writer takes the generation itself
+    answered = _answering(server, probe, CTX.Process(target=_writer_beside_a_server, args=(store_dir, 5, results)))
+    outcome = results.get(timeout=5)
+    assert outcome[:4] == ("ok", [20] * 5, 20, 1080) and outcome[4] == [f"{ALIAS}__g0001"]
+    assert len(loads) == 2  # the writer took the shard; the server loaded it again
+    server.close()

@@ -48,7 +48,7 @@ from services.core.errors import ConfigError
 from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
-from services.store.engines import edge_index
+from services.store.engines import edge_index, edge_owner
 from services.store.engines.edge_config import (  # converters
     BUDGETED,
     LEVERS_FILE,
@@ -108,6 +108,7 @@ class EdgeEngine:
         recall_target: float = _DEFAULTS.recall_target,
         memory_budget_mb: int | None = None,
         fixed_levers: Collection[str] = (),
+        serve_writes: bool = False,
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
         dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
@@ -116,7 +117,9 @@ class EdgeEngine:
         query (``hybrid_ef``; unset: ``search_params``); all from ``settings.edge`` (``levers_from``,
         ``search_params_from``). Where they name no ef, the ef each build calibrated for ``recall_target`` serves
         (``services.store.calibrate``). ``memory_budget_mb``: the levers not in ``fixed_levers`` (those the user
-        set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``."""
+        set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``.
+        ``serve_writes``: the point reads and writes of a generation that `dpr serve` has open run there
+        (``edge_owner``)."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -135,6 +138,7 @@ class EdgeEngine:
         self.recall_target = recall_target
         self.memory_budget_mb, self.fixed_levers = memory_budget_mb, list(fixed_levers)
         self._records: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # (generation, file) -> (mtime, read)
+        self._owner = edge_owner.OwnerClient(Path(store_dir), lock_timeout) if serve_writes else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -153,6 +157,7 @@ class EdgeEngine:
             recall_target=settings.edge.recall_target,
             memory_budget_mb=settings.edge.memory_budget_mb or machine_budget_mb(),
             fixed_levers=[k for k in BUDGETED if k in settings.edge.model_fields_set],
+            serve_writes=settings.edge.serve_writes,
         )
 
     def __repr__(self) -> str:
@@ -295,9 +300,10 @@ class EdgeEngine:
         return recorded.get("memory") or {"choice": placement(EdgeLevers.from_json(recorded)),
                                           "reason": "the levers it was created with (no memory budget)"}
 
-    def needs_index(self, generation: str) -> bool:
+    def needs_index(self, generation: str, points: int | None = None) -> bool:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
-        points = self.shard(generation).info().points_count
+        if points is None:
+            points = self.shard(generation).info().points_count
         return points - edge_index.indexed_points(self.generations_dir / generation) >= self.index_threshold
 
     def index_info(self, generation: str) -> dict[str, Any]:
@@ -488,6 +494,14 @@ class EdgeEngine:
         if cached is None or cached[0] != stamp:
             cached = self._records[generation, name] = (stamp, read(self.generations_dir / generation))
         return cached[1]
+
+    def elsewhere(self, generation: str, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` open
+        and this process neither has it open nor holds it (``edge_owner``): ``(True, answer)``; else ``(False,
+        None)``, run it here."""
+        if self._owner is None or self.lease.opened(generation) is not None or self.lease.holds(generation):
+            return False, None
+        return self._owner.call(self.alias, generation, call, args, kwargs)
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""

@@ -230,7 +230,7 @@ class ServerEngine:
             self._calibrate(generation)
         return False
 
-    def needs_index(self, generation: str) -> bool:
+    def needs_index(self, generation: str, points: int | None = None) -> bool:
         """The server indexes in the background; a generation whose indexed vectors were never calibrated, or grew
         10x since, is due for a calibration."""
         points, indexed = self._indexed(generation)
@@ -388,6 +388,9 @@ class ServerEngine:
     def count(self, generation: str, where: Where | None = None) -> int:
         with self._engine("count points", generation):
             return int(self.client.count(generation, count_filter=to_filter(where), exact=True).count)
+
+    def elsewhere(self, generation: str, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        return False, None  # every process talks to the server itself
 
     def count_if_free(self, generation: str) -> int | None:
         return self.count(generation)  # the server serves readers beside writers: never busy
