@@ -48,7 +48,7 @@ from services.core.errors import ConfigError
 from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
-from services.store.engines import edge_index, edge_owner
+from services.store.engines import edge_index
 from services.store.engines.edge_config import (  # converters
     BUDGETED,
     LEVERS_FILE,
@@ -78,6 +78,7 @@ from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
+    from services.store.engines.edge_owner import OwnerClient
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ class EdgeEngine:
         self.recall_target = recall_target
         self.memory_budget_mb, self.fixed_levers = memory_budget_mb, list(fixed_levers)
         self._records: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # (generation, file) -> (mtime, read)
-        self._owner = edge_owner.OwnerClient(Path(store_dir), lock_timeout) if serve_writes else None
+        self._serve_writes = serve_writes
+        self._owner: OwnerClient | None = None  # made by the first writer's call
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -499,8 +501,12 @@ class EdgeEngine:
         """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` open
         and this process neither has it open nor holds it (``edge_owner``): ``(True, answer)``; else ``(False,
         None)``, run it here."""
-        if self._owner is None or self.lease.opened(generation) is not None or self.lease.holds(generation):
+        if not self._serve_writes or self.lease.opened(generation) is not None or self.lease.holds(generation):
             return False, None
+        if self._owner is None:
+            from services.store.engines.edge_owner import OwnerClient  # writers only: `dpr query` never loads it
+
+            self._owner = OwnerClient(self.root.parent, self.lock_timeout)
         return self._owner.call(self.alias, generation, call, args, kwargs)
 
     def close(self) -> None:
