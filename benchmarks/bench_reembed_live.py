@@ -258,9 +258,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         command = ([sys.executable, __file__, "--read-source", args.reads, served] if args.reads
                    else [DPR, "snapshot", "create", "--json", "--out", str(work / "snapshots")] if args.snapshot
-                   else [DPR, "ingest", str(args.ingest), "--json"] if args.ingest
+                   else [DPR, "ingest", str(args.ingest), "--json", *(["--wait"] if args.workers else [])]
+                   if args.ingest
                    else [DPR, "reembed", "--model", model, "--wait", "--json"])
-        reembed = subprocess.Popen(command, env=serve_env if args.ingest else worker_env,  # ingest: in-process
+        # ingest: in-process, or with --workers through the broker to the `dpr worker`s
+        reembed = subprocess.Popen(command, env=serve_env if args.ingest and not args.workers else worker_env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while reembed.poll() is None:
             time.sleep(1)
@@ -456,7 +458,8 @@ def main() -> int:
                     help="instead of a re-embed, `dpr snapshot create` of the served collection (with --workers 0)")
     ap.add_argument("--ingest", type=Path, metavar="FILE",
                     help="instead of a re-embed, `dpr ingest FILE` into the served collection from another process "
-                         "(the in-process pipeline; with --workers 0)")
+                         "(the in-process pipeline with --workers 0; with --workers N the job runs on N `dpr "
+                         "worker`s through the broker)")
     ap.add_argument("--work", type=Path, help="parent of the work dir (default: the system temp dir)")
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--out", type=Path)
