@@ -12,8 +12,9 @@ open (a re-embed's target generation, which it does not serve, is still written 
 Nothing here changes what a call does, only the process it runs in: every call is idempotent (upserts by point id,
 deletes by filter), so a call whose answer was lost (the owner died) runs again locally. A process that holds the
 generation's lock itself (an index build's claim, a writer that took it before the server started) never asks: the
-owner would wait for that lock. Only a peer with this process's uid is answered (``SO_PEERCRED``); the socket is
-abstract (Linux), so nothing is left on disk by a killed owner. ``DPR_EDGE__SERVE_WRITES=false`` turns it off.
+owner would wait for that lock. Both ends check that the other runs as this uid (``SO_PEERCRED``: the calls and
+answers are pickles); the socket is abstract (Linux), so nothing is left on disk by a killed owner.
+``DPR_EDGE__SERVE_WRITES=false`` turns it off.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _send(conn: socket.socket, value: Any) -> None:
 
 def _receive(conn: socket.socket) -> Any:
     (size,) = _HEADER.unpack(_read(conn, _HEADER.size))
-    return pickle.loads(_read(conn, size))  # noqa: S301 - a peer of this uid only (Owner._trusted)
+    return pickle.loads(_read(conn, size))  # noqa: S301 - a peer of this uid only (``_trusted``, both ends)
 
 
 def _read(conn: socket.socket, size: int) -> bytes:
@@ -103,6 +104,7 @@ class Owner:
         listener.listen(64)
         self._socket = listener
         _OWNED_HERE.add(self.address)
+        log.info("answering the store calls of writers in other processes", extra={"socket": self.address[1:]})
         threading.Thread(target=self._accept, name="dpr-edge-owner", daemon=True).start()
         return True
 
@@ -222,6 +224,8 @@ class OwnerClient:
             conn.settimeout(self.timeout_s)
             try:
                 conn.connect(self.address)
+                if not _trusted(conn):  # a name squatted by another user: its answers would be unpickled here
+                    raise ConnectionRefusedError(f"the owner socket of {self.address[1:]} is not this uid's")
             except OSError:
                 conn.close()
                 raise
