@@ -127,10 +127,7 @@ class Store:
     def _elsewhere(self, call: str, generation: str | None, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         """``(True, answer)`` where the process serving the generation ran this call (the embedded engine beside
         `dpr serve`: ``edge_owner``); else ``(False, None)``."""
-        name = generation or self.engine.read_pointer()
-        if name is None or generation_number(self.alias, name) is None:
-            return False, None
-        return self.engine.elsewhere(name, call, args, kwargs)
+        return self.engine.elsewhere(generation, call, args, kwargs)
 
     @contextlib.contextmanager
     def _use(self, generation: str | None) -> Iterator[tuple[str, CollectionSpec]]:

@@ -234,9 +234,11 @@ class Engine(Protocol):
         """Exact, or None at once when another process holds ``generation`` (edge); never waits for it."""
         ...
 
-    def elsewhere(self, generation: str, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """``(True, answer)`` where another process that serves ``generation`` ran ``Store.call`` for this one (the
-        embedded engine: `dpr serve`, which has the shard open); ``(False, None)``: run it here."""
+    def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, answer)`` where another process that serves ``generation`` (None: the active one) ran
+        ``Store.call`` for this one (the embedded engine: `dpr serve`, which has the shard open); ``(False, None)``:
+        run it here."""
         ...
 
     def scroll(

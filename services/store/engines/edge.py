@@ -497,17 +497,25 @@ class EdgeEngine:
             cached = self._records[generation, name] = (stamp, read(self.generations_dir / generation))
         return cached[1]
 
-    def elsewhere(self, generation: str, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` open
-        and this process neither has it open nor holds it (``edge_owner``): ``(True, answer)``; else ``(False,
-        None)``, run it here."""
-        if not self._serve_writes or self.lease.opened(generation) is not None or self.lease.holds(generation):
+    def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` (None:
+        the active one) open and this process neither has it open nor holds it (``edge_owner``): ``(True, answer)``;
+        else ``(False, None)``, run it here. With ``serve_writes`` off: no I/O at all."""
+        if not self._serve_writes:
+            return False, None
+        name = generation or self.read_pointer()
+        if name is None or self.serves(name) or self.lease.holds(name):
             return False, None
         if self._owner is None:
             from services.store.engines.edge_owner import OwnerClient  # writers only: `dpr query` never loads it
 
             self._owner = OwnerClient(self.root.parent, self.lock_timeout)
-        return self._owner.call(self.alias, generation, call, args, kwargs)
+        return self._owner.call(self.alias, name, call, args, kwargs)
+
+    def serves(self, generation: str) -> bool:
+        """This process has ``generation``'s shard open (the owner answers other processes' calls only for those)."""
+        return self.lease.opened(generation) is not None
 
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""

@@ -87,9 +87,8 @@ class Owner:
     def __init__(self, store_dir: Path, engine_for: Callable[[str], EdgeEngine]) -> None:
         self.address = address(store_dir)
         self._engine_for = engine_for
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[str, tuple[EdgeEngine, Store]] = {}
         self._socket: socket.socket | None = None
-        self._stopped = threading.Event()
         self.calls = 0
 
     def start(self) -> bool:
@@ -109,7 +108,6 @@ class Owner:
         return True
 
     def close(self) -> None:
-        self._stopped.set()
         if self._socket is not None:
             with contextlib.suppress(OSError):
                 self._socket.shutdown(socket.SHUT_RDWR)
@@ -118,9 +116,9 @@ class Owner:
             _OWNED_HERE.discard(self.address)
 
     def _accept(self) -> None:
-        while not self._stopped.is_set() and self._socket is not None:
+        while (listener := self._socket) is not None:
             try:
-                conn, _ = self._socket.accept()
+                conn, _ = listener.accept()
             except OSError:
                 return
             if not _trusted(conn):
@@ -148,12 +146,13 @@ class Owner:
               kwargs: dict[str, Any]) -> tuple[str, Any]:
         if method not in OWNED:
             raise StoreUnavailable(f"the serving process does not run {method!r} for other processes")
-        store = self._stores.get(alias)
-        if store is None:
+        if alias not in self._stores:
             from services.store.frontend import Store
 
-            store = self._stores[alias] = Store(self._engine_for(alias))
-        if store.engine.lease.opened(generation) is None:  # type: ignore[attr-defined]
+            engine = self._engine_for(alias)
+            self._stores[alias] = (engine, Store(engine))
+        engine, store = self._stores[alias]
+        if not engine.serves(generation):
             return "absent", None  # not a generation it serves: the caller takes it as before
         self.calls += 1
         return "ok", getattr(store, method)(*args, generation=generation, **kwargs)
@@ -175,11 +174,7 @@ def _trusted(conn: socket.socket) -> bool:
     except OSError:
         return False
     _, uid, _ = struct.unpack("3i", creds)
-    return uid == _own_uid()
-
-
-def _own_uid() -> int:
-    return os.getuid()
+    return uid == os.getuid()
 
 
 class OwnerClient:
