@@ -125,10 +125,10 @@ def edge_config(
 def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> list[UpdateOperation]:
     """The operations that create a generation's payload indexes (``only``: those fields): memory-mapped with its
     payloads (``payload_on_disk``), else the engine's in-RAM default. In RAM they are rebuilt from disk at every
-    load, which at 1M passages made a load take 3.5-6.5 s instead of 0.9-1.1 s (and 450 MB more RSS): each swap of an
+    load, which at 1M passages made a load take 4.9-6.5 s instead of 1.2-1.3 s (and 440 MB more RSS): each swap of an
     index build or a re-embed, and each turn of the lease, stalls a serving process for that long
     (benchmarks/results/query-speed/build-stalls.md). What it costs: a filter that matches most of the collection
-    checks each point the graph visits through the mapped index, 2x as slow at 1M (16-25 -> 35-49 ms a question);
+    checks each point the graph visits through the mapped index, 2x as slow at 1M (19-28 -> 38-53 ms a question);
     a selective one (a document's passages by ``doc_id``) is as fast. ``DPR_EDGE__PAYLOAD_ON_DISK=false`` keeps
     payloads and their indexes in RAM."""
     memory = Memory.Cold if levers.payload_on_disk else None
@@ -137,6 +137,17 @@ def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> 
     fields += [(key, IntegerIndexParams(lookup=True, range=True, memory=memory)) for key in INDEXED_INTEGERS]
     return [UpdateOperation.create_field_index(key, params) for key, params in fields
             if only is None or key in only]
+
+
+def move_payload_indexes(shard: Any, levers: EdgeLevers) -> list[str]:
+    """Re-create an open shard's ``misplaced_payload_indexes`` where ``payload_indexes`` puts them; the fields moved
+    (the index build's child, once per older generation: 110 s at 1M, 9 s at 100k)."""
+    moved = misplaced_payload_indexes(shard, levers)
+    for key in moved:
+        shard.update(UpdateOperation.delete_field_index(key))
+    for creation in payload_indexes(levers, only=moved):
+        shard.update(creation)
+    return moved
 
 
 def misplaced_payload_indexes(shard: Any, levers: EdgeLevers) -> list[str]:

@@ -12,7 +12,7 @@ copy, in a child process (``BuildChild``), and only the short ends hold the gene
    build journal (``edge_journal.py``): from here every write to the shard is also journaled;
 2. no lease: the child (``nice`` 10) loads the copy with the indexing threshold, counts it (with a memory budget,
    chooses the levers for that many points, records them and loads the copy again if they changed), moves payload
-   indexes a generation made before they followed ``payload_on_disk`` (``misplaced_payload_indexes``, once) and runs
+   indexes a generation made before they followed ``payload_on_disk`` (``move_payload_indexes``, once) and runs
    ``optimize()``, then replays the journal's writes onto it in rounds while writers go on;
 3. under the lease: the child replays what is left and the copy's point count must equal the shard's (else the
    copy is dropped: nothing is lost, the next job end or ``dpr optimize`` builds again);
@@ -244,7 +244,7 @@ def child_main() -> None:
     """The build process: ``argv`` = shard copy, spec JSON, indexing threshold (KB), levers JSON, journal, the
     builder's pid, the recall target, the memory budget (MB, 0: none). Builds (and calibrates the search ef on what
     it built), then answers ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
-    from qdrant_edge import EdgeShard, UpdateOperation
+    from qdrant_edge import EdgeShard
 
     from services.store.engines import edge_journal
     from services.store.engines.edge_config import (
@@ -253,8 +253,7 @@ def child_main() -> None:
         delete_operation,
         edge_config,
         fixed_levers,
-        misplaced_payload_indexes,
-        payload_indexes,
+        move_payload_indexes,
         record_levers,
         upsert_operation,
     )
@@ -276,11 +275,7 @@ def child_main() -> None:
             levers = chosen
             shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     started = time.perf_counter()
-    moved = misplaced_payload_indexes(shard, levers)  # one made before they followed payload_on_disk: once
-    for key in moved:
-        shard.update(UpdateOperation.delete_field_index(key))
-    for creation in payload_indexes(levers, only=moved):
-        shard.update(creation)
+    moved = move_payload_indexes(shard, levers)  # one made before they followed payload_on_disk: once
     changed = shard.optimize() or bool(moved)
     shard.flush()
     target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
