@@ -183,10 +183,11 @@ def test_two_encoders_run_two_calls_at_once_and_close_stops_both() -> None:
     towers.gate.clear()
     batcher = QuestionBatcher(window_s=0.0, cache_size=0, encoders=2)
     threads = [threading.Thread(target=encoded, args=(batcher, towers, q)) for q in ("one", "two")]
-    for t in threads:
-        t.start()
-    while len(towers.calls) < 2:  # both calls are in the tower together, neither has returned
-        time.sleep(0.001)
+    deadline = time.monotonic() + 10
+    for n, t in enumerate(threads, 1):  # the second asked only once the first is in the tower: asked together, one
+        t.start()  # encoder could take both into one batch (it did, and this loop waited forever)
+        while len(towers.calls) < n and time.monotonic() < deadline:  # both in the tower, neither has returned
+            time.sleep(0.001)
     towers.gate.set()
     for t in threads:
         t.join()
