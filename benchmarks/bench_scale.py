@@ -64,6 +64,7 @@ CHUNK = 50_000  # synthetic vectors generated (and scanned) per chunk
 LEVERS: dict[str, dict[str, Any]] = {
     "fp32": {},
     "fp32-m32": {"hnsw_m": 32, "hnsw_ef_construct": 200},
+    "old-defaults": {"hnsw_m": 16, "hnsw_ef_construct": 100},  # the engine's graph, the defaults before issue 56
     "int8": {"quantization": "int8", "rescore": True, "oversampling": 2.0},
     "int8-disk": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "vectors_on_disk": True},
     "int8-m32": {"quantization": "int8", "rescore": True, "oversampling": 2.0, "hnsw_m": 32, "hnsw_ef_construct": 200},

@@ -43,6 +43,20 @@ def test_calibrate_keeps_the_smallest_ef_that_reaches_the_target() -> None:
     assert (low["ef"], low["recall"]) == (EF_LADDER[0], 0.8)
 
 
+def test_a_rung_must_reach_the_target_with_a_standard_error_to_spare() -> None:
+    """Below ef 384 one probe in five loses its 10th neighbour: recall 0.98 on 20 probes (200 places), exactly the
+    target, whose standard error (0.0099) it does not clear; 384 finds all. With 0.97 the lower rung clears it."""
+
+    def search(vector: list[float], limit: int, ef: int | None) -> list[tuple[str, float]]:
+        truth = [f"n{j}" for j in range(limit)]
+        short = ef is not None and ef < 384 and round(vector[0] * 2) % 5 == 1  # midpoints of (2i, 2i+1): i = 0, 5..
+        return ranked(truth[:9] + [f"x{j}" for j in range(limit - 9)] if short else truth)
+
+    cal = calibrate(points(40), search, target=0.98, budget_s=60)
+    assert (cal["ef"], cal["recall"], cal["reached"]) == (384, 1.0, True)
+    assert calibrate(points(40), search, target=0.97, budget_s=60)["ef"] == EF_LADDER[0]
+
+
 def test_a_hybrids_branch_is_held_to_the_fused_top_10_not_the_dense_one() -> None:
     """The graph misses the dense 9th and 10th below ef 384: a dense query needs 384; a hybrid, whose top 10 the
     keywords' own passages share, keeps its answers at the branch's first rung. Without keywords (no BM25 vectors)

@@ -25,6 +25,7 @@ from services.store import Store
 from services.store.engines.edge import EdgeEngine
 from services.store.engines.edge_config import (
     LEVERS_FILE,
+    SPEED_COPY_POINTS,
     EdgeLevers,
     budget_levers,
     fixed_levers,
@@ -60,6 +61,21 @@ def test_the_rule_steps_from_ram_to_int8_on_disk_as_the_vectors_outgrow_the_budg
     m16 = budget_levers(EdgeLevers(hnsw_m=16), 1_000_000, 384, budget_mb=1600)[1]  # a sparser graph counts
     assert m16["graph_mb"] == 122.1 and m16["choice"] == "fp32 vectors in RAM"
     assert budget_levers(EdgeLevers(), 0, 384, budget_mb=1)[0] == EdgeLevers()  # a new collection: RAM
+
+
+def test_a_large_generation_in_ram_gets_an_int8_copy_for_speed_where_it_fits() -> None:
+    """From SPEED_COPY_POINTS up, fp32 vectors that stay in RAM get an int8 copy beside them (faster graph search
+    and build) when fp32 + int8 + graph fit; below it, or where the copy would not fit, none."""
+    fast, why = budget_levers(EdgeLevers(), 100_000, 384, budget_mb=1207)
+    assert (fast.quantization, fast.vectors_on_disk, fast.int8_on_disk) == ("int8", False, False)
+    assert why["choice"] == "int8 + re-scoring, fp32 vectors in RAM"
+    assert why["reason"].endswith(f"an int8 copy (37 MB) beside them for speed (from {SPEED_COPY_POINTS:,} points)")
+    small = budget_levers(EdgeLevers(), SPEED_COPY_POINTS - 1, 384, budget_mb=1207)[0]
+    assert small.quantization == "none" and budget_levers(EdgeLevers(), SPEED_COPY_POINTS, 384, 1207)[0] == fast
+    fp32_and_graph = 100_000 * (384 * 4 + 8 * 32)  # fits, but not with the copy: fp32 in RAM alone, as before
+    assert budget_levers(EdgeLevers(), 100_000, 384, budget_mb=fp32_and_graph // M + 1)[0].quantization == "none"
+    # the user's own levers still win
+    assert budget_levers(EdgeLevers(), 100_000, 384, 1207, fixed=["quantization"])[0].quantization == "none"
 
 
 def test_levers_the_user_set_win_and_are_named_as_the_reason() -> None:
