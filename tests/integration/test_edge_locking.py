@@ -586,5 +586,7 @@ def test_a_writer_in_another_process_writes_through_the_server_that_has_the_gene
     answered = _answering(server, probe, CTX.Process(target=_writer_beside_a_server, args=(store_dir, 5, results)))
     outcome = results.get(timeout=5)
     assert outcome[:4] == ("ok", [20] * 5, 20, 1080) and outcome[4] == [f"{ALIAS}__g0001"]
-    assert len(loads) == 2  # the writer took the shard; the server loaded it again
+    # the writer took the shard and the server loaded it again: once, or more where the server's questions took it
+    # back between the writer's batches (a fresh-clone CI run saw 3)
+    assert len(loads) >= 2
     server.close()
