@@ -91,7 +91,9 @@ async function api(path, options) {
     if (key) headers.set("X-API-Key", key);
     const response = await fetch(path, { ...options, headers });
     if (response.status === 401) {
-      await askForKey(Boolean(key));
+      // sent with a key the user has replaced meanwhile (requests in flight when the dialog closed): retry with the
+      // new one; asking again would reopen the dialog as "refused" after the right key was given
+      if (storedKey() === key) await askForKey(Boolean(key));
       continue;
     }
     return response;
