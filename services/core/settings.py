@@ -172,7 +172,8 @@ class EdgeSettings(SearchLevers):
     # (the budget's choice for the two below when they are not set); search-time ones apply to every query.
     memory_budget_mb: int | None = Field(
         default=None, ge=1, description="RAM a generation's dense vectors and HNSW graph may take: over it, "
-        "quantization and vectors_on_disk, where not set, become int8 with re-scoring and fp32 vectors on disk "
+        "quantization and vectors_on_disk, where not set, become int8 with re-scoring and fp32 vectors on disk; within "
+        "it, from 50,000 points, an int8 copy beside the fp32 vectors for speed where that fits too "
         "(docs/capacity.md, memory budget); unset: 5% of the machine's RAM (or of the cgroup's limit)."
     )
     quantization: Literal["none", "int8"] = Field(
