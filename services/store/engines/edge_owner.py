@@ -88,6 +88,7 @@ class Owner:
         self.address = address(store_dir)
         self._engine_for = engine_for
         self._stores: dict[str, tuple[EdgeEngine, Store]] = {}
+        self._stores_guard = threading.Lock()  # a thread per connection: one engine per alias
         self._socket: socket.socket | None = None
         self.calls = 0
 
@@ -146,12 +147,13 @@ class Owner:
               kwargs: dict[str, Any]) -> tuple[str, Any]:
         if method not in OWNED:
             raise StoreUnavailable(f"the serving process does not run {method!r} for other processes")
-        if alias not in self._stores:
-            from services.store.frontend import Store
+        with self._stores_guard:
+            if alias not in self._stores:
+                from services.store.frontend import Store
 
-            engine = self._engine_for(alias)
-            self._stores[alias] = (engine, Store(engine))
-        engine, store = self._stores[alias]
+                engine = self._engine_for(alias)
+                self._stores[alias] = (engine, Store(engine))
+            engine, store = self._stores[alias]
         if not engine.serves(generation):
             return "absent", None  # not a generation it serves: the caller takes it as before
         self.calls += 1
