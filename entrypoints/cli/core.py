@@ -200,8 +200,10 @@ def _describe_ef(ef: dict[str, Any]) -> str:
     """The HNSW ef dense and hybrid queries use, and why (``services.store.calibrate.describe``)."""
     if "search" in ef:
         return f"{ef['search']}: {ef['reason']}"
+    graphs = ef.get("graphs", 1)
+    side_by_side = f"; {graphs} graphs searched side by side" if graphs > 1 else ""
     return "; ".join(f"{kind} ef {ef[f'{kind}_ef'] or 'default'} ({ef[f'{kind}_reason']})"
-                     for kind in ("dense", "hybrid"))
+                     for kind in ("dense", "hybrid")) + side_by_side
 
 
 def delete(

@@ -187,6 +187,11 @@ class EdgeSettings(SearchLevers):
     payload_on_disk: bool = Field(default=True, description="Payloads (passage text) memory-mapped from disk.")
     hnsw_m: int | None = Field(default=None, ge=0, description="HNSW edges per node; unset: 32.")
     hnsw_ef_construct: int | None = Field(default=None, ge=4, description="HNSW build candidates; unset: 200.")
+    segments: int | None = Field(
+        default=None, ge=1, description="The most segments an HNSW build splits a generation into (each of at least "
+        "10 x index_threshold points), searched side by side by the engine's threads: a question answered sooner "
+        "for about the same CPU time (docs/capacity.md); unset: one per CPU core; 1: one graph."
+    )
 
 
 class CelerySettings(BaseModel):

@@ -191,14 +191,15 @@ def carry_over(new: dict[str, Any], previous: dict[str, Any], previous_points: i
 
 
 def describe(index: dict[str, Any], explicit: dict[str, int | None]) -> dict[str, Any]:
-    """What `dpr status` says of a generation's search ef: the measured calibration, the ef each kind of query uses,
-    and why (an explicit ``DPR_EDGE__HNSW_EF`` / ``HYBRID_EF`` wins; no graph: the exact scan)."""
+    """What `dpr status` says of a generation's search ef: the measured calibration, the HNSW graphs (segments, the
+    engine searching them side by side), the ef each kind of query uses, and why (an explicit ``DPR_EDGE__HNSW_EF`` /
+    ``HYBRID_EF`` wins; no graph: the exact scan)."""
     cal = index.get("calibration") or {}
     if not index.get("hnsw_segments"):
         threshold = index.get("index_threshold")
         return {"search": "exact scan", "reason": "no HNSW graph" + (f" (below the index threshold, {threshold:,} "
                                                                       "points)" if threshold else "")}
-    out: dict[str, Any] = {"calibration": cal}
+    out: dict[str, Any] = {"calibration": cal, "graphs": index["hnsw_segments"]}  # searched side by side
     for kind, setting, key in (("dense", "hnsw_ef", "ef"), ("hybrid", "hybrid_ef", "fused_ef")):
         value = explicit.get(setting) or (explicit.get("hnsw_ef") if kind == "hybrid" else None)
         if value:

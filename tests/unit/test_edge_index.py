@@ -248,3 +248,35 @@ def test_the_copy_under_the_lease_takes_only_what_changed_since_the_copy_before_
     assert not (dst / "gone").exists()
     if fsutil.tracks_mapped_writes(tmp_path):  # disk file systems: the store after the write-back moved its mtime
         assert (dst / "segments/sealed/tracker").read_bytes() == b"12" + b"t" * 4094
+
+
+def test_a_first_build_makes_one_graph_per_segment_and_a_later_one_adds_without_merging(tmp_path: Path) -> None:
+    """``DPR_EDGE__SEGMENTS=3`` (one per core where unset), each part at least 10 x the index threshold: the first
+    build writes the copy anew into three graphs (qdrant-edge never splits its one appendable segment), every point,
+    payload and payload index kept; the next build indexes its new points beside them instead of merging all into one
+    graph built again (what the engine's own optimizer defaults did: ``edge_config``)."""
+    from services.store.engines.edge_config import EdgeLevers
+    from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS
+
+    corpus, queries = unit_vectors(3000, seed=11), unit_vectors(20, seed=12)
+    store = Store(EdgeEngine(tmp_path, "c", index_threshold=100, levers=EdgeLevers(segments=3)))
+    store.ensure_collection(SPEC)
+    add(store, corpus, start=0)
+    assert store.optimize() is True
+    assert edge_index.segment_kinds(shard_dir(tmp_path)).count("hnsw") == 3
+    assert not (gen_dir(tmp_path) / edge_index.PARTS).exists()
+    assert store.search_ef("c__g0001")["graphs"] == 3  # `dpr status`: "3 graphs searched side by side"
+    assert store.count() == 3000 and len(doc_ids(store)) == 3000
+    brute = np.argsort(-(queries @ corpus.T), axis=1)[:, :10]  # (queries, 10)
+    for q, truth in zip(queries, brute, strict=True):
+        assert engine_top(store, q, SearchParams(hnsw_ef=512)) == truth.tolist()  # the three graphs, merged
+    hits = store.search(SearchRequest(dense=queries[0].tolist(), k=10, filters={"doc_id": "d17"}))
+    assert [h.passage.text for h in hits] == ["passage 17"]
+    with store.engine.session():  # type: ignore[attr-defined]
+        schema = store.engine.shard("c__g0001").info().payload_schema  # type: ignore[attr-defined]
+    assert {*INDEXED_KEYWORDS, *INDEXED_INTEGERS} <= set(schema)  # the payload indexes, made anew
+    add(store, unit_vectors(1500, seed=13), start=3000)
+    assert store.optimize() is True
+    assert edge_index.segment_kinds(shard_dir(tmp_path)).count("hnsw") == 4  # the new points' own graph
+    assert store.count() == 4500
+    store.close()

@@ -76,6 +76,13 @@ _MB = 2**20
 # int8 candidates re-scored per hit wanted where no setting says: at 50k, ef 512, recall@10 0.990 vs 0.960 with k
 # alone (whose calibration ran out of ladder at ef 2048, 0.962); on fp32 vectors a no-op (docs/capacity.md)
 OVERSAMPLING = 2.0
+# An HNSW build splits a generation into one segment per CPU core, each of at least PART_FACTOR x the index
+# threshold (default 50,000 points): the engine searches a shard's segments side by side on its own threads (Python's
+# lock is not theirs), and each smaller graph reaches the recall target at a lower ef; a smaller part costs more in
+# the hand-over between threads than its search saves. Kept apart by the optimizer's segment number and size bounds,
+# which also stop a later build's merge from rebuilding a whole graph for a few new points (scale.md, "Segments")
+PART_FACTOR = 10
+PART_SLACK = 1.5  # a segment may grow to this many times an even share before a merge stops joining it
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class EdgeLevers:
     hnsw_m: int | None = None
     hnsw_ef_construct: int | None = None
     int8_on_disk: bool = False  # the int8 copy memory-mapped too (the budget's last step; never a setting)
+    segments: int | None = None  # the most segments a build makes (None: one per CPU core)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,13 +107,21 @@ class EdgeLevers:
 
 
 def edge_config(
-    spec: CollectionSpec, indexing_threshold_kb: int | None = None, levers: EdgeLevers | None = None
+    spec: CollectionSpec, indexing_threshold_kb: int | None = None, levers: EdgeLevers | None = None,
+    points: int = 0,
 ) -> EdgeConfig:
-    """The shard's config; with ``indexing_threshold_kb`` (the index build), segments above it get HNSW."""
+    """The shard's config; with ``indexing_threshold_kb`` (the index build), segments above it get HNSW and, where
+    ``points`` make ``build_segments`` more than one, the optimizer merges segments only beyond twice that many, and
+    only into one of at most ``PART_SLACK`` x an even share: a build's new points get a graph of their own, small
+    ones are merged with each other, never the parts with each other (the engine's own defaults merged a build's new
+    points and everything else into one graph built anew)."""
     levers = levers or EdgeLevers()
     optimizers = None
     if indexing_threshold_kb is not None:
-        optimizers = EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb)
+        parts = build_segments(points, indexing_threshold_kb * 1024 // (spec.dim * 4), levers.segments)
+        optimizers = EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb) if parts == 1 else (
+            EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb, default_segment_number=2 * parts,
+                                 max_segment_size=max(1, int(PART_SLACK * points / parts) * spec.dim * 4 // 1024)))
     hnsw = HnswIndexConfig(
         m=_HNSW_M if levers.hnsw_m is None else levers.hnsw_m,
         ef_construct=levers.hnsw_ef_construct or _HNSW_EF_CONSTRUCT,
@@ -125,6 +141,13 @@ def edge_config(
         quantization_config=quantization,
         payload_memory=Memory.Cold if levers.payload_on_disk else Memory.Cached,
     )
+
+
+def build_segments(points: int, index_threshold: int, most: int | None = None) -> int:
+    """How many segments an HNSW build makes of ``points``: one per CPU core this process may use (``most``:
+    ``DPR_EDGE__SEGMENTS`` instead), each of at least ``PART_FACTOR`` x ``index_threshold`` points."""
+    cores = most or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, min(cores, points // max(1, PART_FACTOR * index_threshold)))
 
 
 def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> list[UpdateOperation]:
@@ -168,7 +191,7 @@ def levers_from(edge: EdgeSettings) -> EdgeLevers:
     """The memory levers new generations are created with (``DPR_EDGE__QUANTIZATION`` etc.)."""
     return EdgeLevers(
         quantization=edge.quantization, vectors_on_disk=edge.vectors_on_disk, payload_on_disk=edge.payload_on_disk,
-        hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct,
+        hnsw_m=edge.hnsw_m, hnsw_ef_construct=edge.hnsw_ef_construct, segments=edge.segments,
     )
 
 

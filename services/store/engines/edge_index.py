@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHARD, BUILD, NEXT, OLD = "shard", "shard.build", "shard.next", "shard.old"
+PARTS = "shard.parts"  # a first build's copy written anew a segment at a time (``split_copy``)
+_PAGE = 1000  # points a page while ``split_copy`` writes them
 INDEX_RECORD = "index.json"
 _BUILD_LOCK = ".index.lock"
 _BUILD_TIMEOUT = 6 * 3600  # seconds; a build that takes longer is killed and reported
@@ -133,7 +135,7 @@ def build_lock(generation_dir: Path) -> Iterator[bool]:
 def clear_leftovers(generation_dir: Path) -> None:
     """Remove what an interrupted build left (only under the build lock; a cut swap's ``shard.next`` is left to
     ``recover_swap``, which runs under the lease)."""
-    for name in (BUILD, NEXT, OLD):
+    for name in (BUILD, NEXT, OLD, PARTS):
         if name == NEXT and not (generation_dir / SHARD).exists():
             continue  # a swap cut short: ``recover_swap`` finishes it
         shutil.rmtree(generation_dir / name, ignore_errors=True)
@@ -250,6 +252,7 @@ def child_main() -> None:
     from services.store.engines.edge_config import (
         EdgeLevers,
         budget_levers,
+        build_segments,
         delete_operation,
         edge_config,
         fixed_levers,
@@ -275,8 +278,15 @@ def child_main() -> None:
             levers = chosen
             shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     started = time.perf_counter()
+    split, parts = False, build_segments(points, kb * 1024 // (spec.dim * 4), levers.segments)
+    if parts > 1:  # the optimizer's segment bounds for this many points
+        config = edge_config(spec, indexing_threshold_kb=kb, levers=levers, points=points)
+        shard.close()
+        shard = EdgeShard.load(path, config)
+        if split := "hnsw" not in segment_kinds(Path(path)):  # a first build: all in one appendable segment
+            shard = split_copy(shard, Path(path), config, levers, points, parts)
     moved = move_payload_indexes(shard, levers)  # one made before they followed payload_on_disk: once
-    changed = shard.optimize() or bool(moved)
+    changed = shard.optimize() or bool(moved) or split
     shard.flush()
     target = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
     calibration = (calibrate_built(shard, Path(path), levers, target, time.perf_counter() - started, spec) if changed
@@ -299,6 +309,41 @@ def child_main() -> None:
             shard.update(upsert_operation(argument) if operation == "upsert" else delete_operation(argument))
         print("replayed", len(records), shard.count(CountRequest(exact=True)), flush=True)
     shard.close()
+
+
+def split_copy(shard: Any, path: Path, config: Any, levers: Any, points: int, parts: int) -> Any:
+    """``parts`` segments (``build_segments``) of the copy's ``points`` at ``path``: qdrant-edge writes into one
+    appendable segment and its optimizer never splits one, so the points are written anew into a fresh shard
+    (``PARTS``, with the same payload indexes), its optimizer run after each even share (which builds that share's
+    graph and opens the next segment), and the fresh shard takes the copy's place. Returns it, open; ``shard`` is
+    closed."""
+    from qdrant_edge import EdgeShard, Point, ScrollRequest, UpdateOperation
+
+    from services.store.engines.edge_config import payload_indexes
+
+    fresh = path.with_name(PARTS)
+    shutil.rmtree(fresh, ignore_errors=True)
+    out = EdgeShard.create(str(fresh), config)
+    for creation in payload_indexes(levers):
+        out.update(creation)
+    share, written, offset, cut = -(-points // parts), 0, None, 1
+    while True:
+        records, offset = shard.scroll(ScrollRequest(offset=offset, limit=_PAGE, with_vector=True,
+                                                     with_payload=True))
+        out.update(UpdateOperation.upsert_points([Point(r.id, r.vector, r.payload) for r in records]))
+        written += len(records)
+        if written >= cut * share and offset is not None:
+            out.optimize()  # this share's graph; the next points go to a new appendable segment
+            cut += 1
+        if offset is None:
+            break
+    out.optimize()
+    out.flush()
+    out.close()
+    shard.close()
+    shutil.rmtree(path)  # a crash from here leaves no copy and ``PARTS``: the next build starts again
+    os.replace(fresh, path)
+    return EdgeShard.load(str(path), config)
 
 
 def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, build_s: float,
@@ -410,7 +455,7 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
             log.warning("the index build's copy could not be brought up to date (%s); dropped, nothing lost; the "
                         "next job end or `dpr optimize` builds again", e, extra={"generation": generation})
         finally:
-            for leftover in (OLD, BUILD):
+            for leftover in (OLD, BUILD, PARTS):
                 shutil.rmtree(gen_dir / leftover, ignore_errors=True)
     log.info("edge index build", extra={"generation": generation, "changed": changed, "swapped": swapped,
                                         "replayed": replayed, "replayed_last": last, **held})
