@@ -265,7 +265,7 @@ def sweep_report(args: argparse.Namespace, machine: str, corpus: Corpus, dense_q
     lines = [f"Machine: {machine}", f"Commit {args.commit}; `bench_scale.py --searched-only {args.searched_only} "
              f"--passages {args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers "
              f"{' '.join(args.levers)} --ef-sweep {' '.join(map(str, args.ef_sweep))} --oversampling-sweep "
-             f"{' '.join(map(str, args.oversampling_sweep))}`", "",
+             f"{' '.join(map(str, args.oversampling_sweep))} --fusion {args.fusion}`", "",
              "| lever | HNSW ef | int8 oversampling | dense p50 / p99 ms | hybrid p50 / p99 ms | hybrid / dense p50 | "
              "recall@10 vs exact |", "|---|---|---|---|---|---|---|"]
     for name in args.levers:
@@ -549,7 +549,7 @@ def report(args: argparse.Namespace, machine: str, corpus: Corpus, results: list
         f"Started at commit {args.commit}; command: `nice -n 10 .venv/bin/python benchmarks/bench_scale.py --passages "
         f"{args.passages} --real-docs {args.real_docs} --queries {args.queries} --levers {' '.join(args.levers)} "
         f"--ef-sweep {' '.join(map(str, args.ef_sweep))}" + (f" --ef {args.ef}" if args.ef else "")
-        + (" --ndcg" if args.ndcg else "") + "`",
+        + (" --ndcg" if args.ndcg else "") + (f" --fusion {args.fusion}" if args.fusion != "rrf" else "") + "`",
         "",
         f"{args.passages:,} points: {corpus.n_real:,} real SciFact passages (first {args.real_docs} abstracts, "
         f"{corpus.dim}-dim, embedded here at {corpus.encode_pps:.1f} passages/s), the rest synthetic: unit vectors "
