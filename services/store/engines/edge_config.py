@@ -78,9 +78,10 @@ _MB = 2**20
 OVERSAMPLING = 2.0
 # An HNSW build splits a generation into one segment per CPU core, each of at least PART_FACTOR x the index
 # threshold (default 50,000 points): the engine searches a shard's segments side by side on its own threads (Python's
-# lock is not theirs), and each smaller graph reaches the recall target at a lower ef; a smaller part costs more in
-# the hand-over between threads than its search saves. Kept apart by the optimizer's segment number and size bounds,
-# which also stop a later build's merge from rebuilding a whole graph for a few new points (scale.md, "Segments")
+# lock is not theirs), and each smaller graph reaches the recall target at a lower ef (measured with 50,000- and
+# 500,000-point parts; smaller ones were not, and a search of so few points is fast already). Kept apart by the optimizer's segment number and size bounds,
+# which also stop a later build's merge from rebuilding a whole graph for a few new points (scale.md, "One graph per
+# CPU core")
 PART_FACTOR = 10
 PART_SLACK = 1.5  # a segment may grow to this many times an even share before a merge stops joining it
 
@@ -118,7 +119,7 @@ def edge_config(
     levers = levers or EdgeLevers()
     optimizers = None
     if indexing_threshold_kb is not None:
-        parts = build_segments(points, indexing_threshold_kb * 1024 // (spec.dim * 4), levers.segments)
+        parts = build_segments(points, indexing_threshold_kb, spec.dim, levers.segments)
         optimizers = EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb) if parts == 1 else (
             EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb, default_segment_number=2 * parts,
                                  max_segment_size=max(1, int(PART_SLACK * points / parts) * spec.dim * 4 // 1024)))
@@ -143,11 +144,13 @@ def edge_config(
     )
 
 
-def build_segments(points: int, index_threshold: int, most: int | None = None) -> int:
+def build_segments(points: int, indexing_threshold_kb: int, dim: int, most: int | None = None) -> int:
     """How many segments an HNSW build makes of ``points``: one per CPU core this process may use (``most``:
-    ``DPR_EDGE__SEGMENTS`` instead), each of at least ``PART_FACTOR`` x ``index_threshold`` points."""
+    ``DPR_EDGE__SEGMENTS`` instead), each of at least ``PART_FACTOR`` x the index threshold (given, as the engine
+    takes it, in KB of ``dim`` float32 vectors)."""
     cores = most or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    return max(1, min(cores, points // max(1, PART_FACTOR * index_threshold)))
+    threshold_points = indexing_threshold_kb * 1024 // (dim * 4)
+    return max(1, min(cores, points // max(1, PART_FACTOR * threshold_points)))
 
 
 def payload_indexes(levers: EdgeLevers, only: Collection[str] | None = None) -> list[UpdateOperation]:

@@ -278,13 +278,15 @@ def child_main() -> None:
             levers = chosen
             shard = EdgeShard.load(path, edge_config(spec, indexing_threshold_kb=kb, levers=levers))
     started = time.perf_counter()
-    split, parts = False, build_segments(points, kb * 1024 // (spec.dim * 4), levers.segments)
+    parts = build_segments(points, kb, spec.dim, levers.segments)
+    split = parts > 1 and "hnsw" not in segment_kinds(Path(path))  # a first build: all in one appendable segment
     if parts > 1:  # the optimizer's segment bounds for this many points
         config = edge_config(spec, indexing_threshold_kb=kb, levers=levers, points=points)
-        shard.close()
-        shard = EdgeShard.load(path, config)
-        if split := "hnsw" not in segment_kinds(Path(path)):  # a first build: all in one appendable segment
+        if split:  # the open copy is only read, then replaced: no reload
             shard = split_copy(shard, Path(path), config, levers, points, parts)
+        else:
+            shard.close()
+            shard = EdgeShard.load(path, config)
     moved = move_payload_indexes(shard, levers)  # one made before they followed payload_on_disk: once
     changed = shard.optimize() or bool(moved) or split
     shard.flush()
