@@ -79,9 +79,9 @@ OVERSAMPLING = 2.0
 # An HNSW build splits a generation into one segment per CPU core, each of at least PART_FACTOR x the index
 # threshold (default 50,000 points): the engine searches a shard's segments side by side on its own threads (Python's
 # lock is not theirs), and each smaller graph reaches the recall target at a lower ef (measured with 50,000- and
-# 500,000-point parts; smaller ones were not, and a search of so few points is fast already). Kept apart by the optimizer's segment number and size bounds,
-# which also stop a later build's merge from rebuilding a whole graph for a few new points (scale.md, "One graph per
-# CPU core")
+# 500,000-point parts; smaller ones were not, and a search of so few points is fast already). Kept apart by the
+# optimizer's segment number and size bounds, which also stop a later build's merge from rebuilding a whole graph for
+# a few new points (scale.md, "One graph per CPU core")
 PART_FACTOR = 10
 PART_SLACK = 1.5  # a segment may grow to this many times an even share before a merge stops joining it
 
