@@ -23,6 +23,7 @@ CORE = {  # the core commands and the module of each: one of them builds only it
 }
 GROUPS = (  # every module with commands, each with register(app), in the order `dpr --help` lists them
     "entrypoints.cli.ingest",
+    "entrypoints.cli.sources",
     "entrypoints.cli.core",
     "entrypoints.cli.train",
     "entrypoints.cli.adapt",

@@ -335,6 +335,18 @@ class Settings(BaseSettings):
     onnx_cache: Path | None = Field(
         default=None, description="ONNX exports of models outside DATA_DIR/models (the base model); default "
         "DATA_DIR/cache/onnx. Exports are tied to the model's fingerprint, so data dirs may share one."
+class SourceSettings(BaseModel):
+    """Sources kept in sync (`dpr sources`, services/sources/): where an s3:// source's store is, and bounds on a
+    sync's reads; see docs/sources.md."""
+
+    s3_endpoint: str | None = Field(
+        default=None, description="URL of the S3-compatible store for s3:// sources that name none (else "
+        "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)."
+    )
+    s3_region: str = Field(default="us-east-1", description="Region for s3:// sources when AWS_REGION is unset.")
+    timeout_s: float = Field(default=30.0, gt=0, description="Seconds a source may take to answer one request.")
+
+
     )
     collection: str = Field(default="passages", pattern=COLLECTION_NAME)
     broker_url: str | None = Field(default=None, description="redis://... to run ingest on Celery workers.")
@@ -372,6 +384,7 @@ class Settings(BaseSettings):
                 "use http://host:6333 or unset it for the embedded engine", need_host=True,
             )
         return self
+    sources: SourceSettings = SourceSettings()
 
     @model_validator(mode="after")
     def _check_model_dir(self) -> Settings:

@@ -1,0 +1,90 @@
+"""Sources as data: the spec a `dpr sources add` records (kinds, intervals, globs, credentials only by name), the
+registry under DATA_DIR/sources, and the sync lock that keeps two syncs of one source apart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.core.errors import ConfigError
+from services.sources.registry import Registry, SourceNotFound, format_interval, kind_of, new_spec, parse_interval
+from services.sources.state import SyncRunning, is_running, sync_lock
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("15m", 900.0), ("1h", 3600.0), ("90s", 90.0), ("2d", 172800.0),
+                                               ("120", 120.0), (None, None), ("", None)])
+def test_intervals(text: str | None, seconds: float | None) -> None:
+    assert parse_interval(text) == seconds
+    if seconds is not None:
+        assert parse_interval(format_interval(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["5x", "-1m", "10s", "m"])
+def test_bad_intervals_name_the_fix(text: str) -> None:
+    with pytest.raises(ConfigError, match="--every"):
+        parse_interval(text)
+
+
+def test_kinds_by_uri(tmp_path: Path) -> None:
+    assert kind_of("s3://bucket/docs") == "s3"
+    assert kind_of("git+https://example.org/repo.git") == "git"
+    assert kind_of("/srv/repos/manual.git") == "git"
+    assert kind_of(str(tmp_path)) == "folder"
+    with pytest.raises(ConfigError, match="not a source"):
+        kind_of("ftp://example.org/pub")
+
+
+def test_specs_are_checked(tmp_path: Path) -> None:
+    spec = new_spec("docs", str(tmp_path), every_s=900.0, include=("*.md",), exclude=("drafts/*",))
+    assert spec.kind == "folder" and spec.uri == str(tmp_path.resolve())
+    assert spec.selects("guide/intro.md") and not spec.selects("drafts/a.md") and not spec.selects("a.pdf")
+    assert spec.doc_id("guide/intro.md") == "docs/guide/intro.md"
+    with pytest.raises(ConfigError, match="no such folder"):
+        new_spec("docs", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="name"):
+        new_spec("../etc", str(tmp_path))
+    with pytest.raises(ConfigError, match="bucket"):
+        new_spec("b", "s3://Not_A_Bucket/x")
+    with pytest.raises(ConfigError, match="--branch is for git"):
+        new_spec("docs", str(tmp_path), branch="main")
+    with pytest.raises(ConfigError, match="go together"):
+        new_spec("b", "s3://bucket/x", key_env="MY_KEY")
+
+
+def test_credentials_are_named_never_stored(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="NAME of an environment variable"):
+        new_spec("b", "s3://bucket/x", key_env="AKIA/SECRET+VALUE=", secret_env="S")
+    registry = Registry(tmp_path)
+    registry.add(new_spec("b", "s3://bucket/x", key_env="MY_KEY", secret_env="MY_SECRET"))
+    stored = json.loads((tmp_path / "sources" / "b" / "source.json").read_text())
+    assert stored["key_env"] == "MY_KEY" and stored["secret_env"] == "MY_SECRET"
+    assert registry.get("b").kind == "s3"
+
+
+def test_registry_add_list_remove(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "data")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    registry.add(new_spec("docs", str(folder)))
+    with pytest.raises(ConfigError, match="exists already"):
+        registry.add(new_spec("docs", str(folder)))
+    assert [s.name for s in registry.all()] == ["docs"]
+    registry.remove("docs")
+    assert registry.all() == []
+    with pytest.raises(SourceNotFound, match="dpr sources add"):
+        registry.get("docs")
+
+
+def test_a_second_sync_of_one_source_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    with sync_lock(tmp_path, "docs"):
+        assert is_running(tmp_path)
+        with pytest.raises(SyncRunning, match=r"source docs: a sync is already running \(pid \d+"):
+            with sync_lock(tmp_path, "docs", wait_s=0.2):
+                pass
+    assert not is_running(tmp_path)
+    with sync_lock(tmp_path, "docs"):  # free again
+        pass
