@@ -141,7 +141,7 @@ def default_backends() -> tuple[str, str]:
     """(passage backend, question backend) of ``Settings().encoder``: the code's defaults unless DPR_ENCODER__*
     says otherwise (``EncoderSettings.questions`` decides an unset question backend)."""
     encoder = Settings().encoder
-    return str(encoder.backend), str(encoder.questions)
+    return str(encoder.passages), str(encoder.questions)
 
 
 def runtime_for(backend: str, data_dir: Path, onnx_cache: Path, threads: int | None = None) -> Any:

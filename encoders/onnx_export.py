@@ -14,7 +14,6 @@ torch and sentence_transformers are imported inside functions only.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -29,22 +28,19 @@ from typing import Any
 import numpy as np
 
 from encoders.onnx_towers import (
+    AGREEMENT,
     FORMAT,
-    MANIFEST,
+    PROBE_VECTORS,
     VARIANT_FILES,
     ExportMissing,
-    OnnxBackend,
-    OnnxTowers,
     read_current_manifest,
+    variant_agreement,
+    write_manifest,
 )
 from encoders.towers import SentenceTransformerTowers, model_files_key, model_fingerprint
 
 log = logging.getLogger(__name__)
 
-# A variant keeps the model's fingerprint when its cosine to torch clears these on the probes, in both towers:
-# fp32 on every probe; int8 (per-channel weights, dynamic activations: noise that short inputs average out least)
-# on the mean, with a floor for the worst probe. Measured on all-MiniLM-L6-v2: fp32 1.0000, int8 mean 0.995.
-AGREEMENT: dict[OnnxBackend, dict[str, float]] = {"onnx": {"min": 0.999}, "onnx-int8": {"mean": 0.99, "min": 0.95}}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # int8 leaves these projections in fp32 (``int8_fp32_matmuls``): layer 0's attention output and the FFN output
 # projection (the MatMul after GELU, whose input carries the outlier activations that one per-tensor activation
@@ -110,10 +106,12 @@ def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
             "towers": towers, "agreement": AGREEMENT, "int8_fp32_matmuls": fp32_in_int8,
             "variants": {b: {"fingerprint": f"{fingerprint}-{b}"} for b in VARIANT_FILES},  # until measured
         }
-        _write_manifest(staging, manifest)  # the measurement below loads the export through OnnxTowers
+        write_manifest(staging, manifest)  # the measurement below loads the export through OnnxTowers
         manifest["variants"] = _measure(reference, staging, model_path, fingerprint)
         manifest["seconds"] = round(time.perf_counter() - started, 1)
-        _write_manifest(staging, manifest)
+        manifest["files"] = {str(f.relative_to(staging)): f.stat().st_size for f in sorted(staging.rglob("*"))
+                             if f.is_file() and f.name != "manifest.json" and f.parent.name != "openvino"}
+        write_manifest(staging, manifest)
         _replace_dir(staging, export_dir)
     log.info("exported towers to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest
@@ -299,29 +297,14 @@ def _token_embeddings_module() -> Any:
 
 def _measure(reference: SentenceTransformerTowers, staging: Path, model_path: Path,
              fingerprint: str) -> dict[str, Any]:
-    """Cosine of each variant against torch on the probes, both towers; the fingerprint each variant carries."""
-    expected = {"query": reference.encode_queries(PROBES), "document": reference.encode_documents(PROBES)}
-    variants: dict[str, Any] = {}
-    for backend in VARIANT_FILES:
-        towers = OnnxTowers(staging, model_path, backend)  # type: ignore[arg-type]
-        got = {"query": towers.encode_queries(PROBES), "document": towers.encode_documents(PROBES)}
-        cosine = {role: _cosines(expected[role], got[role]) for role in got}
-        agrees = all(c[stat] >= bound for c in cosine.values()
-                     for stat, bound in AGREEMENT[backend].items())  # type: ignore[index]
-        variants[backend] = {"fingerprint": fingerprint if agrees else f"{fingerprint}-{backend}",
-                             "agrees_with_torch": agrees, "cosine": cosine}
-    return variants
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-    return {"min": round(float(cos.min()), 6), "mean": round(float(cos.mean()), 6)}
-
-
-def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    tmp = directory / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+    """Cosine of each variant against torch on the probes, both towers; the fingerprint each variant carries.
+    torch's vectors of the probes stay beside the export (``PROBE_VECTORS``): a runtime installed later is measured
+    against them without torch, and every tower checks a few of them when it loads."""
+    expected = {"texts": np.array(PROBES), "query": reference.encode_queries(PROBES),
+                "document": reference.encode_documents(PROBES)}
+    np.savez(staging / PROBE_VECTORS, texts=expected["texts"], query=expected["query"], document=expected["document"])
+    return {backend: variant_agreement(staging, model_path, backend, expected, fingerprint)  # type: ignore[arg-type]
+            for backend in VARIANT_FILES}
 
 
 def _replace_dir(staging: Path, target: Path) -> None:

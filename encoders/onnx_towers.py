@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,20 +25,42 @@ from typing import Any, Literal
 import numpy as np
 
 from encoders.batching import length_slices
+from encoders.runtimes import Backend, OpenVinoSession, runtime_version
 from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint, passage_fingerprint
 
-Backend = Literal["torch", "onnx", "onnx-int8"]
-OnnxBackend = Literal["onnx", "onnx-int8"]
-BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
+log = logging.getLogger(__name__)
+
+OnnxBackend = Literal["onnx", "onnx-int8", "openvino-bf16"]  # the backends an export serves
+BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8", "openvino-bf16")
 MANIFEST = "manifest.json"
-FORMAT = 4  # bumped when the export changes: an older export is made again (2: weights in .data files; 3: no
-# softmax NaN guards, one attention mask; 4: int8 keeps the most sensitive projections in fp32)
-VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}
+PROBE_VECTORS = "probes.npz"  # torch's vectors of the probes (``encoders.onnx_export.PROBES``), both towers
+FORMAT = 5  # bumped when the export changes: an older export is made again (2: weights in .data files; 3: no
+# softmax NaN guards, one attention mask; 4: int8 keeps the most sensitive projections in fp32; 5: openvino-bf16,
+# torch's probe vectors kept for checks without torch, each file's size, each variant's runtime version)
+# The graph each backend runs: OpenVINO compiles the fp32 graph itself (in bf16 where the CPU has AMX).
+VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx", "openvino-bf16": "model.onnx"}
+# A variant keeps the model's fingerprint when its cosine to torch clears these on the probes, in both towers:
+# fp32 on every probe; int8 (per-channel weights, dynamic activations: noise that short inputs average out least)
+# on the mean, with a floor for the worst probe; bf16 (8 bits of mantissa, fp32 accumulation) on the mean, as
+# tightly as the fifth wave's fidelity floor (0.999). Measured on all-MiniLM-L6-v2: fp32 1.0000, int8 mean 0.995,
+# bf16 mean 0.99998.
+AGREEMENT: dict[str, dict[str, float]] = {"onnx": {"min": 0.999}, "onnx-int8": {"mean": 0.99, "min": 0.95},
+                                          "openvino-bf16": {"mean": 0.999, "min": 0.99}}
+CHECKED_PROBES = (2, 3)  # the probes a tower encodes when it loads, against torch's vectors: a corrupt or foreign
+# export is caught before it serves (a few ms), and made again
 POOLING_MODES = ("cls", "mean", "mean_sqrt_len_tokens", "max", "weightedmean", "lasttoken")
 
 
 class ExportMissing(LookupError):
     """No current ONNX export for a model (none yet, an older format, or the model changed since)."""
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A runtime that is installed but cannot run the towers on this CPU (measured at export)."""
+
+
+class ExportCorrupt(ExportMissing):
+    """An export whose files are not those it recorded (truncated, replaced, from another model): made again."""
 
 
 def split_fingerprint(fingerprint: str) -> tuple[str, Backend | None]:
@@ -69,6 +93,14 @@ def read_current_manifest(export_dir: Path, model_path: Path) -> dict[str, Any]:
     manifest = dict(json.loads(path.read_text()))
     if manifest.get("format") != FORMAT:
         raise ExportMissing(f"the ONNX export under {export_dir} has an older format; it is made again")
+    for name, size in dict(manifest.get("files") or {}).items():
+        try:
+            got = (export_dir / name).stat().st_size
+        except OSError:
+            got = -1
+        if got != size:
+            raise ExportCorrupt(f"the ONNX export under {export_dir} is damaged ({name}: {got} bytes, recorded "
+                                f"{size}); it is made again")
     if manifest.get("model_files") == [list(e) for e in model_files_key(model_path)]:
         return manifest
     if manifest.get("model_fingerprint") != model_fingerprint(model_path):
@@ -128,7 +160,10 @@ class OnnxTower:
         self.tokenizer.enable_truncation(spec.max_seq_length)
         self._tokenizer_path = directory / "tokenizer.json"
         self._raw_tokenizer: Any = None
-        self.session = cpu_session(directory / VARIANT_FILES[backend], threads)
+        if backend == "openvino-bf16":  # its compiled blob beside the graph: the machine-wide cache holds both
+            self.session = OpenVinoSession(directory / VARIANT_FILES[backend], threads, root / "openvino")
+        else:
+            self.session = cpu_session(directory / VARIANT_FILES[backend], threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     @property
@@ -198,22 +233,30 @@ class OnnxTowers:
 
     def __init__(self, export_dir: Path, model_path: Path, backend: OnnxBackend = "onnx", *,
                  threads: int | None = None, name: str | None = None) -> None:
-        """Reads the manifest (``ExportMissing`` when it is not current); each tower's session is made on its first
-        use, so a process that only asks questions never loads the passage tower."""
+        """Reads the manifest (``ExportMissing`` when it is not current; ``ExportCorrupt`` when a tower's check
+        fails); each tower's session is made on its first use, so a process that only asks questions never loads
+        the passage tower. A variant not yet measured with the installed runtime (openvino installed after the
+        export, a new version) is measured now against torch's probe vectors, without torch."""
         if backend not in VARIANT_FILES:
-            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx or onnx-int8")
+            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx, onnx-int8 or openvino-bf16")
         self.path = Path(model_path)
         self.export_dir = Path(export_dir)
         self.name = name or self.path.name
         self.backend = backend
         self._threads = threads
+        self._towers: dict[str, OnnxTower] = {}
+        self._lock = threading.Lock()
         self.manifest = read_current_manifest(self.export_dir, self.path)  # raises ExportMissing
+        variant = self.manifest["variants"].get(backend) or {}
+        if variant.get("runtime") != runtime_version(backend):
+            self.manifest = measure_variant(self.export_dir, self.path, backend)
+        if self.manifest["variants"][backend].get("available") is False:
+            raise RuntimeUnavailable(f"{backend} cannot run here: {self.manifest['variants'][backend].get('error')}")
         self.model_fingerprint = str(self.manifest["model_fingerprint"])
         variant = str(self.manifest["variants"][backend]["fingerprint"])  # "<model fp>" or "<model fp>-<backend>"
         # a question-only model's passage tower is its partner's: its points carry the partner's passage fingerprint
         self._fingerprint = passage_fingerprint(self.path) + variant[len(self.model_fingerprint):]
-        self._towers: dict[str, OnnxTower] = {}
-        self._lock = threading.Lock()
+        self._reference: dict[str, np.ndarray] | None = None
 
     def _tower(self, role: str) -> OnnxTower:
         with self._lock:
@@ -221,9 +264,45 @@ class OnnxTowers:
             if tower is None:
                 spec = TowerSpec.from_manifest(self.manifest["towers"][role])
                 shared = next((t for t in self._towers.values() if t.spec == spec), None)
-                tower = shared or OnnxTower(self.export_dir, spec, self.backend, self._threads)
+                tower = shared or self._checked(role, spec)
                 self._towers[role] = tower
             return tower
+
+    def load(self, role: str) -> OnnxTowers:
+        """Make and check the ``role`` tower now (``ExportCorrupt`` if its export is damaged): the loader calls
+        this so a damaged export is made again before it serves, not on the first passage."""
+        self._tower(role)
+        return self
+
+    def _checked(self, role: str, spec: TowerSpec) -> OnnxTower:
+        """The tower, once its vectors of ``CHECKED_PROBES`` match torch's as closely as the export measured."""
+        try:
+            tower = OnnxTower(self.export_dir, spec, self.backend, self._threads)
+            reference = self._probe_vectors()
+        except Exception as e:  # a graph or weights file the runtime cannot read
+            raise ExportCorrupt(f"the export under {self.export_dir} cannot be loaded ({e}); it is made again") from e
+        if reference is None:
+            return tower
+        texts = [str(reference["texts"][i]) for i in CHECKED_PROBES]
+        got = tower.encode(texts, len(texts))
+        want = reference[role][list(CHECKED_PROBES)]
+        cos = (got * want).sum(axis=1) / np.maximum(
+            np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-12)
+        variant = self.manifest["variants"][self.backend]
+        floor = min(float(variant["cosine"][role]["min"]) - 0.002, 0.99)
+        if float(cos.min()) < floor:
+            raise ExportCorrupt(f"the {role} tower under {self.export_dir} no longer gives the vectors it was "
+                                f"measured with (cosine {float(cos.min()):.4f} < {floor:.4f}); it is made again")
+        return tower
+
+    def _probe_vectors(self) -> dict[str, np.ndarray] | None:
+        if self._reference is None:
+            path = self.export_dir / PROBE_VECTORS
+            if not path.is_file():
+                return None
+            with np.load(path) as data:
+                self._reference = {k: data[k] for k in data.files}
+        return self._reference
 
     @property
     def fingerprint(self) -> str:
@@ -255,3 +334,73 @@ class OnnxTowers:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return self._tower(role).encode(texts, batch_size)
+
+
+def measure_variant(export_dir: Path, model_path: Path, backend: OnnxBackend) -> dict[str, Any]:
+    """Measure ``backend``'s variant of an export against torch's probe vectors (``PROBE_VECTORS``; no torch
+    needed) and record it in the manifest (one measurer at a time per export; the others read its result).
+    Returns the manifest."""
+    import fcntl
+
+    with open(export_dir.parent / f".{export_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = read_current_manifest(export_dir, model_path)
+        if (manifest["variants"].get(backend) or {}).get("runtime") == runtime_version(backend):
+            return manifest  # another process measured it meanwhile
+        with np.load(export_dir / PROBE_VECTORS) as data:
+            reference = {k: data[k] for k in data.files}
+        manifest["variants"][backend] = variant_agreement(export_dir, model_path, backend, reference,
+                                                          str(manifest["model_fingerprint"]))
+        write_manifest(export_dir, manifest)
+        log.info("measured a runtime's towers against torch", extra={
+            "model_path": str(model_path), "backend": backend, "variant": manifest["variants"][backend]})
+        return manifest
+
+
+def variant_agreement(export_dir: Path, model_path: Path, backend: OnnxBackend, reference: dict[str, np.ndarray],
+                      fingerprint: str) -> dict[str, Any]:
+    """Cosine of ``backend``'s vectors of the probes against torch's (``reference``: texts, query, document), both
+    towers; the fingerprint the variant carries: the model's when it clears ``AGREEMENT``, else suffixed. A
+    runtime that cannot run here (openvino on a CPU it cannot use) gets ``available: false`` and the suffix."""
+    texts = [str(t) for t in reference["texts"]]
+    record: dict[str, Any] = {"runtime": runtime_version(backend)}
+    try:
+        towers = _Unchecked(export_dir, model_path, backend)
+        got = {"query": towers.encode_queries(texts), "document": towers.encode_documents(texts)}
+    except Exception as e:
+        log.warning("this runtime cannot run the towers here; it will not be chosen",
+                    extra={"backend": backend, "error": str(e)})
+        return {**record, "fingerprint": f"{fingerprint}-{backend}", "agrees_with_torch": False,
+                "available": False, "error": str(e)}
+    cosine = {role: cosines(reference[role], got[role]) for role in got}
+    agrees = all(c[stat] >= bound for c in cosine.values() for stat, bound in AGREEMENT[backend].items())
+    return {**record, "fingerprint": fingerprint if agrees else f"{fingerprint}-{backend}",
+            "agrees_with_torch": agrees, "cosine": cosine}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return {"min": round(float(cos.min()), 6), "mean": round(float(cos.mean()), 6)}
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` atomically (a reader sees the old one or the new one)."""
+    tmp = directory / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+
+
+class _Unchecked(OnnxTowers):
+    """An export's towers before their variant is measured: what the measurement itself encodes with."""
+
+    def __init__(self, export_dir: Path, model_path: Path, backend: OnnxBackend) -> None:
+        self.path, self.export_dir, self.name, self.backend = Path(model_path), Path(export_dir), "probe", backend
+        self._threads, self._towers, self._lock, self._reference = None, {}, threading.Lock(), None
+        self.manifest = json.loads((self.export_dir / MANIFEST).read_text())
+
+    def _checked(self, role: str, spec: TowerSpec) -> OnnxTower:
+        return OnnxTower(self.export_dir, spec, self.backend, self._threads)
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from encoders.onnx_towers import Backend, ExportMissing, OnnxTowers, export_dir_for, split_fingerprint
+from encoders.onnx_towers import (
+    ExportCorrupt,
+    ExportMissing,
+    OnnxTowers,
+    RuntimeUnavailable,
+    export_dir_for,
+    split_fingerprint,
+)
+from encoders.runtimes import Backend
 from encoders.towers import (
     MULTILINGUAL,
     DualEncoder,
@@ -217,13 +225,38 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
     if backend == "torch":
         return SentenceTransformerTowers(path, device=device, name=name)
     export_dir = export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir))
-    try:
-        return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
-    except ExportMissing:
-        pass
-    if export_model(path, models_dir, cache_dir) is None:  # logged there; torch serves what it cannot export
-        return SentenceTransformerTowers(path, device=device, name=name)
-    return OnnxTowers(export_dir, path, backend, threads=threads, name=name)
+    for attempt in range(2):
+        try:
+            return OnnxTowers(export_dir, path, backend, threads=threads, name=name).load(_first_role(backend))
+        except RuntimeUnavailable as e:  # openvino installed but unusable on this CPU: one line, then int8
+            log.warning("the chosen runtime cannot run here; falling back to onnx-int8",
+                        extra={"backend": backend, "error": str(e)})
+            return build_towers(path, name, device=device, backend="onnx-int8", threads=threads,
+                                models_dir=models_dir, cache_dir=cache_dir)
+        except ExportMissing as e:
+            if attempt:
+                raise
+            if isinstance(e, ExportCorrupt):
+                log.warning("a damaged export is made again", extra={"export_dir": str(export_dir), "error": str(e)})
+                discard_export(export_dir)
+        if export_model(path, models_dir, cache_dir) is None:  # logged there; torch serves what it cannot export
+            return SentenceTransformerTowers(path, device=device, name=name)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _first_role(backend: Backend) -> str:
+    """The tower checked when towers load: the passage tower, except on fp32 ONNX, which by default only
+    questions use (the query path never loads the passage tower)."""
+    return "query" if backend == "onnx" else "document"
+
+
+def discard_export(export_dir: Path) -> None:
+    """Take a damaged export out of the way (its manifest first: a reader then sees none), so the next
+    ``export_model`` makes it again."""
+    import shutil
+
+    (export_dir / "manifest.json").unlink(missing_ok=True)
+    shutil.rmtree(export_dir, ignore_errors=True)
 
 
 def export_model(path: Path, models_dir: Path, cache_dir: Path | None = None,

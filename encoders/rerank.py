@@ -28,7 +28,9 @@ from encoders.onnx_towers import (
     cpu_session,
     export_dir_for,
     read_current_manifest,
+    write_manifest,
 )
+from encoders.runtimes import OpenVinoSession
 from encoders.towers import model_fingerprint, offline, read_model_card, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ class OnnxReranker:
         from tokenizers import Tokenizer
 
         if backend not in VARIANT_FILES:
-            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx or onnx-int8")
+            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx, onnx-int8 or openvino-bf16")
         self.path, self.export_dir = Path(model_path), Path(export_dir)
         self.name = name or self.path.name
         self.backend: str = backend
@@ -150,7 +152,9 @@ class OnnxReranker:
         self.tokenizer = Tokenizer.from_file(str(self.export_dir / "reranker" / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(self.manifest["max_length"]), strategy="longest_first")
-        self.session = cpu_session(self.export_dir / "reranker" / VARIANT_FILES[backend], threads)
+        graph = self.export_dir / "reranker" / VARIANT_FILES[backend]
+        self.session = (OpenVinoSession(graph, threads, self.export_dir / "openvino") if backend == "openvino-bf16"
+                        else cpu_session(graph, threads))
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     @property
@@ -253,7 +257,7 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     ``PROBE_PAIRS``; an fp32 export that does not reproduce torch is refused (the torch backend still serves)."""
     import time
 
-    from encoders.onnx_export import _export_transformer, _replace_dir, _write_manifest, staging_dir
+    from encoders.onnx_export import _export_transformer, _replace_dir, staging_dir
     from encoders.towers import model_files_key
 
     started = time.perf_counter()
@@ -269,13 +273,13 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
             "model_fingerprint": model_fingerprint(model_path),
             "model_files": [list(e) for e in model_files_key(model_path)], "max_length": max_length,
         }
-        _write_manifest(staging, manifest)
+        write_manifest(staging, manifest)
         manifest["variants"] = _measure(reference, staging, model_path)
         if not manifest["variants"]["onnx"]["agrees_with_torch"]:
             raise ValueError(f"the ONNX export of reranker {model_path} does not reproduce torch "
                              f"({manifest['variants']['onnx']}); use DPR_RERANK__BACKEND=torch")
         manifest["seconds"] = round(time.perf_counter() - started, 1)
-        _write_manifest(staging, manifest)
+        write_manifest(staging, manifest)
         _replace_dir(staging, export_dir)
     log.info("exported reranker to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest

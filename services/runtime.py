@@ -103,7 +103,7 @@ class Runtime:
         m = self._models
         with m.lock:
             if m.towers is None:
-                m.towers = self._load(self.settings.encoder.backend)
+                m.towers = self._load(self.settings.encoder.passages)
             return m.towers
 
     @property
@@ -111,7 +111,7 @@ class Runtime:
         """The configured model on ``encoder.question_backend`` (default: ``backend``): what questions are encoded
         with. Loaded on its own, so a query process on an ONNX backend never imports torch."""
         backend = self.question_backend
-        if backend == self.settings.encoder.backend:
+        if backend == self.settings.encoder.passages:
             return self.towers
         m = self._models
         with m.lock:
@@ -157,9 +157,10 @@ class Runtime:
         """The towers whose fingerprint is ``fingerprint`` (base or under models_dir), on ``backend`` (default
         ``encoder.backend``) when its vectors agree: queries and ingest follow the collection's active generation
         across re-embeds and rollbacks. From the registry's tower cache."""
-        backend = backend or self.settings.encoder.backend
+        passages = self.settings.encoder.passages
+        backend = backend or passages
         m = self._models
-        loaded = m.towers if backend == self.settings.encoder.backend else m.question_towers
+        loaded = m.towers if backend == passages else m.question_towers
         if loaded is not None and loaded.fingerprint == fingerprint:
             return loaded
         try:
@@ -175,15 +176,15 @@ class Runtime:
 
     def reranker(self, recorded: str | None = None) -> Reranker:
         """The reranker: ``rerank.model``, else the one the collection recorded (``recorded``), else the newest
-        reranker; on ``rerank.backend`` (default: ``encoder.question_backend`` if set, else the passage backend:
-        a reranker reads N passages per question, so it keeps int8's speed). Loaded once per process (the loader's
+        reranker; on ``rerank.backend`` (default: the passage tower's backend: a reranker reads N passages per
+        question, so it takes the passages' speed). Loaded once per process (the loader's
         cache, which notices a retrained model)."""
         from encoders.rerank import RerankerError, load_reranker
 
         s = self.settings
         try:
             return load_reranker(s.rerank.model or recorded, s.models_dir,
-                                 s.rerank.backend or s.encoder.question_backend or s.encoder.backend,
+                                 s.rerank.backend or s.encoder.passages,
                                  threads=threads_per_process(s.encoder.threads), cache_dir=s.onnx_cache_dir)
         except RerankerError as e:
             raise ModelMismatch(str(e)) from e

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from encoders.runtimes import Backend, Choice
 
 COLLECTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 # torch's device types (torch.device refuses anything else), with an optional index: cpu, cuda, cuda:1, mps
@@ -60,29 +63,39 @@ class EncoderSettings(BaseModel):
         "the usable "
         "cores (affinity, cgroup quota), split between a worker's pool processes; `dpr serve`: 1."
     )
-    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
-        default="onnx-int8",
-        description="What runs the towers: torch, onnx (ONNX Runtime fp32) or onnx-int8 (dynamic int8, the default: "
-        "~1.9x torch's passages/s, and on the dev split (SciFact train claims) within 0.002 nDCG@10 of torch; see "
-        "the README's Backends). The ONNX export is made once per model and tied to its fingerprint; a model the "
-        "export cannot reproduce is served by torch.",
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"] = Field(
+        default="auto",
+        description="What runs the towers: auto (the default: chosen from the CPU by encoders/runtimes.py, OpenVINO "
+        "bf16 where it has AMX, ~2.3x int8's passages/s at cosine 0.99998 to fp32, else onnx-int8), torch, onnx "
+        "(ONNX Runtime fp32), onnx-int8 (dynamic int8) or openvino-bf16. The export is made once per model and "
+        "machine (ONNX_CACHE) and tied to its fingerprint; a model the export cannot reproduce is served by torch.",
     )
-    question_backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
+    question_backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"] | None = Field(
         default=None,
-        description="Backend of the question tower (queries); default: onnx (fp32) beside onnx-int8 passages, else "
-        "the same as backend (see `questions`). Any onnx backend keeps torch out of `dpr query`, which then starts "
-        "in under a second.",
+        description="Backend of the question tower (queries); default: with backend auto, chosen from the CPU the "
+        "same way (onnx fp32 where int8 would be chosen); beside explicit onnx-int8 passages, onnx; else the same "
+        "as backend. Any backend but torch keeps torch out of `dpr query`, which then starts in under a second.",
     )
 
     @property
-    def questions(self) -> Literal["torch", "onnx", "onnx-int8"]:
-        """The question tower's backend: ``question_backend`` if set; beside ``onnx-int8`` passages, ``onnx``: fp32
-        questions take int8's rounding off one side of every score for a few milliseconds per question (README,
-        Backends); else the passage backend."""
-        if self.question_backend is not None:
-            return self.question_backend
-        return "onnx" if self.backend == "onnx-int8" else self.backend
+    def passages(self) -> Backend:
+        """The passage tower's backend, ``auto`` resolved from the CPU (``encoders.runtimes.choose``)."""
+        return self.choice("document").backend
 
+    @property
+    def questions(self) -> Backend:
+        """The question tower's backend: ``question_backend`` if set; with ``backend`` auto, chosen from the CPU;
+        beside ``onnx-int8`` passages, ``onnx``: fp32 questions take int8's rounding off one side of every score
+        for a few milliseconds per question (README, Backends); else the passage backend."""
+        return self.choice("query").backend
+
+    def choice(self, role: Literal["query", "document"]) -> Choice:
+        """The runtime of one tower and why (``dpr status`` reports it)."""
+        from encoders.runtimes import choose
+
+        if role == "document":
+            return choose("document", self.backend)
+        return choose("query", self.question_backend or "auto", passages=self.backend)
 
     @field_validator("device", mode="after")
     @classmethod
@@ -104,9 +117,9 @@ class RerankSettings(BaseModel):
         description="Reranker name under DATA_DIR/models or a path; default: the one the collection recorded, else "
         "the newest reranker.",
     )
-    backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
-        default=None, description="What runs the reranker; default: encoder.question_backend if set, else the "
-        "passage backend (int8 by default: it reads N passages per question)."
+    backend: Literal["torch", "onnx", "onnx-int8", "openvino-bf16"] | None = Field(
+        default=None, description="What runs the reranker; default: the passage tower's backend (it reads N "
+        "passages per question)."
     )
     batch_size: int = Field(default=32, ge=1, le=1024, description="(question, passage) pairs per forward pass.")
 
@@ -322,19 +335,6 @@ class DocumentSettings(BaseModel):
     )
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="DPR_",
-        env_nested_delimiter="__",
-        env_file=".env",
-        extra="ignore",
-        validate_default=True,
-    )
-
-    data_dir: Path = Field(default=Path(".dpr"), description="Embedded store, models, job state.")
-    onnx_cache: Path | None = Field(
-        default=None, description="ONNX exports of models outside DATA_DIR/models (the base model); default "
-        "DATA_DIR/cache/onnx. Exports are tied to the model's fingerprint, so data dirs may share one."
 class SourceSettings(BaseModel):
     """Sources kept in sync (`dpr sources`, services/sources/): where an s3:// source's store is, and bounds on a
     sync's reads; see docs/sources.md."""
@@ -347,6 +347,20 @@ class SourceSettings(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds a source may take to answer one request.")
 
 
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DPR_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(default=Path(".dpr"), description="Embedded store, models, job state.")
+    onnx_cache: Path | None = Field(
+        default=None, description="Exports of models outside DATA_DIR/models (the base model); default the machine's "
+        "cache, $XDG_CACHE_HOME/dpr-ingest/towers (~/.cache/dpr-ingest/towers). Exports are tied to the model's "
+        "fingerprint and checked when they load, so every data dir shares one."
     )
     collection: str = Field(default="passages", pattern=COLLECTION_NAME)
     broker_url: str | None = Field(default=None, description="redis://... to run ingest on Celery workers.")
@@ -370,6 +384,7 @@ class SourceSettings(BaseModel):
     serving: ServingSettings = ServingSettings()
     reembed: ReembedSettings = ReembedSettings()
     documents: DocumentSettings = DocumentSettings()
+    sources: SourceSettings = SourceSettings()
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
@@ -384,7 +399,6 @@ class SourceSettings(BaseModel):
                 "use http://host:6333 or unset it for the embedded engine", need_host=True,
             )
         return self
-    sources: SourceSettings = SourceSettings()
 
     @model_validator(mode="after")
     def _check_model_dir(self) -> Settings:
@@ -411,8 +425,15 @@ class SourceSettings(BaseModel):
 
     @property
     def onnx_cache_dir(self) -> Path:
-        """ONNX exports of models outside models_dir (the base model): ONNX_CACHE, default DATA_DIR/cache/onnx."""
-        return self.onnx_cache or self.data_dir / "cache" / "onnx"
+        """Exports of models outside models_dir (the base model): ONNX_CACHE, default the machine's cache
+        (``$XDG_CACHE_HOME/dpr-ingest/towers``, else ``~/.cache/dpr-ingest/towers``), shared by every data dir,
+        worker and server of this user: a tower is converted once per machine, not per collection."""
+        if self.onnx_cache is not None:
+            return self.onnx_cache
+        import os
+
+        root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(root) / "dpr-ingest" / "towers"
 
     @property
     def store_dir(self) -> Path:

@@ -251,9 +251,9 @@ def _served_towers(settings: Settings, spec: str) -> DualEncoder:
         return load_towers(spec, settings.models_dir, device=encoder.device, backend=backend,
                            threads=threads_per_process(encoder.threads), cache_dir=settings.onnx_cache_dir)
 
-    passages = load(encoder.backend)
+    passages = load(encoder.passages)
     question = encoder.questions
-    return passages if question == encoder.backend else SplitTowers(passages, load(question))
+    return passages if question == encoder.passages else SplitTowers(passages, load(question))
 
 
 def compare_systems(
@@ -310,7 +310,7 @@ def compare_systems(
             if "hybrid" in store_modes:
                 systems[f"{label}+hybrid"] = corpus.retriever(_hybrid_options(hybrid))
     if models:
-        notes.append(MEMORY_NOTE if in_memory else f"{STORE_NOTE}; towers on {settings.encoder.backend}")
+        notes.append(MEMORY_NOTE if in_memory else f"{STORE_NOTE}; towers on {settings.encoder.passages}")
     if corpora:
         notes.append(SPARSE_NOTE + (SPARSE_KO if lang == "ko" else SPARSE_EN))
         if "hybrid" in store_modes:

@@ -147,7 +147,7 @@ def export_for_backends(settings: Settings, model_dir: Path) -> None:
     from encoders.registry import export_model
 
     encoder = settings.encoder
-    if {encoder.backend, encoder.questions} != {"torch"}:  # what the backends will read
+    if {encoder.passages, encoder.questions} != {"torch"}:  # what the backends will read
         export_model(model_dir, settings.models_dir, settings.onnx_cache_dir)
 
 
@@ -226,7 +226,7 @@ def _mining_towers(settings: Settings, spec: str) -> Any:
     """The towers that rank or denoise hard-negative candidates, on the configured passage backend."""
     from encoders.registry import load_towers
 
-    return load_towers(spec, settings.models_dir, backend=settings.encoder.backend,
+    return load_towers(spec, settings.models_dir, backend=settings.encoder.passages,
                        threads=settings.encoder.threads, cache_dir=settings.onnx_cache_dir)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from encoders.onnx_towers import FORMAT, MANIFEST, VARIANT_FILES, export_dir_for
+from encoders.runtimes import runtime_version
 from encoders.towers import model_files_key, model_fingerprint
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "query:", "alpha", "beta", "gamma", "delta"]
@@ -70,8 +71,9 @@ def make_export(tmp_path: Path, query: dict[str, Any] | None = None, document: d
         "format": FORMAT, "model_fingerprint": fp, "model_files": [list(e) for e in model_files_key(model)],
         "dim": HIDDEN, "similarity": "cosine",
         "towers": {"query": query or tower_spec(), "document": {**(document or tower_spec()), "max_passage_tokens": 4}},
-        "variants": {"onnx": {"fingerprint": fp},
-                     "onnx-int8": {"fingerprint": fp if int8_agrees else f"{fp}-onnx-int8"}},
+        "variants": {"onnx": {"fingerprint": fp, "runtime": runtime_version("onnx")},
+                     "onnx-int8": {"fingerprint": fp if int8_agrees else f"{fp}-onnx-int8",
+                                   "runtime": runtime_version("onnx-int8")}},
     }
     (export / MANIFEST).write_text(json.dumps(manifest))
     return model, export

@@ -1,0 +1,158 @@
+"""Which runtime and precision run each tower on this CPU, and the OpenVINO session that runs one: the one place
+that choice is made (ARCHITECTURE.md, fifth wave). The store, the ingest job and the API never branch on it.
+
+``choose`` reads the CPU's features (``cpu_flags``) and picks, with no settings, the fastest path that measurement
+on that class of CPU found faithful to fp32 (cosine >= 0.999, retrieval unchanged; figures in docs/capacity.md,
+``benchmarks/bench_runtimes.py`` reprints them):
+
+- AMX (``amx_bf16``: Intel Sapphire Rapids and later): OpenVINO bf16 for both towers. On a 2-core Xeon with AMX,
+  512 SciFact passages: 2.3x ONNX Runtime int8 passages/s at mean cosine 0.99998 to fp32 (int8: 0.9973), and a
+  short question in 1.5 ms against 3.0 ms for ONNX Runtime fp32.
+- anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). Without AMX, OpenVINO bf16
+  runs its matrix multiplies in converted fp32 and is slower than int8 (FACTS.md: 0.97x ONNX fp32).
+
+An explicit ``DPR_ENCODER__BACKEND`` wins and is reported as the reason. The CPU's features can be masked the way
+oneDNN is (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``AVX512_CORE_VNNI``): the choice then follows the masked CPU, which is how
+the benchmarks emulate an older one. Importing this module imports no runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["torch", "onnx", "onnx-int8", "openvino-bf16"]
+Setting = Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"]
+Role = Literal["query", "document"]
+CPUINFO = Path("/proc/cpuinfo")
+# ONEDNN_MAX_CPU_ISA values (oneDNN's names) -> the /proc/cpuinfo flags a CPU capped there does not use
+_MASKS: dict[str, tuple[str, ...]] = {
+    "SSE41": ("avx", "avx2", "fma", "avx512", "amx", "avx_vnni"),
+    "AVX": ("avx2", "fma", "avx512", "amx", "avx_vnni"),
+    "AVX2": ("avx512", "amx", "avx_vnni"),
+    "AVX2_VNNI": ("avx512", "amx"),
+    "AVX2_VNNI_2": ("avx512", "amx"),
+    "AVX512_CORE": ("avx512_vnni", "avx512_bf16", "avx512_fp16", "amx"),
+    "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
+    "AVX512_CORE_BF16": ("avx512_fp16", "amx"),
+    "AVX512_CORE_FP16": ("amx",),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The runtime and precision of one tower, and why."""
+
+    backend: Backend
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"backend": self.backend, "reason": self.reason}
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO, env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), less those ``ONEDNN_MAX_CPU_ISA`` caps (a prefix match: AVX2
+    removes every ``avx512*`` and ``amx*`` flag). Empty where there is no cpuinfo (not Linux)."""
+    cap = (env if env is not None else os.environ).get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    masked = _MASKS.get(cap, ())
+    return frozenset(f for f in _read_flags(cpuinfo) if not any(f.startswith(m) for m in masked))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_flags(cpuinfo: Path) -> frozenset[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def runtime_version(backend: Backend) -> str | None:
+    """The installed version of the runtime behind ``backend`` (None: not installed), read without importing it."""
+    return _package_version({"torch": "torch", "onnx": "onnxruntime", "onnx-int8": "onnxruntime",
+                             "openvino-bf16": "openvino"}[backend])
+
+
+@functools.lru_cache(maxsize=8)
+def _package_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None = None,
+           flags: frozenset[str] | None = None) -> Choice:
+    """The backend of the ``role`` tower. ``configured``: the setting for that tower (``DPR_ENCODER__BACKEND``, or
+    ``DPR_ENCODER__QUESTION_BACKEND`` for questions); ``passages``: for a question tower left unset, the passage
+    setting, which it follows (beside explicit onnx-int8 passages, fp32 questions: int8's rounding off one side of
+    every score for a few milliseconds a question)."""
+    if configured != "auto":
+        return Choice(configured, "set by DPR_ENCODER__QUESTION_BACKEND" if role == "query"
+                      else "set by DPR_ENCODER__BACKEND")
+    if role == "query" and passages not in (None, "auto"):
+        backend: Backend = "onnx" if passages == "onnx-int8" else passages  # type: ignore[assignment]
+        return Choice(backend, f"follows DPR_ENCODER__BACKEND={passages}")
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        if runtime_version("openvino-bf16") is not None:
+            return Choice("openvino-bf16", "AMX bf16 on this CPU: OpenVINO bf16, measured 2.3x ONNX Runtime int8 "
+                          "at cosine 0.99998 to fp32 (docs/capacity.md)")
+        log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime "
+                    "(pip install openvino for ~2x)")
+    if role == "query":
+        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions (docs/capacity.md)")
+    return Choice("onnx-int8", "no AMX on this CPU: ONNX Runtime int8 passages, the fastest measured without it "
+                  "(docs/capacity.md)")
+
+
+class OpenVinoSession:
+    """An OpenVINO model compiled for the CPU in bf16, behind the slice of onnxruntime's ``InferenceSession`` that
+    ``encoders.onnx_towers.OnnxTower`` uses (``get_inputs``, ``run``). It reads the export's fp32 ``model.onnx``:
+    no second conversion. The compiled blob is cached in ``cache_dir`` (OpenVINO keys it by its own version, the
+    graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s. One infer request per
+    calling thread (a request is not re-entrant; `dpr serve` encodes on two threads)."""
+
+    def __init__(self, model_file: Path, threads: int | None, cache_dir: Path | None,
+                 precision: str = "bf16") -> None:
+        import openvino as ov
+
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            config["CACHE_DIR"] = str(cache_dir)
+        self._model = ov.Core().compile_model(str(model_file), "CPU", config)
+        got = str(self._model.get_property("INFERENCE_PRECISION_HINT"))
+        if precision == "bf16" and "bf16" not in got and "bfloat16" not in got:
+            raise RuntimeError(f"OpenVINO runs this CPU in {got}, not bf16")
+        self._names = [i.get_any_name() for i in self._model.inputs]
+        self._output = self._model.outputs[0]
+        self._local = threading.local()
+
+    def get_inputs(self) -> list[Any]:
+        return [_Input(n) for n in self._names]
+
+    def run(self, _outputs: Any, feeds: dict[str, Any]) -> list[Any]:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self._model.create_infer_request()
+        return [request.infer({n: feeds[n] for n in self._names})[self._output].copy()]
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str

@@ -1,0 +1,69 @@
+"""The runtime and precision of each tower, chosen from the CPU's features (``encoders.runtimes``): OpenVINO bf16
+where the CPU has AMX, ONNX Runtime int8 passages and fp32 questions elsewhere, an explicit setting always first,
+and ``ONEDNN_MAX_CPU_ISA`` masking the newer paths the way oneDNN does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from encoders import runtimes
+from encoders.runtimes import choose, cpu_flags
+
+pytestmark = pytest.mark.unit
+
+SAPPHIRE = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
+EPYC = frozenset({"avx2", "fma"})
+
+
+def test_amx_gets_openvino_bf16_for_both_towers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: "2026.4.1")
+    assert choose("document", flags=SAPPHIRE).backend == "openvino-bf16"
+    assert choose("query", flags=SAPPHIRE).backend == "openvino-bf16"
+    assert "AMX" in choose("document", flags=SAPPHIRE).reason
+
+
+def test_without_amx_int8_passages_and_fp32_questions() -> None:
+    assert choose("document", flags=EPYC).backend == "onnx-int8"
+    assert choose("query", flags=EPYC).backend == "onnx"
+    no_amx = SAPPHIRE - {"amx_tile", "amx_bf16", "amx_int8"}  # AVX512_BF16 alone: bf16 measured slower than int8
+    assert choose("document", flags=no_amx).backend == "onnx-int8"
+
+
+def test_amx_without_openvino_installed_falls_back_with_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: None)
+    assert choose("document", flags=SAPPHIRE).backend == "onnx-int8"
+    assert any("openvino is not installed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("configured", "question", "passages_backend", "questions_backend"), [
+    ("onnx-int8", None, "onnx-int8", "onnx"),  # explicit int8 passages: fp32 questions, as before
+    ("torch", None, "torch", "torch"),
+    ("openvino-bf16", None, "openvino-bf16", "openvino-bf16"),
+    ("auto", "onnx", "openvino-bf16", "onnx"),  # an explicit question backend wins over the CPU's choice
+    ("onnx", "torch", "onnx", "torch"),
+])
+def test_an_explicit_setting_wins_and_says_so(monkeypatch: pytest.MonkeyPatch, configured: str,
+                                              question: str | None, passages_backend: str,
+                                              questions_backend: str) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: "1")
+    monkeypatch.setattr(runtimes, "cpu_flags", lambda: SAPPHIRE)
+    from services.core.settings import EncoderSettings
+
+    encoder = EncoderSettings(backend=configured, question_backend=question)  # type: ignore[arg-type]
+    assert (encoder.passages, encoder.questions) == (passages_backend, questions_backend)
+    if configured != "auto":
+        assert "DPR_ENCODER__BACKEND" in encoder.choice("document").reason
+
+
+def test_cpu_flags_masked_like_onednn(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile\n\n"
+                    "processor\t: 1\nflags\t\t: fpu avx2\n")
+    assert "amx_bf16" in cpu_flags(info, env={})
+    assert cpu_flags(info, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}) == {"fpu", "avx2", "fma"}
+    assert cpu_flags(info, env={"ONEDNN_MAX_CPU_ISA": "avx512_core_vnni"}) == {
+        "fpu", "avx2", "fma", "avx512f", "avx512_vnni"}
+    assert cpu_flags(tmp_path / "none", env={}) == frozenset()
