@@ -72,10 +72,6 @@ def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
     return lambda r: cls.model_validate_json(r.content)
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
-    return dict(response.json())
-
-
 class _routes:  # noqa: N801 - a namespace: one Call per route
     @staticmethod
     def search(question: str, k: int, mode: wire.Mode | None, filters: Mapping[str, Any] | None,
@@ -109,18 +105,29 @@ class _routes:  # noqa: N801 - a namespace: one Call per route
 
     @staticmethod
     def feedback(question: str, relevant: bool, doc_id: str | None, chunk: int | None,
-                 point_id: str | None) -> Call[dict[str, Any]]:
-        body = {"question": question, "relevant": relevant, "doc_id": doc_id, "chunk": chunk, "point_id": point_id}
-        return Call("POST", "/v1/feedback", _json, {"json": {k: v for k, v in body.items() if v is not None}})
+                 point_id: str | None) -> Call[wire.FeedbackOut]:
+        body = _present(question=question, relevant=relevant, doc_id=doc_id, chunk=chunk, point_id=point_id)
+        wire.FeedbackIn.model_validate(body)  # refused here, before a round trip, as the server would refuse it
+        return Call("POST", "/v1/feedback", _model(wire.FeedbackOut), {"json": body})
 
     @staticmethod
-    def create_key(role: str, collections: list[str] | None, name: str, rate: float | None) -> Call[dict[str, Any]]:
-        return Call("POST", "/v1/keys", _json,
-                    {"json": {"role": role, "collections": collections, "name": name, "rate": rate}})
+    def create_key(role: str, collections: list[str] | None, name: str, rate: float | None) -> Call[wire.KeyCreated]:
+        body = _present(role=role, collections=collections, name=name, rate=rate)
+        wire.KeyIn.model_validate(body)
+        return Call("POST", "/v1/keys", _model(wire.KeyCreated), {"json": body})
 
     @staticmethod
-    def get(path: str) -> Call[dict[str, Any]]:
-        return Call("GET", path, _json)
+    def get(path: str, model: type[M]) -> Call[M]:
+        return Call("GET", path, _model(model))
+
+    @staticmethod
+    def revoke_key(key_id: str) -> Call[wire.KeyInfo]:
+        return Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _model(wire.KeyInfo))
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    """A body's fields less those left out (None): the schema lets them be absent, never null."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _sync_params(sync_prefix: str | None, prune: bool) -> dict[str, Any]:
@@ -251,47 +258,48 @@ class Client(_Base):
         """``DELETE /v1/documents/{doc_id}``: the document and its passages."""
         return self._send(_routes.delete(doc_id))
 
-    def status(self) -> dict[str, Any]:
-        """``GET /v1/status``: what `dpr status --json` prints."""
-        return self._send(_routes.get("/v1/status"))
+    def status(self) -> wire.Status:
+        """``GET /v1/status``: what `dpr status --json` prints (``model_dump()`` gives all of it)."""
+        return self._send(_routes.get("/v1/status", wire.Status))
 
-    def whoami(self) -> dict[str, Any]:
+    def whoami(self) -> wire.WhoAmI:
         """``GET /v1/whoami``: this key's id, role and collections, and what it may do."""
-        return self._send(_routes.get("/v1/whoami"))
+        return self._send(_routes.get("/v1/whoami", wire.WhoAmI))
 
     def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
-                 point_id: str | None = None) -> dict[str, Any]:
+                 point_id: str | None = None) -> wire.FeedbackOut:
         """``POST /v1/feedback``: judge a hit (``doc_id`` + ``chunk``, or ``point_id``) relevant or not."""
         return self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
 
-    def judgements(self) -> dict[str, Any]:
+    def judgements(self) -> wire.FeedbackExport:
         """``GET /v1/feedback`` (admin): every judgement of the collection, with counts."""
-        return self._send(_routes.get("/v1/feedback"))
+        return self._send(_routes.get("/v1/feedback", wire.FeedbackExport))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> wire.Snapshot:
         """``POST /v1/snapshots`` (admin): snapshot the collection."""
-        return self._send(Call("POST", "/v1/snapshots", _json))
+        return self._send(Call("POST", "/v1/snapshots", _model(wire.Snapshot)))
 
-    def snapshots(self) -> dict[str, Any]:
+    def snapshots(self) -> wire.SnapshotList:
         """``GET /v1/snapshots`` (admin)."""
-        return self._send(_routes.get("/v1/snapshots"))
+        return self._send(_routes.get("/v1/snapshots", wire.SnapshotList))
 
-    def keys(self) -> dict[str, Any]:
+    def keys(self) -> wire.KeyList:
         """``GET /v1/keys`` (admin): the keys, never their tokens."""
-        return self._send(_routes.get("/v1/keys"))
+        return self._send(_routes.get("/v1/keys", wire.KeyList))
 
-    def create_key(self, role: Literal["read", "write", "admin"], *, collections: list[str] | None = None,
-                   name: str = "", rate: float | None = None) -> dict[str, Any]:
-        """``POST /v1/keys`` (admin): a new key; its ``token`` is shown this once."""
+    def create_key(self, role: Literal["read", "write", "admin"], *, name: str,
+                   collections: list[str] | None = None, rate: float | None = None) -> wire.KeyCreated:
+        """``POST /v1/keys`` (admin, on a server that has keys): a new key named ``name``; its ``token`` is shown
+        this once. ``rate``: requests per second, 0.1-100,000 (absent: the server's DPR_API__RATE_LIMIT)."""
         return self._send(_routes.create_key(role, collections, name, rate))
 
-    def revoke_key(self, key_id: str) -> dict[str, Any]:
+    def revoke_key(self, key_id: str) -> wire.KeyInfo:
         """``DELETE /v1/keys/{key_id}`` (admin)."""
-        return self._send(Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _json))
+        return self._send(_routes.revoke_key(key_id))
 
-    def eval_report(self) -> dict[str, Any]:
+    def eval_report(self) -> wire.EvalReport:
         """``GET /v1/eval/report``: the latest `dpr eval --report` of the server's data dir."""
-        return self._send(_routes.get("/v1/eval/report"))
+        return self._send(_routes.get("/v1/eval/report", wire.EvalReport))
 
     def eval_plot(self, name: str) -> bytes:
         """``GET /v1/eval/report/plots/{name}``: one PNG."""
@@ -367,37 +375,37 @@ class AsyncClient(_Base):
     async def delete(self, doc_id: str) -> wire.DeleteOut:
         return await self._send(_routes.delete(doc_id))
 
-    async def status(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/status"))
+    async def status(self) -> wire.Status:
+        return await self._send(_routes.get("/v1/status", wire.Status))
 
-    async def whoami(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/whoami"))
+    async def whoami(self) -> wire.WhoAmI:
+        return await self._send(_routes.get("/v1/whoami", wire.WhoAmI))
 
     async def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
-                       point_id: str | None = None) -> dict[str, Any]:
+                       point_id: str | None = None) -> wire.FeedbackOut:
         return await self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
 
-    async def judgements(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/feedback"))
+    async def judgements(self) -> wire.FeedbackExport:
+        return await self._send(_routes.get("/v1/feedback", wire.FeedbackExport))
 
-    async def snapshot(self) -> dict[str, Any]:
-        return await self._send(Call("POST", "/v1/snapshots", _json))
+    async def snapshot(self) -> wire.Snapshot:
+        return await self._send(Call("POST", "/v1/snapshots", _model(wire.Snapshot)))
 
-    async def snapshots(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/snapshots"))
+    async def snapshots(self) -> wire.SnapshotList:
+        return await self._send(_routes.get("/v1/snapshots", wire.SnapshotList))
 
-    async def keys(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/keys"))
+    async def keys(self) -> wire.KeyList:
+        return await self._send(_routes.get("/v1/keys", wire.KeyList))
 
-    async def create_key(self, role: Literal["read", "write", "admin"], *, collections: list[str] | None = None,
-                         name: str = "", rate: float | None = None) -> dict[str, Any]:
+    async def create_key(self, role: Literal["read", "write", "admin"], *, name: str,
+                         collections: list[str] | None = None, rate: float | None = None) -> wire.KeyCreated:
         return await self._send(_routes.create_key(role, collections, name, rate))
 
-    async def revoke_key(self, key_id: str) -> dict[str, Any]:
-        return await self._send(Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _json))
+    async def revoke_key(self, key_id: str) -> wire.KeyInfo:
+        return await self._send(_routes.revoke_key(key_id))
 
-    async def eval_report(self) -> dict[str, Any]:
-        return await self._send(_routes.get("/v1/eval/report"))
+    async def eval_report(self) -> wire.EvalReport:
+        return await self._send(_routes.get("/v1/eval/report", wire.EvalReport))
 
     async def eval_plot(self, name: str) -> bytes:
         return await self._send(Call("GET", f"/v1/eval/report/plots/{quote(name, safe='')}", lambda r: r.content))

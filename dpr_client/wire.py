@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 
 def _encodable(value: str) -> str:
@@ -23,10 +24,30 @@ def _encodable(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
+NOT_BLANK = r"\S"  # a pattern: at least one character that is not white space
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's ``integer`` counts 1.0 as one: an integral float is taken as the int it is (requests are strict
+    otherwise, so a boolean or a numeric string is still refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+INTEGRAL = BeforeValidator(_json_integer)  # after the bounds in an Annotated, or the schema loses them
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-FilterScalar = Annotated[Text, StringConstraints(max_length=1024)] | Int64 | bool
-FilterValue = FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=100)]
+# Integers in a request are within +-(2**53 - 1), the range every JSON reader keeps exact (I-JSON, RFC 7493): past
+# it a reader that takes numbers as doubles (JavaScript, most schema validators) would read another number than
+# the one sent and stored. A larger id or value goes as a string.
+SAFE_INT_MIN, SAFE_INT_MAX = -(2**53 - 1), 2**53 - 1
+Int64 = Annotated[int, Field(ge=SAFE_INT_MIN, le=SAFE_INT_MAX), INTEGRAL]
+DocIdInt = Annotated[int, Field(ge=0, le=SAFE_INT_MAX), INTEGRAL]
+FilterString = Annotated[Text, StringConstraints(max_length=1024)]
+FilterScalar = FilterString | Int64 | bool
+# A list matches any of its values: strings or integers, all of one type (the store's rule: request_filter).
+FilterValue = (FilterScalar | Annotated[list[FilterString], Field(min_length=1, max_length=100)]
+               | Annotated[list[Int64], Field(min_length=1, max_length=100)])
 MetadataValue = Annotated[Text, StringConstraints(max_length=10_000)] | Int64 | float | bool
 Mode = Literal["dense", "sparse", "hybrid"]
 Language = Literal["auto", "en", "ko"]
@@ -36,6 +57,26 @@ class Wire(BaseModel):
     """A body: its validator is built on first use, not at import (the client imports in a fraction of the time)."""
 
     model_config = ConfigDict(defer_build=True)
+
+
+class Request(Wire):
+    """A request body: exactly what its schema says. Strict types (no boolean taken for a number, no number for a
+    string, no numeric string for a number) and no field the schema does not name, so a request the schema calls
+    invalid is refused (422) and one it calls valid is read as sent."""
+
+    model_config = ConfigDict(defer_build=True, strict=True, extra="forbid")
+
+
+def _no_null_default(schema: dict[str, Any]) -> None:
+    """An optional field that may be left out but not sent as null: its schema names no default (null is not one
+    of its values)."""
+    schema.pop("default", None)
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("may be left out but not null; send a value or leave the field out")
+    return value
 
 
 class ErrorBody(Wire):
@@ -48,12 +89,10 @@ class ErrorResponse(Wire):
     error: ErrorBody
 
 
-class DocumentIn(Wire):
-    """One document. Extra scalar fields become payload metadata, as with JSONL rows for ``dpr ingest``."""
+class DocumentIn(Request):
+    """One document: an id, its text, a title and scalar metadata (filterable payload)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    id: Annotated[Text, StringConstraints(min_length=1)] | Annotated[int, Field(ge=0, le=INT64_MAX)]
+    id: Annotated[Text, StringConstraints(min_length=1)] | DocIdInt
     text: Text = Field(description="The document text; it is split into passages by the passage tower's tokenizer.")
     title: Annotated[Text, StringConstraints(max_length=2000)] = ""
     metadata: dict[str, MetadataValue] = Field(
@@ -61,9 +100,7 @@ class DocumentIn(Wire):
     )
 
 
-class DocumentsIn(Wire):
-    model_config = ConfigDict(extra="forbid")
-
+class DocumentsIn(Request):
     documents: list[DocumentIn] = Field(min_length=1, description="The batch (at most DPR_API__MAX_DOCUMENTS).")
     language: Language = Field(
         "auto", description="BM25 tokenisation: a new collection keeps it (auto: detected on the first documents); "
@@ -98,22 +135,23 @@ class JobStatus(Wire):
         return self.state in ("done", "failed")
 
 
-class SearchIn(Wire):
-    model_config = ConfigDict(extra="forbid")
-
-    question: Annotated[Text, StringConstraints(min_length=1, max_length=4000)]
-    k: int = Field(default=10, ge=1, le=1000)
+class SearchIn(Request):
+    question: Annotated[str, StringConstraints(min_length=1, max_length=4000, pattern=NOT_BLANK),
+                        AfterValidator(_encodable)] = Field(description="The question: some text that is not only "
+                                                            "white space.")
+    k: Annotated[int, Field(ge=1, le=1000), INTEGRAL] = 10
     mode: Mode | None = Field(default=None, description="Default: the collection's tuned mode, else dense.")
     filters: dict[str, FilterValue] = Field(
         default_factory=dict, max_length=16, description="Payload key -> value, or a list (any of)."
     )
     fusion: Literal["rrf", "linear"] | None = None
-    rrf_k: int | None = Field(default=None, ge=1, le=10_000)
+    rrf_k: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
     linear_weight: float | None = Field(default=None, ge=0.0, le=1.0)
-    candidates: int | None = Field(default=None, ge=1, le=10_000)
-    rerank: int | None = Field(
-        default=None, ge=0, le=1000,
-        description="Rerank the first stage's top N with the reranker (N >= k); 0: off; default: the collection's.",
+    candidates: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
+    rerank: Annotated[int, Field(ge=0, le=1000), INTEGRAL] | None = Field(
+        default=None,
+        description="Rerank the first stage's top N with the reranker (below k, the rest of the k hits follow in the "
+        "first stage's order); 0: off; default: the collection's.",
     )
     rerank_weight: float | None = Field(
         default=None, ge=0.0, le=1.0,
@@ -166,3 +204,210 @@ class Health(Wire):
 class Readiness(Wire):
     status: Literal["ready", "not_ready"]
     checks: dict[str, dict[str, Any]]
+
+
+# --- feedback ---------------------------------------------------------------------------------------------------
+
+MAX_FEEDBACK_QUESTION_CHARS = 2000  # services.learn.feedback.MAX_QUESTION_CHARS (test_api_contract checks)
+MAX_FEEDBACK_ID_CHARS = 512
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"  # a hit's id
+
+
+def _feedback_schema(schema: dict[str, Any]) -> None:
+    """What the server enforces beyond the fields: a point id or a document id, exactly one; a chunk only with a
+    document id."""
+    schema["oneOf"] = [{"required": ["point_id"]}, {"required": ["doc_id"]}]
+    schema["dependentRequired"] = {"chunk": ["doc_id"]}
+
+
+class FeedbackIn(Request):
+    """One judgement of a search hit: the hit named by ``point_id``, or by ``doc_id`` (+ ``chunk``), exactly one."""
+
+    model_config = ConfigDict(json_schema_extra=_feedback_schema)
+
+    question: Annotated[str, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_QUESTION_CHARS,
+                                               pattern=NOT_BLANK), AfterValidator(_encodable)] = Field(
+        description="The question the hit answered, as asked.")
+    point_id: Annotated[str, StringConstraints(pattern=UUID_PATTERN)] | SkipJsonSchema[None] = Field(
+        default=None, json_schema_extra=_no_null_default, description="The hit's point id (a UUID); or doc_id.")
+    doc_id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS)] | SkipJsonSchema[
+        None] = Field(default=None, json_schema_extra=_no_null_default,
+                      description="The hit's doc_id; with chunk (its chunk_index) it names one passage.")
+    chunk: Annotated[int, Field(ge=0, le=2**31 - 1), INTEGRAL] | SkipJsonSchema[None] = Field(
+        default=None, json_schema_extra=_no_null_default,
+        description="The hit's chunk_index (with doc_id); absent: the whole document.")
+    relevant: bool = Field(description="true: the passage answers the question; false: it does not.")
+
+    _present = field_validator("point_id", "doc_id", "chunk", mode="before")(_not_null)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if (self.point_id is None) == (self.doc_id is None):
+            raise ValueError("send point_id or doc_id, exactly one (a search hit's id, or its doc_id and "
+                             "chunk_index)")
+        if self.chunk is not None and self.doc_id is None:
+            raise ValueError("chunk goes with doc_id (a point id already names one chunk); send doc_id and chunk")
+
+
+class FeedbackOut(Wire):
+    collection: str
+    question: str
+    doc_id: str
+    chunk: int | None
+    relevant: bool
+    judged_at: str = Field(description="When it was judged (UTC, ISO 8601); a repeat keeps the first time.")
+    judged_by: str = Field(description="The name of the API key that judged it (empty without keys).")
+    outcome: Literal["new", "replaced", "unchanged"] = Field(
+        description="new, replaced (the same pair was judged the other way) or unchanged (a repeat)")
+    judgements: int = Field(description="Judgements of this collection now.")
+
+
+class FeedbackCounts(Wire):
+    judgements: int
+    relevant: int
+    not_relevant: int
+    questions: int
+
+
+class Judgement(Wire):
+    collection: str
+    question: str
+    doc_id: str
+    chunk: int | None
+    relevant: bool
+    judged_at: str
+    judged_by: str
+
+
+class FeedbackExport(Wire):
+    collection: str
+    counts: FeedbackCounts
+    judgements: list[Judgement]
+
+
+# --- keys -------------------------------------------------------------------------------------------------------
+
+COLLECTION_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"  # services.access.keys._COLLECTION
+MIN_KEY_RATE, MAX_KEY_RATE = 0.1, 100_000.0  # requests per second
+
+
+class KeyIn(Request):
+    role: Literal["read", "write", "admin"]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NOT_BLANK),
+                    AfterValidator(_encodable)] = Field(
+        description="Who or what holds the key (shown in `dpr keys list` and the audit log).")
+    collections: list[Annotated[str, StringConstraints(pattern=COLLECTION_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=100,
+        description="Limit the key to these collections; null or absent: every collection.")
+    rate: Annotated[float, Field(ge=MIN_KEY_RATE, le=MAX_KEY_RATE)] | SkipJsonSchema[None] = Field(
+        default=None, json_schema_extra=_no_null_default,
+        description=f"Requests per second ({MIN_KEY_RATE:g}-{MAX_KEY_RATE:,.0f}); absent: DPR_API__RATE_LIMIT.")
+
+    _present = field_validator("rate", mode="before")(_not_null)
+
+
+class KeyOut(Wire):
+    id: str = Field(description="The key's id ('env': DPR_API__API_KEY; 'anonymous': no keys configured).")
+    name: str
+    role: Literal["read", "write", "admin"] = Field(description="read < write < admin")
+    collections: list[str] | None = Field(description="The collections it may use; null: every collection.")
+
+
+class KeyInfo(KeyOut):
+    rate: float | None
+    created: str
+    revoked: str | None
+
+
+class KeyCreated(KeyInfo):
+    token: str = Field(description="The token, shown this once (only its SHA-256 is stored).")
+
+
+class KeyList(Wire):
+    keys: list[KeyInfo]
+
+
+class WhoAmI(Wire):
+    key: KeyOut
+    locked: bool = Field(description="Whether this server asks for keys at all.")
+    collection: str = Field(description="The collection this server answers for.")
+    may: dict[str, bool] = Field(description="Per role: whether this key may call that role's routes here.")
+
+
+# --- status, snapshots, reports ---------------------------------------------------------------------------------
+
+class Status(Wire):
+    """``GET /v1/status``: what `dpr status --json` prints (the fields below, and more: docs/api.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    collection: str
+    backend: str
+    exists: bool
+    generation: str | None
+    points: int | None
+    model: str | None = Field(description="The fingerprint of the active generation's passage tower.")
+    model_name: str | None = None
+    model_matches: bool
+    default_mode: str | None = None
+    configured_model: dict[str, Any]
+    towers: dict[str, Any] | None = Field(default=None, description="Per tower (passages, questions): the backend "
+                                          "that runs it, why, and what its export measured against fp32.")
+    generations: list[dict[str, Any]]
+
+
+class Snapshot(Wire):
+    """A snapshot taken (``POST /v1/snapshots``), as `dpr snapshot create --json`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    snapshot: str = Field(description="The archive's path on the server.")
+    collection: str
+    points: int
+    bytes: int
+    sha256: str
+
+
+class SnapshotEntry(Wire):
+    model_config = ConfigDict(extra="allow")
+
+    snapshot: str
+    bytes: int
+    ok: bool = Field(description="Whether its manifest reads; false: error says why.")
+
+
+class SnapshotList(Wire):
+    snapshots: list[SnapshotEntry]
+
+
+class EvalReport(Wire):
+    """The latest `dpr eval --report` of the server's data dir: its metrics per system, and its plots."""
+
+    model_config = ConfigDict(extra="allow")
+
+    written_at: str | None
+    source: str | None
+    plots: list[dict[str, str]]
+
+
+# --- query parameters -------------------------------------------------------------------------------------------
+
+def _sync_schema(schema: dict[str, Any]) -> None:
+    schema["dependentRequired"] = {"prune": ["sync_prefix"]}
+
+
+class SyncQuery(Request):
+    """``POST /v1/documents``'s query: the id prefix the request stands for in full, and whether to prune."""
+
+    model_config = ConfigDict(json_schema_extra=_sync_schema)
+
+    sync_prefix: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS)] | SkipJsonSchema[
+        None] = Field(default=None, json_schema_extra=_no_null_default,
+                      description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored "
+                      "folder): documents stored under it that the request does not hold are listed as stale.")
+    prune: bool | SkipJsonSchema[None] = Field(default=None, json_schema_extra=_no_null_default,
+                                               description="With sync_prefix: remove the stale documents.")
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.prune is not None and self.sync_prefix is None:
+            raise ValueError("prune needs sync_prefix: the id prefix this request replaces in full, e.g. "
+                             "?sync_prefix=docs/&prune=true")

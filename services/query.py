@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from encoders.towers import DualEncoder
-from services.core.errors import CollectionNotFound, ConfigError
+from services.core.errors import CollectionNotFound, ConfigError, Conflict
 from services.store.common import check_compatible, check_linear_weight, request_filter, require_sparse, serving_mode
 from services.store.points import CollectionSpec, Fusion, Hit, SearchMode, SearchRequest
 from services.store.protocol import VectorStore
@@ -38,7 +38,8 @@ class QueryOptions:
     rrf_k: int | None = None
     linear_weight: float | None = None
     candidates: int | None = None
-    rerank: int | None = None  # None: the collection's default; 0: off; N: rerank the first stage's top N
+    rerank: int | None = None  # None: the collection's default; 0: off; N: rerank the first stage's top N (below k:
+    # the rest of the k follow them in the first stage's order)
     rerank_weight: float | None = None  # None: the collection's (chosen on its dev split), else 1: reranker alone
 
 
@@ -58,8 +59,6 @@ def rerank_plan(spec: CollectionSpec, options: QueryOptions) -> RerankPlan:
         n = options.rerank
     if not 0 <= n <= MAX_K:
         raise ConfigError(f"rerank={n} is out of range; use 0 (off) or 1..{MAX_K} first-stage hits")
-    if n and n < options.k:
-        raise ConfigError(f"rerank={n} is below k={options.k}; rerank at least as many hits as you ask for")
     weight = options.rerank_weight if options.rerank_weight is not None else float(stored.get("weight", 1.0))
     if not 0.0 <= weight <= 1.0:
         raise ConfigError(f"rerank weight {weight} is out of range; use 0..1 (1: the reranker's order alone)")
@@ -146,7 +145,7 @@ def search_many(
     reranker = None
     if plan.n:
         if reranker_for is None:
-            raise ConfigError("reranking was asked for but no reranker is configured here; use rerank=0")
+            raise Conflict("reranking was asked for but no reranker is configured here; use rerank=0")
         reranker = reranker_for(plan.model)
     if base.mode != "sparse":
         if towers_for is not None and spec.model != towers.fingerprint:
@@ -157,7 +156,7 @@ def search_many(
         if sparse is None and sparse_for is not None:
             sparse = sparse_for()
         if sparse is None:
-            raise ConfigError(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
+            raise Conflict(f"--mode {base.mode} needs the BM25 sparse encoder; none was configured")
         from services.store.sparse import for_spec
 
         sparse = for_spec(spec, sparse)  # tokenise as the collection's passages were (its stored BM25 language)
@@ -175,8 +174,10 @@ def search_many(
             candidates=base.candidates,
         )
         hits = store.search(request, generation=generation)  # pinned: one generation per answer
-        results.append(rerank_hits(q, hits, reranker, base.k, rerank_batch_size, plan.weight)
-                       if reranker is not None else hits)
+        if reranker is not None:  # the top N reordered; below k, the rest follow in the first stage's order
+            top = min(base.k, plan.n)
+            hits = rerank_hits(q, hits[:plan.n], reranker, top, rerank_batch_size, plan.weight) + hits[plan.n:base.k]
+        results.append(hits)
     return results
 
 

@@ -24,6 +24,7 @@ from entrypoints.api import schemas
 from entrypoints.api.admission import Admission
 from entrypoints.api.auth import access_of, flat_routes, security_schemes
 from entrypoints.api.errors import install_error_handlers
+from entrypoints.api.methods import HttpMethods
 from entrypoints.api.metrics import ApiMetrics
 from entrypoints.api.middleware import AccessControl, BodyLimit, HttpMetrics
 from entrypoints.api.routes import (
@@ -46,20 +47,28 @@ from services.ingest.executor import Executor
 from services.runtime import Runtime
 from services.serving import QuestionBatcher
 
+
+def _error(text: str, **headers: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"model": schemas.ErrorResponse, "description": text}
+    if headers:
+        response["headers"] = {name: {"description": about, "schema": {"type": "string"}}
+                               for name, about in headers.items()}
+    return response
+
+
+# Every status a /v1 route may answer beside its own, each with the one error shape (and the headers it always has).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": schemas.ErrorResponse, "description": text}
-    for code, text in {
-        400: "Bad arguments",
-        401: "Missing, wrong or revoked API key",
-        403: "The key's role or collections do not allow this route (the message names the role it needs)",
-        404: "No such collection or document",
-        409: "The towers do not match the collection",
-        413: "Request too large",
-        415: "Unsupported Content-Type",
-        422: "Malformed request",
-        429: "Over the key's rate limit (see the Retry-After header)",
-        503: "Store or broker unavailable, or the server at capacity (see the Retry-After header)",
-    }.items()
+    400: _error("Bad arguments the schema cannot state (the message names the field and the fix)"),
+    401: _error("Missing, wrong or revoked API key",
+                **{"WWW-Authenticate": "How to send a key: Bearer (or the X-API-Key header)"}),
+    403: _error("The key's role or collections do not allow this route (the message names the role it needs)"),
+    404: _error("No such collection, document, job, key or report"),
+    409: _error("The towers do not match the collection"),
+    413: _error("Request body over DPR_API__MAX_REQUEST_BYTES, or an upload with too many documents"),
+    415: _error("A Content-Type the route does not take"),
+    422: _error("The request does not match its schema (the message names the field and the fix)"),
+    429: _error("Over the key's rate limit", **{"Retry-After": "Seconds to wait"}),
+    503: _error("Store or broker unavailable, or the server at capacity", **{"Retry-After": "Seconds to wait"}),
 }
 
 
@@ -108,28 +117,43 @@ def create_app(
                        queue_timeout=settings.api.queue_timeout)  # after access control: 503 + Retry-After
     app.add_middleware(AccessControl, routes=app.router.routes, gate=gate, collection=settings.collection,
                        public_paths=public_paths(app))
+    app.add_middleware(HttpMethods, routes=app.router.routes)  # 405 + Allow, OPTIONS, HEAD: before access control
     app.add_middleware(HttpMetrics, metrics=metrics)
     # Every route declares its role with @requires (entrypoints.api.auth); an undeclared one is admin-only.
     for module in (documents, jobs, search, status, reports, access, feedback, snapshots):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(console.router)  # the page and its assets hold no data: public (the routes it calls are not)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    served: dict[bool, dict[str, Any]] = {}
+    app.openapi = lambda: openapi_document(app, gate.locked, served)  # type: ignore[method-assign]
     return app
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    if app.openapi_schema:
-        return app.openapi_schema
+def openapi_document(app: FastAPI, locked: bool, cache: dict[bool, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The schema this server serves at /openapi.json: the contract it enforces. It says this server's limits
+    (``DPR_API__MAX_DOCUMENTS`` as ``maxItems``) and whether it asks for keys: with keys (``locked``) every
+    non-public operation names the two ways to send one; without, none does (the server serves everyone, and
+    refuses to make the first key over HTTP). Built once per state (``cache``): a key made with `dpr keys create`
+    while the server runs locks it, and the schema follows."""
+    if cache is not None and locked in cache:
+        return cache[locked]
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     extra = schemas.DocumentsIn.model_json_schema(ref_template="#/components/schemas/{model}")
     for name, definition in extra.pop("$defs", {}).items():
         components.setdefault(name, definition)
+    extra["properties"]["documents"]["maxItems"] = api_state_of(app).settings.api.max_documents
     components["DocumentsIn"] = extra
-    _document_access(app, schema)
-    app.openapi_schema = schema
+    _document_access(app, schema, locked)
+    if cache is not None:
+        cache[locked] = schema
     return schema
+
+
+def api_state_of(app: FastAPI) -> ApiState:
+    state = app.state.api
+    assert isinstance(state, ApiState)
+    return state
 
 
 def public_paths(app: FastAPI) -> frozenset[str]:
@@ -138,8 +162,9 @@ def public_paths(app: FastAPI) -> frozenset[str]:
     return frozenset(p for p in paths if p)
 
 
-def _document_access(app: FastAPI, schema: dict[str, Any]) -> None:
-    """Each operation says the role it needs (``x-dpr-role``) and, unless public, how to send a key."""
+def _document_access(app: FastAPI, schema: dict[str, Any], locked: bool) -> None:
+    """Each operation says the role it needs (``x-dpr-role``) and, unless public or the server has no keys, how
+    to send a key."""
     schema["components"]["securitySchemes"] = security_schemes()
     public = public_paths(app)
     for route in flat_routes(app.routes):
@@ -151,7 +176,7 @@ def _document_access(app: FastAPI, schema: dict[str, Any]) -> None:
                 continue
             needs = access_of(route, public)
             operation["x-dpr-role"] = needs.role
-            if not needs.public:
+            if not needs.public and locked:
                 operation["security"] = [{"APIKeyHeader": []}, {"HTTPBearer": []}]
 
 

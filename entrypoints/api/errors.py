@@ -1,7 +1,9 @@
 """Every error the API returns is JSON: ``{"error": {"type", "message"[, "details"]}}``.
 
 The service's own errors map to statuses by what they mean for the caller: bad arguments 400, a document that
-cannot be read 422, no collection 404, towers that do not match the collection 409, store or broker down 503.
+cannot be read 422, no collection 404, towers that do not match the collection or a request the collection as it
+is cannot serve (``Conflict``: a mode without its vectors, a reranker it lacks, another language) 409, store or
+broker down 503.
 Anything unexpected is a 500 with a generic message (details go to the log, not to the client).
 """
 
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.core.errors import (
     CollectionNotFound,
     ConfigError,
+    Conflict,
     DocumentError,
     DprError,
     ModelMismatch,
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 SERVICE_ERRORS: list[tuple[type[DprError], int, str]] = [
     (CollectionNotFound, 404, "not_found"),
     (ModelMismatch, 409, "model_mismatch"),
+    (Conflict, 409, "conflict"),  # before ConfigError, its base
     (DocumentError, 422, "invalid_document"),
     (ConfigError, 400, "bad_request"),
     (TransientError, 503, "unavailable"),

@@ -175,7 +175,7 @@ class AccessControl:
         except DprError as e:  # the keys file is unreadable: fail closed
             log.error("access check failed: %s", e)
             scope["route"] = route
-            await _send_error(send, 503, "unavailable", str(e))
+            await _send_error(send, 503, "unavailable", str(e), {"Retry-After": "5"})
             return
         principal = decision.principal
         status = decision.status

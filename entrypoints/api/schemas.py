@@ -9,14 +9,15 @@ parser ``dpr ingest`` uses (``services.readers.parse_json_row``) and reported pe
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, WithJsonSchema
 
 from dpr_client import wire
 from dpr_client.wire import (  # noqa: F401 - re-exported: the routes read every body from here
     INT64_MAX,
     DeleteOut,
+    DocIdInt,
     ErrorBody,
     ErrorResponse,
     FilterValue,
@@ -27,6 +28,7 @@ from dpr_client.wire import (  # noqa: F401 - re-exported: the routes read every
     MetadataValue,
     Readiness,
     SearchOut,
+    SyncQuery,
     Text,
 )
 from services.readers import MAX_ID_CHARS
@@ -41,24 +43,27 @@ def _filter_key(value: str) -> str:
     return value
 
 
-FilterKey = Annotated[
-    str,
-    AfterValidator(_filter_key),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": FILTER_KEY_MAX_CHARS, "pattern": FILTER_KEY_PATTERN}
-    ),
-]
+FILTER_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": FILTER_KEY_MAX_CHARS, "pattern": FILTER_KEY_PATTERN}
+FilterKey = Annotated[str, AfterValidator(_filter_key), WithJsonSchema(FILTER_KEY_SCHEMA)]
+
+
+def _keyed(values: Any, max_keys: int, description: str) -> dict[str, Any]:
+    """The schema of a ``{payload field name: value}`` object: every key must be a field name (``propertyNames``;
+    pydantic's own ``patternProperties`` would let any other key through with any value)."""
+    return {"type": "object", "propertyNames": FILTER_KEY_SCHEMA, "maxProperties": max_keys,
+            "additionalProperties": TypeAdapter(values).json_schema(), "description": description}
+
+
+METADATA_DESCRIPTION = "Scalar payload fields, filterable in search."
+FILTERS_DESCRIPTION = "Payload key -> value, or a list (any of)."
 
 
 class DocumentIn(wire.DocumentIn):
     __doc__ = wire.DocumentIn.__doc__
 
-    id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)] | Annotated[
-        int, Field(ge=0, le=INT64_MAX)
-    ]
-    metadata: dict[FilterKey, MetadataValue] = Field(
-        default_factory=dict, max_length=64, description="Scalar payload fields, filterable in search."
-    )
+    id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)] | DocIdInt
+    metadata: Annotated[dict[FilterKey, MetadataValue], WithJsonSchema(
+        _keyed(MetadataValue, 64, METADATA_DESCRIPTION))] = Field(default_factory=dict, max_length=64)
 
 
 class DocumentsIn(wire.DocumentsIn):
@@ -69,6 +74,5 @@ class DocumentsIn(wire.DocumentsIn):
 class SearchIn(wire.SearchIn):
     model_config = ConfigDict(defer_build=False)  # built here, not inside FastAPI's body adapter (its 'body' alias)
 
-    filters: dict[FilterKey, FilterValue] = Field(
-        default_factory=dict, max_length=16, description="Payload key -> value, or a list (any of)."
-    )
+    filters: Annotated[dict[FilterKey, FilterValue], WithJsonSchema(
+        _keyed(FilterValue, 16, FILTERS_DESCRIPTION))] = Field(default_factory=dict, max_length=16)

@@ -24,14 +24,13 @@ from fastapi.concurrency import run_in_threadpool
 from entrypoints.api.errors import ApiError
 from services.core.errors import DocumentError
 from services.core.settings import Settings
+from services.ingest.language import LANGUAGE_CHOICES
 from services.readers import Document, DocumentFailure, Item, iter_documents
-from services.readers.binary import BINARY_SUFFIXES
 from services.readers.filesig import FileRef, spool
 from services.readers.quarantine import limits_for
 
 UPLOAD_FORMATS = ("auto", "files", "jsonl", "beir")
-AUTO_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".txt", ".md", ".markdown", ".rst", ".html", ".htm",
-                 *BINARY_SUFFIXES)
+UPLOAD_FIELDS = ("file", "format", "language")  # the multipart body's fields (its schema's properties)
 COPY_BLOCK = 1 << 20
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -178,8 +177,7 @@ def parse_upload(source: IO[bytes], filename: str, fmt: str, settings: Settings,
     limits = settings.api
     with tempfile.TemporaryDirectory(prefix="dpr-upload-") as tmp:
         path = Path(tmp) / filename
-        if _copy_capped(source, path, limits.max_request_bytes) == 0:
-            raise ApiError(422, "validation", f"uploaded file {filename!r} is empty; send a file with content")
+        _copy_capped(source, path, limits.max_request_bytes)  # an empty file fails alone, as in `dpr ingest`
         items = iter_documents([path], fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
                                limits=limits_for(settings), defer_binary=to_workers)
         renamed = (_handed_over(_renamed(item, tmp, filename), settings) for item in items)
@@ -197,31 +195,44 @@ def _handed_over(item: Item, settings: Settings) -> Item:
     return dataclasses.replace(ref, path=str(spooled.resolve()), spooled=True)
 
 
-def _check_format(fmt: object, filename: str) -> str:
+def _check_format(fmt: object) -> str:
+    """The ``format`` field (the schema's enum). ``auto`` reads a file by its name as ``dpr ingest`` does: a
+    ``.jsonl`` file as records, anything else as one document known by its content (a file no reader knows is
+    reported as skipped in the job, with the reason)."""
     if not isinstance(fmt, str) or fmt not in UPLOAD_FORMATS:
         raise ApiError(422, "validation", f"format {fmt!r} is not known; use one of {', '.join(UPLOAD_FORMATS)}")
-    if fmt == "auto" and not filename.lower().endswith(AUTO_SUFFIXES):
-        raise ApiError(
-            422, "validation",
-            f"cannot tell the type of {filename!r}; name it .jsonl (one JSON document per line) or .txt/.md/.rst/"
-            ".html/.pdf/.docx/.pptx/.odt/.epub, or pass format=jsonl|files",
-        )
     return fmt
+
+
+def _check_language(language: object) -> str:
+    if not isinstance(language, str) or language not in LANGUAGE_CHOICES:
+        raise ApiError(422, "validation", f"language {language!r} is not known; use one of "
+                       f"{', '.join(LANGUAGE_CHOICES)}")
+    return language
 
 
 async def read_upload(request: Request, settings: Settings, to_workers: bool = False) -> list[Item]:
     try:
-        form = await request.form(max_files=1, max_fields=8, max_part_size=settings.api.max_request_bytes)
+        form = await request.form(max_files=1, max_fields=len(UPLOAD_FIELDS),
+                                   max_part_size=settings.api.max_request_bytes)
     except ApiError:
         raise
-    except Exception as e:  # malformed multipart: starlette raises its own errors
-        raise ApiError(400, "bad_request", f"cannot read the multipart body ({e}); send a 'file' field") from None
+    except Exception as e:  # malformed multipart, or more parts than the fields it may have: starlette's errors
+        raise ApiError(400, "bad_request", f"cannot read the multipart body ({e}); send a 'file' field and, "
+                       f"optionally, 'format' and 'language', nothing else") from None
     try:
+        unknown = sorted(set(form.keys()) - set(UPLOAD_FIELDS))
+        if unknown:
+            raise ApiError(422, "validation", f"multipart field(s) {', '.join(map(repr, unknown))} are not known; "
+                           f"send only {', '.join(UPLOAD_FIELDS)}")
+        if len(form.getlist("file")) > 1:
+            raise ApiError(422, "validation", "send one 'file' field; one upload is one file")
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise ApiError(422, "validation", "multipart body has no 'file' field with a file in it; add one")
         filename = safe_filename(upload.filename)
-        fmt = _check_format(form.get("format") or "auto", filename)
+        fmt = _check_format(form.get("format", "auto"))
+        _check_language(form.get("language", "auto"))
         return await run_in_threadpool(parse_upload, upload.file, filename, fmt, settings, to_workers)
     except (ApiError, DocumentError):
         raise

@@ -63,7 +63,7 @@ class ApiClient:
 
     def status(self) -> dict[str, Any]:
         try:
-            return self._client.status()
+            return self._client.status().model_dump()
         except ApiError as e:
             raise local_error(e, self.url) from None
 

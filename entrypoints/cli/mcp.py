@@ -40,7 +40,7 @@ def mcp(
         return
     with Client(url, api_key=key) as probe:  # does the API ask for keys? (a 401: it does)
         try:
-            locked = bool(probe.whoami()["locked"])
+            locked = probe.whoami().locked
         except Unauthorized:
             locked = True
     refused = refuse_open_http(host, locked, insecure)

@@ -42,6 +42,12 @@ class ConfigError(PermanentError):
     """Settings or a command's arguments do not make sense together."""
 
 
+class Conflict(ConfigError):
+    """A well-formed request that the collection, as it is now, cannot serve: a search mode it has no vectors for, a
+    reranker it does not have, a language other than its own. The API answers 409 (the request is fine, the state
+    is not); the CLI treats it as any ConfigError."""
+
+
 class ModelMismatch(PermanentError):
     """The towers at hand are not the ones the collection was embedded with."""
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from encoders.data import CorpusDoc
 from encoders.korean import is_hangul
 from encoders.towers import DualEncoder
-from services.core.errors import ConfigError, TransientError
+from services.core.errors import ConfigError, Conflict, TransientError
 from services.readers import Document, Item
 from services.store.points import CollectionSpec
 from services.store.protocol import VectorStore
@@ -85,7 +85,7 @@ def resolve_language(
     choice = check_choice(requested)
     if stored is not None:
         if choice != "auto" and choice != stored:
-            raise ConfigError(
+            raise Conflict(
                 f"collection {collection!r} tokenises BM25 as {stored!r} (chosen when it was created), not "
                 f"{choice!r}: drop --language (or pass --language {stored}), or ingest into a new collection "
                 f"(--collection NAME --language {choice})"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from services.core.errors import CollectionNotFound, ConfigError, ModelMismatch
+from services.core.errors import CollectionNotFound, ConfigError, Conflict, ModelMismatch
 from services.store.points import CollectionSpec, DocState, PassagePoint, SearchMode, SearchRequest
 
 GENERATION_FORMAT = "{alias}__g{number:04d}"
@@ -109,7 +109,7 @@ def require_sparse(alias: str, generation: str | None, spec: CollectionSpec, mod
     if mode == "dense" or spec.sparse:
         return
     where = f"collection {alias!r}" + (f" (generation {generation})" if generation else "")
-    raise ConfigError(
+    raise Conflict(
         f"{where} is dense-only: it has no BM25 sparse vectors, so {mode} search cannot run; use mode dense, "
         "or re-ingest / re-embed it (`dpr reembed`) with sparse vectors enabled to add them"
     )

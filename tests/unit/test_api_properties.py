@@ -47,7 +47,7 @@ valid_batch = st.lists(
     st.fixed_dictionaries(
         {"text": valid_text},
         optional={"title": valid_text, "metadata": st.dictionaries(
-            field_names, valid_text | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.booleans(),
+            field_names, valid_text | st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1) | st.booleans(),
             max_size=3)},
     ),
     min_size=1, max_size=6,

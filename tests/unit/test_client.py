@@ -29,6 +29,7 @@ from dpr_client import (
     Unauthorized,
     Unavailable,
     Unreachable,
+    wire,
 )
 from entrypoints.api.app import create_app
 from services.core.settings import ApiSettings, Settings
@@ -105,13 +106,16 @@ def test_every_route_against_the_real_app(app: TestClient) -> None:
         assert hit.metadata()["doc_id"] == "nile" and "text" not in hit.metadata()
         uploaded = dpr.upload("notes.md", content=b"# Notes\n\nThe Danube flows east.\n")
         assert dpr.wait(uploaded.job).documents == 1
-        assert dpr.status()["points"] >= 4
-        assert dpr.whoami()["key"]["role"] == "admin"
-        assert dpr.feedback("longest river", relevant=True, doc_id="nile", chunk=0)["outcome"] == "new"
-        assert dpr.judgements()["counts"]["judgements"] == 1
-        made = dpr.create_key("read", name="reader")
-        assert any(k["id"] == made["id"] for k in dpr.keys()["keys"])
-        assert dpr.revoke_key(made["id"])["revoked"]
+        status = dpr.status()  # typed models from dpr_client.wire, as the server's schema says
+        assert isinstance(status, wire.Status) and status.points is not None and status.points >= 4
+        assert status.model_dump()["collection"] == status.collection  # and every field dpr status prints
+        assert dpr.whoami().key.role == "admin"
+        assert dpr.feedback("longest river", relevant=True, doc_id="nile", chunk=0).outcome == "new"
+        assert dpr.judgements().counts.judgements == 1
+        made = dpr.create_key("read", name="reader", rate=5.0)
+        assert isinstance(made, wire.KeyCreated) and made.rate == 5.0
+        assert any(k.id == made.id for k in dpr.keys().keys)
+        assert dpr.revoke_key(made.id).revoked
         assert dpr.delete("cats").points_deleted >= 1
         assert dpr.health().status == "ok" and dpr.ready().status in ("ready", "not_ready")
         with pytest.raises(NotFound, match="has no passages"):
@@ -124,14 +128,14 @@ def test_every_route_against_the_real_app(app: TestClient) -> None:
     with Client("http://dpr.test", api_key="wrong", transport=through(app)) as stranger:
         with pytest.raises(Unauthorized):
             stranger.status()
-    with Client("http://dpr.test", api_key=made["token"], transport=through(app)) as revoked:
+    with Client("http://dpr.test", api_key=made.token, transport=through(app)) as revoked:
         with pytest.raises(Unauthorized):
             revoked.search("x")
 
 
 def test_a_read_key_is_refused_writes_with_the_servers_message(app: TestClient) -> None:
     with Client("http://dpr.test", api_key=KEY, transport=through(app)) as admin:
-        token = admin.create_key("read")["token"]
+        token = admin.create_key("read", name="reader").token
     with Client("http://dpr.test", api_key=token, transport=through(app)) as reader:
         with pytest.raises(Forbidden, match="write") as refused:
             reader.ingest(DOCS)

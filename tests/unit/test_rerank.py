@@ -50,8 +50,7 @@ def test_the_plan_follows_the_collection_unless_asked() -> None:
     stored = _spec(model="r1", candidates=30, enabled=True, weight=0.4)
     assert rerank_plan(stored, QueryOptions()) == RerankPlan(30, "r1", 0.4)  # the weight its dev split chose
     assert rerank_plan(stored, QueryOptions(rerank_weight=1.0)) == RerankPlan(30, "r1", 1.0)
-    with pytest.raises(ConfigError, match="below k=10"):
-        rerank_plan(_spec(), QueryOptions(k=10, rerank=5))
+    assert rerank_plan(_spec(), QueryOptions(k=10, rerank=5)) == RerankPlan(5, None)  # the top 5 of the 10
     with pytest.raises(ConfigError, match="weight 1.5 is out of range"):
         rerank_plan(_spec(), QueryOptions(rerank_weight=1.5))
 
@@ -154,9 +153,15 @@ def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
         reranked = c.post("/v1/search", json={"question": "tides moon sea", "k": 2, "rerank": 6}).json()["hits"]
         plain = c.post("/v1/search", json={"question": "tides moon sea", "k": 2, "rerank": 0}).json()["hits"]
         below = c.post("/v1/search", json={"question": "tides moon sea", "k": 5, "rerank": 2})
+        plain_k5 = c.post("/v1/search", json={"question": "tides moon sea", "k": 5, "rerank": 0}).json()["hits"]
     assert [h["doc_id"] for h in reranked] == ["d5", "d4"] and [h["rerank_score"] for h in reranked] == [5.0, 4.0]
     assert all("rerank_score" not in h for h in plain)
-    assert below.status_code == 400 and "below k=5" in below.text
+    # rerank=2 below k=5: the top 2 reordered, the other 3 after them in the first stage's order
+    assert below.status_code == 200, below.text
+    below_hits = below.json()["hits"]
+    assert len(below_hits) == 5 and all("rerank_score" in h for h in below_hits[:2])
+    assert all("rerank_score" not in h for h in below_hits[2:])
+    assert [h["doc_id"] for h in below_hits[2:]] == [h["doc_id"] for h in plain_k5[2:]]
 
 
 def test_pointwise_rows_label_each_positive_and_negative() -> None:

@@ -5,32 +5,18 @@ limited to some collections could otherwise mint itself a wider key)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
 
+from dpr_client.wire import KeyCreated, KeyIn, KeyInfo, KeyList, WhoAmI
 from entrypoints.api.auth import request_principal, requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import api_state
 from services.access import ROLES, KeyStoreError, allows
 
 router = APIRouter(prefix="/v1")
-
-
-class KeyOut(BaseModel):
-    id: str = Field(description="The key's id ('env': DPR_API__API_KEY; 'anonymous': no keys configured).")
-    name: str
-    role: str = Field(description="read < write < admin")
-    collections: list[str] | None = Field(description="The collections it may use; null: every collection.")
-
-
-class WhoAmI(BaseModel):
-    key: KeyOut
-    locked: bool = Field(description="Whether this server asks for keys at all.")
-    collection: str = Field(description="The collection this server answers for.")
-    may: dict[str, bool] = Field(description="Per role: whether this key may call that role's routes here.")
 
 
 @router.get("/whoami", response_model=WhoAmI, summary="The request's key: role, collections, what it may do")
@@ -48,29 +34,20 @@ def whoami(request: Request) -> dict[str, Any]:
     }
 
 
-class KeyIn(BaseModel):
-    role: Literal["read", "write", "admin"]
-    collections: list[str] | None = Field(default=None, max_length=100,
-                                          description="Limit the key to these collections; null: every collection.")
-    name: str = Field(default="", max_length=200)
-    rate: float | None = Field(default=None, gt=0, description="Requests per second (default DPR_API__RATE_LIMIT).")
-
-
-class KeyInfo(KeyOut):
-    rate: float | None
-    created: str
-    revoked: str | None
-
-
-class KeyCreated(KeyInfo):
-    token: str = Field(description="The token, shown this once (only its SHA-256 is stored).")
-
-
-class KeyList(BaseModel):
-    keys: list[KeyInfo]
+NO_KEYS_YET = (
+    "this server has no API keys yet, so a key made over HTTP would be made by anyone who can reach it (and would "
+    "lock out everyone else at once); make the first key on the server's machine: `dpr keys create --role admin "
+    "--name NAME` (with this server's DPR_DATA_DIR), or start the server with DPR_API__API_KEY set (an admin key), "
+    "then send that key as X-API-Key"
+)
 
 
 def _unlimited_admin(request: Request) -> None:
+    """Managing keys needs a real admin key for every collection: on a server with no keys (every caller the
+    anonymous admin) nobody may mint the first one over HTTP, and an admin limited to some collections could
+    otherwise mint itself a wider key."""
+    if not api_state(request).gate.locked:
+        raise ApiError(403, "forbidden", NO_KEYS_YET)
     principal = request_principal(request)
     if principal.collections is not None:
         raise ApiError(403, "forbidden", f"managing keys needs an admin key for every collection; this key "

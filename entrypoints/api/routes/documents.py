@@ -7,9 +7,9 @@ to the executor the settings chose (in-process on a background thread, or Celery
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -91,6 +91,7 @@ def _documents_request_body() -> dict[str, Any]:
                 "schema": {
                     "type": "object",
                     "required": ["file"],
+                    "additionalProperties": False,  # another field is refused (422): it would be ignored
                     "properties": {
                         "file": {"type": "string", "format": "binary",
                                  "description": "A .jsonl file (one {id, text, title?} per line) or one text file "
@@ -104,32 +105,52 @@ def _documents_request_body() -> dict[str, Any]:
     }
 
 
+def _sync_parameter() -> dict[str, Any]:
+    """The query as one form-exploded object (``?sync_prefix=docs/&prune=true``), so that its schema can say what
+    the server enforces across the two: ``prune`` only with ``sync_prefix`` (``dependentRequired``)."""
+    schema = schemas.SyncQuery.model_json_schema()
+    schema.pop("additionalProperties", None)  # like every route's query: other parameters are ignored
+    schema.pop("title", None)
+    return {"name": "sync", "in": "query", "required": False, "style": "form", "explode": True, "schema": schema,
+            "description": schema.pop("description", "")}
+
+
+def sync_query(request: Request) -> schemas.SyncQuery:
+    """``?sync_prefix=&prune=`` read as the schema says: ``prune`` is ``true`` or ``false``, nothing else."""
+    raw: dict[str, Any] = {}
+    for name in ("sync_prefix", "prune"):
+        values = request.query_params.getlist(name)
+        if values:
+            raw[name] = values[-1]
+    if "prune" in raw:
+        raw["prune"] = {"true": True, "false": False}.get(raw["prune"], raw["prune"])
+    try:
+        return schemas.SyncQuery.model_validate(raw)
+    except ValidationError as e:
+        raise RequestValidationError(
+            [dict(err, loc=("query", *err.get("loc", ()))) for err in e.errors(include_context=False)]
+        ) from None
+
+
 @router.post(
     "/documents",
     status_code=202,
     response_model=schemas.JobAccepted,
     summary="Ingest a batch of documents (JSON) or one uploaded file (multipart); returns a job id",
-    openapi_extra={"requestBody": _documents_request_body()},
+    openapi_extra={"requestBody": _documents_request_body(), "parameters": [_sync_parameter()]},
+    responses={202: {"headers": {"Location": {"description": "The job's status URL", "schema": {"type": "string"}}}}},
 )
 @requires("write")
-async def post_documents(
-    request: Request,
-    sync_prefix: Annotated[str | None, Query(
-        min_length=1, max_length=MAX_ID_CHARS,
-        description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored folder): documents "
-        "stored under it that the request does not hold are listed as stale")] = None,
-    prune: Annotated[bool, Query(description="With sync_prefix: remove the stale documents")] = False,
-) -> JSONResponse:
+async def post_documents(request: Request) -> JSONResponse:
     state = api_state(request)
-    if prune and not sync_prefix:
-        raise ApiError(400, "bad_request", "prune needs sync_prefix: the id prefix this request replaces in full, "
-                       "e.g. ?sync_prefix=docs/&prune=true")
+    query = sync_query(request)
+    sync_prefix, prune = query.sync_prefix, bool(query.prune)
     settings, limits = state.settings, state.settings.api
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         batch, too_deep = _validate_batch(await request.body())
-        if len(batch.documents) + len(too_deep) > limits.max_documents:
-            raise too_many(limits.max_documents)
+        if len(batch.documents) + len(too_deep) > limits.max_documents:  # the schema's maxItems: 422
+            raise ApiError(422, "validation", too_many(limits.max_documents).message)
         items = await run_in_threadpool(_parse_batch, batch, settings.max_document_bytes)
         for index in too_deep:  # each in its place: request.documents[i] names it
             items.insert(index, too_deep_failure(index))

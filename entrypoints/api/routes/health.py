@@ -47,7 +47,8 @@ async def readyz(state: ApiState = Depends(api_state)) -> JSONResponse:  # noqa:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses={
+    200: {"description": "The Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
 @requires("public")  # counters and latencies, no data: Prometheus scrapes without a key
 def metrics_route(state: ApiState = Depends(api_state)) -> Response:  # noqa: B008
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
+from dpr_client.wire import EvalReport
 from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
@@ -28,7 +29,8 @@ async def _latest(state: ApiState) -> LatestReport:
     return report
 
 
-@router.get("/eval/report", summary="The latest `dpr eval --report` of this data dir: metrics per system, plots")
+@router.get("/eval/report", response_model=EvalReport,
+            summary="The latest `dpr eval --report` of this data dir: metrics per system, plots")
 @requires("read")
 async def get_report(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     report = await _latest(state)

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
+from dpr_client.wire import Snapshot, SnapshotList
 from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
 from services.ops.snapshots import create_snapshot, list_snapshots
@@ -20,7 +21,7 @@ from services.ops.snapshots import create_snapshot, list_snapshots
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/snapshots", status_code=201,
+@router.post("/snapshots", status_code=201, response_model=Snapshot,
              summary="Snapshot the collection (as `dpr snapshot create --json`): archive path, points, sha256")
 @requires("admin")
 async def post_snapshot(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
@@ -28,7 +29,8 @@ async def post_snapshot(state: ApiState = Depends(api_state)) -> dict[str, Any]:
     return await run_in_threadpool(create_snapshot, state.settings, engine)
 
 
-@router.get("/snapshots", summary="The snapshots kept under DATA_DIR/snapshots (as `dpr snapshot list --json`)")
+@router.get("/snapshots", response_model=SnapshotList,
+            summary="The snapshots kept under DATA_DIR/snapshots (as `dpr snapshot list --json`)")
 @requires("admin")
 async def get_snapshots(state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     return {"snapshots": await run_in_threadpool(list_snapshots, state.settings)}
