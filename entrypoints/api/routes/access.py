@@ -77,6 +77,9 @@ async def create_key(body: KeyIn, request: Request) -> dict[str, Any]:
 @requires("admin", collection=False)
 async def revoke_key(key_id: str, request: Request) -> dict[str, Any]:
     _unlimited_admin(request)
+    if key_id == request_principal(request).id:  # one request would lock its own caller out
+        raise ApiError(409, "conflict", f"key {key_id} is the key this request was sent with; revoke it with "
+                       "another admin key, or on the server's machine: `dpr keys revoke " + key_id + "`")
     store = api_state(request).gate.store
     try:
         key = await run_in_threadpool(store.revoke, key_id)
