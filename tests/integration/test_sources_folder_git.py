@@ -74,6 +74,13 @@ def test_a_folder_source(tmp_path: Path) -> None:
     listed = dpr(data, "sources", "list")
     assert listed[0]["name"] == "house" and listed[0]["last"]["outcome"] == "ok" and listed[0]["next_run"]
 
+    # a sync of it running elsewhere (its lock held): refused at once, exit 3, saying so
+    from services.sources.state import sync_lock
+
+    with sync_lock(data / "sources" / "house", "house"):
+        busy = dpr(data, "sources", "sync", "house", code=3)
+    assert "source house: a sync is already running (pid" in busy.stderr
+
     # the folder unmounted: exit 3, one line naming the source and the fix, nothing deleted
     folder.rename(tmp_path / "away")
     res = dpr(data, "sources", "sync", "house", code=3)

@@ -51,7 +51,8 @@ class SeaweedS3:
         self.process = subprocess.Popen(
             [weed_binary(), "server", f"-dir={self.folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
              f"-s3.port={self.ports['s3']}", f"-master.port={self.ports['master']}",
-             f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}", "-volume.max=4"],
+             f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}", "-volume.max=64",
+             "-master.volumeSizeLimitMB=64"],
             stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
         )
         log.close()
@@ -59,9 +60,9 @@ class SeaweedS3:
         client = self.client()
         while True:
             try:
-                client.list_buckets()
                 probe = "dpr-probe"
-                client.create_bucket(Bucket=probe)
+                if probe not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+                    client.create_bucket(Bucket=probe)
                 client.put_object(Bucket=probe, Key="p", Body=b"p")  # the volume server takes writes too
                 return self
             except Exception:  # noqa: BLE001 - not up yet
