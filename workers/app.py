@@ -25,7 +25,7 @@ TASK_ROUTES: dict[str, dict[str, str]] = {  # task name -> queue
     "dpr.reembed.*": {"queue": "reembed"},
 }
 # Modules whose shared tasks every app registers.
-TASK_MODULES = ("workers.tasks", "workers.reembed_tasks")
+TASK_MODULES = ("workers.tasks", "workers.reembed_tasks", "workers.source_tasks")
 # Seconds between the soft time limit (raised inside the task, which then reports the batch) and the hard one.
 SOFT_LIMIT_MARGIN = 5
 # Seconds the pool waits for a new pool process to come up before killing it (Celery's default is 4 s). Each pool

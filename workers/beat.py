@@ -18,7 +18,10 @@ from services.core.errors import ConfigError
 from services.core.locks import RedisLease, redis_client
 from services.core.settings import Settings
 from services.lifecycle.state import ReembedBusy
+from services.sources.registry import Registry
+from workers.app import INGEST_QUEUE
 from workers.reembed_dispatch import CHECK_TASK, REEMBED_QUEUE
+from workers.source_tasks import TICK_TASK
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +29,26 @@ BEAT_LOCK = "dpr:lock:beat"
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:
-    """The Celery beat schedule for these settings (pure; empty when the schedule is off)."""
+    """The Celery beat schedule for these settings (empty when nothing is scheduled): the re-embed check when
+    ``reembed.schedule_seconds`` is set; the sources' tick when the data dir has a source with an interval
+    (``dpr sources add ... --every``) and ``sources.tick_seconds`` is not 0."""
+    schedule: dict[str, Any] = {}
     seconds = settings.reembed.schedule_seconds
-    if seconds is None:
-        return {}
-    return {
-        "dpr-reembed-check": {
+    if seconds is not None:
+        schedule["dpr-reembed-check"] = {
             "task": CHECK_TASK,
             "schedule": float(seconds),
             "kwargs": {"collection": settings.collection},
             "options": {"queue": REEMBED_QUEUE, "expires": float(seconds)},
         }
-    }
+    tick = settings.sources.tick_seconds
+    if tick and any(spec.every_s for spec in Registry(settings.data_dir).all()):
+        schedule["dpr-sources-tick"] = {
+            "task": TICK_TASK,
+            "schedule": float(tick),
+            "options": {"queue": INGEST_QUEUE, "expires": float(tick)},
+        }
+    return schedule
 
 
 def run_beat(settings: Settings, loglevel: str = "info") -> None:
@@ -45,7 +56,8 @@ def run_beat(settings: Settings, loglevel: str = "info") -> None:
     if not settings.broker_url:
         raise ConfigError("the beat needs a broker; set DPR_BROKER_URL=redis://host:6379/0")
     if not beat_schedule(settings):
-        raise ConfigError("no schedule configured; set DPR_REEMBED__SCHEDULE_SECONDS (e.g. 3600)")
+        raise ConfigError("no schedule configured; set DPR_REEMBED__SCHEDULE_SECONDS (e.g. 3600), or add a source "
+                          "with an interval (`dpr sources add NAME URI --every 15m`)")
     ttl = max(30.0, 3 * float(settings.reembed.schedule_seconds or 10))
     lease = RedisLease(redis_client(settings.broker_url), BEAT_LOCK, ttl, name="beat")
     if not lease.acquire():

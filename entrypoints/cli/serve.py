@@ -8,8 +8,10 @@ DPR_API__BODY_TIMEOUT, idle keep-alive DPR_API__KEEP_ALIVE_TIMEOUT, headers at m
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -65,12 +67,31 @@ def serve(
         if api.workers == 1:
             from entrypoints.api.app import create_app
 
-            _run(create_app(settings), settings, log_level)
+            app = create_app(settings)
+            with source_scheduler(app, settings):
+                _run(app, settings, log_level)
             return
         # Several processes: uvicorn imports the app factory in each one; what the command line set (--data-dir)
         # travels to them as DPR_* variables.
         os.environ.update({"DPR_DATA_DIR": str(settings.data_dir), "DPR_COLLECTION": settings.collection})
         _run("entrypoints.api.app:app_from_env", settings, log_level, factory=True)
+
+
+@contextlib.contextmanager
+def source_scheduler(app: Any, settings: Settings) -> Iterator[None]:
+    """The embedded default runs the sources' schedule here, beside the API, through the API's own runtime and
+    ingest executor (services/sources/schedule.py); with a broker the beat does (`dpr beat`)."""
+    if settings.broker_url or not settings.sources.tick_seconds:
+        yield
+        return
+    from services.sources.schedule import SourceScheduler
+
+    state = app.state.api
+    scheduler = SourceScheduler(state.runtime, lambda: state.executor, settings.sources.tick_seconds).start()
+    try:
+        yield
+    finally:
+        scheduler.close()
 
 
 def is_loopback(host: str) -> bool:

@@ -5,16 +5,13 @@ has; a listing that fails deletes nothing and exits 3."""
 
 from __future__ import annotations
 
-import time
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from entrypoints.cli.common import AsJson, Collection, cli_errors, console, emit_json, get_settings
 from services.sources.registry import Registry, format_interval, new_spec, parse_interval
-from services.sources.state import is_running, load_last
 
 sources_app = typer.Typer(name="sources", no_args_is_help=True,
                           help="Sources kept in sync: folders, s3://bucket/prefix, git repositories.")
@@ -67,9 +64,10 @@ def add(
 @sources_app.command("list")
 def list_sources(ctx: typer.Context, as_json: AsJson = False) -> None:
     """Every source with its last sync: outcome, counts, and the next run."""
-    registry = _registry(ctx)
+    from services.sources.schedule import sources_status
+
     with cli_errors():
-        rows = [source_status(registry, spec.name) for spec in registry.all()]
+        rows = sources_status(_registry(ctx))
     if as_json:
         emit_json(rows)
         return
@@ -84,26 +82,6 @@ def list_sources(ctx: typer.Context, as_json: AsJson = False) -> None:
         table.add_row(row["name"], row["kind"], row["uri"], format_interval(row["every_s"]),
                       str(last.get("finished", "-")) if last else "-", outcome, counts, row["next_run"] or "-")
     console.print(table)
-
-
-def source_status(registry: Registry, name: str) -> dict[str, Any]:
-    """One source's spec, its last sync's record, whether a sync runs now and when the next is due."""
-    spec = registry.get(name)
-    last = load_last(registry.folder(name))
-    next_run = None
-    if spec.every_s is not None:
-        since = _epoch(last.get("finished")) if last else None
-        due = (since + spec.every_s) if since is not None else time.time()
-        next_run = datetime.fromtimestamp(due).astimezone().isoformat(timespec="seconds")
-    return spec.to_json() | {"last": {k: v for k, v in last.items() if k not in ("read", "gone", "failures")},
-                             "running": is_running(registry.folder(name)), "next_run": next_run}
-
-
-def _epoch(iso: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(iso)).timestamp()
-    except ValueError:
-        return None
 
 
 @sources_app.command("sync")

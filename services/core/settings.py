@@ -345,6 +345,10 @@ class SourceSettings(BaseModel):
     )
     s3_region: str = Field(default="us-east-1", description="Region for s3:// sources when AWS_REGION is unset.")
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds a source may take to answer one request.")
+    tick_seconds: float = Field(
+        default=30.0, ge=0, description="How often `dpr serve` (embedded) or the beat (workers) looks for sources "
+        "due to sync; 0: sources sync only when asked."
+    )
 
 
 class Settings(BaseSettings):

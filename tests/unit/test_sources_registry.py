@@ -88,3 +88,17 @@ def test_a_second_sync_of_one_source_is_refused_naming_the_holder(tmp_path: Path
     assert not is_running(tmp_path)
     with sync_lock(tmp_path, "docs"):  # free again
         pass
+
+
+def test_the_beat_ticks_for_sources_only_when_one_has_an_interval(tmp_path: Path) -> None:
+    from services.core.settings import Settings, SourceSettings
+    from workers.beat import beat_schedule
+
+    settings = Settings(data_dir=tmp_path)
+    registry = Registry(tmp_path)
+    registry.add(new_spec("manual", str(tmp_path)))
+    assert beat_schedule(settings) == {}
+    registry.add(new_spec("docs", str(tmp_path), every_s=900.0))
+    tick = beat_schedule(settings)["dpr-sources-tick"]
+    assert tick["task"] == "dpr.sources.tick" and tick["schedule"] == 30.0 and tick["options"]["queue"] == "ingest"
+    assert beat_schedule(Settings(data_dir=tmp_path, sources=SourceSettings(tick_seconds=0))) == {}
