@@ -89,7 +89,7 @@ def test_the_client_finds_the_page_and_the_heading(environment: Served) -> None:
     with Client() as dpr:
         hit = dpr.search("How do I save a plot as a PNG image?", k=3).hits[0]
         assert (hit.doc_id, hit.page, hit.format) == ("gnuplot.pdf", 2, "pdf") and "p. 2" in hit.citation()
-        assert hit.model == dpr.status()["model"]  # the passage tower's fingerprint
+        assert hit.model == dpr.status().model  # the passage tower's fingerprint
         hit = dpr.search("read a text file line by line", k=1, mode="hybrid").hits[0]
         assert hit.heading == ["Reading files", "Line by line"] and hit.format == "md"
         assert [h.doc_id for h in dpr.search("animals", filters={"topic": "animals"}).hits] == ["cats"]
@@ -116,7 +116,7 @@ class Recording(httpx.HTTPTransport):
 
 def test_a_real_429_is_retried_after_its_retry_after(served: Served) -> None:
     with Client(served.url, api_key=KEY) as admin:
-        token = admin.create_key("read", name="slow", rate=2.0)["token"]  # burst 1: the second call waits
+        token = admin.create_key("read", name="slow", rate=2.0).token  # burst 1: the second call waits
     transport = Recording()
     with Client(served.url, api_key=token, transport=transport) as slow:
         for _ in range(3):
@@ -210,7 +210,7 @@ def test_mcp_over_stdio(served: Served, tmp_path: Path) -> None:
     from mcp.client.stdio import StdioServerParameters
 
     with Client(served.url, api_key=KEY) as admin:
-        reader = admin.create_key("read", name="agent")["token"]
+        reader = admin.create_key("read", name="agent").token
     (tmp_path / "new.md").write_text("# Danube\n\nThe Danube flows east into the Black Sea.\n")
 
     def session(key: str) -> McpClient:
@@ -252,7 +252,7 @@ def test_mcp_over_streamable_http_forwards_each_callers_key(served: Served, tmp_
     from mcp.client.streamable_http import streamable_http_client
 
     with Client(served.url, api_key=KEY) as admin:
-        reader = admin.create_key("read", name="remote agent")["token"]
+        reader = admin.create_key("read", name="remote agent").token
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")} | {"DPR_API_URL": served.url}
     log = tmp_path / "mcp.log"
