@@ -1,0 +1,277 @@
+"""Issue 68: the runtime and precision chosen from the CPU, measured against the alternatives and the peers.
+
+Sections (``--sections``, default all), each printing its figures and ratios measured side by side in one run:
+
+- ``towers``: the raw passage tower per backend (sentence-transformers fp32, ONNX Runtime fp32 and int8, OpenVINO
+  bf16) on the same SciFact passages, chunked as ``dpr ingest`` chunks them: passages/s, ratio to the product's
+  old default (onnx-int8), mean cosine to torch fp32, the share of each query's top 10 (over the passages) kept,
+  and the share of the machine's matrix-unit peak reached, from the clock measured here (a timed chain of
+  dependent adds in a small C program: a VM's /proc/cpuinfo shows its nominal TSC) and the FLOPs of each passage
+  (projections + attention, from its real token count).
+- ``ingest``: the whole ``dpr ingest`` of ``--docs`` SciFact abstracts (a JSONL file) as one process into a fresh
+  data dir, against the plain sentence-transformers script a user writes (``peer_plain.py``: load the model,
+  encode the same passages, save them) as one process, alternated ``--rounds`` times; once "warm" (the machine's
+  tower cache filled, as after any earlier `dpr` run), once "first ever" (an empty ``XDG_CACHE_HOME``: the
+  export is paid in the run), and emulating a CPU without AMX or AVX-512 (``ONEDNN_MAX_CPU_ISA=AVX2`` for both
+  processes, which caps oneDNN in torch and OpenVINO and makes the product choose as on such a CPU, plus
+  ``ATEN_CPU_CAPABILITY=avx2`` for torch; ONNX Runtime's own kernels cannot be capped: its int8 keeps VNNI, so this
+  row flatters the product by that much). The product's job report gives the share of its wall time spent in the
+  tower.
+- ``query``: in-process ``services.query.search`` p50, dense, over the ingested collection, with the question tower
+  on OpenVINO bf16 and on ONNX Runtime fp32 (the old default), alternated.
+
+Usage: ``.venv/bin/python benchmarks/bench_runtimes.py [--docs 800] [--rounds 2] [--sections towers ingest query]``
+(needs ../shared/data/beir-scifact; skips without it); writes ``benchmarks/results/ingest-speed/runtimes.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import machine_line, script  # benchmarks/ is sys.path[0]
+
+REPO = script()
+
+import numpy as np  # noqa: E402
+
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
+PEAK_FLOP_PER_CYCLE = {  # per core, the unit each path's matrix multiplies run on here
+    "torch": ("AVX-512 fp32", 64), "onnx": ("AVX-512 fp32", 64), "onnx-int8": ("AMX int8", 2048),
+    "openvino-bf16": ("AMX bf16", 1024),
+}
+CLOCK_C = r"""
+#include <stdio.h>
+#include <time.h>
+int main(void) {
+    long n = 200000000L, x = 0; struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    /* 8 dependent adds an iteration: 8 cycles, whatever the branch unit does */
+    __asm__ volatile("1: add $1, %1\n add $1, %1\n add $1, %1\n add $1, %1\n add $1, %1\n add $1, %1\n"
+                     " add $1, %1\n add $1, %1\n dec %0\n jnz 1b" : "+r"(n), "+r"(x));
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%f\n", 1.6 / ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9));
+    return 0;
+}
+"""
+
+
+def scifact() -> Path | None:
+    path = REPO.parent / "shared" / "data" / "beir-scifact" / "corpus.jsonl.gz"
+    return path if path.is_file() else None
+
+
+def measured_ghz(work: Path) -> float | None:
+    """The core clock under load, from a loop of one-cycle iterations (the best of 3)."""
+    src, exe = work / "clock.c", work / "clock"
+    src.write_text(CLOCK_C)
+    if subprocess.run(["cc", "-O1", "-o", str(exe), str(src)], capture_output=True).returncode:
+        return None
+    return max(float(subprocess.run([str(exe)], capture_output=True, text=True).stdout) for _ in range(3))
+
+
+def passage_flops(tokens: int, layers: int = 6, hidden: int = 384, ffn: int = 1536) -> float:
+    """Multiply-adds x 2 of one passage through MiniLM-L6: the projections, the FFN and attention's two products."""
+    per_token = layers * 2 * (4 * hidden * hidden + 2 * hidden * ffn)
+    return tokens * per_token + layers * 2 * 2 * tokens * tokens * hidden
+
+
+def load_passages(n_docs: int) -> tuple[list[dict[str, str]], list[str], list[int]]:
+    """The first ``n_docs`` abstracts, and their passages as ``dpr ingest`` chunks them (texts, token counts)."""
+    from encoders.registry import load_towers
+    from services.core.settings import Settings
+    from services.ingest.pipeline import chunk_document
+    from services.readers import Document
+
+    path = scifact()
+    assert path is not None
+    docs = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            docs.append({"id": d["_id"], "title": d["title"], "text": d["text"]})
+            if len(docs) >= n_docs:
+                break
+    settings = Settings()
+    towers = load_towers("base", settings.models_dir, backend="onnx", cache_dir=settings.onnx_cache_dir)
+    texts, tokens = [], []
+    for d in docs:
+        doc = Document(doc_id=d["id"], text=d["text"], title=d["title"], source=f"{d['id']}.json")
+        for c in chunk_document(doc, towers, settings.chunk)[0]:
+            texts.append(c.encoder_text)
+            tokens.append(c.tokens + 2)  # + [CLS] and [SEP]
+    return docs, texts, tokens
+
+
+def towers_section(texts: list[str], tokens: list[int], work: Path, rounds: int) -> list[str]:
+    from encoders.registry import load_towers
+    from services.core.settings import Settings
+
+    settings = Settings()
+    ghz = measured_ghz(work)
+    towers = {b: load_towers("base", settings.models_dir, backend=b, cache_dir=settings.onnx_cache_dir)  # type: ignore[arg-type]
+              for b in BACKENDS}
+    warm = texts[:32]
+    for t in towers.values():
+        t.encode_documents(warm)
+    rates: dict[str, list[float]] = {b: [] for b in BACKENDS}
+    vectors: dict[str, np.ndarray] = {}
+    for _ in range(rounds):
+        for b, t in towers.items():  # alternated
+            from services.ingest.pipeline import encode_by_length
+
+            start = time.perf_counter()
+            vectors[b] = encode_by_length(t, texts, [n - 2 for n in tokens], 32)
+            rates[b].append(len(texts) / (time.perf_counter() - start))
+    ref = vectors["torch"]
+    questions = ref[: min(200, len(ref))]  # the passages as queries: top 10 over all of them
+    exact = np.argsort(-(questions @ ref.T), axis=1)[:, :10]
+    flops = sum(passage_flops(n) for n in tokens) / len(tokens)
+    cores = len(os.sched_getaffinity(0))
+    base = statistics.median(rates["onnx-int8"])
+    rows = [f"Passages: {len(texts)} (mean {sum(tokens) / len(tokens):.0f} tokens, {flops / 1e9:.2f} GFLOP each); "
+            f"measured clock {ghz or float('nan'):.2f} GHz x {cores} cores; {rounds} rounds alternated.", "",
+            "| backend | passages/s (each round) | vs onnx-int8 | mean cosine to fp32 | top-10 kept | "
+            "matrix unit | share of its peak |", "|---|---|---|---|---|---|---|"]
+    for b in BACKENDS:
+        v = vectors[b]
+        cos = float((v * ref).sum(axis=1).mean())
+        got = np.argsort(-(questions @ v.T), axis=1)[:, :10]
+        kept = float(np.mean([len(set(a) & set(g)) / 10 for a, g in zip(exact, got, strict=True)]))
+        unit, per_cycle = PEAK_FLOP_PER_CYCLE[b]
+        rate = statistics.median(rates[b])
+        share = rate * flops / (per_cycle * (ghz or float("nan")) * 1e9 * cores)
+        rows.append(f"| {b} | {' / '.join(f'{r:.1f}' for r in rates[b])} | {rate / base:.2f} | {cos:.5f} | "
+                    f"{kept:.3f} | {unit} | {100 * share:.1f}% |")
+    return rows
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr[-2000:]}")
+    return seconds, done.stdout
+
+
+def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rounds: int) -> list[str]:
+    jsonl = work / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    passages = work / "passages.json"
+    passages.write_text(json.dumps(texts))
+    dpr, python = str(REPO / ".venv" / "bin" / "dpr"), sys.executable
+    peer = [python, str(REPO / "benchmarks" / "peer_plain.py"), "ingest", str(passages), str(work / "peer")]
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
+    avx2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    rows = ["| case | `dpr ingest` s (each round) | plain script s (each round) | ratio (median) | product's "
+            "tower | tower share of `dpr ingest` wall |", "|---|---|---|---|---|---|"]
+    for case, extra, fresh_cache in (("warm: the machine ran `dpr` before", {}, False),
+                                     ("first ever: empty cache, export paid", {}, True),
+                                     ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False)):
+        ours, theirs, shares = [], [], []
+        backend = ""
+        for _ in range(rounds):
+            data = work / "dd"
+            shutil.rmtree(data, ignore_errors=True)
+            cache = work / "xdg-fresh" if fresh_cache else work / "xdg"
+            if fresh_cache:
+                shutil.rmtree(cache, ignore_errors=True)
+            env = {**base_env, **extra, "DPR_DATA_DIR": str(data), "XDG_CACHE_HOME": str(cache)}
+            if not fresh_cache and not (cache / "dpr-ingest").exists():  # fill the warm cache once, untimed
+                run([dpr, "ingest", str(jsonl), "--json"], {**env, "DPR_DATA_DIR": str(work / "warmup")})
+                shutil.rmtree(work / "warmup", ignore_errors=True)
+            seconds, out = run([dpr, "ingest", str(jsonl), "--json"], env)
+            report = json.loads(out)
+            ours.append(seconds)
+            shares.append(report["encode_seconds"] / seconds)
+            status = json.loads(run([dpr, "status", "--json"], env)[1])
+            backend = status["towers"]["passages"]["backend"]
+            theirs.append(run(peer, {**base_env, **extra})[0])
+        ratio = statistics.median(theirs) / statistics.median(ours)
+        rows.append(f"| {case} | {' / '.join(f'{s:.1f}' for s in ours)} | {' / '.join(f'{s:.1f}' for s in theirs)} "
+                    f"| **{ratio:.2f}x** | {backend} | {100 * statistics.median(shares):.0f}% |")
+    return rows
+
+
+def query_section(docs: list[dict[str, str]], work: Path, rounds: int) -> list[str]:
+    """Dense question p50 in-process over the collection the ingest section left (``work/dd``; made here when
+    that section did not run)."""
+    if not (work / "dd").exists():
+        jsonl = work / "docs.jsonl"
+        jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
+        run([str(REPO / ".venv" / "bin" / "dpr"), "ingest", str(jsonl)], {**env, "DPR_DATA_DIR": str(work / "dd")})
+    from services.core.settings import Settings
+    from services.query import QueryOptions
+    from services.runtime import Runtime
+
+    questions = [json.loads(line)["text"] for line in
+                 (REPO.parent / "shared" / "data" / "beir-scifact" / "queries.jsonl").read_text().splitlines()[:100]]
+    options = QueryOptions(k=10, mode="dense")
+    results: dict[str, list[float]] = {}
+    answers: dict[str, list[list[str]]] = {}
+    for _ in range(rounds):
+        for backend in ("openvino-bf16", "onnx"):  # alternated; one store open at a time
+            settings = Settings(data_dir=work / "dd", encoder={"question_backend": backend},  # type: ignore[arg-type]
+                                serving={"cache_size": 0})  # type: ignore[arg-type]
+            with Runtime(settings) as runtime:
+                runtime.search(questions[0], options)  # load, warm
+                times, hits = [], []
+                for q in questions:
+                    start = time.perf_counter()
+                    got = runtime.search(q, options)
+                    times.append(time.perf_counter() - start)
+                    hits.append([h.id for h in got])
+            results.setdefault(backend, []).append(1000 * statistics.median(times))
+            answers[backend] = hits
+    same = np.mean([a == b for a, b in zip(answers["openvino-bf16"], answers["onnx"], strict=True)])
+    rows = ["| question tower | dense search p50 ms (each round) | vs onnx fp32 |", "|---|---|---|"]
+    for backend, p50s in results.items():
+        rows.append(f"| {backend} | {' / '.join(f'{p:.2f}' for p in p50s)} | "
+                    f"{statistics.median(p50s) / statistics.median(results['onnx']):.2f} |")
+    rows.append("")
+    rows.append(f"Same top-10 documents in the same order for {100 * same:.0f}% of {len(questions)} questions.")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=800)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sections", nargs="+", default=["towers", "ingest", "query"])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ingest-speed" / "runtimes.md")
+    args = parser.parse_args()
+    if scifact() is None:
+        print("skipped: needs ../shared/data/beir-scifact beside the repository")
+        return 0
+    lines = [f"# Runtimes chosen from the CPU (issue 68): `bench_runtimes.py --docs {args.docs} --rounds "
+             f"{args.rounds} --sections {' '.join(args.sections)}`", "", machine_line(), ""]
+    with tempfile.TemporaryDirectory(prefix="bench-runtimes-") as tmp:
+        work = Path(tmp)
+        docs, texts, tokens = load_passages(args.docs)
+        for section in args.sections:
+            start = time.perf_counter()
+            rows = {"towers": lambda: towers_section(texts, tokens, work, args.rounds),
+                    "ingest": lambda: ingest_section(docs, texts, work, args.rounds),
+                    "query": lambda: query_section(docs, work, args.rounds)}[section]()
+            lines += [f"## {section} ({time.perf_counter() - start:.0f} s; load after: "
+                      f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())})", "", *rows, ""]
+            print("\n".join(lines[-len(rows) - 3:]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
