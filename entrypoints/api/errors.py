@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dpr_client.wire import NOT_BLANK
 from services.core.errors import (
     CollectionNotFound,
     ConfigError,
@@ -103,6 +104,8 @@ def _validation_details(error: RequestValidationError) -> list[dict[str, Any]]:
     for e in error.errors()[:20]:
         loc = [str(p) for p in e.get("loc", ()) if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p))]
         message = str(e.get("msg", "")).removeprefix("Value error, ")
+        if e.get("type") == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") == NOT_BLANK:
+            message = "is blank; send some text (a character that is not white space)"
         details.append({"loc": ".".join(loc), "message": message, "type": str(e.get("type", ""))})
     return details
 
