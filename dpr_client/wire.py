@@ -24,7 +24,10 @@ def _encodable(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
-NOT_BLANK = r"\S"  # a pattern: at least one character that is not white space
+# A pattern: at least one character that is not white space, white space spelled out as Python's str.isspace() (and
+# the server's strip()) knows it, so that every regex engine reads the pattern alike: ECMA's and Rust's \s leave out
+# U+001C-U+001F, which Python's strip() removes.
+NOT_BLANK = r"[^\t\n\u000b\f\r\u001c-\u001f\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
 def _json_integer(value: Any) -> Any:
@@ -400,10 +403,11 @@ class SyncQuery(Request):
 
     model_config = ConfigDict(json_schema_extra=_sync_schema)
 
-    sync_prefix: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS)] | SkipJsonSchema[
-        None] = Field(default=None, json_schema_extra=_no_null_default,
-                      description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored "
-                      "folder): documents stored under it that the request does not hold are listed as stale.")
+    sync_prefix: Annotated[str, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS, pattern=NOT_BLANK),
+                           AfterValidator(_encodable)] | SkipJsonSchema[None] = Field(
+        default=None, json_schema_extra=_no_null_default,
+        description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored folder): documents "
+        "stored under it that the request does not hold are listed as stale.")
     prune: bool | SkipJsonSchema[None] = Field(default=None, json_schema_extra=_no_null_default,
                                                description="With sync_prefix: remove the stale documents.")
 
