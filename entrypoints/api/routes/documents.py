@@ -128,7 +128,7 @@ def sync_query(request: Request) -> schemas.SyncQuery:
         return schemas.SyncQuery.model_validate(raw)
     except ValidationError as e:
         raise RequestValidationError(
-            [dict(err, loc=("query", *err.get("loc", ()))) for err in e.errors(include_context=False)]
+            [dict(err, loc=("query", *err.get("loc", ()))) for err in e.errors(include_url=False)]
         ) from None
 
 
