@@ -349,12 +349,29 @@ def measure_variant(export_dir: Path, model_path: Path, backend: OnnxBackend) ->
             return manifest  # another process measured it meanwhile
         with np.load(export_dir / PROBE_VECTORS) as data:
             reference = {k: data[k] for k in data.files}
+        if backend == "onnx-int8":
+            _add_int8(export_dir, manifest)
         manifest["variants"][backend] = variant_agreement(export_dir, model_path, backend, reference,
                                                           str(manifest["model_fingerprint"]))
         write_manifest(export_dir, manifest)
         log.info("measured a runtime's towers against torch", extra={
             "model_path": str(model_path), "backend": backend, "variant": manifest["variants"][backend]})
         return manifest
+
+
+def _add_int8(export_dir: Path, manifest: dict[str, Any]) -> None:
+    """Quantise each tower's fp32 graph to int8 where the export has none yet (no torch), recorded in the
+    manifest (its files' sizes, the MatMuls kept in fp32)."""
+    from encoders.onnx_graphs import make_int8  # onnx's quantiser: loaded only by the process that needs int8
+
+    for directory in sorted({t["directory"] for t in manifest["towers"].values()}):
+        graph = export_dir / directory / VARIANT_FILES["onnx-int8"]
+        if graph.is_file() and manifest.get("files", {}).get(f"{directory}/{graph.name}"):
+            continue
+        manifest.setdefault("int8_fp32_matmuls", {})[directory] = make_int8(export_dir / directory)
+        for f in (graph, graph.with_name(graph.name + ".data")):
+            if f.is_file():
+                manifest.setdefault("files", {})[f"{directory}/{f.name}"] = f.stat().st_size
 
 
 def variant_agreement(export_dir: Path, model_path: Path, backend: OnnxBackend, reference: dict[str, np.ndarray],

@@ -33,7 +33,7 @@ from encoders.onnx_towers import (
     export_dir_for,
     split_fingerprint,
 )
-from encoders.runtimes import Backend
+from encoders.runtimes import Backend, Choice
 from encoders.towers import (
     MULTILINGUAL,
     DualEncoder,
@@ -242,6 +242,25 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
         if export_model(path, models_dir, cache_dir) is None:  # logged there; torch serves what it cannot export
             return SentenceTransformerTowers(path, device=device, name=name)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def runtime_report(path: Path, models_dir: Path, cache_dir: Path | None, choice: Choice,
+                   role: str = "document") -> dict[str, Any]:
+    """What ``dpr status`` says of one tower: the backend that runs it, why, and what its export measured against
+    torch (cosine on the probes, the runtime's version), read from the export's manifest without loading it."""
+    import json
+
+    report: dict[str, Any] = choice.to_dict()
+    if choice.backend == "torch":
+        return report
+    export_dir = export_dir_for(path, models_dir, cache_dir or default_onnx_cache(models_dir))
+    try:
+        variant = json.loads((export_dir / "manifest.json").read_text())["variants"][choice.backend]
+    except (OSError, ValueError, KeyError):
+        return {**report, "measured": None, "export": str(export_dir)}
+    return {**report, "export": str(export_dir), "measured": {
+        "runtime": variant.get("runtime"), "cosine_to_fp32": (variant.get("cosine") or {}).get(role),
+        "agrees_with_fp32": variant.get("agrees_with_torch")}}
 
 
 def _first_role(backend: Backend) -> str:

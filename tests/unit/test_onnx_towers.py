@@ -130,7 +130,7 @@ def test_int8_keeps_layer_0_attention_output_and_the_first_half_of_ffn_outputs(
     import onnx
     from onnx import TensorProto, helper
 
-    from encoders.onnx_export import int8_fp32_matmuls
+    from encoders.onnx_graphs import int8_fp32_matmuls
 
     names = [f"/model/encoder/layer.{i}/{part}/MatMul" for i in range(layers) for part in (
         "attention/self/query", "attention/output/dense", "intermediate/dense", "output/dense")] + ["/other/MatMul"]
