@@ -107,7 +107,7 @@ class DocumentsIn(Request):
     documents: list[DocumentIn] = Field(min_length=1, description="The batch (at most DPR_API__MAX_DOCUMENTS).")
     language: Language = Field(
         "auto", description="BM25 tokenisation: a new collection keeps it (auto: detected on the first documents); "
-        "an existing collection keeps its own, and a different explicit value is refused (400).",
+        "an existing collection keeps its own, and a different explicit value is refused (409 conflict).",
     )
 
 

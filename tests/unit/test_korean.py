@@ -217,7 +217,7 @@ def test_api_ingest_takes_the_language() -> None:
         assert c.post("/v1/documents", json=body).status_code == 202
         assert spec_language(runtime.store.active().spec) == "ko"  # type: ignore[union-attr]
         r = c.post("/v1/documents", json=body | {"language": "en"})
-        assert r.status_code == 400 and "tokenises BM25 as 'ko'" in r.json()["error"]["message"]
+        assert r.status_code == 409 and "tokenises BM25 as 'ko'" in r.json()["error"]["message"]
         assert c.post("/v1/documents", json=body | {"language": "fr"}).status_code == 422
 
 
