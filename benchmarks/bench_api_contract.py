@@ -116,7 +116,9 @@ def summary(name: str, report: dict[str, Any]) -> dict[str, Any]:
         "operations": report["operations"]["tested"], "cases": cases["generated"],
         "failures": cases["unique_failures"], "errors": len(report["errors"]),
         "phases": {k: v["status"] for k, v in report["phases"].items()},
-        "failure_titles": sorted({str(f.get("title") or f.get("code") or f)[:200] for f in report["failures"]}),
+        "failure_titles": [  # the console.txt beside the report has each case and its curl
+            f"{f.get('code')} {f.get('title')} ({f.get('count')}x): {', '.join(f.get('operations') or [])}"
+            for f in report["failures"]],
         "warnings": {k: v for k, v in report["warnings"].items() if v},
     }
 
