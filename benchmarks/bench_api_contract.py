@@ -97,7 +97,8 @@ def fuzz(url: str, out: Path, max_examples: int, seed: int, *extra: str) -> dict
                "--no-color", "--generation-database", "none", "--request-timeout", "120", "--report", "json",
                "--report-dir", str(out), "--report-json-path", str(out / "report.json"), *extra]
     t0 = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    work = Path(os.environ.get("TMPDIR", "/tmp"))  # schemathesis keeps a cache (.schemathesis/) where it runs
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=work)
     console = done.stdout + done.stderr
     (out / "console.txt").write_text(console.replace(url, "http://127.0.0.1:PORT"))
     if not (out / "report.json").exists():

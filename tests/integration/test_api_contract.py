@@ -88,7 +88,8 @@ def run_schemathesis(url: str, report_dir: Path, max_examples: int, *extra: str,
     command = [SCHEMATHESIS, "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
                "--max-examples", str(max_examples), "--workers", "1", "--no-color", "--report", "json",
                "--report-dir", str(report_dir), "--request-timeout", "60", *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    # run in the report's folder: schemathesis keeps a cache (.schemathesis/) in its working directory
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, cwd=report_dir)
     (report_dir / "console.txt").write_text(done.stdout + done.stderr)
     reports = sorted(report_dir.glob("json-*.json"))
     assert reports, f"schemathesis wrote no report (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr}"
