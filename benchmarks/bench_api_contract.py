@@ -157,6 +157,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="schemathesis seed (default: a random one, recorded)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder ({RESULTS})")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # schemathesis runs in another folder
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-api-contract-{os.getpid()}"
     data = work / "dpr"
