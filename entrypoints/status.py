@@ -45,6 +45,9 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))
+    from services.sources.schedule import sources_status  # `dpr sources`: last sync, outcome, counts, next run
+
+    data["sources"] = sources_status(settings.data_dir, info.alias, settings.collection)
     data["search_ef"] = store.search_ef(active.name) if store is not None and active is not None else None
     data["memory"] = store.memory(active.name) if store is not None and active is not None else None
     if settings.broker_url:

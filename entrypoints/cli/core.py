@@ -185,6 +185,12 @@ def status(
 
 def _points(count: int | None) -> str:
     """A generation's point count; None when another process held it (a re-embed's workers): not waited for."""
+    for source in data.get("sources") or []:  # `dpr sources`: last sync, outcome, counts, next run
+        last = source.get("last") or {}
+        done = (f"{'running' if source.get('running') else last.get('outcome', '-')} at {last.get('finished', '-')}: "
+                + ", ".join(f"{last.get(k, 0)} {k}" for k in ("added", "changed", "removed", "failed"))
+                ) if last else "never synced"
+        table.add_row(f"source {source['name']}", f"{done}; next run {source.get('next_run') or 'when asked'}")
     return "count not read: another process holds it" if count is None else f"{count:,}"
 
 

@@ -79,8 +79,11 @@ def serve(
 
 @contextlib.contextmanager
 def source_scheduler(app: Any, settings: Settings) -> Iterator[None]:
-    """The embedded default runs the sources' schedule here, beside the API, through the API's own runtime and
-    ingest executor (services/sources/schedule.py); with a broker the beat does (`dpr beat`)."""
+    """The sources on /metrics; and in the embedded default their schedule, run here beside the API through the
+    API's own runtime and ingest executor (services/sources/schedule.py); with a broker the beat does (`dpr beat`)."""
+    from entrypoints.api.sources_metrics import SourcesCollector
+
+    app.state.api.metrics.registry.register(SourcesCollector(settings.data_dir))
     if settings.broker_url or not settings.sources.tick_seconds:
         yield
         return

@@ -14,7 +14,7 @@ from entrypoints.cli.common import AsJson, Collection, cli_errors, console, emit
 from services.sources.registry import Registry, format_interval, new_spec, parse_interval
 
 sources_app = typer.Typer(name="sources", no_args_is_help=True,
-                          help="Sources kept in sync: folders, s3://bucket/prefix, git repositories.")
+                          help="Sources kept in sync: folders, s3://bucket/prefix, web sites, git repositories.")
 WAIT_S = 3600.0  # --wait: how long a sync waits for another sync of the same source to end
 
 
@@ -22,15 +22,12 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sources_app, name="sources")
 
 
-def _registry(ctx: typer.Context) -> Registry:
-    return Registry(get_settings(ctx).data_dir)
-
-
 @sources_app.command("add")
 def add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The source's name: its documents' ids start with NAME/.")],
-    uri: Annotated[str, typer.Argument(help="A folder, s3://bucket/prefix, or git+URL / a .git URL or path.")],
+    uri: Annotated[str, typer.Argument(help="A folder, s3://bucket/prefix, https://site/path/, or git+URL / a .git "
+                                            "URL or path.")],
     every: Annotated[str | None, typer.Option(help="Sync interval (15m, 1h, 1d); unset: only when asked.")] = None,
     include: Annotated[list[str] | None, typer.Option(help="Only keys matching this glob (repeatable).")] = None,
     exclude: Annotated[list[str] | None, typer.Option(help="Leave out keys matching this glob (repeatable).")] = None,
@@ -67,7 +64,7 @@ def list_sources(ctx: typer.Context, as_json: AsJson = False) -> None:
     from services.sources.schedule import sources_status
 
     with cli_errors():
-        rows = sources_status(_registry(ctx))
+        rows = sources_status(get_settings(ctx).data_dir)
     if as_json:
         emit_json(rows)
         return

@@ -349,6 +349,15 @@ class SourceSettings(BaseModel):
         default=30.0, ge=0, description="How often `dpr serve` (embedded) or the beat (workers) looks for sources "
         "due to sync; 0: sources sync only when asked."
     )
+    allow_private_addresses: bool = Field(
+        default=False, description="Let http(s) sources reach loopback, private and link-local addresses (off: "
+        "refused, redirects included)."
+    )
+    max_pages: int = Field(default=10_000, ge=1, description="Pages an http(s) source may list; more: the sync "
+                           "reads and removes nothing, naming this setting.")
+    max_depth: int = Field(default=10, ge=0, description="Links an http(s) source follows from its start page.")
+    max_page_bytes: int = Field(default=20_000_000, ge=1024, description="Largest page an http(s) source reads.")
+    max_total_bytes: int = Field(default=2_000_000_000, ge=1024, description="Bytes one http(s) sync may read.")
 
 
 class Settings(BaseSettings):

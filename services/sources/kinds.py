@@ -2,15 +2,16 @@
 item's bytes to a local file for the product's own readers.
 
 - ``listing()``: every item (``Entry``: key = its path inside the source, version = what changes when its bytes
-  do: an ETag, size+mtime, a blob id). It lists to the end or raises: ``SourceUnreachable`` (exit 3: the source
-  could not be reached or stopped answering) or ``SourceError`` (it answered no: no such bucket, access denied).
+  do: an ETag, size+mtime, a page's sha256, a blob id). It lists to the end or raises: ``SourceUnreachable``
+  (exit 3: the source could not be reached or stopped answering) or ``SourceError`` (it answered no: no such
+  bucket, access denied, a listing over a limit).
   A listing is never returned in part: a sync judges "gone" only from a whole one.
 - ``fetch(entry, dest)``: the item as a local file (a folder's own file; a download under ``dest``). One item's
   trouble raises ``ItemFailed`` (that item is reported, the others go on); the source's raises
   ``SourceUnreachable`` (the sync stops and deletes nothing).
 
-``services.sources.sync.open_kind`` picks the implementation: ``FolderSource`` here, ``services.sources.s3`` and
-``services.sources.git`` (imported only for their kind: boto3 loads only for an s3 source).
+``services.sources.sync.open_kind`` picks the implementation: ``FolderSource`` here, ``services.sources.s3``,
+``services.sources.web`` and ``services.sources.git`` (imported only for their kind: boto3 loads only for s3).
 """
 
 from __future__ import annotations
@@ -58,6 +59,44 @@ class SourceKind(Protocol):
     def fetch(self, entry: Entry, dest: Path) -> Path: ...
 
     def close(self) -> None: ...
+
+
+Fetched = tuple[Entry, "Path | ItemFailed | SourceError | SourceUnreachable"]
+
+
+def fetch_ahead(kind: SourceKind, todo: list[Entry], dest: Path) -> Iterator[Fetched]:
+    """Each entry of ``todo`` in order with its local file, or the error its fetch raised. A kind that declares
+    ``fetch_workers`` > 1 (s3: its client is thread-safe) has that many fetches in flight ahead of the reader, so
+    downloads overlap each other and the encoding of what came before; stopping early cancels those not begun."""
+    workers = int(getattr(kind, "fetch_workers", 1))
+
+    def one(entry: Entry) -> Path | ItemFailed | SourceError | SourceUnreachable:
+        try:
+            return kind.fetch(entry, dest)
+        except (ItemFailed, SourceError, SourceUnreachable) as e:
+            return e
+
+    if workers <= 1:
+        for entry in todo:
+            yield entry, one(entry)
+        return
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpr-source-fetch")
+    window: deque[tuple[Entry, Future[Path | ItemFailed | SourceError | SourceUnreachable]]] = deque()
+    pending = iter(todo)
+    try:
+        for entry in pending:
+            window.append((entry, pool.submit(one, entry)))
+            if len(window) >= 2 * workers:
+                head, future = window.popleft()
+                yield head, future.result()
+        while window:
+            head, future = window.popleft()
+            yield head, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class FolderSource:

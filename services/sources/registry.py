@@ -17,7 +17,7 @@ from typing import Any, Literal
 from services.core.errors import ConfigError, PermanentError
 from services.core.fsutil import now_iso, write_atomic
 
-Kind = Literal["folder", "s3", "git"]
+Kind = Literal["folder", "s3", "git", "web"]
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
 SOURCES_DIR = "sources"
@@ -96,14 +96,17 @@ def format_interval(seconds: float | None) -> str:
 
 
 def kind_of(uri: str) -> Kind:
-    """``s3://bucket/prefix`` -> s3; ``git+URL`` or a URL / path ending in ``.git`` -> git; a folder -> folder."""
+    """``s3://bucket/prefix`` -> s3; ``git+URL`` or a URL / path ending in ``.git`` -> git; ``http(s)://`` -> web;
+    a folder -> folder."""
     if uri.startswith("s3://"):
         return "s3"
     if uri.startswith("git+") or uri.rstrip("/").endswith(".git"):
         return "git"
+    if uri.startswith(("http://", "https://")):
+        return "web"
     if re.match(r"^[a-z][a-z0-9+.-]*://", uri):
-        raise ConfigError(f"{uri}: not a source this version reads; give a folder, s3://bucket/prefix, or a git "
-                          "repository (git+https://host/repo.git, git+file:///path/repo)")
+        raise ConfigError(f"{uri}: not a source this version reads; give a folder, s3://bucket/prefix, a web site "
+                          "(https://host/path/) or a git repository (git+https://host/repo.git, git+file:///path/repo)")
     return "folder"
 
 
@@ -124,6 +127,13 @@ def new_spec(name: str, uri: str, **options: Any) -> SourceSpec:
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
             raise ConfigError(f"{uri}: {bucket!r} is not a bucket name; use s3://bucket/prefix (3-63 lowercase "
                               "letters, digits, '.' or '-')")
+    elif kind == "web":
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(uri)
+        if not parts.hostname or parts.query or parts.fragment:
+            raise ConfigError(f"{uri}: give a site and a path, e.g. https://docs.example.org/guide/ (no query or "
+                              "fragment)")
     for option in ("key_env", "secret_env"):
         value = options.get(option)
         if value is not None and not re.fullmatch(ENV_NAME, value):

@@ -38,12 +38,14 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 class S3Source:
+    fetch_workers = 8  # downloads in flight ahead of the reader (boto3's client is thread-safe)
+
     def __init__(self, spec: SourceSpec, settings: Settings) -> None:
         self.spec = spec
         self.bucket, self.prefix = split_uri(spec.uri)
         self.max_bytes = max(settings.max_document_bytes, settings.documents.max_file_bytes)
         self.endpoint = spec.endpoint or settings.sources.s3_endpoint
-        self._client = _client(spec, settings, self.endpoint)
+        self._client = _client(spec, settings, self.endpoint, self.fetch_workers)
 
     @property
     def where(self) -> str:
@@ -106,7 +108,7 @@ class S3Source:
                                     f"AWS_ENDPOINT_URL_S3), then `dpr sources sync {name}`") from None
 
 
-def _client(spec: SourceSpec, settings: Settings, endpoint: str | None) -> Any:
+def _client(spec: SourceSpec, settings: Settings, endpoint: str | None, connections: int) -> Any:
     import boto3
     from botocore.config import Config
 
@@ -120,7 +122,7 @@ def _client(spec: SourceSpec, settings: Settings, endpoint: str | None) -> Any:
             credentials[option] = value
     timeout = settings.sources.timeout_s
     config = Config(connect_timeout=min(timeout, 10.0), read_timeout=timeout,
-                    retries={"max_attempts": 3, "mode": "standard"},
+                    retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=connections + 2,
                     s3={"addressing_style": "path"} if endpoint else {})
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or settings.sources.s3_region
     return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config,

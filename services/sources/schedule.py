@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.core.errors import DprError
@@ -61,8 +62,14 @@ def source_status(registry: Registry, name: str) -> dict[str, Any]:
     }
 
 
-def sources_status(registry: Registry) -> list[dict[str, Any]]:
-    return [source_status(registry, spec.name) for spec in registry.all()]
+def sources_status(data_dir: Path, collection: str | None = None, default: str = "") -> list[dict[str, Any]]:
+    """Every source's ``source_status``; with ``collection``, those that sync into it (``dpr status``), a source
+    that names none syncing into ``default`` (DPR_COLLECTION)."""
+    registry = Registry(data_dir)
+    specs = registry.all()
+    if collection is not None:
+        specs = [s for s in specs if (s.collection or default) == collection]
+    return [source_status(registry, spec.name) for spec in specs]
 
 
 def due_sources(registry: Registry, now: float | None = None) -> list[str]:

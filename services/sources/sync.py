@@ -38,7 +38,15 @@ from services.jobs.store import KEEP_RECORDS
 from services.readers import Document, DocumentFailure, IdLedger, Item, Skipped
 from services.readers.folders import iter_files
 from services.readers.jsonl import RECORD_SUFFIXES
-from services.sources.kinds import Entry, FolderSource, ItemFailed, SourceKind, SourceUnreachable
+from services.sources.kinds import (
+    Entry,
+    FolderSource,
+    ItemFailed,
+    SourceError,
+    SourceKind,
+    SourceUnreachable,
+    fetch_ahead,
+)
 from services.sources.registry import Registry, SourceSpec
 from services.sources.state import Recorded, SourceState, save_last, sync_lock
 
@@ -97,6 +105,10 @@ def open_kind(spec: SourceSpec, settings: Settings, workdir: Path) -> SourceKind
         from services.sources.git import GitSource
 
         return GitSource(spec, workdir)
+    if spec.kind == "web":
+        from services.sources.web import WebSource
+
+        return WebSource(spec, settings, workdir / "fetch")
     return FolderSource(spec)
 
 
@@ -135,6 +147,7 @@ def sync_source(runtime: Runtime, registry: Registry, name: str, executor: Execu
 
 def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, report: SyncReport,
           follow_timeout: float | None) -> None:
+    shutil.rmtree(folder / "fetch", ignore_errors=True)  # what a killed sync left (a web listing writes here)
     kind = open_kind(spec, runtime.settings, folder)
     try:
         entries = [e for e in kind.listing() if spec.selects(e.key)]  # whole, or it raised: nothing judged
@@ -156,7 +169,6 @@ def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, 
         seen = _Fetching()
         status: dict[str, Any] = {}
         if todo:
-            shutil.rmtree(folder / "fetch", ignore_errors=True)
             items = _items(kind, spec, runtime, todo, folder / "fetch", seen)
             submitted = executor.submit(items, collection=runtime.settings.collection)
             report.job = submitted.job
@@ -188,20 +200,18 @@ def _items(kind: SourceKind, spec: SourceSpec, runtime: Runtime, todo: list[Entr
            seen: _Fetching) -> Iterator[Item]:
     """The changed items, fetched and read one at a time; stops (``seen.aborted``) if the source stops answering."""
     settings = runtime.settings
-    for entry in todo:
+    for entry, path in fetch_ahead(kind, todo, dest):
         doc_id = spec.doc_id(entry.key)
-        try:
-            path = kind.fetch(entry, dest)
-        except ItemFailed as e:
-            failure = DocumentFailure(doc_id, e.reason, str(e), doc_id=doc_id)
+        if isinstance(path, SourceUnreachable):
+            seen.aborted = path
+            log.warning("source stopped answering; the sync ends failed", extra={"source": spec.name})
+            return
+        if isinstance(path, (ItemFailed, SourceError)):  # this item only (it vanished, too large, access denied)
+            failure = DocumentFailure(doc_id, getattr(path, "reason", "refused"), str(path), doc_id=doc_id)
             seen.failed[entry.key] = failure.to_json()
             seen.ids[entry.key] = []
             yield failure
             continue
-        except SourceUnreachable as e:
-            seen.aborted = e
-            log.warning("source stopped answering; the sync ends failed", extra={"source": spec.name})
-            return
         rows = path.name.lower().endswith(RECORD_SUFFIXES)  # a records file: its rows keep their own ids
         ids: list[str] = []
         for item in iter_files(path, settings.max_document_bytes, IdLedger(), settings.documents, defer_binary=True):

@@ -1,5 +1,6 @@
 """The sources' schedule where `dpr serve` runs it (the embedded default): a ``SourceScheduler`` over the API's
-kind of executor (background, one job at a time) syncs a source that is due, and a change is read on its next run."""
+kind of executor (background, one job at a time) syncs a source that is due, and a change is read on its next run;
+the status and /metrics show each source's last sync."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def test_due_sources_sync_on_the_serving_runtime(tmp_path: Path) -> None:
         assert sync_due(runtime, registry, executor, now=time.time() + 61) == {"notes": "ok"}
         assert json.loads(last.read_text())["read"] == ["boiler.md"]
         executor.close()
+
+        # dpr status / GET /v1/status and /metrics show each source's last sync, outcome, counts and next run
+        from entrypoints.status import collection_status
+
+        shown = {s["name"]: s for s in collection_status(runtime.settings, runtime.store.info(wait=False),
+                                                         runtime.store)["sources"]}
+        assert shown["notes"]["last"]["outcome"] == "ok" and shown["notes"]["last"]["changed"] == 1
+        assert shown["notes"]["next_run"] and shown["manual"]["next_run"] is None and not shown["manual"]["last"]
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from entrypoints.api.sources_metrics import SourcesCollector
+
+    registry_ = CollectorRegistry()
+    registry_.register(SourcesCollector(data))
+    scraped = generate_latest(registry_).decode()
+    assert 'dpr_source_last_sync_ok{source="notes"} 1.0' in scraped
+    assert 'dpr_source_last_sync_items{change="changed",source="notes"} 1.0' in scraped
+    assert 'dpr_source_next_run_timestamp_seconds{source="notes"}' in scraped

@@ -4,6 +4,7 @@ folder keeps the objects). With no identities configured it accepts any credenti
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -54,6 +55,9 @@ class SeaweedS3:
              f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}", "-volume.max=64",
              "-master.volumeSizeLimitMB=64"],
             stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+            # weed turns AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in its environment into its one identity: keep
+            # them from it, so that it takes any credentials whatever the caller's environment holds
+            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -61,15 +65,19 @@ class SeaweedS3:
         while True:
             try:
                 probe = "dpr-probe"
-                if probe not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+                try:
                     client.create_bucket(Bucket=probe)
+                except client.exceptions.ClientError as e:  # a restart on the same folder: it is there
+                    code = e.response.get("Error", {}).get("Code")
+                    if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
                 client.put_object(Bucket=probe, Key="p", Body=b"p")  # the volume server takes writes too
                 return self
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception as e:  # noqa: BLE001 - not up yet
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     tail = (self.folder / "weed.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"weed server did not start: {tail}") from None
+                    raise RuntimeError(f"weed server did not start (last answer: {e!r}): {tail}") from None
                 time.sleep(0.3)
 
     def client(self) -> Any:
