@@ -73,7 +73,7 @@ def build(url: str | None = None, api_key: str | None = None) -> MCPServer:
 
     @server.tool(description="The collection: passages, model, generations, default search mode.")
     async def status(ctx: Context) -> dict[str, Any]:
-        return dict(await call(ctx, "status"))
+        return dict((await call(ctx, "status")).model_dump())
 
     @server.tool(description="Ingest a file or a folder (every file under it) from the machine this MCP server runs "
                  "on; needs a write key. Waits for the jobs and reports documents, passages and failures.")
@@ -82,7 +82,7 @@ def build(url: str | None = None, api_key: str | None = None) -> MCPServer:
         root = Path(path).expanduser()
         if not root.exists():
             raise ToolError(f"{path} does not exist on the machine `dpr mcp` runs on; give an absolute path there")
-        if not (await call(ctx, "whoami"))["may"]["write"]:
+        if not (await call(ctx, "whoami")).may["write"]:
             raise ToolError("ingesting needs a key with the write role; this key may only read")
         files = [root] if root.is_file() else sorted(
             p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
