@@ -41,6 +41,10 @@ SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact" / "corpus.jsonl.gz"
 RESULTS = REPO / "benchmarks" / "results" / "reliability"
 # POST /v1/snapshots takes no input, so every example is the same request, and each writes an archive (~1 s)
 CONFIG = """
+# A body over DPR_API__MAX_REQUEST_BYTES is refused with 413 before it is read, whatever it holds: a rejection.
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
+
 [[operations]]
 include-path = "/v1/snapshots"
 include-method = "POST"

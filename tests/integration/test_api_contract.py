@@ -40,6 +40,10 @@ MAX_EXAMPLES = 12  # per operation and phase: both runs together well under a mi
 # POST /v1/snapshots takes no input, so every example is the same request, and each one writes an archive (~1 s):
 # two are enough (the coverage phase's probes of it run whatever the bound).
 CONFIG = """
+# A body over DPR_API__MAX_REQUEST_BYTES is refused with 413 before it is read, whatever it holds: a rejection.
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
+
 [[operations]]
 include-path = "/v1/snapshots"
 include-method = "POST"
