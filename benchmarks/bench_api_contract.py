@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -135,7 +136,7 @@ def markdown(rows: list[dict[str, Any]], about: dict[str, Any]) -> str:
         f"{about['schemathesis']} (`st run URL/openapi.json --checks all`, coverage, fuzzing and stateful phases, "
         f"{about['max_examples']} examples per operation and phase, seed {about['seed']}) against `dpr serve` on "
         f"loopback over {about['corpus']}: first with no keys, then with an admin key made on the machine.", "",
-        f"Machine: {about['machine']}", "",
+        f"Machine: {about['machine']}" + (f"; the server ran {about['code']}" if about["code"] else ""), "",
         "| run | operations | cases | failures | errors | phases | wall |", "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -160,6 +161,9 @@ def main() -> int:
     parser.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase (100)")
     parser.add_argument("--seed", type=int, default=None, help="schemathesis seed (default: a random one, recorded)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder ({RESULTS})")
+    parser.add_argument("--code", default=None, help="what code the server ran, for the results (default: the "
+                        "commit of this checkout); e.g. run from `git archive COMMIT` with PYTHONPATH set to it")
+    parser.add_argument("--keep", action="store_true", help="keep the server's data dir (removed by default)")
     args = parser.parse_args()
     args.out = args.out.resolve()  # schemathesis runs in another folder
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -171,6 +175,7 @@ def main() -> int:
         "DPR_API__RATE_BURST": "100000", "DPR_API__MAX_DOCUMENTS": "16", "DPR_API__MAX_REQUEST_BYTES": "200000"}
     docs, about_corpus = corpus(args.docs)
     print(machine_line(), flush=True)
+    os.chdir(work)  # the server's working directory: nothing it is asked to read relative to it is the repository's
     server = ServeProcess(env, work / "serve.log")
     rows, reports = [], {}
     try:
@@ -189,8 +194,10 @@ def main() -> int:
     finally:
         server.stop()
     log = (work / "serve.log").read_text(errors="replace")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     about = {"schemathesis": reports["no keys"]["schemathesis_version"], "max_examples": args.max_examples,
-             "seed": seed, "corpus": about_corpus, "machine": machine_line(),
+             "seed": seed, "corpus": about_corpus, "machine": machine_line(), "code": args.code,
              "server_tracebacks": log.count("Traceback"), "admin_key_after_run": still}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "api-contract.json").write_text(json.dumps({"about": about, "machine": machine(), "runs": rows,
