@@ -124,6 +124,16 @@ class _routes:  # noqa: N801 - a namespace: one Call per route
     def revoke_key(key_id: str) -> Call[wire.KeyInfo]:
         return Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _model(wire.KeyInfo))
 
+    @staticmethod
+    def add_source(name: str, uri: str, options: dict[str, Any]) -> Call[wire.SourceOut]:
+        body = _present(name=name, uri=uri, **options)
+        wire.SourceIn.model_validate(body)
+        return Call("POST", "/v1/sources", _model(wire.SourceOut), {"json": body})
+
+    @staticmethod
+    def source(name: str, action: str = "") -> str:
+        return f"/v1/sources/{quote(name, safe='')}{action}"
+
 
 def _present(**fields: Any) -> dict[str, Any]:
     """A body's fields less those left out (None): the schema lets them be absent, never null."""
@@ -297,6 +307,32 @@ class Client(_Base):
         """``DELETE /v1/keys/{key_id}`` (admin)."""
         return self._send(_routes.revoke_key(key_id))
 
+    def sources(self) -> wire.SourceList:
+        """``GET /v1/sources`` (read): each source with its last sync, outcome, counts and next run."""
+        return self._send(_routes.get("/v1/sources", wire.SourceList))
+
+    def source(self, name: str) -> wire.SourceStatus:
+        """``GET /v1/sources/{name}`` (read)."""
+        return self._send(_routes.get(_routes.source(name), wire.SourceStatus))
+
+    def add_source(self, name: str, uri: str, *, every: str | None = None, include: list[str] | None = None,
+                   exclude: list[str] | None = None, collection: str | None = None, endpoint: str | None = None,
+                   key_env: str | None = None, secret_env: str | None = None,
+                   branch: str | None = None) -> wire.SourceOut:
+        """``POST /v1/sources`` (admin): add a source (docs/sources.md); credentials by variable NAME only."""
+        return self._send(_routes.add_source(name, uri, _present(
+            every=every, include=include, exclude=exclude, collection=collection, endpoint=endpoint,
+            key_env=key_env, secret_env=secret_env, branch=branch)))
+
+    def sync_source(self, name: str) -> wire.SyncAccepted:
+        """``POST /v1/sources/{name}/sync`` (write): start a sync; ``source(name)`` shows how it ended."""
+        return self._send(Call("POST", _routes.source(name, "/sync"), _model(wire.SyncAccepted)))
+
+    def remove_source(self, name: str, *, purge: bool = False) -> wire.SourceRemoved:
+        """``DELETE /v1/sources/{name}`` (admin); ``purge``: its documents too."""
+        return self._send(Call("DELETE", _routes.source(name), _model(wire.SourceRemoved),
+                               {"params": {"purge": str(purge).lower()}}))
+
     def eval_report(self) -> wire.EvalReport:
         """``GET /v1/eval/report``: the latest `dpr eval --report` of the server's data dir."""
         return self._send(_routes.get("/v1/eval/report", wire.EvalReport))
@@ -403,6 +439,27 @@ class AsyncClient(_Base):
 
     async def revoke_key(self, key_id: str) -> wire.KeyInfo:
         return await self._send(_routes.revoke_key(key_id))
+
+    async def sources(self) -> wire.SourceList:
+        return await self._send(_routes.get("/v1/sources", wire.SourceList))
+
+    async def source(self, name: str) -> wire.SourceStatus:
+        return await self._send(_routes.get(_routes.source(name), wire.SourceStatus))
+
+    async def add_source(self, name: str, uri: str, *, every: str | None = None, include: list[str] | None = None,
+                         exclude: list[str] | None = None, collection: str | None = None,
+                         endpoint: str | None = None, key_env: str | None = None, secret_env: str | None = None,
+                         branch: str | None = None) -> wire.SourceOut:
+        return await self._send(_routes.add_source(name, uri, _present(
+            every=every, include=include, exclude=exclude, collection=collection, endpoint=endpoint,
+            key_env=key_env, secret_env=secret_env, branch=branch)))
+
+    async def sync_source(self, name: str) -> wire.SyncAccepted:
+        return await self._send(Call("POST", _routes.source(name, "/sync"), _model(wire.SyncAccepted)))
+
+    async def remove_source(self, name: str, *, purge: bool = False) -> wire.SourceRemoved:
+        return await self._send(Call("DELETE", _routes.source(name), _model(wire.SourceRemoved),
+                                     {"params": {"purge": str(purge).lower()}}))
 
     async def eval_report(self) -> wire.EvalReport:
         return await self._send(_routes.get("/v1/eval/report", wire.EvalReport))

@@ -37,6 +37,7 @@ from entrypoints.api.routes import (
     reports,
     search,
     snapshots,
+    sources,
     status,
 )
 from entrypoints.api.state import ApiState
@@ -120,7 +121,7 @@ def create_app(
     app.add_middleware(HttpMethods, routes=app.router.routes)  # 405 + Allow, OPTIONS, HEAD: before access control
     app.add_middleware(HttpMetrics, metrics=metrics)
     # Every route declares its role with @requires (entrypoints.api.auth); an undeclared one is admin-only.
-    for module in (documents, jobs, search, status, reports, access, feedback, snapshots):
+    for module in (documents, jobs, search, status, reports, access, feedback, snapshots, sources):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(console.router)  # the page and its assets hold no data: public (the routes it calls are not)

@@ -349,6 +349,10 @@ class SourceSettings(BaseModel):
         default=30.0, ge=0, description="How often `dpr serve` (embedded) or the beat (workers) looks for sources "
         "due to sync; 0: sources sync only when asked."
     )
+    folder_roots: list[Path] = Field(
+        default_factory=list, description="Folders under which sources on this machine (a folder, a git repository "
+        "by path) may be added over HTTP (POST /v1/sources); empty: only with `dpr sources add` on the machine."
+    )
     allow_private_addresses: bool = Field(
         default=False, description="Let http(s) sources reach loopback, private and link-local addresses (off: "
         "refused, redirects included)."

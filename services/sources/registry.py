@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from services.core.errors import ConfigError, PermanentError
+from services.core.errors import ConfigError, Conflict, PermanentError
 from services.core.fsutil import now_iso, write_atomic
 
 Kind = Literal["folder", "s3", "git", "web"]
@@ -143,11 +143,24 @@ def new_spec(name: str, uri: str, **options: Any) -> SourceSpec:
     if (options.get("key_env") is None) != (options.get("secret_env") is None):
         raise ConfigError("--key-env and --secret-env go together; give both variable names, or neither (the AWS "
                           "chain is used)")
+    endpoint = options.get("endpoint")
+    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
+        raise ConfigError(f"--endpoint {endpoint!r} is not a URL; give the store's, e.g. http://127.0.0.1:8333")
     if kind != "s3" and any(options.get(o) for o in ("endpoint", "key_env", "secret_env")):
         raise ConfigError(f"--endpoint, --key-env and --secret-env are for s3:// sources; {uri} is a {kind}")
     if kind != "git" and options.get("branch"):
         raise ConfigError(f"--branch is for git sources; {uri} is a {kind}")
     return SourceSpec(name=name, uri=uri, kind=kind, **{k: v for k, v in options.items() if v is not None})
+
+
+def local_path(spec: SourceSpec) -> Path | None:
+    """The path on this machine a source reads (a folder, a git repository given by path); None for a remote one."""
+    if spec.kind == "folder":
+        return Path(spec.uri)
+    if spec.kind == "git":
+        url = spec.uri.removeprefix("git+").removeprefix("file://")
+        return None if re.match(r"^[a-z][a-z0-9+.-]*://|^[^/]+@[^/]+:", url) else Path(url).expanduser()
+    return None
 
 
 class Registry:
@@ -163,8 +176,8 @@ class Registry:
     def add(self, spec: SourceSpec) -> SourceSpec:
         folder = self.folder(spec.name)
         if (folder / "source.json").exists():
-            raise ConfigError(f"source {spec.name!r} exists already; `dpr sources remove {spec.name}` first, or "
-                              "choose another name")
+            raise Conflict(f"source {spec.name!r} exists already; `dpr sources remove {spec.name}` first, or "
+                           "choose another name")
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / "source.json", json.dumps(spec.to_json(), indent=1))
         return spec

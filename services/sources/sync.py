@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.core.errors import CollectionNotFound, DprError
+from services.core.errors import CollectionNotFound
 from services.core.fsutil import now_iso
 from services.ingest.follow import follow_job
 from services.jobs.store import KEEP_RECORDS
@@ -133,8 +133,8 @@ def sync_source(runtime: Runtime, registry: Registry, name: str, executor: Execu
     with sync_lock(folder, name, wait_s):
         try:
             _sync(runtime, spec, folder, executor, report, follow_timeout)
-        except (DprError, OSError) as e:
-            report.outcome, report.error = "failed", str(e)
+        except Exception as e:
+            report.outcome, report.error = "failed", str(e) or type(e).__name__
             raise
         finally:
             report.seconds = round(time.monotonic() - t0, 3)
