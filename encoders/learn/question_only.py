@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
+from encoders.learn.training_run import precision_of
 from encoders.towers import PASSAGE_TOWER_FILE, model_fingerprint, passage_fingerprint, read_model_card
 
 if TYPE_CHECKING:
@@ -326,7 +327,8 @@ def train_question_only(
         **card_fields(
             base=base_record(base),
             training_data=data_record(pairs, data_info, passage_table=len(texts)),
-            hyperparameters={**asdict(replace(config, max_passage_tokens=None)), "loss": type(loss).__name__,
+            hyperparameters={**asdict(replace(config, max_passage_tokens=None)), "precision": precision_of(config),
+                             "loss": type(loss).__name__,
                              "negatives": "every passage of the table (other labelled positives masked)"
                              + ("; pairs with soft targets: the teacher's candidates, by KL" if soft else ""),
                              "soft_targets": sum(soft[2]) if soft else 0,

@@ -34,6 +34,7 @@ from encoders.learn.train_rows import pairs_to_columns
 from encoders.learn.training_run import (
     ProgressFn,
     TrainResult,
+    precision_of,
     save_model,
     start_run,
     training_arguments,
@@ -83,6 +84,7 @@ class RerankConfig:
     seed: int = 42
     max_steps: int = -1
     threads: int | None = None
+    precision: str = "auto"  # auto: bf16 autocast where the CPU has AMX, else fp32 (encoders.runtimes); fp32 | bf16
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -230,7 +232,8 @@ def train_reranker(
         **card_fields(
             base=base_record(base, head=starting_head(base)),
             training_data=data_record(pairs, data_info, hard_negatives_per_pair=n_negatives),
-            hyperparameters={**asdict(config), "loss": f"cross_encoder.{type(loss).__name__}"},
+            hyperparameters={**asdict(config), "precision": precision_of(config),
+                             "loss": f"cross_encoder.{type(loss).__name__}"},
             seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,
             dev_metrics=dev_metrics,
         ),

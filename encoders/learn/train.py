@@ -31,6 +31,7 @@ from encoders.learn.training_run import (
     ProgressFn,
     TrainResult,
     learn_device,
+    precision_of,
     save_model,
     start_run,
     versioned_name,
@@ -65,6 +66,7 @@ class TrainConfig:
     seed: int = 42
     max_steps: int = -1  # > 0 overrides epochs (tests)
     threads: int | None = None
+    precision: str = "auto"  # auto: bf16 autocast where the CPU has AMX, else fp32 (encoders.runtimes); fp32 | bf16
     # word embeddings left as they are: None (auto) freezes them for a large vocabulary (multilingual's 250k pieces
     # are 96M of its 118M parameters: their gradients and AdamW state dominate a CPU step, and a few thousand
     # pairs cannot move most rows anyway)
@@ -241,7 +243,8 @@ def train(
             base=base_record(base),
             training_data=data_record(pairs, data_info, hard_negatives_per_pair=len(columns) - 2,
                                       positives_cut_around_answer=windowed),
-            hyperparameters={**asdict(config), "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
+            hyperparameters={**asdict(config), "precision": precision_of(config),
+                             "loss": type(loss).__name__, "batch_sampler": "no_duplicates",
                              "frozen_embedding_parameters": frozen},
             seed=config.seed, started=started, train_seconds=train_seconds, steps=steps, losses=losses,
             dev_metrics={"before": dev_before, "after": dev_after} if dev_after is not None else None,

@@ -67,6 +67,17 @@ def learn_device() -> str:
     return _device
 
 
+def precision_of(config: Any) -> str:
+    """The precision a training run with ``config`` uses here: its ``precision`` (auto: chosen from the CPU by
+    ``encoders.runtimes.training_precision``); fp32 on a GPU unless set (the product trains on the CPU)."""
+    from encoders.runtimes import training_precision
+
+    configured = getattr(config, "precision", "auto")
+    if _device != "cpu" and configured == "auto":
+        return "fp32"
+    return training_precision(configured)[0]
+
+
 def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) -> Any:
     """The trainer arguments the towers and the reranker share (``cls``: sentence-transformers' or the
     cross-encoder's arguments class), from a config with epochs, max_steps, batch_size, learning_rate,
@@ -91,6 +102,7 @@ def training_arguments(cls: Any, config: Any, output_dir: Path, **extra: Any) ->
         data_seed=config.seed,
         disable_tqdm=True,
         use_cpu=_device == "cpu",
+        bf16=_device == "cpu" and precision_of(config) == "bf16",  # autocast on the CPU (encoders.runtimes)
         dataloader_num_workers=0,
     )
     arguments.update(extra)  # ``extra`` may replace a shared default (the reranker's pointwise rows: batching)

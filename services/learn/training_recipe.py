@@ -74,6 +74,7 @@ class Train(_Table):
     shared: bool
     seed: int
     max_steps: int
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     freeze_embeddings: bool | None = None
     blend: Fraction | None = None
 

@@ -67,3 +67,30 @@ def test_cpu_flags_masked_like_onednn(tmp_path: Path) -> None:
     assert cpu_flags(info, env={"ONEDNN_MAX_CPU_ISA": "avx512_core_vnni"}) == {
         "fpu", "avx2", "fma", "avx512f", "avx512_vnni"}
     assert cpu_flags(tmp_path / "none", env={}) == frozenset()
+
+
+def test_training_runs_in_bf16_autocast_only_where_the_cpu_has_amx() -> None:
+    from encoders.runtimes import training_precision
+
+    assert training_precision(flags=SAPPHIRE)[0] == "bf16"
+    assert training_precision(flags=SAPPHIRE - {"amx_bf16", "amx_tile", "amx_int8"})[0] == "fp32"
+    assert training_precision(flags=EPYC)[0] == "fp32"
+    assert training_precision("fp32", flags=SAPPHIRE) == ("fp32", "set by the recipe (precision)")
+    assert training_precision("bf16", flags=EPYC)[0] == "bf16"
+
+
+def test_the_trainer_arguments_carry_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from encoders.learn import training_run
+    from encoders.learn.train import TrainConfig
+
+    monkeypatch.setattr(runtimes, "cpu_flags", lambda: SAPPHIRE)
+    args = training_run.training_arguments(SentenceTransformerTrainingArguments, TrainConfig(), Path("/nonexistent"))
+    assert args.bf16 is True and training_run.precision_of(TrainConfig()) == "bf16"
+    monkeypatch.setattr(runtimes, "cpu_flags", lambda: EPYC)
+    args = training_run.training_arguments(SentenceTransformerTrainingArguments, TrainConfig(), Path("/nonexistent"))
+    assert args.bf16 is False
+    fp32 = TrainConfig(precision="fp32")
+    monkeypatch.setattr(runtimes, "cpu_flags", lambda: SAPPHIRE)
+    assert training_run.training_arguments(SentenceTransformerTrainingArguments, fp32, Path("/x")).bf16 is False
