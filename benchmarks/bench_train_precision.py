@@ -65,14 +65,16 @@ def main() -> int:
             for precision in runs:  # alternated
                 runs[precision].append(train(data, Path(tmp), precision, args.steps, args.rounds))
                 print(precision, runs[precision][-1], flush=True)
-    rows = [f"# `dpr train` in fp32 and in bf16 autocast (issue 68): `bench_train_precision.py"
-            f"{f' --steps {args.steps}' if args.steps else ''}{f' --rounds {args.rounds}' if args.rounds is not None else ''}"
+    options = (f" --steps {args.steps}" if args.steps else "") + (
+        f" --rounds {args.rounds}" if args.rounds is not None else "")
+    rows = [f"# `dpr train` in fp32 and in bf16 autocast (issue 68): `bench_train_precision.py{options}"
             f" --repeats {args.repeats}`", "", machine_line(), "",
             "| precision | wall s (each run) | trainer s | dev nDCG@10 after |", "|---|---|---|---|"]
     for precision, got in runs.items():
-        rows.append(f"| {precision} | {' / '.join(f'{r['wall']:.0f}' for r in got)} | "
-                    f"{' / '.join(f'{r['train_seconds']:.0f}' for r in got)} | "
-                    f"{' / '.join(f'{r['ndcg']:.4f}' for r in got)} |")
+        walls = " / ".join(f"{r['wall']:.0f}" for r in got)
+        trainer = " / ".join(f"{r['train_seconds']:.0f}" for r in got)
+        ndcg = " / ".join(f"{r['ndcg']:.4f}" for r in got)
+        rows.append(f"| {precision} | {walls} | {trainer} | {ndcg} |")
     wall = statistics.median(r["wall"] for r in runs["bf16"]) / statistics.median(r["wall"] for r in runs["fp32"])
     gap = statistics.median(r["ndcg"] for r in runs["bf16"]) - statistics.median(r["ndcg"] for r in runs["fp32"])
     rows += ["", f"bf16 / fp32 wall: **{wall:.2f}x**; dev nDCG@10 bf16 - fp32: **{gap:+.4f}** "
