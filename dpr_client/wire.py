@@ -211,8 +211,8 @@ class Readiness(Wire):
 
 # --- feedback ---------------------------------------------------------------------------------------------------
 
-MAX_FEEDBACK_QUESTION_CHARS = 2000  # services.learn.feedback.MAX_QUESTION_CHARS (test_api_contract checks)
-MAX_FEEDBACK_ID_CHARS = 512
+MAX_FEEDBACK_QUESTION_CHARS = 2000  # services.learn.feedback.MAX_QUESTION_CHARS (test_api_contract_rules checks)
+MAX_ID_CHARS = 512  # a document id (services.readers.MAX_ID_CHARS; test_api_contract_rules checks)
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"  # a hit's id
 
 
@@ -233,7 +233,7 @@ class FeedbackIn(Request):
         description="The question the hit answered, as asked.")
     point_id: Annotated[str, StringConstraints(pattern=UUID_PATTERN)] | SkipJsonSchema[None] = Field(
         default=None, json_schema_extra=_no_null_default, description="The hit's point id (a UUID); or doc_id.")
-    doc_id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS)] | SkipJsonSchema[
+    doc_id: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)] | SkipJsonSchema[
         None] = Field(default=None, json_schema_extra=_no_null_default,
                       description="The hit's doc_id; with chunk (its chunk_index) it names one passage.")
     chunk: Annotated[int, Field(ge=0, le=2**31 - 1), INTEGRAL] | SkipJsonSchema[None] = Field(
@@ -403,7 +403,7 @@ class SyncQuery(Request):
 
     model_config = ConfigDict(json_schema_extra=_sync_schema)
 
-    sync_prefix: Annotated[str, StringConstraints(min_length=1, max_length=MAX_FEEDBACK_ID_CHARS, pattern=NOT_BLANK),
+    sync_prefix: Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=NOT_BLANK),
                            AfterValidator(_encodable)] | SkipJsonSchema[None] = Field(
         default=None, json_schema_extra=_no_null_default,
         description="The id prefix this request stands for in full (e.g. 'docs/' for a mirrored folder): documents "

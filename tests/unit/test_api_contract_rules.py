@@ -76,7 +76,7 @@ def test_feedback_names_one_hit_in_the_schema_and_at_the_server(client: TestClie
     ok = {"question": "what purrs?", "relevant": True, "doc_id": "cats", "chunk": 0}
     assert _valid(schema, ok)
     assert client.post("/v1/feedback", json=ok).json()["outcome"] == "new"
-    assert (wire.MAX_FEEDBACK_QUESTION_CHARS, wire.MAX_FEEDBACK_ID_CHARS) == (feedback.MAX_QUESTION_CHARS,
+    assert (wire.MAX_FEEDBACK_QUESTION_CHARS, wire.MAX_ID_CHARS) == (feedback.MAX_QUESTION_CHARS,
                                                                               feedback.MAX_ID_CHARS)
 
 
@@ -97,7 +97,7 @@ def test_prune_needs_sync_prefix_in_the_schema_and_at_the_server(client: TestCli
     assert not _valid(query["schema"], {"sync_prefix": "\x1d"})
     err = assert_error(client.post("/v1/documents?sync_prefix=%1D", json=docs), 422, "validation")
     assert "blank" in err["message"]
-    assert wire.MAX_FEEDBACK_ID_CHARS == MAX_ID_CHARS  # sync_prefix is bounded as an id
+    assert wire.MAX_ID_CHARS == MAX_ID_CHARS  # sync_prefix is bounded as an id
 
 
 def test_filter_keys_are_field_names_in_the_schema(client: TestClient) -> None:
