@@ -64,7 +64,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                 **{"WWW-Authenticate": "How to send a key: Bearer (or the X-API-Key header)"}),
     403: _error("The key's role or collections do not allow this route (the message names the role it needs)"),
     404: _error("No such collection, document, job, key or report"),
-    409: _error("The towers do not match the collection"),
+    409: _error("The towers do not match the collection (model_mismatch), or the collection as it is cannot serve a "
+                 "well-formed request (conflict: a mode without its vectors, no reranker, another language)"),
     413: _error("Request body over DPR_API__MAX_REQUEST_BYTES, or an upload with too many documents"),
     415: _error("A Content-Type the route does not take"),
     422: _error("The request does not match its schema (the message names the field and the fix)"),
@@ -152,6 +153,7 @@ def openapi_document(app: FastAPI, locked: bool, cache: dict[bool, dict[str, Any
 
 
 def api_state_of(app: FastAPI) -> ApiState:
+    """The ``ApiState`` ``create_app`` put on ``app`` (its settings say the server's limits)."""
     state = app.state.api
     assert isinstance(state, ApiState)
     return state
