@@ -50,9 +50,10 @@ def test_page_and_assets_are_served_with_a_same_origin_policy(client: TestClient
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     linked = re.findall(r'(?:src|href)="([^"#]+)"', page.text)
-    assert set(linked) == {"data:,", "/console/console.css", "/console/api.js", "/console/console.js"}
+    assert set(linked) == {"data:,", "/console/console.css", "/console/api.js", "/console/console.js",
+                           "/console/sources.js"}
     for path, kind in (("/console/api.js", "text/javascript"), ("/console/console.js", "text/javascript"),
-                       ("/console/console.css", "text/css")):
+                       ("/console/sources.js", "text/javascript"), ("/console/console.css", "text/css")):
         r = client.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind), path
         assert r.content == (ASSET_DIR / path.rsplit("/", 1)[1]).read_bytes()
@@ -64,7 +65,7 @@ def test_page_and_assets_are_served_with_a_same_origin_policy(client: TestClient
 def test_the_shipped_files_fetch_nothing_from_elsewhere() -> None:
     """Works offline: no URL with a scheme or a protocol-relative URL in any shipped file."""
     files = sorted(ASSET_DIR.iterdir())
-    assert {f.name for f in files} == {"index.html", "api.js", "console.js", "console.css"}
+    assert {f.name for f in files} == {"index.html", "api.js", "console.js", "sources.js", "console.css"}
     for f in files:
         text = f.read_text()
         assert not re.search(r"\b(?:https?|wss?|ftp):", text), f.name
@@ -83,7 +84,7 @@ def test_package_data_ships_every_console_file() -> None:
 
 
 def test_with_a_key_the_page_loads_and_the_data_routes_still_need_it(keyed: TestClient) -> None:
-    for path in ("/", "/console/api.js", "/console/console.js", "/console/console.css"):
+    for path in ("/", "/console/api.js", "/console/console.js", "/console/sources.js", "/console/console.css"):
         assert keyed.get(path).status_code == 200, path
     for path in ("/v1/status", "/v1/eval/report", "/v1/eval/report/plots/recall_at_k.png"):
         err = assert_error(keyed.get(path), 401, "unauthorized")

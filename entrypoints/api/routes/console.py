@@ -21,6 +21,7 @@ ASSET_DIR = Path(__file__).resolve().parent.parent / "console"
 ASSETS = {
     "api.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
+    "sources.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
 }
 HEADERS = {
