@@ -117,6 +117,10 @@ def new_spec(name: str, uri: str, **options: Any) -> SourceSpec:
         raise ConfigError(f"source name {name!r} is not valid; use 1-64 letters, digits, '_', '.' or '-', starting "
                           "with a letter or digit")
     kind = kind_of(uri)
+    if re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@", uri):
+        raise ConfigError(f"source {name}: the URI holds a password, which would be stored in clear; give it to git's "
+                          "credential helper (git config credential.helper), or for s3 name the variables that hold "
+                          "it with --key-env/--secret-env")
     if kind == "folder":
         path = Path(uri).expanduser()
         if not path.is_dir():

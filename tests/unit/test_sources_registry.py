@@ -58,6 +58,10 @@ def test_specs_are_checked(tmp_path: Path) -> None:
 def test_credentials_are_named_never_stored(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="NAME of an environment variable"):
         new_spec("b", "s3://bucket/x", key_env="AKIA/SECRET+VALUE=", secret_env="S")
+    for uri in ("git+https://me:tok3n@example.org/repo.git", "https://me:pw@docs.example.org/guide/"):
+        with pytest.raises(ConfigError, match="holds a password") as refused:
+            new_spec("r", uri)
+        assert "tok3n" not in str(refused.value) and ":pw@" not in str(refused.value)
     registry = Registry(tmp_path)
     registry.add(new_spec("b", "s3://bucket/x", key_env="MY_KEY", secret_env="MY_SECRET"))
     stored = json.loads((tmp_path / "sources" / "b" / "source.json").read_text())
