@@ -136,6 +136,15 @@ class Runtime:
         export_model(path, s.models_dir, s.onnx_cache_dir)
         return time.perf_counter() - started
 
+    def towers_of(self, spec: str) -> DualEncoder:
+        """The model ``spec`` names (``dpr reembed --model``) on the passage tower's backend, threads and cache:
+        a re-embed encodes on the same path as ingest."""
+        s = self.settings
+        threads = threads_per_process(s.encoder.threads)
+        configure_threads(threads)
+        return load_towers(spec, s.models_dir, device=s.encoder.device, backend=s.encoder.passages,
+                           threads=threads, cache_dir=s.onnx_cache_dir)
+
     def _load(self, backend: Backend) -> DualEncoder:
         s = self.settings
         threads = threads_per_process(s.encoder.threads)  # services.core.threads: the policy

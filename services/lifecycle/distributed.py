@@ -85,7 +85,8 @@ def submit_reembed(
     from services.jobs import write_refused
     from services.store import open_store
 
-    towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+    towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device,
+                         backend=settings.encoder.passages, cache_dir=settings.onnx_cache_dir)  # as ingest's
     require_findable(settings, towers, model or settings.encoder.model)
     store = open_store(settings)
     lease = lease_for(settings)

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from encoders.registry import load_towers
 from services.core.settings import Settings
 from services.lifecycle.copy import plan
 from services.lifecycle.gate import promotion_gate
@@ -33,7 +32,7 @@ def reembed_in_process(
         raise ReembedBusy(f"another re-embed of {settings.collection!r} is running ({lease.holder()})")
     runtime = Runtime(settings)
     try:
-        towers = load_towers(model or settings.encoder.model, settings.models_dir, device=settings.encoder.device)
+        towers = runtime.towers_of(model or settings.encoder.model)  # the passage tower's path, as ingest
         store = runtime.store
         state = plan(store, towers, model_name=towers.name, owned_here=True)
         if state is None:
