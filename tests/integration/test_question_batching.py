@@ -36,7 +36,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     with tarfile.open(FIXTURE / "datadir.tar.xz") as tar:
         tar.extractall(root, filter="data")  # a real ingest's data dir (its SOURCE.md)
     rt = Runtime(serving_settings(Settings(data_dir=root / "data")), serialize_store=True)
-    assert rt.question_backend == "onnx"
+    assert rt.question_backend == Settings().encoder.questions  # chosen from the CPU
     return rt
 
 

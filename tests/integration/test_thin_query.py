@@ -28,8 +28,11 @@ TEXT = ("Mitochondria are membrane-bound organelles that generate most of the ch
 
 @pytest.fixture(scope="module")
 def base_export(onnx_cache: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The base model's export in the session's cache (made here if no earlier test made it)."""
-    yield onnx_cache, ensure_export(base_model_path(), export_dir_for(base_model_path(), onnx_cache, onnx_cache))
+    """The base model's export in the session's cache (made here if no earlier test made it), its int8 variant
+    made too (on first use: this loads it)."""
+    export = export_dir_for(base_model_path(), onnx_cache, onnx_cache)
+    ensure_export(base_model_path(), export)
+    yield onnx_cache, OnnxTowers(export, base_model_path(), "onnx-int8").manifest
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +102,12 @@ def test_int8_keeps_the_sensitive_projections_in_fp32(base_export: tuple[Path, d
 def test_int8_is_measured_and_recorded(base_export: tuple[Path, dict[str, Any]],
                                        torch_towers: SentenceTransformerTowers) -> None:
     data, manifest = base_export
-    int8 = manifest["variants"]["onnx-int8"]
+    towers = _onnx(data, "onnx-int8")  # quantised and measured on first use, without torch
+    int8 = towers.manifest["variants"]["onnx-int8"]
     print("int8 cosine vs torch:", json.dumps(int8["cosine"]), "fingerprint:", int8["fingerprint"])
     assert all(c["mean"] >= 0.98 for c in int8["cosine"].values())
     fp = manifest["model_fingerprint"]
     expect = fp if int8["agrees_with_torch"] else f"{fp}-onnx-int8"
-    towers = _onnx(data, "onnx-int8")
     assert towers.fingerprint == int8["fingerprint"] == expect
     assert _cos(towers.encode_documents([TEXT]), torch_towers.encode_documents([TEXT]))[0] >= 0.98
 
@@ -127,8 +130,8 @@ def test_a_replaced_model_is_exported_again(tmp_path: Path) -> None:
 
 
 def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
-    """On the defaults, from a fresh data dir: the first ingest leaves the question tower's export behind (no
-    cache shared with other tests here), so the first query already runs without torch."""
+    """On the defaults, from a fresh data dir and a fresh user cache (HOME): the first ingest leaves the question
+    tower's export behind in the machine's tower cache, so the first query already runs without torch."""
     data = tmp_path / "data"
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -137,7 +140,7 @@ def test_dpr_query_never_imports_torch(tmp_path: Path) -> None:
     env = {"DPR_DATA_DIR": str(data), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     run = [sys.executable, "-m", "entrypoints.cli.main"]
     subprocess.run([*run, "ingest", str(docs), "--json"], env=env, check=True, capture_output=True, timeout=300)
-    manifests = list((data / "cache" / "onnx").glob("*/manifest.json"))
+    manifests = list((tmp_path / ".cache" / "dpr-ingest" / "towers").glob("*/manifest.json"))  # the user's cache
     assert len(manifests) == 1 and (manifests[0].parent / "shared" / "model.onnx.data").is_file()
     question = ["query", "what stores the energy of mitochondria", "--json", "-k", "1"]
     torch_side = ("torch", "transformers", "sentence_transformers")

@@ -1,3 +1,1 @@
-"""The training lab: recipes, mining, pairs, metrics. Never on the query or ingest path (the towers, the registry
-and the ONNX export are in encoders/ itself).
-"""
+"""What every trainer and measure of the lab shares: the training run, rows, pairs, mining, metrics, stages."""

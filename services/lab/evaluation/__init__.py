@@ -1,0 +1,1 @@
+"""`dpr eval`: retrievers, metric tables and reports, in memory or through the real store."""

@@ -1,0 +1,1 @@
+"""`dpr tune-hybrid`: the fusion of dense and BM25 results, tuned on a dev split."""

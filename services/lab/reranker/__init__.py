@@ -1,0 +1,1 @@
+"""`dpr train-reranker`: the cross-encoder reranker's recipe and trainer."""
