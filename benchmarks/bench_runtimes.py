@@ -17,8 +17,9 @@ Sections (``--sections``, default all), each printing its figures and ratios mea
   ``ATEN_CPU_CAPABILITY=avx2`` for torch; ONNX Runtime's own kernels cannot be capped: its int8 keeps VNNI, so this
   row flatters the product by that much). The product's job report gives the share of its wall time spent in the
   tower.
-- ``query``: in-process ``services.query.search`` p50, dense, over the ingested collection, with the question tower
-  on OpenVINO bf16 and on ONNX Runtime fp32 (the old default), alternated.
+- ``query``: ``Runtime.search`` p50 in-process (what `dpr query` runs), dense, over the ingested collection, by this
+  commit's code on its defaults and by ``--baseline``'s (837c87e, the issue's "today": ONNX fp32 questions), each
+  in its own process from a git worktree of that commit, alternated.
 
 Usage: ``.venv/bin/python benchmarks/bench_runtimes.py [--docs 800] [--rounds 2] [--sections towers ingest query]``
 (needs ../shared/data/beir-scifact; skips without it); writes ``benchmarks/results/ingest-speed/runtimes.md``.
@@ -227,44 +228,68 @@ def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rou
     return rows
 
 
-def query_section(docs: list[dict[str, str]], work: Path, rounds: int) -> list[str]:
-    """Dense question p50 in-process over the collection the ingest section left (``work/dd``; made here when
-    that section did not run)."""
+QUERY_CHILD = """
+import json, statistics, sys, time
+from pathlib import Path
+# the commit's code first: the venv's editable install of this checkout would answer every import otherwise
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path.insert(0, sys.argv[3])
+import services
+from services.core.settings import Settings
+from services.query import QueryOptions
+from services.runtime import Runtime
+questions = json.loads(Path(sys.argv[2]).read_text())
+settings = Settings(data_dir=Path(sys.argv[1]), serving={"cache_size": 0})
+options = QueryOptions(k=10, mode="dense")
+with Runtime(settings) as runtime:
+    runtime.search(questions[0], options)  # load, warm
+    times, hits = [], []
+    for q in questions:
+        start = time.perf_counter()
+        got = runtime.search(q, options)
+        times.append(time.perf_counter() - start)
+        hits.append([h.id for h in got])
+    print(json.dumps({"p50_ms": 1000 * statistics.median(times), "hits": hits, "code": services.__file__,
+                      "questions": str(settings.encoder.questions)}))
+"""
+
+
+def query_section(docs: list[dict[str, str]], work: Path, rounds: int, baseline: str) -> list[str]:
+    """Dense question p50 of ``Runtime.search`` in-process (what `dpr query` runs), over the collection the ingest
+    section left (``work/dd``; made here when that section did not run), by this commit's code and by
+    ``baseline``'s (a git worktree of that commit, on its own defaults), alternated, each in its own process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_") and k != "PYTHONDONTWRITEBYTECODE"}
     if not (work / "dd").exists():
         jsonl = work / "docs.jsonl"
         jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_")}
         run([str(REPO / ".venv" / "bin" / "dpr"), "ingest", str(jsonl)], {**env, "DPR_DATA_DIR": str(work / "dd")})
-    from services.core.settings import Settings
-    from services.query import QueryOptions
-    from services.runtime import Runtime
-
-    questions = [json.loads(line)["text"] for line in
-                 (REPO.parent / "shared" / "data" / "beir-scifact" / "queries.jsonl").read_text().splitlines()[:100]]
-    options = QueryOptions(k=10, mode="dense")
+    old = work / "baseline"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), baseline], check=True,
+                   capture_output=True)
+    questions = work / "questions.json"
+    questions.write_text(json.dumps([json.loads(line)["text"] for line in (
+        REPO.parent / "shared" / "data" / "beir-scifact" / "queries.jsonl").read_text().splitlines()[:100]]))
     results: dict[str, list[float]] = {}
     answers: dict[str, list[list[str]]] = {}
-    for _ in range(rounds):
-        for backend in ("openvino-bf16", "onnx"):  # alternated; one store open at a time
-            settings = Settings(data_dir=work / "dd", encoder={"question_backend": backend},  # type: ignore[arg-type]
-                                serving={"cache_size": 0})  # type: ignore[arg-type]
-            with Runtime(settings) as runtime:
-                runtime.search(questions[0], options)  # load, warm
-                times, hits = [], []
-                for q in questions:
-                    start = time.perf_counter()
-                    got = runtime.search(q, options)
-                    times.append(time.perf_counter() - start)
-                    hits.append([h.id for h in got])
-            results.setdefault(backend, []).append(1000 * statistics.median(times))
-            answers[backend] = hits
-    same = np.mean([a == b for a, b in zip(answers["openvino-bf16"], answers["onnx"], strict=True)])
-    rows = ["| question tower | dense search p50 ms (each round) | vs onnx fp32 |", "|---|---|---|"]
-    for backend, p50s in results.items():
-        rows.append(f"| {backend} | {' / '.join(f'{p:.2f}' for p in p50s)} | "
-                    f"{statistics.median(p50s) / statistics.median(results['onnx']):.2f} |")
-    rows.append("")
-    rows.append(f"Same top-10 documents in the same order for {100 * same:.0f}% of {len(questions)} questions.")
+    towers: dict[str, str] = {}
+    try:
+        for _ in range(rounds):
+            for label, code in (("this commit", REPO), (f"{baseline} (before)", old)):
+                out = json.loads(run([sys.executable, "-c", QUERY_CHILD, str(work / "dd"), str(questions), str(code)],
+                                     env)[1].splitlines()[-1])
+                assert Path(out["code"]).is_relative_to(code), out["code"]  # that commit's code answered
+                results.setdefault(label, []).append(out["p50_ms"])
+                answers[label], towers[label] = out["hits"], out["questions"]
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], capture_output=True)
+    now, before = list(results)
+    same = np.mean([set(a) == set(b) for a, b in zip(answers[now], answers[before], strict=True)])
+    rows = ["| code | question tower | dense search p50 ms (each round) | vs before |", "|---|---|---|---|"]
+    for label, p50s in results.items():
+        rows.append(f"| {label} | {towers[label]} | {' / '.join(f'{p:.2f}' for p in p50s)} | "
+                    f"**{statistics.median(p50s) / statistics.median(results[before]):.2f}** |")
+    rows += ["", f"Same top-10 passages for {100 * same:.0f}% of {len(answers[now])} questions (the passages are "
+             "this commit's vectors; the two question towers differ)."]
     return rows
 
 
@@ -273,6 +298,7 @@ def main() -> int:
     parser.add_argument("--docs", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sections", nargs="+", default=["towers", "ingest", "query"])
+    parser.add_argument("--baseline", default="837c87e", help="the commit the query section compares with")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ingest-speed" / "runtimes.md")
     args = parser.parse_args()
     if scifact() is None:
@@ -287,7 +313,7 @@ def main() -> int:
             start = time.perf_counter()
             rows = {"towers": lambda: towers_section(texts, tokens, work, args.rounds),
                     "ingest": lambda: ingest_section(docs, texts, work, args.rounds),
-                    "query": lambda: query_section(docs, work, args.rounds)}[section]()
+                    "query": lambda: query_section(docs, work, args.rounds, args.baseline)}[section]()
             lines += [f"## {section} ({time.perf_counter() - start:.0f} s; load after: "
                       f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())})", "", *rows, ""]
             print("\n".join(lines[-len(rows) - 3:]), flush=True)
