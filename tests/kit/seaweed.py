@@ -53,7 +53,7 @@ class SeaweedS3:
             [weed_binary(), "server", f"-dir={self.folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
              f"-s3.port={self.ports['s3']}", f"-master.port={self.ports['master']}",
              f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}", "-volume.max=64",
-             "-master.volumeSizeLimitMB=64"],
+             "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0"],  # fixed ports: off
             stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
             # weed turns AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in its environment into its one identity: keep
             # them from it, so that it takes any credentials whatever the caller's environment holds
