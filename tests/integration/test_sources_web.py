@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.documents import make_pdf
 from kit.stored import stored_points
 from typer.testing import CliRunner
 
@@ -26,7 +27,8 @@ PAGES = {
     "docs/index.html": '<html><head><title>Handbook</title></head><body><h1>Handbook</h1><p>The house handbook.</p>'
                        '<a href="boiler.html">Boiler</a> <a href="garden/roses.html">Roses</a> '
                        '<a href="/docs/kitchen.html#top">Kitchen</a> <a href="/private/secret.html">x</a> '
-                       '<a href="moved.html">moved</a> <a href="boiler.html?print=1">print</a></body></html>',
+                       '<a href="moved.html">moved</a> <a href="boiler.html?print=1">print</a> '
+                       '<a href="manual.pdf">the manual</a></body></html>',
     "docs/boiler.html": "<html><head><title>Boiler</title></head><body><h1>Boiler</h1><p>To reset the boiler, hold "
                         "the red button for ten seconds.</p></body></html>",
     "docs/garden/roses.html": "<html><head><title>Roses</title></head><body><h1>Roses</h1><p>Prune the roses in early "
@@ -58,6 +60,7 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     for key, text in PAGES.items():
         (root / key).parent.mkdir(parents=True, exist_ok=True)
         (root / key).write_text(text)
+    make_pdf(root / "docs" / "manual.pdf", ["Contents", "To bleed a radiator, turn the valve a quarter turn."])
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -72,12 +75,12 @@ def dpr(data: Path, *args: str, code: int = 0) -> Any:
     return json.loads(res.stdout) if code == 0 else res
 
 
-def fresh_ingest(tmp: Path, name: str, files: dict[str, str]) -> dict[str, tuple[str, int, str]]:
+def fresh_ingest(tmp: Path, name: str, files: dict[str, str | bytes]) -> dict[str, tuple[str, int, str]]:
     root = tmp / "fresh" / name
     shutil.rmtree(tmp / "fresh", ignore_errors=True)
-    for key, text in files.items():
+    for key, body in files.items():
         (root / key).parent.mkdir(parents=True, exist_ok=True)
-        (root / key).write_text(text)
+        (root / key).write_bytes(body if isinstance(body, bytes) else body.encode())
     dpr(tmp / "fresh-data", "ingest", str(root))
     points = stored_points(tmp / "fresh-data")
     shutil.rmtree(tmp / "fresh-data")
@@ -95,9 +98,12 @@ def test_a_web_source(site: tuple[str, Path], tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("DPR_SOURCES__ALLOW_PRIVATE_ADDRESSES", "true")
     first = dpr(data, "sources", "sync", "handbook")
     # kitchen.html: robots.txt disallows it; secret.html and the redirect: outside /docs/; ?print=1: a query
-    assert sorted(first["read"]) == ["boiler.html", "garden/roses.html", "index.html"] and first["outcome"] == "ok"
+    # manual.pdf: a PDF found on the site, read by the product's PDF reader
+    assert sorted(first["read"]) == ["boiler.html", "garden/roses.html", "index.html", "manual.pdf"]
+    assert first["outcome"] == "ok" and first["failed"] == 0
     expected = {k.removeprefix("docs/"): PAGES[k] for k in ("docs/index.html", "docs/boiler.html",
                                                              "docs/garden/roses.html")}
+    expected["manual.pdf"] = (root / "docs" / "manual.pdf").read_bytes()
     assert stored_points(data) == fresh_ingest(tmp_path, "handbook", expected)
 
     (root / "docs" / "boiler.html").write_text("<html><head><title>Boiler</title></head><body><h1>Boiler</h1><p>Bleed"
@@ -105,7 +111,8 @@ def test_a_web_source(site: tuple[str, Path], tmp_path: Path, monkeypatch: pytes
     (root / "docs" / "garden" / "roses.html").unlink()
     second = dpr(data, "sources", "sync", "handbook")
     assert second["read"] == ["boiler.html"] and second["removed"] == 1 and second["documents"] == 1
-    expected = {"index.html": PAGES["docs/index.html"], "boiler.html": (root / "docs" / "boiler.html").read_text()}
+    expected = {"index.html": PAGES["docs/index.html"], "boiler.html": (root / "docs" / "boiler.html").read_text(),
+                "manual.pdf": (root / "docs" / "manual.pdf").read_bytes()}
     assert stored_points(data) == fresh_ingest(tmp_path, "handbook", expected)
 
     # over the page limit: a listing cut short reads nothing and removes nothing, naming the setting
