@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from services.core.errors import ConfigError, Conflict, PermanentError
 from services.core.fsutil import now_iso, write_atomic
+from services.sources.state import sync_lock
 
 Kind = Literal["folder", "s3", "git", "web"]
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
@@ -201,6 +202,8 @@ class Registry:
                 for d in sorted(self.root.iterdir()) if (d / "source.json").is_file()]
 
     def remove(self, name: str) -> None:
+        """Forget the source (its documents stay; ``sync.purge_source`` removes them); refused while it syncs."""
         self.get(name)
-        (self.folder(name) / "source.json").unlink()  # first: a half-removed folder is no source any more
+        with sync_lock(self.folder(name), name):
+            (self.folder(name) / "source.json").unlink()  # first: a half-removed folder is no source any more
         shutil.rmtree(self.folder(name), ignore_errors=True)
