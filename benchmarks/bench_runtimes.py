@@ -66,8 +66,13 @@ int main(void) {
 """
 
 
+DATA = REPO.parent / "shared" / "data"
+CORPORA = {"scifact": DATA / "beir-scifact" / "corpus.jsonl.gz", "cranfield": DATA / "cranfield" / "corpus.jsonl.gz",
+           "cisi": DATA / "cisi" / "corpus.jsonl.gz", "python-docs": DATA / "python-3.11-docs" / "docs.jsonl.gz"}
+
+
 def scifact() -> Path | None:
-    path = REPO.parent / "shared" / "data" / "beir-scifact" / "corpus.jsonl.gz"
+    path = CORPORA["scifact"]
     return path if path.is_file() else None
 
 
@@ -86,22 +91,25 @@ def passage_flops(tokens: int, layers: int = 6, hidden: int = 384, ffn: int = 15
     return tokens * per_token + layers * 2 * 2 * tokens * tokens * hidden
 
 
-def load_passages(n_docs: int) -> tuple[list[dict[str, str]], list[str], list[int]]:
-    """The first ``n_docs`` abstracts, and their passages as ``dpr ingest`` chunks them (texts, token counts)."""
+def load_passages(n_docs: int, corpora: tuple[str, ...] = ("scifact",)
+                  ) -> tuple[list[dict[str, str]], list[str], list[int]]:
+    """The first ``n_docs`` documents of ``corpora`` in order (0: all of them), and their passages as
+    ``dpr ingest`` chunks them (texts, token counts)."""
     from encoders.registry import load_towers
     from services.core.settings import Settings
     from services.ingest.pipeline import chunk_document
     from services.readers import Document
 
-    path = scifact()
-    assert path is not None
-    docs = []
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            docs.append({"id": d["_id"], "title": d["title"], "text": d["text"]})
-            if len(docs) >= n_docs:
-                break
+    docs: list[dict[str, str]] = []
+    for name in corpora:
+        with gzip.open(CORPORA[name], "rt") as f:
+            for line in f:
+                d = json.loads(line)
+                docs.append({"id": f"{name}/{d['_id']}", "title": d.get("title") or "", "text": d["text"]})
+                if n_docs and len(docs) >= n_docs:
+                    break
+        if n_docs and len(docs) >= n_docs:
+            break
     settings = Settings()
     towers = load_towers("base", settings.models_dir, backend="onnx", cache_dir=settings.onnx_cache_dir)
     texts, tokens = [], []
@@ -187,7 +195,8 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rounds: int) -> list[str]:
+def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rounds: int,
+                   cases: tuple[str, ...] = ("warm", "first", "avx2")) -> list[str]:
     jsonl = work / "docs.jsonl"
     jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
     passages = work / "passages.json"
@@ -198,11 +207,13 @@ def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rou
     # PYTHONDONTWRITEBYTECODE compiles torch's imports again in every process, seconds for either side)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_") and k != "PYTHONDONTWRITEBYTECODE"}
     avx2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    rows = ["| case | `dpr ingest` s (each round) | plain script s (each round) | ratio (median) | product's "
+    rows = [f"{len(docs)} documents, {len(texts)} passages.", "",
+            "| case | `dpr ingest` s (each round) | plain script s (each round) | ratio (median) | product's "
             "tower | tower share of `dpr ingest` wall |", "|---|---|---|---|---|---|"]
-    for case, extra, fresh_cache in (("warm: the machine ran `dpr` before", {}, False),
-                                     ("first ever: empty cache, export paid", {}, True),
-                                     ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False)):
+    every = {"warm": ("warm: the machine ran `dpr` before", {}, False),
+             "first": ("first ever: empty cache, export paid", {}, True),
+             "avx2": ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False)}
+    for case, extra, fresh_cache in (every[c] for c in cases):
         ours, theirs, shares = [], [], []
         backend = ""
         for _ in range(rounds):
@@ -299,20 +310,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sections", nargs="+", default=["towers", "ingest", "query"])
     parser.add_argument("--baseline", default="837c87e", help="the commit the query section compares with")
+    parser.add_argument("--corpora", nargs="+", default=["scifact"], choices=sorted(CORPORA),
+                        help="documents read in this order up to --docs (0: all): scifact cranfield cisi python-docs "
+                        "with --docs 0 make about 20k passages")
+    parser.add_argument("--cases", nargs="+", default=["warm", "first", "avx2"], choices=["warm", "first", "avx2"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ingest-speed" / "runtimes.md")
     args = parser.parse_args()
     if scifact() is None:
         print("skipped: needs ../shared/data/beir-scifact beside the repository")
         return 0
     lines = [f"# Runtimes chosen from the CPU (issue 68): `bench_runtimes.py --docs {args.docs} --rounds "
-             f"{args.rounds} --sections {' '.join(args.sections)}`", "", machine_line(), ""]
+             f"{args.rounds} --sections {' '.join(args.sections)} --corpora {' '.join(args.corpora)} --cases "
+             f"{' '.join(args.cases)}`", "", machine_line(), ""]
     with tempfile.TemporaryDirectory(prefix="bench-runtimes-") as tmp:
         work = Path(tmp)
-        docs, texts, tokens = load_passages(args.docs)
+        docs, texts, tokens = load_passages(args.docs, tuple(args.corpora))
         for section in args.sections:
             start = time.perf_counter()
             rows = {"towers": lambda: towers_section(texts, tokens, work, args.rounds),
-                    "ingest": lambda: ingest_section(docs, texts, work, args.rounds),
+                    "ingest": lambda: ingest_section(docs, texts, work, args.rounds, tuple(args.cases)),
                     "query": lambda: query_section(docs, work, args.rounds, args.baseline)}[section]()
             lines += [f"## {section} ({time.perf_counter() - start:.0f} s; load after: "
                       f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())})", "", *rows, ""]
