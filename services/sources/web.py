@@ -193,8 +193,7 @@ class WebSource:
         suffix = PurePosixPath(rel).suffix.lower()
         if kind == ".html" and suffix not in (".html", ".htm"):
             rel += ".html"
-        key = self.spec.selects(rel) and rel
-        return key or None
+        return rel  # --include / --exclude are applied by the sync: an excluded page's links are still followed
 
     def _read_robots(self) -> list[str]:
         got = self._get_text(f"{self.origin}/robots.txt")
