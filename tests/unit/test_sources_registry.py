@@ -106,3 +106,19 @@ def test_the_beat_ticks_for_sources_only_when_one_has_an_interval(tmp_path: Path
     tick = beat_schedule(settings)["dpr-sources-tick"]
     assert tick["task"] == "dpr.sources.tick" and tick["schedule"] == 30.0 and tick["options"]["queue"] == "ingest"
     assert beat_schedule(Settings(data_dir=tmp_path, sources=SourceSettings(tick_seconds=0))) == {}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "10.1.2.3", "192.168.0.10", "172.16.5.4", "169.254.169.254", "::1",
+                                  "fe80::1", "0.0.0.0", "224.0.0.1"])
+def test_a_web_source_may_not_reach_private_addresses(host: str) -> None:
+    from services.sources.web import Refused, check_host
+
+    with pytest.raises(Refused, match="DPR_SOURCES__ALLOW_PRIVATE_ADDRESSES"):
+        check_host(host, allow_private=False)
+    check_host(host, allow_private=True)  # the setting allows it (the tests' own servers)
+
+
+def test_a_public_address_is_reachable() -> None:
+    from services.sources.web import check_host
+
+    check_host("93.184.215.14", allow_private=False)  # a literal: resolved without a network
