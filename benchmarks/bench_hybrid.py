@@ -47,12 +47,12 @@ from machine import script  # benchmarks/ is sys.path[0]
 REPO = script()
 
 from encoders import data as d  # noqa: E402
-from encoders.learn.evaluate import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
 from encoders.towers import DualEncoder, resolve_model_path  # noqa: E402
 from services import readers  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.learn.evaluation import StoreCorpus, _served_towers  # noqa: E402
-from services.learn.hybrid import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
+from services.lab.evaluation.retrieval import EvalReport, Retrieval, SystemResult, bm25_retriever, score_retrieval  # noqa: E402
+from services.lab.evaluation.store_retriever import StoreCorpus, _served_towers  # noqa: E402
+from services.lab.hybrid.tuning import FusionChoice, TuneResult, select_best, tune_on_corpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
 from services.readers import load_dev_split  # noqa: E402
 

@@ -2,8 +2,8 @@
 
 Needs ../shared/data/korquad-v1.0-dev beside the repo (the official dev file; see its SOURCE.md). Passage =
 paragraph, qrel = the question's own paragraph, answer@k = a gold answer inside a retrieved passage (Korean
-matching: ``encoders.learn.metrics.has_answer``). The article split is ``services.readers.squad`` (sha256 of the title,
-half the articles test); dev questions for any choice are carved from the TRAIN articles
+matching: ``services.lab.shared.metrics.has_answer``). The article split is ``services.readers.squad`` (sha256 of the
+title, half the articles test); dev questions for any choice are carved from the TRAIN articles
 (``services.readers.load_dev_split``, the ``dpr train`` / ``dpr tune-hybrid`` seed).
 
 Systems, each one `dpr eval ... --format squad --split test --json` run (the command lines are printed):
@@ -15,8 +15,8 @@ Systems, each one `dpr eval ... --format squad --split test --json` run (the com
 - ``--train BASE`` (repeat): `dpr train DATA --format squad --split train --base BASE` first (extra flags with
   ``--train-args``), wall time and the children's peak RSS recorded, then evaluated like ``--model``;
 - ``--hybrid NAME`` (repeat; a ``--model``/``--train`` name, or ``trained:BASE`` for the model ``--train BASE``
-  made): fusion tuned on ``--dev-queries`` dev questions of the train articles (``services.learn.hybrid``, through a
-  temporary store with Korean BM25), then `dpr eval --mode hybrid` on test with the chosen fusion.
+  made): fusion tuned on ``--dev-queries`` dev questions of the train articles (``services.lab.hybrid.tuning``, through
+  a temporary store with Korean BM25), then `dpr eval --mode hybrid` on test with the chosen fusion.
 
 Also printed: the split counts, the Hangul share that ``services.ingest.language`` detects on (KorQuAD vs English
 corpora), the gold-paragraph answer rate under the English-only and the Korean answer matching, machine, commit,
@@ -70,8 +70,8 @@ def dpr(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
 
 def data_facts(data: Path) -> dict[str, Any]:
     """Split counts, Hangul shares and the gold-paragraph answer rate under both answer matchings."""
-    from encoders.learn.metrics import has_answer, normalize_answer
     from services.ingest.language import hangul_share
+    from services.lab.shared.metrics import has_answer, normalize_answer
     from services.readers import load_beir, load_dev_split, load_squad
 
     facts: dict[str, Any] = {"splits": {}, "hangul_share": {}}
@@ -129,8 +129,8 @@ def train_system(data: Path, base: str, train_args: list[str], env: dict[str, st
 
 def tune(data: Path, name: str, settings: Any, dev_queries: int) -> Any:
     """Fusion chosen on dev questions of the train articles (never test), through a temporary Korean store."""
-    from services.learn.evaluation import StoreCorpus, _served_towers
-    from services.learn.hybrid import tune_on_corpus
+    from services.lab.evaluation.store_retriever import StoreCorpus, _served_towers
+    from services.lab.hybrid.tuning import tune_on_corpus
     from services.readers import load_dev_split
 
     dev = load_dev_split(data, "train", "squad", dev_queries)

@@ -12,8 +12,8 @@
 
 Section ``quality`` (needs ../shared/data/beir-scifact): what the multilingual towers cost an English user, and
 whether a Korean question finds an English passage. Each model's towers (``--backend``, default the product's
-onnx-int8) ingest the SciFact corpus ONCE through the product (``services.learn.evaluation.StoreCorpus``, English BM25
-sparse vectors beside), then answer:
+onnx-int8) ingest the SciFact corpus ONCE through the product (``services.lab.evaluation.store_retriever.StoreCorpus``,
+English BM25 sparse vectors beside), then answer:
 
 4. SciFact test (300 English claims): BM25, all-MiniLM-L6-v2 (``base``) and multilingual-e5-small, nDCG@10,
    recall@100, paired randomization tests against BM25 and base.
@@ -123,10 +123,10 @@ def korean_claims() -> dict[str, str]:
 def quality(data_dir: Path, backend: str) -> None:
     from dataclasses import replace
 
-    from encoders.learn.evaluate import EvalReport, bm25_retriever, evaluate_systems
-    from encoders.learn.mining import BM25Config
     from services.core.settings import Settings
-    from services.learn.evaluation import StoreCorpus, _served_towers
+    from services.lab.evaluation.retrieval import EvalReport, bm25_retriever, evaluate_systems
+    from services.lab.evaluation.store_retriever import StoreCorpus, _served_towers
+    from services.lab.shared.mining import BM25Config
     from services.query import QueryOptions
     from services.readers import load_beir
 

@@ -33,12 +33,12 @@ from machine import script  # benchmarks/ is sys.path[0]
 REPO = script()
 
 
-from encoders.learn.evaluate import EvalReport, write_report  # noqa: E402
-from encoders.learn.mining import MiningConfig  # noqa: E402
-from encoders.learn.train import TrainConfig  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.learn.evaluation import compare_systems  # noqa: E402
-from services.learn.training import TrainingData, train_model  # noqa: E402
+from services.lab.evaluation.retrieval import EvalReport, write_report  # noqa: E402
+from services.lab.evaluation.store_retriever import compare_systems  # noqa: E402
+from services.lab.shared.mining import MiningConfig  # noqa: E402
+from services.lab.towers.recipe import TrainingData, train_model  # noqa: E402
+from services.lab.towers.trainer import TrainConfig  # noqa: E402
 from services.readers import load_beir, load_squad  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -64,7 +64,7 @@ def _progress(step: int, total: int, loss: float | None) -> None:
 def _train(
     settings: Settings, data: TrainingData, name: str, **hyper: Any
 ) -> tuple[str, dict[str, Any]]:
-    """`dpr train`'s recipe (``services.learn.training``) with ``RECIPE`` and ``hyper`` as hyper-parameters."""
+    """`dpr train`'s recipe (``services.lab.towers.recipe``) with ``RECIPE`` and ``hyper`` as hyper-parameters."""
     config = TrainConfig(name=name, **{**RECIPE, **hyper})  # type: ignore[arg-type]
     t0 = time.perf_counter()
     result = train_model(settings, data, config, progress=_progress)

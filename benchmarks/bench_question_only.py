@@ -102,9 +102,9 @@ def quality(work: Path, model: str) -> dict[str, object]:
     base and the question-only model over the SAME stored vectors (one ingest, two question towers); nDCG@10 of
     documents (max score per document over its chunks, as `dpr eval` aggregates them)."""
     sys.path.insert(0, str(REPO))
-    from encoders.learn.evaluate import score_retrieval
     from services.core.settings import Settings
-    from services.learn.evaluation import CHUNK_OVERFETCH, hits_to_retrieval
+    from services.lab.evaluation.retrieval import score_retrieval
+    from services.lab.evaluation.store_retriever import CHUNK_OVERFETCH, hits_to_retrieval
     from services.query import QueryOptions, search_many
     from services.readers import load_dataset
     from services.runtime import Runtime

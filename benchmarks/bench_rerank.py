@@ -2,7 +2,7 @@
 
 Every choice is made on the dev split (the 100 SciFact train queries `dpr train` holds out, seed 13): which towers
 serve alone and under hybrid (dev nDCG@10 through the store), the hybrid fusion
-(``services.learn.hybrid.tune_on_corpus``), and the reranker's N (20 or 50) and whether it is on at all. The test
+(``services.lab.hybrid.tuning.tune_on_corpus``), and the reranker's N (20 or 50) and whether it is on at all. The test
 split is read once, at the end, for every system together (nDCG@10, recall@100, and each system against BM25 and
 base with a paired randomization test).
 
@@ -43,13 +43,13 @@ from machine import cpu_flags, script  # benchmarks/ is sys.path[0]
 REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.learn.evaluate import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
 from encoders.rerank import WEIGHTS  # noqa: E402
 from encoders.towers import SentenceTransformerTowers, read_model_card, resolve_model_path  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.learn.evaluation import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
-from services.learn.hybrid import TuneResult, tune_on_corpus  # noqa: E402
-from services.learn.training_recipe import recipe_text  # noqa: E402
+from services.lab.evaluation.retrieval import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
+from services.lab.evaluation.store_retriever import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
+from services.lab.hybrid.tuning import TuneResult, tune_on_corpus  # noqa: E402
+from services.lab.towers.recipe_file import recipe_text  # noqa: E402
 from services.query import QueryOptions, search_many  # noqa: E402
 from services.readers import load_beir, load_dev_split  # noqa: E402
 from services.store.sparse import default_embedder  # noqa: E402

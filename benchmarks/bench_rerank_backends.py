@@ -29,11 +29,11 @@ from machine import commit, machine, script  # benchmarks/ is sys.path[0]
 REPO = script()
 
 from encoders.data import RetrievalDataset  # noqa: E402
-from encoders.learn.evaluate import Retrieval  # noqa: E402
-from encoders.learn.rerank_train import dev_rerank_metrics  # noqa: E402
 from encoders.rerank import load_reranker  # noqa: E402
 from services.core.settings import Settings  # noqa: E402
-from services.learn.reranking import first_stage_retriever  # noqa: E402
+from services.lab.evaluation.retrieval import Retrieval  # noqa: E402
+from services.lab.reranker.recipe import first_stage_retriever  # noqa: E402
+from services.lab.reranker.trainer import dev_rerank_metrics  # noqa: E402
 from services.readers import load_dev_split  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "beir-scifact"

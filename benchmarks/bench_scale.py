@@ -171,8 +171,8 @@ def test_split() -> tuple[list[str], list[str], dict[str, dict[str, int]]]:
 
 def ndcg10(qids: list[str], answers: list[Any], qrels: dict[str, dict[str, int]]) -> float:
     """nDCG@10 of documents, each at its best passage's score (``dpr eval``'s aggregation), one answer per id."""
-    from encoders.learn.metrics import ir_metrics
-    from services.learn.evaluation import hits_to_retrieval
+    from services.lab.evaluation.store_retriever import hits_to_retrieval
+    from services.lab.shared.metrics import ir_metrics
 
     return ir_metrics(qrels, hits_to_retrieval(qids, answers, 10).run, ["ndcg@10"])["ndcg@10"]
 

@@ -5,14 +5,15 @@ in-domain gain back for the base model's breadth, and F has to be chosen without
 test queries, the only labels they have. ``--choose-on`` says on what:
 
 - ``target`` (default; what ``dpr models blend --choose-on`` does for a user): pseudo-questions built from each
-  target collection's own documents, no question or judgment read (``encoders.learn.pairs.pseudo_query_sets``: 500
-  titles over the title-less bodies, 500 ICT sentences each taken out of its document). One F per collection.
+  target collection's own documents, no question or judgment read
+  (``services.lab.shared.self_supervised.pseudo_query_sets``: 500 titles over the title-less bodies, 500 ICT sentences
+  each taken out of its document). One F per collection.
 - ``squad``: one out-of-domain dev split for both, the questions of the SQuAD v1.1 dev file's *train* articles
   (the article split; never trained on by a SciFact model, never read as a test set), ``--ood-questions`` of them
   over those articles' paragraphs (session 29's choice: it under-blended for library abstracts).
 
-Rule (``encoders.learn.blend.pick_blend``), fixed before any test figure is read: the best mean dev nDCG@10 among the
-base and each weight of ``--weights``; F = the largest weight within ``--margin`` (0.005) of it. The in-domain
+Rule (``services.lab.towers.wise_ft.pick_blend``), fixed before any test figure is read: the best mean dev nDCG@10 among
+the base and each weight of ``--weights``; F = the largest weight within ``--margin`` (0.005) of it. The in-domain
 price is read for each pick (the 100 SciFact train claims `dpr train` holds out, seed 13, over the whole SciFact
 corpus: ~5 min on 2 cores). The pick is saved as a real model (``blend_saved_model``, as ``dpr models blend``
 does), then the test splits are read once: Cranfield and CISI for base, the trained model unblended and the
@@ -42,7 +43,12 @@ from machine import commit, cpu_flags, cpu_model, script  # benchmarks/ is sys.p
 REPO = script()
 
 from encoders.data import DEV_SPLIT_SEED, RetrievalDataset  # noqa: E402
-from encoders.learn.blend import (  # noqa: E402
+from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.lab.evaluation.retrieval import Retriever, bm25_retriever, evaluate_model_in_memory, evaluate_systems  # noqa: E402
+from services.lab.evaluation.store_retriever import StoreCorpus  # noqa: E402
+from services.lab.shared.self_supervised import pseudo_query_sets  # noqa: E402
+from services.lab.towers.wise_ft import (  # noqa: E402
     BLEND_WEIGHTS,
     blend_saved_model,
     load_blended,
@@ -50,11 +56,6 @@ from encoders.learn.blend import (  # noqa: E402
     pretrained_root,
     score_blends,
 )
-from encoders.learn.evaluate import Retriever, bm25_retriever, evaluate_model_in_memory, evaluate_systems  # noqa: E402
-from encoders.learn.pairs import pseudo_query_sets  # noqa: E402
-from encoders.towers import SentenceTransformerTowers, resolve_model_path  # noqa: E402
-from services.core.settings import Settings  # noqa: E402
-from services.learn.evaluation import StoreCorpus  # noqa: E402
 from services.query import QueryOptions  # noqa: E402
 from services.readers import load_beir, load_corpus, load_dev_split, load_squad  # noqa: E402
 

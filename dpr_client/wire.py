@@ -211,7 +211,7 @@ class Readiness(Wire):
 
 # --- feedback ---------------------------------------------------------------------------------------------------
 
-MAX_FEEDBACK_QUESTION_CHARS = 2000  # services.learn.feedback.MAX_QUESTION_CHARS (test_api_contract_rules checks)
+MAX_FEEDBACK_QUESTION_CHARS = 2000  # services.feedback.MAX_QUESTION_CHARS (test_api_contract_rules checks)
 MAX_ID_CHARS = 512  # a document id (services.readers.MAX_ID_CHARS; test_api_contract_rules checks)
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"  # a hit's id
 

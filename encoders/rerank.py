@@ -6,7 +6,7 @@ machinery, stored in ``<model>/onnx`` and tied to the model's files like the tow
 only onnxruntime + tokenizers + numpy: no torch import here at module level or on that path.
 
 A reranker is a model directory under the models dir whose ``model_card.json`` says ``"kind": "reranker"``
-(``encoders.learn.rerank_train`` makes them). Scores are the classifier's raw logit: higher is more relevant.
+(``services.lab.reranker.trainer`` makes them). Scores are the classifier's raw logit: higher is more relevant.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def fuse_scores(first: Sequence[float], rerank: Sequence[float], weight: float) 
     """The order a reranked list takes: ``weight`` x the reranker's score + (1 - ``weight``) x the first stage's,
     each min-max scaled over the candidates (first-stage scores are cosines, fused or BM25 by mode; logits are
     unbounded). ``weight`` 1: the reranker's scores as they are; a weaker reranker can still add to a strong first
-    stage at a lower weight, chosen on a dev split (``encoders.learn.rerank_train.dev_rerank_metrics``)."""
+    stage at a lower weight, chosen on a dev split (``services.lab.reranker.trainer.dev_rerank_metrics``)."""
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"rerank weight {weight} is out of range; use 0..1 (1: the reranker's order alone)")
     if weight >= 1.0:

@@ -41,7 +41,7 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
     data["disk"] = disk_status(settings)
-    from services.learn.feedback import counts_in  # judgements of search hits (docs/feedback.md)
+    from services.feedback import counts_in  # judgements of search hits (docs/feedback.md)
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
     data.update(_serving(settings, info, data["configured_model"]))

@@ -1,4 +1,4 @@
-"""`dpr adapt CORPUS`: adapt the towers to a corpus from its documents alone (``services.learn.adaptation``)."""
+"""`dpr adapt CORPUS`: adapt the towers to a corpus from its documents alone (``services.lab.adaptation.recipe``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from entrypoints.cli.progress import stage_bars
 from services.core.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from services.learn.adaptation import AdaptResult
+    from services.lab.adaptation.recipe import AdaptResult
 
 
 def register(app: typer.Typer) -> None:
@@ -55,8 +55,8 @@ def adapt(
     hybrid search's scores of each pseudo-question's candidates); every choice on held-out pseudo-questions (with
     --feedback: on held-out judged questions). The adapted model is saved; with --activate it is activated if it
     beats the current one there. Never reads queries or qrels."""
-    from services.learn.adaptation import AdaptConfig
-    from services.learn.adaptation import adapt as run_adapt
+    from services.lab.adaptation.recipe import AdaptConfig
+    from services.lab.adaptation.recipe import adapt as run_adapt
 
     settings = get_settings(ctx)
     try:

@@ -78,8 +78,8 @@ def evaluate(
             fail(str(e))
         md = None
         if report is not None:
-            from encoders.learn.evaluate import write_report
-            from services.learn.eval_reports import keep_latest
+            from services.lab.evaluation.retrieval import write_report
+            from services.latest_report import keep_latest
 
             md = write_report(result, report)
             keep_latest(settings, report)  # the copy `dpr serve`'s console shows
@@ -139,7 +139,7 @@ def run_evaluation(
     """BM25, base and trained towers on one dataset, in one run; dense systems go through the real store. With
     ``dev_queries``, on the dev split `dpr train` holds out of ``split`` instead of the whole split."""
     from encoders.towers import resolve_model_path
-    from services.learn.evaluation import compare_systems
+    from services.lab.evaluation.store_retriever import compare_systems
 
     dataset = (load_dataset(data, split, kind) if dev_queries is None
                else load_dev_split(data, split, kind, dev_queries))
@@ -163,7 +163,7 @@ def _hybrid_options(
     settings: Settings, tuned_from: str | None, fusion: str | None, weight: float | None, rrf_k: int | None
 ) -> tuple[Any, str]:
     """Hybrid fusion for `dpr eval`: explicit flags over ``--tuned-from`` settings over the defaults; and a note."""
-    from services.learn.evaluation import describe_fusion
+    from services.lab.evaluation.store_retriever import describe_fusion
     from services.query import QueryOptions
 
     tuned: dict[str, Any] = {}

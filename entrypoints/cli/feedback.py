@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from entrypoints.cli.common import AsJson, Collection, cli_errors, console, emit_json, err_console, settings_for
-from services.learn import feedback
+from services import feedback
 from services.runtime import Runtime
 
 feedback_app = typer.Typer(name="feedback", no_args_is_help=True,

@@ -39,7 +39,7 @@ def tune_hybrid_command(
     when it already holds that corpus. Afterwards `dpr query` on the collection runs hybrid with the choice.
     """
     from entrypoints.cli.evaluate import detect_dataset_format
-    from services.learn.hybrid import check_target, tune_hybrid, tuning_metrics
+    from services.lab.hybrid.tuning import check_target, tune_hybrid, tuning_metrics
     from services.readers import DataError, load_dev_split
     from services.runtime import Runtime
 

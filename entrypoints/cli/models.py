@@ -13,8 +13,8 @@ from rich.table import Table
 from entrypoints.cli.common import AsJson, cli_errors, console, emit_json, fail, get_settings
 
 if TYPE_CHECKING:
-    from encoders.learn.training_run import TrainResult
     from encoders.registry import ModelEntry
+    from services.lab.shared.training_run import TrainResult
 
 models_app = typer.Typer(name="models", help="Trained towers: list, show, activate, blend, soup.", no_args_is_help=True)
 
@@ -155,7 +155,7 @@ def models_blend(
     base is). Pseudo-questions favour the base on the collection NAME was trained for: where you have labelled
     questions, choose with --weight and `dpr eval` instead.
     `dpr models activate` the one to serve; NAME is kept."""
-    from services.learn.model_blends import blend_model
+    from services.lab.towers.blend_and_soup import blend_model
 
     if (weight is not None) + (choose_on is not None) + (choose_on_collection is not None) != 1:
         fail("give one of --weight F, --choose-on DATA or --choose-on-collection NAME")
@@ -184,7 +184,7 @@ def _choose_blend(ctx: typer.Context, name: str, data: Path | None, collection: 
                   queries: int, margin: float, out: str | None, as_json: bool) -> tuple[TrainResult, float] | None:
     """``--choose-on``: the blended model saved and its weight, or None once the outcome is printed (the base, or
     NAME as it is, serves the collection best: nothing was saved)."""
-    from services.learn.model_blends import choose_blend
+    from services.lab.towers.blend_and_soup import choose_blend
 
     try:
         tried = None if weights is None else tuple(float(w) for w in weights.split(","))
@@ -228,7 +228,7 @@ def models_soup(
 
     Averaging fine-tunes that share a start often beats each of them (Wortsman et al. 2022). Measure it with
     `dpr eval` on a dev split before `dpr models activate`."""
-    from services.learn.model_blends import soup_models
+    from services.lab.towers.blend_and_soup import soup_models
 
     try:
         result = soup_models(get_settings(ctx), names, out)

@@ -21,13 +21,13 @@ from rich.progress import (
 from entrypoints.cli.common import err_console
 
 if TYPE_CHECKING:
-    from services.learn.staged_run import StageProgress
+    from services.lab.shared.stages import StageProgress
 
 
 @contextmanager
 def stage_bars(quiet: bool) -> Iterator[StageProgress]:
-    """The ``progress`` callback of a staged run (``services.learn.staged_run.StageProgress``): one bar per stage, shown
-    from the stage's first report: done / total (None: not known yet), a note (the loss, the model scored, a dev
+    """The ``progress`` callback of a staged run (``services.lab.shared.stages.StageProgress``): one bar per stage,
+    shown from the stage's first report: done / total (None: not known yet), a note (the loss, the model scored, a dev
     figure), elapsed and ETA. ``quiet`` (``--json``) shows nothing."""
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),

@@ -1,4 +1,4 @@
-"""`dpr train`: parse the flags, call ``services.learn.training_rounds.train_recipe`` (the fine-tune, then mining rounds
+"""`dpr train`: parse the flags, call ``services.lab.towers.rounds.train_recipe`` (the fine-tune, then mining rounds
 chosen on the dev split), print the new model and its stages."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from entrypoints.cli.progress import stage_bars
 from services.core.threads import threads_per_process
 
 if TYPE_CHECKING:
-    from encoders.learn.training_run import TrainResult
+    from services.lab.shared.training_run import TrainResult
 
 NegativesFrom = Annotated[str, typer.Option(
     help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
@@ -76,7 +76,7 @@ def train(
         rich_help_panel=RECIPE)] = False,
     recipe: Annotated[Path | None, typer.Option(
         "--recipe", help="A TOML recipe file (epochs, lr, negatives, rounds, ...): its keys over the default recipe "
-        "(services/learn/recipe.toml; docs/training.md).", rich_help_panel=RECIPE)] = None,
+        "(services/lab/towers/recipe.toml; docs/training.md).", rich_help_panel=RECIPE)] = None,
     name: Annotated[str, typer.Option(
         help="Model name; saved as NAME-YYYYmmdd-HHMMSS.", rich_help_panel=OUTPUT)] = "dpr",
     dev_baseline: Annotated[bool, typer.Option(
@@ -90,8 +90,8 @@ def train(
     """Train DPR towers into a versioned model directory: by default the best recipe measured (a fine-tune with
     MNRL and a BM25 hard negative, then up to 3 mining rounds of dense negatives, each kept only on a dev gain)."""
     from services.ingest.language import check_choice
-    from services.learn.training_recipe import load_recipe
-    from services.learn.training_rounds import train_recipe
+    from services.lab.towers.recipe_file import load_recipe
+    from services.lab.towers.rounds import train_recipe
 
     settings = get_settings(ctx)
     if self_supervised is not None and self_supervised not in ("ict", "title", "both"):
@@ -175,11 +175,11 @@ def train_reranker(
 ) -> None:
     """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and mined hard negatives; measure
     the dev split before/after reranking the first stage's top N; on by default for the collection only on a gain."""
-    from encoders.learn.mining import MiningConfig
-    from encoders.learn.rerank_train import RerankConfig
-    from services.learn.reranking import train_reranker_model
-    from services.learn.staged_run import step_progress
-    from services.learn.training import TrainingData
+    from services.lab.reranker.recipe import train_reranker_model
+    from services.lab.reranker.trainer import RerankConfig
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.shared.stages import step_progress
+    from services.lab.towers.recipe import TrainingData
 
     settings = settings_for(ctx, collection)
     start, end = _parse_window(negative_window)

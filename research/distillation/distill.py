@@ -32,7 +32,7 @@ ScoreFn = Callable[[str, Sequence[str]], np.ndarray]
 
 def teacher_scores(score: ScoreFn, columns: dict[str, list[str]]) -> tuple[list[list[float]], dict[str, Any]]:
     """The teacher's score of each row's (question, positive), (question, negative_1), ... in column order
-    (``encoders.learn.train_rows.pairs_to_columns``), and a summary for the model card (rows, seconds, how often the
+    (``services.lab.shared.rows.pairs_to_columns``), and a summary for the model card (rows, seconds, how often the
     teacher ranks the labelled positive first, how peaked its softmax is)."""
     candidates = [c for c in columns if c != "question"]
     t0 = time.perf_counter()

@@ -2,9 +2,9 @@
 
 The towers learn the labels (MNRL: in-batch and hard negatives) and, on each question's own candidates, the
 reranker's preferences among them (``distill.DistilledMNRL``). Built from the product's own steps: the training set
-of ``services.learn.training`` (with its hard-negative mining), the model of ``encoders.learn.train``, the
+of ``services.lab.towers.recipe`` (with its hard-negative mining), the model of ``services.lab.towers.trainer``, the
 recipe skeleton of
-``encoders.learn.recipe``; only the loss is this experiment's.
+``services.lab.shared.trainer_steps``; only the loss is this experiment's.
 
     python research/distillation/train_distilled.py DATA --teacher RERANKER [--base NAME] [--hard-negatives 3] \
         [--negatives-from dense --denoise 0.95] [--epochs 2 --lr 1e-5] [--weight 1 --temperature 1] \
@@ -55,15 +55,21 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     from datasets import Dataset
     from distill import DistilledMNRL, teacher_scores
 
-    from encoders.learn.mining import MiningConfig
-    from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
-    from encoders.learn.train import TrainConfig, build_model, passage_transformer, set_passage_tokens
-    from encoders.learn.train_rows import pairs_to_columns
-    from encoders.learn.training_run import save_model, start_run, versioned_name
     from encoders.rerank import load_reranker
     from encoders.towers import resolve_model_path
     from services.core.settings import Settings
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.shared.rows import pairs_to_columns
+    from services.lab.shared.trainer_steps import (
+        base_record,
+        card_fields,
+        data_record,
+        fit_in_scratch,
+        towers_arguments,
+    )
+    from services.lab.shared.training_run import save_model, start_run, versioned_name
+    from services.lab.towers.recipe import TrainingData, build_training_set
+    from services.lab.towers.trainer import TrainConfig, build_model, passage_transformer, set_passage_tokens
 
     settings = Settings()
     config = TrainConfig(name=args.name, epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
@@ -92,7 +98,7 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
                                    Dataset.from_dict({**columns, "label": labels}), loss, None)
     set_passage_tokens(model, passage_max, False)
     # 7. evaluate
-    from encoders.learn.evaluate import evaluate_model_in_memory
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
 
     dev = evaluate_model_in_memory(model, training.dev) if training.dev is not None else None
     # 8. save

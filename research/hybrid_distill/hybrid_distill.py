@@ -21,9 +21,9 @@ all-mpnet-base-v2 at 128 tokens: the teacher gained 0.007 on SciFact's train cla
 ``--towers both``: the passage tower learns too (a re-embed; KL over candidates pooled across the batch, the corpus
 re-encoded to score): it lost 0.029 on SciFact's train claims and is not a recipe.
 
-`dpr adapt --question-only` now runs this recipe (``encoders.learn.adapt.distill_targets``; its candidates are filled
-up to 70 with random documents, where this script cut every probe's to the shortest row). The question tower alone
-trains (a copy of the start's); the passage vectors are the start's, encoded once.
+`dpr adapt --question-only` now runs this recipe (``services.lab.adaptation.teacher.distill_targets``; its candidates
+are filled up to 70 with random documents, where this script cut every probe's to the shortest row). The question tower
+alone trains (a copy of the start's); the passage vectors are the start's, encoded once.
 Scored by exact search in memory on the labelled split named (``--eval-split``; SciFact's ``train`` claims are the
 design dev set; a test split is read once per chosen recipe).
 
@@ -61,7 +61,7 @@ def dense_ndcg(qvec: np.ndarray, dvec: np.ndarray, doc_ids: list[str], dataset: 
 
 
 def ranked_metrics(scores: np.ndarray, qids: list[str], doc_ids: list[str], dataset: Any) -> dict[str, float]:
-    from encoders.learn.evaluate import Retrieval, score_retrieval
+    from services.lab.evaluation.retrieval import Retrieval, score_retrieval
 
     k = min(100, len(doc_ids))
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
@@ -87,7 +87,7 @@ def hybrid_rank_scores(cos0: np.ndarray, bm25: np.ndarray, weight: float, extra:
                        extra_weight: float = 0.0) -> np.ndarray:
     """The teacher over the columns given (the whole corpus: how good is what is taught); ``extra``, a second
     model's cosine, joins it as BM25 does: ``+ v * sd(cos0) * z(extra)``."""
-    from encoders.learn.adapt import hybrid_scores, standardise
+    from services.lab.adaptation.teacher import hybrid_scores, standardise
 
     t = hybrid_scores(cos0, bm25, weight)
     if extra is not None and extra_weight:
@@ -96,11 +96,11 @@ def hybrid_rank_scores(cos0: np.ndarray, bm25: np.ndarray, weight: float, extra:
 
 
 def encode_cached(model: Any, texts: list[str], work: Path, name: str, role: str) -> np.ndarray:
-    """``encoders.learn.evaluate.encode`` of ``texts``, kept in ``work`` under a hash of the texts (a slow teacher
-    encodes the corpus once; a changed corpus or probe set is encoded again)."""
+    """``services.lab.evaluation.retrieval.encode`` of ``texts``, kept in ``work`` under a hash of the texts (a slow
+    teacher encodes the corpus once; a changed corpus or probe set is encoded again)."""
     import hashlib
 
-    from encoders.learn.evaluate import encode
+    from services.lab.evaluation.retrieval import encode
 
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12]
     path = work / f"{name}-{role}-{digest}.npy"
@@ -142,10 +142,10 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from encoders.learn.adapt import bm25_matrix
-    from encoders.learn.mining import BM25Config, BM25Index
-    from encoders.learn.pairs import pseudo_query_sets
     from services.ingest.language import corpus_language
+    from services.lab.adaptation.teacher import bm25_matrix
+    from services.lab.shared.mining import BM25Config, BM25Index
+    from services.lab.shared.self_supervised import pseudo_query_sets
     from services.readers import load_dataset
 
     torch.manual_seed(args.seed)

@@ -60,8 +60,8 @@ def main() -> None:
     from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
 
-    from encoders.learn.evaluate import evaluate_model_in_memory
     from encoders.towers import base_model_path
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
     from services.readers import load_dataset
 
     torch.manual_seed(args.seed)

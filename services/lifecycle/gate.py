@@ -1,7 +1,7 @@
 """The promotion gate: promote a re-embed only if its model scores at least as well as the active one on dev data.
 
 ``promotion_gate`` is the one wiring that `dpr reembed --gate` (in-process) and the finalize task both use; the
-score is `dpr eval`'s store-backed evaluation (``services.learn.evaluation``).
+score is `dpr eval`'s store-backed evaluation (``services.lab.evaluation.store_retriever``).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def eval_scorer(
     """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
     (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
     compares models on the same dev data, as ``dpr eval`` does."""
-    from encoders.learn.evaluate import evaluate_systems
-    from services.learn.evaluation import store_retriever
+    from services.lab.evaluation.retrieval import evaluate_systems
+    from services.lab.evaluation.store_retriever import store_retriever
 
     if not data.exists():
         raise ConfigError(f"gate data {data} does not exist; give a BEIR folder or a SQuAD JSON file")

@@ -1,5 +1,5 @@
 """Engine-free logic of the store front end: generation names, the validation rules (one function per rule,
-also called by ``services/query.py`` and ``services/learn/hybrid.py``), the engine-neutral filter, linear fusion
+also called by ``services/query.py`` and ``services/lab/hybrid/tuning.py``), the engine-neutral filter, linear fusion
 and
 per-document state.
 

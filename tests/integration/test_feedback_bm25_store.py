@@ -14,9 +14,9 @@ from kit.documents import THREE_TOPICS
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
+from services import feedback
 from services.core.settings import Settings
 from services.ingest.pipeline import IngestPipeline
-from services.learn import feedback
 from services.readers import Document
 from services.store import open_store
 from services.store.sparse import default_embedder

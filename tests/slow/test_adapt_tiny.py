@@ -74,8 +74,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _config(**overrides: Any) -> Any:
-    from encoders.learn.adapt import TeacherConfig
-    from services.learn.adaptation import AdaptConfig
+    from services.lab.adaptation.recipe import AdaptConfig
+    from services.lab.adaptation.teacher import TeacherConfig
 
     # a random tiny model puts every passage within cosine 0.9 of every other: the duplicate rule is checked on
     # vectors made by hand below, off here
@@ -128,7 +128,7 @@ def test_adapt_cli_runs_every_stage_and_never_opens_queries_or_qrels(world: dict
 
 
 def test_card_records_recipe_teacher_and_dev_figures(world: dict[str, Any]) -> None:
-    from services.learn.adaptation import adapt
+    from services.lab.adaptation.recipe import adapt
 
     result = adapt(world["settings"], world["corpus"], _config(name="card"))
     record = result.card["adaptation"]
@@ -159,7 +159,7 @@ def _best(dev: dict[str, Any]) -> str:
 
 
 def test_a_rerun_resumes_from_the_last_finished_stage(world: dict[str, Any]) -> None:
-    from services.learn.adaptation import adapt
+    from services.lab.adaptation.recipe import adapt
 
     settings, models = world["settings"], world["models"]
     first = adapt(settings, world["corpus"], _config(name="resume", epochs_grid=(1.0,)))
@@ -183,7 +183,7 @@ def test_a_rerun_resumes_from_the_last_finished_stage(world: dict[str, Any]) -> 
 
 def test_no_dev_gain_leaves_the_active_model_alone(world: dict[str, Any]) -> None:
     from encoders.registry import activate
-    from services.learn.adaptation import adapt
+    from services.lab.adaptation.recipe import adapt
 
     models = world["models"]
     activate(models, "tinybase")
@@ -197,7 +197,7 @@ def test_no_dev_gain_leaves_the_active_model_alone(world: dict[str, Any]) -> Non
 def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
     from encoders.registry import activate
     from encoders.towers import passage_fingerprint
-    from services.learn.adaptation import adapt
+    from services.lab.adaptation.recipe import adapt
 
     models = world["models"]
     activate(models, "tinybase")
@@ -207,9 +207,9 @@ def test_question_only_keeps_the_passage_tower(world: dict[str, Any]) -> None:
     assert "-blend-" not in " ".join(result.card["adaptation"]["dev"]["scores"])  # a blend would move passages
     # the dev stage encoded each dev set's passages once, with the start's passage tower: the candidate scored
     # alone, its own passage tower encoding, gives the same figures
-    from encoders.learn.adapt import load_model
-    from encoders.learn.evaluate import evaluate_model_in_memory
-    from services.learn.adapt_mining import pseudo_sets
+    from services.lab.adaptation.mining_stage import pseudo_sets
+    from services.lab.adaptation.teacher import load_model
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
 
     pseudo = json.loads((result.run_dir / "pseudo.json").read_text())
     training = json.loads((result.run_dir / "training.json").read_text())
@@ -228,7 +228,7 @@ def test_question_only_recipe_distils_hybrid_search(world: dict[str, Any]) -> No
     its candidates, and the question tower learns the teacher's scores of them."""
     from encoders.registry import activate
     from encoders.towers import passage_fingerprint
-    from services.learn.adaptation import AdaptConfig, adapt
+    from services.lab.adaptation.recipe import AdaptConfig, adapt
 
     models = world["models"]
     activate(models, "tinybase")
@@ -254,7 +254,7 @@ def test_teacher_drops_duplicates_and_candidates_both_retrievers_put_above_the_s
     import numpy as np
 
     from encoders.data import CorpusDoc, TrainPair
-    from encoders.learn.adapt import TeacherConfig, TeacherStats, label_with_teacher, rrf
+    from services.lab.adaptation.teacher import TeacherConfig, TeacherStats, label_with_teacher, rrf
 
     corpus = {d: CorpusDoc(d, "", f"text of {d}") for d in ("src", "dup", "both", "bm25only", "other")}
     vectors = np.eye(5, dtype=np.float32)
@@ -290,7 +290,7 @@ def test_bad_input_is_one_line_naming_it(world: dict[str, Any], tmp_path: Path) 
 def _judge(data_dir: Path, collection: str, questions: int) -> None:
     """``questions`` judged questions: each names its document's title words; that document is relevant, the same
     note of the next topic is not."""
-    from services.learn.feedback import FeedbackStore
+    from services.feedback import FeedbackStore
 
     topics = list(TOPICS)
     with FeedbackStore.in_data_dir(data_dir) as judgements:
@@ -310,7 +310,7 @@ def test_adapt_feedback_trains_on_judgements_and_chooses_on_held_out_ones(
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
-    from services.learn.adaptation import MIN_JUDGED_DEV, adapt
+    from services.lab.adaptation.recipe import MIN_JUDGED_DEV, adapt
 
     for key, value in (("DPR_ENCODER__BACKEND", "torch"), ("DPR_ENCODER__QUESTION_BACKEND", "torch"),
                        ("DPR_COLLECTION", "judged")):
@@ -353,7 +353,7 @@ def test_adapt_feedback_trains_on_judgements_and_chooses_on_held_out_ones(
     again = adapt(settings, world["corpus"], _config(name="fb", feedback=True, epochs_grid=(1.0,)))
     assert set(again.stages.values()) == {"skipped"}  # the same judgements: the same run
     _judge(data_dir, "judged", 37)  # one more judged question: a new run
-    monkeypatch.setattr("services.learn.adaptation.MIN_JUDGED_DEV", 1000)  # too few held out to choose on alone
+    monkeypatch.setattr("services.lab.adaptation.recipe.MIN_JUDGED_DEV", 1000)  # too few held out to choose on alone
     more = adapt(settings, world["corpus"], _config(name="fb", feedback=True, epochs_grid=(1.0,)))
     assert more.run_dir != result.run_dir and more.stages["feedback"] == "ran"
     assert more.card["adaptation"]["dev"]["gate"] == ["title", "ict", "judged"]  # then every held-out kind does

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 def test_cranfield_bm25_and_base_through_the_store(shared_data: Path, tmp_path: Path) -> None:
     from services.core.settings import Settings
-    from services.learn.evaluation import compare_systems
+    from services.lab.evaluation.store_retriever import compare_systems
     from services.readers import load_beir
 
     dataset = load_beir(shared_data / "cranfield", "test")

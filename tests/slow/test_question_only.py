@@ -15,7 +15,7 @@ import pytest
 from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
-from services.learn.training_recipe import recipe_text
+from services.lab.towers.recipe_file import recipe_text
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +33,10 @@ def _folder(root: Path) -> Path:
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A data dir whose active model is a tiny partner (``tinybase``), a question-only model trained from it
     (``qo``), and an incompatible pair: a fully trained model (``full``) and a question-only model of that one."""
-    from encoders.learn.train import TrainConfig
     from encoders.registry import activate
     from services.core.settings import Settings
-    from services.learn.training import TrainingData, train_model
+    from services.lab.towers.recipe import TrainingData, train_model
+    from services.lab.towers.trainer import TrainConfig
 
     root = tmp_path_factory.mktemp("qo")
     data_dir = root / "data"
@@ -183,7 +183,7 @@ def test_train_feedback_learns_from_the_collections_judgements(
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
-    from services.learn.feedback import FeedbackStore
+    from services.feedback import FeedbackStore
 
     for key, value in (("DPR_ENCODER__BACKEND", "torch"), ("DPR_ENCODER__QUESTION_BACKEND", "torch"),
                        ("DPR_COLLECTION", "judged")):

@@ -35,10 +35,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def trained(setup: tuple[Path, Path, Path]):  # type: ignore[no-untyped-def]
-    from encoders.learn.rerank_train import RerankConfig
     from services.core.settings import Settings
-    from services.learn.reranking import train_reranker_model
-    from services.learn.training import TrainingData
+    from services.lab.reranker.recipe import train_reranker_model
+    from services.lab.reranker.trainer import RerankConfig
+    from services.lab.towers.recipe import TrainingData
 
     base, beir, data = setup
     settings = Settings(data_dir=data)
@@ -74,11 +74,11 @@ def test_train_reranker_registers_a_model_with_a_card(trained, setup) -> None:  
 def test_pointwise_reranker_with_dense_negatives(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``--loss bce`` trains on (question, passage, label) rows, a batch of questions' rows in mini-batches of
     rows (gradient accumulation); negatives may come from towers (``--negatives-from dense``)."""
-    from encoders.learn.mining import MiningConfig
-    from encoders.learn.rerank_train import RerankConfig
     from services.core.settings import Settings
-    from services.learn.reranking import train_reranker_model
-    from services.learn.training import TrainingData
+    from services.lab.reranker.recipe import train_reranker_model
+    from services.lab.reranker.trainer import RerankConfig
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.towers.recipe import TrainingData
 
     base, beir, _ = setup
     settings = Settings(data_dir=tmp_path / "data")
@@ -138,10 +138,10 @@ def test_dpr_query_rerank_never_imports_torch(trained, setup, tmp_path: Path) ->
 
 
 def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from encoders.learn.train import TrainConfig
     from encoders.towers import model_fingerprint, read_model_card
     from services.core.settings import Settings
-    from services.learn.training import TrainingData, train_model
+    from services.lab.towers.recipe import TrainingData, train_model
+    from services.lab.towers.trainer import TrainConfig
 
     base, beir, _ = setup
     settings = Settings(data_dir=tmp_path / "data")
@@ -159,8 +159,8 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
     assert [type(m).__name__ for m in again.model] == ["Router", "Normalize"]
     assert again.card["base"]["fingerprint"] == result.fingerprint
     # `dpr train-reranker --base <towers>`: the reranker's encoder starts as the towers' passage tower
-    from encoders.learn.rerank_train import RerankConfig
-    from services.learn.reranking import train_reranker_model
+    from services.lab.reranker.recipe import train_reranker_model
+    from services.lab.reranker.trainer import RerankConfig
 
     rr = train_reranker_model(settings, TrainingData(data=beir, dev_queries=4),
                               RerankConfig(name="rrtowers", max_steps=1, batch_size=4, max_length=64, candidates=6),
@@ -181,10 +181,10 @@ def test_pretrain_runs_both_stages_and_base_continues(setup, tmp_path: Path) -> 
 def test_dense_second_round_negatives_and_denoising(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Recipe negatives.source = "dense", denoise = F: negatives ranked by the starting towers, none of them labelled
     relevant, none scored at F x the positive or above; the card says which towers mined them."""
-    from encoders.learn.mining import DenseIndex, MiningConfig
-    from encoders.learn.train import TrainConfig
     from services.core.settings import Settings
-    from services.learn.training import TrainingData, _mining_towers, build_training_set, train_model
+    from services.lab.shared.mining import DenseIndex, MiningConfig
+    from services.lab.towers.recipe import TrainingData, _mining_towers, build_training_set, train_model
+    from services.lab.towers.trainer import TrainConfig
 
     base, beir, _ = setup
     settings = Settings(data_dir=tmp_path / "data")

@@ -1,4 +1,4 @@
-"""`dpr train`'s recipe (the fine-tune, then mining rounds chosen on dev: ``services.learn.training_rounds``) on a tiny
+"""`dpr train`'s recipe (the fine-tune, then mining rounds chosen on dev: ``services.lab.towers.rounds``) on a tiny
 randomly initialised model and a tiny BEIR folder (seconds): every stage is recorded in the card with its dev
 figure, times, peak RSS and whether it was kept; a round without a dev gain is not kept and ends the rounds; a run
 stopped after the fine-tune goes on at the first round without training the fine-tune again; `rounds.count = 0` is the
@@ -34,7 +34,7 @@ def _settings(tmp_path: Path) -> Any:
 
 
 def _config(name: str) -> Any:
-    from encoders.learn.train import TrainConfig
+    from services.lab.towers.trainer import TrainConfig
 
     return TrainConfig(name=name, max_steps=2, batch_size=4, learning_rate=5e-3, max_query_tokens=32,
                        max_passage_tokens=64)
@@ -47,8 +47,8 @@ class Killed(Exception):
 def test_fine_tune_and_a_round_are_recorded_and_a_killed_run_resumes_at_the_round(world: dict[str, Any],
                                                                                    tmp_path: Path) -> None:
     from encoders.towers import model_fingerprint
-    from services.learn.training import TrainingData
-    from services.learn.training_rounds import RoundConfig, train_recipe
+    from services.lab.towers.recipe import TrainingData
+    from services.lab.towers.rounds import RoundConfig, train_recipe
 
     settings = _settings(tmp_path)
     data = TrainingData(data=world["beir"], dev_queries=4)
@@ -104,8 +104,8 @@ def test_fine_tune_and_a_round_are_recorded_and_a_killed_run_resumes_at_the_roun
 
 def test_a_round_without_a_dev_gain_is_not_kept_and_ends_the_rounds(world: dict[str, Any], tmp_path: Path) -> None:
     from encoders.towers import model_fingerprint
-    from services.learn.training import TrainingData
-    from services.learn.training_rounds import RoundConfig, train_recipe
+    from services.lab.towers.recipe import TrainingData
+    from services.lab.towers.rounds import RoundConfig, train_recipe
 
     settings = _settings(tmp_path)
     done = train_recipe(settings, TrainingData(data=world["beir"], dev_queries=4), _config("ng"),
@@ -125,7 +125,7 @@ def test_cli_runs_the_recipe_and_rounds_0_is_the_single_fine_tune(world: dict[st
 
     for key in ("DPR_ENCODER__BACKEND", "DPR_ENCODER__QUESTION_BACKEND"):
         monkeypatch.setenv(key, "torch")
-    from services.learn.training_recipe import recipe_text
+    from services.lab.towers.recipe_file import recipe_text
 
     runner = CliRunner()
     tiny = {"train": {"max_steps": 2, "batch_size": 4}, "data": {"dev_queries": 4}}

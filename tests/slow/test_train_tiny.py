@@ -74,7 +74,7 @@ def _pairs(repeat: int = 4) -> list[TrainPair]:
 
 
 def _train(tiny_base: Path, tmp_path: Path, shared: bool):  # type: ignore[no-untyped-def]
-    from encoders.learn.train import TrainConfig, train
+    from services.lab.towers.trainer import TrainConfig, train
 
     config = TrainConfig(
         name="tiny",
@@ -133,7 +133,7 @@ def test_the_passage_length_defaults_to_the_bases_own_and_answers_are_kept_in_th
 ) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from encoders.learn.train import TrainConfig, train
+    from services.lab.towers.trainer import TrainConfig, train
 
     filler = " ".join(f"w{i}" for i in range(80))
     pairs = [
@@ -164,7 +164,7 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
-    from services.learn.training_recipe import recipe_text
+    from services.lab.towers.recipe_file import recipe_text
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("\n".join(json.dumps({"question": p.question, "passage": p.positive}) for p in _pairs()) + "\n")
@@ -223,8 +223,8 @@ def test_blend_mixes_the_trained_weights_with_the_pretrained_root(tiny_base: Pat
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
 
-    from encoders.learn.blend import blend_with_pretrained, pretrained_root
-    from encoders.learn.train import TrainConfig, train
+    from services.lab.towers.trainer import TrainConfig, train
+    from services.lab.towers.wise_ft import blend_with_pretrained, pretrained_root
 
     first = _train(tiny_base, tmp_path, shared=False)
     assert pretrained_root(first.model_dir) == tiny_base  # its card names the tiny base
@@ -254,8 +254,8 @@ def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Pat
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
-    from encoders.learn.blend import pretrained_root
     from entrypoints.cli.main import app
+    from services.lab.towers.wise_ft import pretrained_root
 
     first = _train(tiny_base, tmp_path, shared=False)
     runner = CliRunner()
@@ -287,7 +287,7 @@ def test_models_blend_saves_a_new_model_and_keeps_the_trained_one(tiny_base: Pat
 def test_pick_blend_takes_the_largest_weight_the_collection_does_not_mind() -> None:
     """The rule of `dpr models blend --choose-on`: the best mean score among the base and the blends; the largest
     weight within the margin of it; None when only the base is."""
-    from encoders.learn.blend import pick_blend
+    from services.lab.towers.wise_ft import pick_blend
 
     scores = {"base": {"title": 0.70, "ict": 0.80}, "1": {"title": 0.60, "ict": 0.78},
               "0.7": {"title": 0.67, "ict": 0.80}, "0.5": {"title": 0.70, "ict": 0.81}}
@@ -308,8 +308,8 @@ def test_models_blend_choose_on_a_corpus_saves_the_weight_its_pseudo_questions_p
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
-    from encoders.learn.blend import pick_blend
     from entrypoints.cli.main import app
+    from services.lab.towers.wise_ft import pick_blend
 
     first = _train(tiny_base, tmp_path, shared=False)
     corpus = tmp_path / "corpus.jsonl"
@@ -392,8 +392,8 @@ def test_models_soup_averages_models_of_one_lineage(tiny_base: Path, tmp_path: P
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
-    from encoders.learn.train import TrainConfig, train
     from entrypoints.cli.main import app
+    from services.lab.towers.trainer import TrainConfig, train
 
     first = _train(tiny_base, tmp_path, shared=False)
     second = train(_pairs(), tmp_path / "models", TrainConfig(name="second", max_steps=3, batch_size=8,

@@ -1,6 +1,6 @@
 """The `dpr adapt --question-only` teacher: hybrid search's scores over each pseudo-question's candidates
-(``encoders.learn.adapt.distill_targets``), and the loss that teaches them to the question tower
-(``encoders.learn.question_only.fixed_passages_loss`` with soft targets)."""
+(``services.lab.adaptation.teacher.distill_targets``), and the loss that teaches them to the question tower
+(``services.lab.towers.question_only.fixed_passages_loss`` with soft targets)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from encoders.learn.adapt import TeacherConfig, distill_targets, distill_width
+from services.lab.adaptation.teacher import TeacherConfig, distill_targets, distill_width
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ class _Questions:
 
 def test_soft_targets_are_learnt_instead_of_the_positive() -> None:
     torch = pytest.importorskip("torch")
-    from encoders.learn.question_only import fixed_passages_loss, soft_rows
+    from services.lab.towers.question_only import fixed_passages_loss, soft_rows
 
     passages = torch.nn.functional.normalize(torch.randn(6, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
     soft = soft_rows([(["a", "b", "c"], [0.9, 0.1, 0.0]), None], {"a": 1, "b": 2, "c": 3})

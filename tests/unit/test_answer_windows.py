@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from encoders.data import TrainPair
-from encoders.learn.train_rows import fit_answers
+from services.lab.shared.rows import fit_answers
 
 pytestmark = pytest.mark.unit
 

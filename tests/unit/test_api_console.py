@@ -16,10 +16,10 @@ from kit.fakes import FakeRuntime, HashTowers
 from test_api_routes import DOCS, _settings, assert_error, ingest
 
 from encoders.data import CorpusDoc, RetrievalDataset
-from encoders.learn.evaluate import Retrieval, bm25_retriever, evaluate_systems, write_report
 from entrypoints.api.app import create_app
 from entrypoints.api.routes.console import ASSET_DIR
-from services.learn.eval_reports import keep_latest, latest_dir
+from services.lab.evaluation.retrieval import Retrieval, bm25_retriever, evaluate_systems, write_report
+from services.latest_report import keep_latest, latest_dir
 from services.lifecycle.state import PREVIOUS_KEY
 from services.store.points import CollectionSpec
 

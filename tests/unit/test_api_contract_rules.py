@@ -23,9 +23,9 @@ from test_api_routes import DOCS, assert_error, ingest
 
 from dpr_client import wire
 from entrypoints.api.app import create_app, openapi_document
+from services import feedback
 from services.access import KeyStore, keys_path
 from services.core.settings import ApiSettings, Settings
-from services.learn import feedback
 from services.readers import MAX_ID_CHARS
 from services.store.common import FILTER_KEY_MAX_CHARS, FILTER_KEY_PATTERN
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from encoders.data import CorpusDoc, RetrievalDataset
-from encoders.learn.evaluate import Retrieval, bm25_retriever, evaluate_systems, write_report
+from services.lab.evaluation.retrieval import Retrieval, bm25_retriever, evaluate_systems, write_report
 
 pytestmark = pytest.mark.unit
 

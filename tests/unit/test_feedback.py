@@ -1,4 +1,4 @@
-"""Judgements (services.learn.feedback) and their routes: validation, repeats collapse, a later judgement replaces the
+"""Judgements (services.feedback) and their routes: validation, repeats collapse, a later judgement replaces the
 earlier one, they persist across a reopen and a re-embed-like rewrite, a judgement naming a point or document
 that does not exist is refused naming it, roles (write to judge, admin to export), training pairs, the CLI."""
 
@@ -16,10 +16,10 @@ from kit.fakes import FakeRuntime
 from typer.testing import CliRunner
 
 from entrypoints.api.app import create_app
+from services import feedback
 from services.access.keys import KeyStore, keys_path
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
-from services.learn import feedback
 from services.store.points import point_id
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from encoders.learn.train import LARGE_VOCABULARY, freeze_word_embeddings
+from services.lab.towers.trainer import LARGE_VOCABULARY, freeze_word_embeddings
 
 pytestmark = pytest.mark.unit
 

@@ -16,8 +16,8 @@ from services import readers
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
 from services.ingest.pipeline import IngestPipeline, collection_spec
-from services.learn.evaluation import dataset_documents
-from services.learn.hybrid import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
+from services.lab.evaluation.store_retriever import dataset_documents
+from services.lab.hybrid.tuning import FusionChoice, fusion_grid, select_best, tune_hybrid, tuning_metrics
 from services.query import QueryOptions, resolve_request
 from services.store import Store, open_store
 from services.store.sparse import default_embedder
@@ -120,7 +120,7 @@ def test_dev_split_is_a_seeded_subset_of_training_questions(tmp_path: Path) -> N
 def test_training_holds_out_the_same_dev_split(tmp_path: Path) -> None:
     """`dpr train`'s dev questions are the ones `dpr tune-hybrid` and `dpr eval --dev-queries` read, and never
     become training pairs."""
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.towers.recipe import TrainingData, build_training_set
 
     beir = write_beir(tmp_path)
     training = build_training_set(_settings(tmp_path), TrainingData(data=beir, fmt="beir", dev_queries=5))

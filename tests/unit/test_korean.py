@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from encoders.data import CorpusDoc, RetrievalDataset
 from encoders.korean import korean_terms
-from encoders.learn.metrics import has_answer
-from encoders.learn.mining import BM25Config, BM25Index
 from entrypoints.cli.main import app
 from services.core.errors import ConfigError, StoreUnavailable
 from services.ingest.language import detect_language, hangul_share, prepare_collection, resolve_language
 from services.ingest.pipeline import IngestPipeline
+from services.lab.shared.metrics import has_answer
+from services.lab.shared.mining import BM25Config, BM25Index
 from services.query import QueryOptions, search
 from services.readers import Document
 from services.store import open_store
@@ -240,7 +240,7 @@ def test_korean_answers_match_with_particles_english_rule_unchanged() -> None:
 
 
 def test_eval_detects_korean_and_tokenises_its_bm25_baseline_so() -> None:
-    from services.learn.evaluation import compare_systems
+    from services.lab.evaluation.store_retriever import compare_systems
 
     corpus = {k: CorpusDoc(k, t, x) for k, (t, x) in KO_DOCS.items()}
     ds = RetrievalDataset(

@@ -5,11 +5,11 @@ The layers, top to bottom: ``entrypoints`` (the CLI, the HTTP API: the compositi
 ``services`` never imports Celery or kombu, not even lazily; the module top level of ``services`` and
 ``entrypoints`` never imports the ML stack (torch, transformers, sentence-transformers): a lazy import inside a
 function is fine, so the query path and the CLI start without torch. Inside ``services``, ``services.core`` is the
-bottom folder, and the learning code (``services.learn``, ``encoders.learn``) is loaded at module level only by itself
-and by the entrypoints that run it. ``dpr_client`` is a leaf: it imports nothing of the project. No import cycle
-between two of the project's modules, nor between two of its folders, lazy imports (inside a function) included,
-those under ``if TYPE_CHECKING:`` excluded: a cycle closed by a lazy import still ties them together. Run with ``-s``
-to print the graph.
+bottom folder, and the lab (``services.lab``: training, adaptation, mining, the reranker, evaluation) is loaded at
+module level only by itself and by the entrypoints that run it, and never on the query path. ``dpr_client`` is a
+leaf: it imports nothing of the project. No import cycle between two of the project's modules, nor between two of its
+folders, lazy imports (inside a function) included, those under ``if TYPE_CHECKING:`` excluded: a cycle closed by a
+lazy import still ties them together. Run with ``-s`` to print the graph.
 """
 
 from __future__ import annotations
@@ -133,11 +133,11 @@ def test_the_ml_stack_is_imported_lazily(layer: str) -> None:
     assert eager == [], "import these inside the function that needs them:\n" + "\n".join(eager)
 
 
-# Folders inside a layer: ``services.core`` is the bottom of ``services``; the learning code (training, evaluation,
-# tuning, adaptation: ``services.learn``, ``encoders.learn``) is loaded at module level only by itself and by the
-# entrypoints that run it, so neither the query nor the ingest path carries it.
+# Folders inside a layer: ``services.core`` is the bottom of ``services``; the lab (training, adaptation, mining, the
+# reranker, evaluation, tuning: ``services.lab``) is loaded at module level only by itself and by the entrypoints that
+# run it, so neither the query nor the ingest path carries it.
 CORE = "services.core"
-LEARN = ("services.learn", "encoders.learn")
+LEARN = ("services.lab",)
 
 
 def _under(module: str, package: str) -> bool:
@@ -154,13 +154,11 @@ def test_the_learning_code_is_loaded_at_module_level_only_where_it_runs() -> Non
     eager = [str(i) for i in IMPORTS if i.top_level and any(_under(i.target, p) for p in LEARN)
              and not any(_under(i.module, p) for p in LEARN) and _root(i.module) != "entrypoints"]
     assert eager == [], "import the learning code inside the function that trains or measures:\n" + "\n".join(eager)
-    lab_in_towers = [str(i) for i in IMPORTS if _under(i.module, "encoders") and not _under(i.module, "encoders.learn")
-                     and _under(i.target, "encoders.learn") and i.top_level]
-    assert lab_in_towers == [], "the towers never load the training lab at import:\n" + "\n".join(lab_in_towers)
 
 
-def test_the_query_path_loads_no_ml_stack() -> None:
-    """Follow top-level imports through the project from the query path's modules: no torch on the way."""
+def test_the_query_path_loads_no_ml_stack_and_no_lab() -> None:
+    """Follow top-level imports through the project from the query path's modules (the API app's routes included):
+    no torch and no module of the lab on the way."""
     seen: set[str] = set()
     todo = list(QUERY_PATH)
     eager: list[str] = []
@@ -170,10 +168,10 @@ def test_the_query_path_loads_no_ml_stack() -> None:
             continue
         seen.add(module)
         for i in (i for i in IMPORTS if i.module == module and i.top_level):
-            eager += [str(i)] if _root(i.target) in ML_STACK else []
+            eager += [str(i)] if _root(i.target) in ML_STACK or any(_under(i.target, p) for p in LEARN) else []
             parents = [".".join(i.target.split(".")[:n]) for n in range(1, i.target.count(".") + 2)]
             todo += [m for m in parents if m in MODULES]  # importing a.b.c runs a, a.b and a.b.c
-    assert eager == [], "the query path imports the ML stack at module level:\n" + "\n".join(eager)
+    assert eager == [], "the query path imports the ML stack or the lab at module level:\n" + "\n".join(eager)
 
 
 def test_the_package_graph_is_acyclic_and_printed() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from encoders.learn import training_run
-from encoders.learn.train import TrainConfig
+from services.lab.shared import training_run
+from services.lab.towers.trainer import TrainConfig
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from encoders.learn.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer, per_query
+from services.lab.shared.metrics import answer_accuracy, has_answer, ir_metrics, normalize_answer, per_query
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from encoders.data import CorpusDoc, TrainPair
-from encoders.learn.mining import BM25Config, BM25Index, DenseIndex, MiningConfig, mine_hard_negatives
+from services.lab.shared.mining import BM25Config, BM25Index, DenseIndex, MiningConfig, mine_hard_negatives
 
 pytestmark = pytest.mark.unit
 

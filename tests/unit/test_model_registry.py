@@ -86,7 +86,7 @@ def test_split_towers_encode_questions_on_one_backend_and_passages_on_another(
     from kit.fakes import HashTowers
     from kit.policy import make_settings
 
-    import services.learn.evaluation as evaluation
+    import services.lab.evaluation.store_retriever as evaluation
     from encoders.registry import SplitTowers
     from services.core.settings import EncoderSettings
 

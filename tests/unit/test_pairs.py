@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from encoders.data import CorpusDoc
-from encoders.learn.pairs import (
+from services.core.settings import Settings
+from services.lab.shared.self_supervised import (
     PairConfig,
     body_without_title,
     ict_pairs,
@@ -18,7 +19,6 @@ from encoders.learn.pairs import (
     split_sentences,
     title_pairs,
 )
-from services.core.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -209,7 +209,7 @@ def test_self_supervised_both_caps_and_errors() -> None:
         self_supervised_pairs(docs, "cloze")  # type: ignore[arg-type]
 
 
-# --- the training recipe's data side (services.learn.training.build_training_set): no model, no torch --------------
+# --- the training recipe's data side (services.lab.towers.recipe.build_training_set): no model, no torch --------------
 
 
 def _beir(root: Path, n_queries: int = 6) -> Path:
@@ -226,8 +226,8 @@ def _beir(root: Path, n_queries: int = 6) -> Path:
 
 
 def test_labelled_training_set_holds_dev_out_and_mines_negatives(tmp_path: Path) -> None:
-    from encoders.learn.mining import MiningConfig
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.towers.recipe import TrainingData, build_training_set
 
     data = TrainingData(_beir(tmp_path), dev_queries=2, mining=MiningConfig(num_negatives=1, rank_end=6))
     training = build_training_set(Settings(data_dir=tmp_path), data)
@@ -242,8 +242,8 @@ def test_labelled_training_set_holds_dev_out_and_mines_negatives(tmp_path: Path)
 
 
 def test_pairs_file_and_self_supervised_training_sets(tmp_path: Path) -> None:
-    from encoders.learn.mining import MiningConfig
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.towers.recipe import TrainingData, build_training_set
 
     settings = Settings(data_dir=tmp_path)
     no_mining = MiningConfig(num_negatives=0)
@@ -262,8 +262,8 @@ def test_pairs_file_and_self_supervised_training_sets(tmp_path: Path) -> None:
 def test_self_supervised_pairs_from_a_squad_file_read_every_article(tmp_path: Path) -> None:
     """`dpr train SQUAD --pretrain ict` builds stage 1 from the paragraphs of the whole file (no question read),
     as a BEIR folder's corpus serves every split; the pair settings reach the builder and the card."""
-    from encoders.learn.mining import MiningConfig
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.shared.mining import MiningConfig
+    from services.lab.towers.recipe import TrainingData, build_training_set
 
     qas = [{"id": "q", "question": "지명수배된 날은?", "answers": [{"text": "1989년 2월 15일", "answer_start": 0}]}]
     articles = [{"title": f"기사 {i}", "paragraphs": [{"context": KOREAN, "qas": qas}]} for i in range(6)]
@@ -280,7 +280,7 @@ def test_self_supervised_pairs_from_a_squad_file_read_every_article(tmp_path: Pa
 
 def test_training_set_needs_data(tmp_path: Path) -> None:
     from services.core.errors import ConfigError
-    from services.learn.training import TrainingData, build_training_set
+    from services.lab.towers.recipe import TrainingData, build_training_set
 
     with pytest.raises(ConfigError, match="give DATA"):
         build_training_set(Settings(data_dir=tmp_path), TrainingData())

@@ -165,7 +165,7 @@ def test_the_api_takes_a_rerank_field(tmp_path: Path) -> None:
 
 
 def test_pointwise_rows_label_each_positive_and_negative() -> None:
-    from encoders.learn.rerank_train import RerankConfig, columns_to_rows
+    from services.lab.reranker.trainer import RerankConfig, columns_to_rows
 
     columns = {"question": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1a", "n2a"],
                "negative_2": ["n1b", "n2b"]}
@@ -181,7 +181,7 @@ def test_pointwise_rows_label_each_positive_and_negative() -> None:
 def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) -> None:
     import json
 
-    from encoders.learn.rerank_train import encoder_to_start_from
+    from services.lab.reranker.trainer import encoder_to_start_from
 
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -204,7 +204,7 @@ def test_a_reranker_starts_from_a_towers_models_passage_tower(tmp_path: Path) ->
 def test_a_reranker_given_as_base_keeps_its_trained_head(tmp_path: Path) -> None:
     import json
 
-    from encoders.learn.rerank_train import starting_head
+    from services.lab.reranker.trainer import starting_head
 
     encoder, reranker = tmp_path / "encoder", tmp_path / "reranker"
     for path, architecture in ((encoder, "BertModel"), (reranker, "BertForSequenceClassification")):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from encoders.learn.train import TrainConfig
-from services.learn.training import TrainingData
-from services.learn.training_rounds import RoundConfig, _run_key
+from services.lab.towers.recipe import TrainingData
+from services.lab.towers.rounds import RoundConfig, _run_key
+from services.lab.towers.trainer import TrainConfig
 
 pytestmark = pytest.mark.unit
 

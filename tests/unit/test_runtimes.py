@@ -82,8 +82,8 @@ def test_training_runs_in_bf16_autocast_only_where_the_cpu_has_amx() -> None:
 def test_the_trainer_arguments_carry_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    from encoders.learn import training_run
-    from encoders.learn.train import TrainConfig
+    from services.lab.shared import training_run
+    from services.lab.towers.trainer import TrainConfig
 
     monkeypatch.setattr(runtimes, "cpu_flags", lambda: SAPPHIRE)
     args = training_run.training_arguments(SentenceTransformerTrainingArguments, TrainConfig(), Path("/nonexistent"))

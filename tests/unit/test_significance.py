@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from encoders.data import CorpusDoc, RetrievalDataset
-from encoders.learn.evaluate import EvalReport, SystemResult, score_retrieval
-from encoders.learn.evaluate import Retrieval as R
+from services.lab.evaluation.retrieval import EvalReport, SystemResult, score_retrieval
+from services.lab.evaluation.retrieval import Retrieval as R
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from encoders.learn.train import AUTO_MINI_BATCH, TrainConfig, bounded_memory
+from services.lab.towers.trainer import AUTO_MINI_BATCH, TrainConfig, bounded_memory
 
 pytestmark = pytest.mark.unit
 

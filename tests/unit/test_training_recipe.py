@@ -1,4 +1,4 @@
-"""`dpr train --recipe FILE` (services/learn/training_recipe.py): the shipped default recipe is the library's
+"""`dpr train --recipe FILE` (services/lab/towers/recipe_file.py): the shipped default recipe is the library's
 defaults, a file sets only the keys it changes, and an unknown key or a bad value is one line naming the file, the
 key and the fix (exit 2) before anything is read or trained."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from encoders.learn.mining import MiningConfig
-from encoders.learn.pairs import PairConfig
-from encoders.learn.train import TrainConfig
 from entrypoints.cli.main import app
 from services.core.errors import ConfigError
-from services.learn.training import TrainingData
-from services.learn.training_recipe import DEFAULT, load_recipe
-from services.learn.training_rounds import RoundConfig
+from services.lab.shared.mining import MiningConfig
+from services.lab.shared.self_supervised import PairConfig
+from services.lab.towers.recipe import TrainingData
+from services.lab.towers.recipe_file import DEFAULT, load_recipe
+from services.lab.towers.rounds import RoundConfig
+from services.lab.towers.trainer import TrainConfig
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """POST /v1/feedback (one judgement of a search hit: relevant or not) and GET /v1/feedback (every judgement of
 this server's collection, with counts: the admin's export). The judgements live in the data dir
-(``services.learn.feedback``); docs/feedback.md."""
+(``services.feedback``); docs/feedback.md."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from dpr_client.wire import FeedbackExport, FeedbackIn, FeedbackOut
 from entrypoints.api.auth import requires
 from entrypoints.api.state import ApiState, api_state
-from services.learn import feedback
+from services import feedback
 
 router = APIRouter(prefix="/v1")
 

@@ -13,7 +13,7 @@ from dpr_client.wire import EvalReport
 from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
-from services.learn.eval_reports import LatestReport, latest_dir, read_latest
+from services.latest_report import LatestReport, latest_dir, read_latest
 
 router = APIRouter(prefix="/v1")  # the prefix on the router itself: route templates (metrics labels) carry it
 

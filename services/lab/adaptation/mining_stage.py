@@ -1,4 +1,4 @@
-"""The mining stage of `dpr adapt` (``services.learn.adaptation``): the teacher over the training pseudo-questions,
+"""The mining stage of `dpr adapt` (``services.lab.adaptation.recipe``): the teacher over the training pseudo-questions,
 written to ``mining.json``.
 
 - ``mining_stage`` (full training): hybrid candidates (BM25 + the current towers, RRF) labelled by the
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.learn.staged_run import StageProgress, write_json
+from services.lab.shared.stages import StageProgress, write_json
 
 if TYPE_CHECKING:
-    from encoders.learn.adapt import TeacherConfig
+    from services.lab.adaptation.teacher import TeacherConfig
 
 
 def pseudo_sets(pseudo: dict[str, Any]) -> dict[str, Any]:
-    from encoders.learn.adapt import dataset_from_json
+    from services.lab.adaptation.teacher import dataset_from_json
 
     return {kind: dataset_from_json(row) for kind, row in pseudo["sets"].items()}
 
@@ -32,10 +32,16 @@ def mining_stage(pseudo: dict[str, Any], base_path: Path, teacher: TeacherConfig
     """The hybrid-agreement teacher labels each training pseudo-question's candidates (``language``: the BM25
     side's, None to detect it on each pseudo-question set's corpus)."""
     from encoders.data import labelled_pairs
-    from encoders.learn.adapt import TeacherStats, dense_rankings, label_with_teacher, load_model, pair_to_json
-    from encoders.learn.evaluate import encode
-    from encoders.learn.mining import BM25Config, BM25Index
     from services.ingest.language import corpus_language
+    from services.lab.adaptation.teacher import (
+        TeacherStats,
+        dense_rankings,
+        label_with_teacher,
+        load_model,
+        pair_to_json,
+    )
+    from services.lab.evaluation.retrieval import encode
+    from services.lab.shared.mining import BM25Config, BM25Index
 
     model = load_model(base_path)
     stats = TeacherStats()
@@ -73,14 +79,15 @@ DISTILL_CHUNK = 256  # probes scored against the whole corpus at a time (two chu
 def distill_stage(source: Path, pseudo: dict[str, Any], base_path: Path, teacher: TeacherConfig,
                   language: str | None, seed: int, run_dir: Path, notify: StageProgress, settings: Settings) -> None:
     """The distillation teacher: every training pseudo-question probes the corpus as it is (what real questions
-    will search); its candidates and hybrid search's scores of them (``encoders.learn.adapt.distill_targets``)."""
+    will search); its candidates and hybrid search's scores of them
+    (``services.lab.adaptation.teacher.distill_targets``)."""
     import numpy as np
 
     from encoders.data import labelled_pairs
-    from encoders.learn.adapt import bm25_matrix, distill_targets, distill_width, load_model, pair_to_json
-    from encoders.learn.evaluate import encode
-    from encoders.learn.mining import BM25Config, BM25Index
     from services.ingest.language import corpus_language
+    from services.lab.adaptation.teacher import bm25_matrix, distill_targets, distill_width, load_model, pair_to_json
+    from services.lab.evaluation.retrieval import encode
+    from services.lab.shared.mining import BM25Config, BM25Index
     from services.readers.beir import load_corpus
 
     corpus = load_corpus(source)

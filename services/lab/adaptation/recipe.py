@@ -4,10 +4,10 @@ what each stage does and why).
 The stages (``StagedRun``) write their outputs into the run directory (``DATA_DIR/adapt/<name>-<key>``, the key a
 hash of the corpus file and the options), so a killed run started again with the same name and options skips every
 finished stage: ``pseudo-questions`` (``pseudo.json``), with ``feedback`` the users' judgements (``feedback.json``),
-``mining`` (``mining.json``, ``services.learn.adapt_mining``), ``training`` (``training.json``), ``dev evaluation``
-(``dev.json``). Then the winner (or, with no dev gain, the best candidate) is saved as ``NAME-YYYYmmdd-HHMMSS``
-with the recipe, the teacher and the dev figures in its card (``result.json`` records it, so a re-run saves nothing
-twice); it is activated only on a dev gain. The corpus's queries and qrels are never opened.
+``mining`` (``mining.json``, ``services.lab.adaptation.mining_stage``), ``training`` (``training.json``), ``dev
+evaluation`` (``dev.json``). Then the winner (or, with no dev gain, the best candidate) is saved as
+``NAME-YYYYmmdd-HHMMSS`` with the recipe, the teacher and the dev figures in its card (``result.json`` records it, so a
+re-run saves nothing twice); it is activated only on a dev gain. The corpus's queries and qrels are never opened.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from encoders.learn.adapt import TeacherConfig
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.learn.adapt_mining import distill_stage, mining_stage, pseudo_sets
-from services.learn.staged_run import StagedRun, StageProgress, step_progress
-from services.learn.staged_run import read_json as _read_json
-from services.learn.staged_run import write_json as _write_json
+from services.lab.adaptation.mining_stage import distill_stage, mining_stage, pseudo_sets
+from services.lab.adaptation.teacher import TeacherConfig
+from services.lab.shared.stages import StagedRun, StageProgress, step_progress
+from services.lab.shared.stages import read_json as _read_json
+from services.lab.shared.stages import write_json as _write_json
 from services.readers.beir import corpus_file
 
 if TYPE_CHECKING:
-    from encoders.learn.pairs import PseudoKind
+    from services.lab.shared.self_supervised import PseudoKind
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ class AdaptConfig:
     base: str = "active"  # the towers adapted (and the dev baseline)
     question_only: bool = False
     feedback: bool = False  # also learn from (and choose on) the judgements stored with the collection
-    kinds: tuple[PseudoKind, ...] = ("title", "ict")  # pseudo-question kinds (encoders.learn.pairs.pseudo_query_sets)
+    # pseudo-question kinds (services.lab.shared.self_supervised.pseudo_query_sets)
+    kinds: tuple[PseudoKind, ...] = ("title", "ict")
     queries: int = 500  # pseudo-questions per kind
     max_documents: int = 5000
     dev_share: float = 0.2
@@ -107,8 +108,8 @@ class AdaptResult:
 def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: AdaptProgress | None = None,
           activate: bool = False) -> AdaptResult:
     """Run (or resume) the stages; save the chosen model; with ``activate``, activate it on a dev gain."""
-    from encoders.learn.training_run import configure_device
     from encoders.towers import resolve_model_path
+    from services.lab.shared.training_run import configure_device
 
     configure_device(settings.encoder.device)  # cpu unless DPR_ENCODER__DEVICE says otherwise
     if not 0 < config.dev_share < 1:
@@ -172,8 +173,8 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
 
 
 def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
-    from encoders.learn.adapt import dataset_to_json, dev_split
-    from encoders.learn.pairs import pseudo_query_sets
+    from services.lab.adaptation.teacher import dataset_to_json, dev_split
+    from services.lab.shared.self_supervised import pseudo_query_sets
     from services.readers.beir import load_corpus
 
     notify("pseudo-questions", 0, 1, "reading the corpus")
@@ -195,7 +196,7 @@ def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: Adap
 
 
 def _judgements_digest(settings: Settings) -> str:
-    from services.learn.feedback import FeedbackStore, digest, no_pairs_error
+    from services.feedback import FeedbackStore, digest, no_pairs_error
 
     with FeedbackStore.in_data_dir(settings.data_dir) as judgements_store:
         judgements = judgements_store.judgements(settings.collection)
@@ -206,8 +207,8 @@ def _judgements_digest(settings: Settings) -> str:
 
 def _feedback_stage(settings: Settings, config: AdaptConfig, run_dir: Path, notify: AdaptProgress) -> None:
     """The judged questions: a held-out share (split as the pseudo-questions are) to choose on, the rest as pairs."""
-    from encoders.learn.adapt import dataset_to_json, dev_split, pair_to_json
-    from services.learn.feedback import collection_judged, judged_dataset, no_pairs_error, pairs_of
+    from services.feedback import collection_judged, judged_dataset, no_pairs_error, pairs_of
+    from services.lab.adaptation.teacher import dataset_to_json, dev_split, pair_to_json
 
     notify("feedback", 0, 1, f"reading the judgements of {settings.collection!r}")
     judgements, entries = collection_judged(settings)
@@ -236,8 +237,8 @@ def _training_done(run_dir: Path, config: AdaptConfig) -> bool:
 def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict[str, Any] | None, base_path: Path,
                     base_name: str, config: AdaptConfig, run_dir: Path, notify: AdaptProgress,
                     source: Path | None = None) -> None:
-    from encoders.learn.adapt import pair_from_json
-    from encoders.learn.train import TrainConfig
+    from services.lab.adaptation.teacher import pair_from_json
+    from services.lab.towers.trainer import TrainConfig
 
     pairs = [pair_from_json(row) for row in [*mining["pairs"], *(judged["pairs"] if judged else [])]]
     record = _read_json(run_dir / "training.json") or {"candidates": {}}
@@ -264,13 +265,13 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict
         )
         on_step = step_progress(notify, f"training ({key})")
         if config.question_only:
-            from encoders.learn.question_only import train_question_only
+            from services.lab.towers.question_only import train_question_only
 
             result = train_question_only(pairs, out_dir, train_config, base=base_path, partner_name=base_name,
                                          corpus=table, data_info=_data_info(pseudo, mining, judged), progress=on_step,
                                          soft_targets=soft)
         else:
-            from encoders.learn.train import train
+            from services.lab.towers.trainer import train
 
             result = train(pairs, out_dir, train_config, base=base_path, data_info=_data_info(pseudo, mining, judged),
                            progress=on_step)
@@ -294,8 +295,8 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
                config: AdaptConfig, run_dir: Path, notify: AdaptProgress, batch_size: int = 32) -> None:
     """nDCG@10 on the held-out pseudo-questions (and judged questions) of the start, each candidate and the best
     one's blends; the pick. Scores are kept as they come (``dev.partial.json``): a stop scores nothing twice."""
-    from encoders.learn.adapt import dataset_from_json, load_model, mean_score, pick_candidate
-    from encoders.learn.evaluate import encode_corpus, evaluate_model_in_memory
+    from services.lab.adaptation.teacher import dataset_from_json, load_model, mean_score, pick_candidate
+    from services.lab.evaluation.retrieval import encode_corpus, evaluate_model_in_memory
 
     sets = pseudo_sets(pseudo)
     dev = {kind: sets[kind].subset(pseudo["split"][kind]["dev"], name=f"{sets[kind].name}-dev")
@@ -331,7 +332,7 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
     trained = {k: v for k, v in scores_gate.items() if k in training["candidates"]}
     best = max(trained, key=lambda k: mean_score(trained[k]))
     if not config.question_only and config.blend_grid:
-        from encoders.learn.blend import blend_with_pretrained
+        from services.lab.towers.wise_ft import blend_with_pretrained
 
         for weight in config.blend_grid:
             key = f"{best}-blend-{weight:g}"
@@ -369,10 +370,10 @@ def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
                 activate: bool) -> dict[str, Any]:
     """The winner (the best candidate when none gains) saved under ``models_dir`` with the adaptation record in
     its card; activated on a gain."""
-    from encoders.learn.training_run import peak_rss_mib, versioned_name, write_card
     from encoders.registry import activate as activate_model
     from encoders.towers import model_fingerprint, read_model_card
-    from services.learn.training import export_for_backends
+    from services.lab.shared.training_run import peak_rss_mib, versioned_name, write_card
+    from services.lab.towers.recipe import export_for_backends
 
     key = dev["choice"] or dev["best"]
     epochs_key = key.split("-blend-")[0]
@@ -385,8 +386,8 @@ def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
         shutil.rmtree(staging)
     card = read_model_card(candidate)
     if "-blend-" in key:
-        from encoders.learn.adapt import load_model
-        from encoders.learn.blend import blend_with_pretrained
+        from services.lab.adaptation.teacher import load_model
+        from services.lab.towers.wise_ft import blend_with_pretrained
 
         model = load_model(candidate)
         card["blended_with"] = blend_with_pretrained(model, base_path, float(key.split("-blend-")[1]))

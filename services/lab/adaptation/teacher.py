@@ -1,5 +1,5 @@
-"""The ML pieces of `dpr adapt` (label-free adaptation of the towers to a corpus; ``services.learn.adaptation`` runs the
-stages; docs/adapt.md describes each): pseudo-questions split into train and dev by source document, candidates
+"""The ML pieces of `dpr adapt` (label-free adaptation of the towers to a corpus; ``services.lab.adaptation.recipe``
+runs the stages; docs/adapt.md describes each): pseudo-questions split into train and dev by source document, candidates
 from hybrid search (BM25 + the current towers, fused by reciprocal rank), the hybrid-agreement teacher that labels
 them (a high candidate that is not the source is a hard negative unless it is a likely false negative: within
 ``duplicate_similarity`` of the positive, or ranked above the source by both BM25 and the towers, ``agreement``),
@@ -221,9 +221,9 @@ def hybrid_scores(cos: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np.n
 
 def load_model(path: Any) -> Any:
     """The towers at ``path`` as a sentence-transformers model on this process's device (the CPU unless
-    ``encoders.learn.training_run.configure_device`` said otherwise), offline."""
-    from encoders.learn.training_run import learn_device
+    ``services.lab.shared.training_run.configure_device`` said otherwise), offline."""
     from encoders.towers import offline
+    from services.lab.shared.training_run import learn_device
 
     offline()
     from sentence_transformers import SentenceTransformer

@@ -1,8 +1,8 @@
 """Run retrieval systems over one dataset, compute metric tables, write a Markdown report with PNG plots.
 
 A *retriever* is any callable ``(dataset, k) -> Retrieval``: BM25 (bm25s), towers in memory (an exact cosine scan,
-used for the dev split while training), or the real store (``services/learn/evaluation.py`` ingests the corpus into a
-temporary collection and queries it; it lives in ``services`` because ``encoders`` imports nothing from there).
+used for the dev split while training), or the real store (``store_retriever.py`` beside this module ingests the
+corpus into a temporary collection and queries it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.learn.metrics import (
+from services.lab.shared.metrics import (
     DEFAULT_ANSWER_KS,
     DEFAULT_METRICS,
     answer_accuracy,
@@ -108,7 +108,7 @@ class EvalReport:
     def add_significance(self, qrels: Mapping[str, Mapping[str, int]], references: Sequence[str] = ("bm25", "base"),
                          metric: str = "ndcg@10", max_p: float = 0.05) -> None:
         """Each system against each reference present: the difference in ``metric`` and the p-value of a paired
-        randomization test (``encoders.learn.metrics.paired_randomization``) over the same queries."""
+        randomization test (``services.lab.shared.metrics.paired_randomization``) over the same queries."""
         runs = {r.system: r.run for r in self.results if r.run}
         refs = [ref for ref in references if ref in runs]
         if not refs or len(runs) < 2:
@@ -164,7 +164,7 @@ def bm25_retriever(config: Any = None) -> Retriever:
     ("ko")`` for Korean morphemes) over title + text."""
 
     def run(dataset: RetrievalDataset, k: int) -> Retrieval:
-        from encoders.learn.mining import BM25Index
+        from services.lab.shared.mining import BM25Index
 
         index = BM25Index(list(dataset.corpus.values()), config)
         qids = sorted(dataset.queries)

@@ -1,7 +1,7 @@
 """Evaluation through the real store: the product's ingest path and query path, not an in-memory matrix.
 
-``store_retriever(towers, ...)`` returns an ``encoders.learn.evaluate.Retriever`` that ingests the evaluation corpus
-into a temporary embedded collection (``IngestPipeline``: chunking by the passage tower's tokenizer, passage
+``store_retriever(towers, ...)`` returns an ``services.lab.evaluation.retrieval.Retriever`` that ingests the evaluation
+corpus into a temporary embedded collection (``IngestPipeline``: chunking by the passage tower's tokenizer, passage
 tower, ``store.upsert``), asks every question with ``search_many`` (question tower, tower check, ``store.search``),
 and aggregates chunk hits to documents (max score per document) for document-level metrics. The temporary store
 is deleted afterwards.
@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.learn.evaluate import (
+from encoders.registry import Backend, SplitTowers, load_towers
+from encoders.towers import DualEncoder, resolve_model_path
+from services.core.settings import Settings
+from services.core.threads import threads_per_process
+from services.ingest.language import corpus_language
+from services.ingest.pipeline import IngestPipeline, IngestReport
+from services.lab.evaluation.retrieval import (
     EvalReport,
     Retrieval,
     Retriever,
@@ -27,13 +33,7 @@ from encoders.learn.evaluate import (
     evaluate_systems,
     towers_in_memory_retriever,
 )
-from encoders.learn.mining import BM25Config
-from encoders.registry import Backend, SplitTowers, load_towers
-from encoders.towers import DualEncoder, resolve_model_path
-from services.core.settings import Settings
-from services.core.threads import threads_per_process
-from services.ingest.language import corpus_language
-from services.ingest.pipeline import IngestPipeline, IngestReport
+from services.lab.shared.mining import BM25Config
 from services.query import QueryOptions, search_many
 from services.readers import Document
 from services.store import open_store

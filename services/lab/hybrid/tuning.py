@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.learn.evaluate import score_retrieval
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
 from services.ingest.language import resolve_language
-from services.learn.evaluation import StoreCorpus, dataset_documents
+from services.lab.evaluation.retrieval import score_retrieval
+from services.lab.evaluation.store_retriever import StoreCorpus, dataset_documents
 from services.query import QueryOptions
 from services.store.common import require_sparse
 from services.store.points import Fusion

@@ -1,6 +1,6 @@
 """The reranker recipe: `dpr train-reranker` trains a cross-encoder on the towers' training set (labelled pairs,
-BM25 hard negatives, dev queries held out: ``services.learn.training.build_training_set``), measures the first stage's
-dev nDCG@10 before and after reranking its top N, exports it to ONNX, and records in the collection's settings
+BM25 hard negatives, dev queries held out: ``services.lab.towers.recipe.build_training_set``), measures the first
+stage's dev nDCG@10 before and after reranking its top N, exports it to ONNX, and records in the collection's settings
 (like `dpr tune-hybrid`'s fusion) whether queries rerank by default: only where the dev split gained.
 
 torch and sentence-transformers are imported only when training starts.
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.settings import Settings
-from services.learn.training import TrainingData, build_training_set
+from services.lab.towers.recipe import TrainingData, build_training_set
 from services.query import RERANK_KEY
 
 if TYPE_CHECKING:
-    from encoders.learn.evaluate import Retriever
-    from encoders.learn.rerank_train import RerankConfig
-    from encoders.learn.training_run import ProgressFn, TrainResult
+    from services.lab.evaluation.retrieval import Retriever
+    from services.lab.reranker.trainer import RerankConfig
+    from services.lab.shared.training_run import ProgressFn, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class RerankerTraining:
 
 def first_stage_retriever(settings: Settings, spec: str) -> Retriever:
     """The dev split's first stage: ``bm25``, or a towers model (``base``, a name, a path) searched in memory."""
-    from encoders.learn.evaluate import bm25_retriever, towers_in_memory_retriever
     from encoders.towers import resolve_model_path
+    from services.lab.evaluation.retrieval import bm25_retriever, towers_in_memory_retriever
 
     if spec == "bm25":
         return bm25_retriever()
@@ -56,10 +56,10 @@ def train_reranker_model(
     progress: ProgressFn | None = None,
 ) -> RerankerTraining:
     """Train, measure on the dev split, export to ONNX, record the default in the collection when it exists."""
-    from encoders.learn.rerank_train import encoder_to_start_from, train_reranker
     from encoders.registry import export_model
     from encoders.rerank import export_reranker
     from encoders.towers import resolve_model_path
+    from services.lab.reranker.trainer import encoder_to_start_from, train_reranker
 
     if data.self_supervised is not None or data.from_collection is not None:
         raise ConfigError("a reranker learns from labelled pairs; give a BEIR folder, SQuAD JSON or pairs JSONL")

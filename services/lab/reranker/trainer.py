@@ -4,16 +4,16 @@ trainer, evaluate, save.
 - Model: a ``CrossEncoder`` on the base model's encoder (all-MiniLM-L6-v2 from its wheel), or a trained towers
   model's passage tower (``encoder_to_start_from``), with a fresh one-logit classification head (no pretrained
   reranker installs here).
-- Data: the towers' rows (``encoders.learn.train_rows.pairs_to_columns``): question, positive, BM25 hard negatives.
+- Data: the towers' rows (``services.lab.shared.rows.pairs_to_columns``): question, positive, BM25 hard negatives.
 - Loss (``RerankConfig.loss``): ``mnrl``, the cross-encoder (Cached)MultipleNegativesRankingLoss (listwise: the
   positive against the hard negatives and ``in_batch_negatives`` other passages of the batch); or ``bce``, pointwise
   binary cross-entropy on (question, positive, 1) and (question, hard negative, 0) rows, the positive weighted by the
   negatives per question (monoBERT's recipe; memory bounded by ``mini_batch_size`` rows per forward pass).
 - Evaluator: the dev queries (carved from the training data): a first stage's top ``candidates`` (``first_stage``:
-  a ``Retriever`` from ``encoders.learn.evaluate``) reranked, nDCG@10 before and after; the gain decides whether the
-  reranker is on by default (``services.learn.reranking``).
-- Save: ``encoders.learn.training_run.save_model`` (a versioned directory renamed into place), ``kind: reranker`` in
-  the card.
+  a ``Retriever`` from ``services.lab.evaluation.retrieval``) reranked, nDCG@10 before and after; the gain decides
+  whether the reranker is on by default (``services.lab.reranker.recipe``).
+- Save: ``services.lab.shared.training_run.save_model`` (a versioned directory renamed into place), ``kind: reranker``
+  in the card.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.learn.evaluate import Retrieval, Retriever, score_retrieval
-from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch
-from encoders.learn.train_rows import pairs_to_columns
-from encoders.learn.training_run import (
+from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_scores, score_with_model
+from encoders.towers import base_model_path
+from services.lab.evaluation.retrieval import Retrieval, Retriever, score_retrieval
+from services.lab.shared.rows import pairs_to_columns
+from services.lab.shared.trainer_steps import base_record, card_fields, data_record, fit_in_scratch
+from services.lab.shared.training_run import (
     ProgressFn,
     TrainResult,
     precision_of,
@@ -40,8 +42,6 @@ from encoders.learn.training_run import (
     training_arguments,
     versioned_name,
 )
-from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_scores, score_with_model
-from encoders.towers import base_model_path
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def train_reranker(
 ) -> TrainResult:
     """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card). ``base``: a
     plain encoder directory (a towers model's passage tower: ``encoder_to_start_from``, which
-    ``services.learn.reranking``
+    ``services.lab.reranker.recipe``
     applies before any mining)."""
     config = config or RerankConfig()
     config.validate()

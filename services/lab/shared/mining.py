@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from encoders.data import CorpusDoc, TrainPair
-from encoders.learn.metrics import has_answer
+from services.lab.shared.metrics import has_answer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Training rows: labelled pairs turned into what a trainer reads, for the towers (``encoders.learn.train``) and the
-reranker (``encoders.learn.rerank_train``) alike.
+"""Training rows: labelled pairs turned into what a trainer reads, for the towers (``services.lab.towers.trainer``) and
+the reranker (``services.lab.reranker.trainer``) alike.
 
 - ``fit_answers``: a positive whose answer lies past the training cut becomes a window around the answer.
 - ``pairs_to_columns``: (question, positive, negative_1..n) columns, short negative lists padded at random.

@@ -1,6 +1,6 @@
 """A run made of stages that each write their output into one run directory, so a killed run started again with
 the same options skips every finished stage and goes on at the first unfinished one. `dpr adapt`
-(``services.learn.adaptation``) and `dpr train`'s recipe (``services.learn.training_rounds``) run their stages
+(``services.lab.adaptation.recipe``) and `dpr train`'s recipe (``services.lab.towers.rounds``) run their stages
 through it.
 
 A stage is finished when its output exists (the caller says how to tell); ``write_json`` writes beside and renames

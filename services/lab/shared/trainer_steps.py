@@ -1,12 +1,13 @@
-"""The recipe skeleton every trainer follows (the towers: ``encoders.learn.train``; question-only towers:
-``encoders.learn.question_only``; the reranker: ``encoders.learn.rerank_train``), in the sentence-transformers order:
+"""The recipe skeleton every trainer follows (the towers: ``services.lab.towers.trainer``; question-only towers:
+``services.lab.towers.question_only``; the reranker: ``services.lab.reranker.trainer``), in the sentence-transformers
+order:
 
 1. model, 2. data, 3. loss, 4. evaluator (each trainer's own), then the shared steps here:
 5-6. ``fit_in_scratch``: the trainer's arguments (``towers_arguments`` for the towers) and the trainer loop, run in a
    scratch output directory that is removed afterwards (nothing is checkpointed: the model is saved once, at 8);
 7. evaluate (each trainer's own);
 8. ``card_fields``: the fields every model card carries (base, data, hyper-parameters, seed, times, memory, steps,
-   loss, dev metrics, environment), then ``encoders.learn.training_run.save_model``.
+   loss, dev metrics, environment), then ``services.lab.shared.training_run.save_model``.
 
 torch and sentence_transformers are imported inside functions.
 """
@@ -22,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import TrainPair
-from encoders.learn.train_rows import pairs_fingerprint
-from encoders.learn.training_run import ProgressFn, fit, peak_rss_mib, training_arguments
 from encoders.towers import model_fingerprint
+from services.lab.shared.rows import pairs_fingerprint
+from services.lab.shared.training_run import ProgressFn, fit, peak_rss_mib, training_arguments
 
 
 def fit_in_scratch(model: Any, arguments: Callable[[Path], Any], dataset: Any, loss: Any,
                    progress: ProgressFn | None, *, trainer_class: Any = None,
                    prefix: str = "dpr-train-") -> tuple[int, list[float]]:
-    """Steps 5-6: ``arguments(scratch_dir)`` and the trainer loop (``encoders.learn.training_run.fit``); the scratch
-    directory the trainer writes to is removed whatever happens. Returns (steps, loss per logged step)."""
+    """Steps 5-6: ``arguments(scratch_dir)`` and the trainer loop (``services.lab.shared.training_run.fit``); the
+    scratch directory the trainer writes to is removed whatever happens. Returns (steps, loss per logged step)."""
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         return fit(model, arguments(scratch), dataset, loss, progress, trainer_class=trainer_class)

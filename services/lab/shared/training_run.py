@@ -1,5 +1,5 @@
-"""The training run both trainings share (the towers: ``encoders.learn.train``; the reranker:
-``encoders.learn.rerank_train``): threads and seeds; the trainer's arguments; the trainer loop with progress;
+"""The training run both trainings share (the towers: ``services.lab.towers.trainer``; the reranker:
+``services.lab.reranker.trainer``): threads and seeds; the trainer's arguments; the trainer loop with progress;
 saving a versioned model with its card (written beside, renamed into place, so a half-written model is never
 listed); peak memory.
 

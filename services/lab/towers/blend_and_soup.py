@@ -1,6 +1,6 @@
 """`dpr models blend` and `dpr models soup`: new models made from trained ones without training (WiSE-FT after the
 fact, the blend weight chosen on a collection's pseudo-questions, model soups), each saved under ``models_dir``
-with its ONNX towers. The weights arithmetic is ``encoders.learn.blend``'s.
+with its ONNX towers. The weights arithmetic is ``services.lab.towers.wise_ft``'s.
 """
 
 from __future__ import annotations
@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING
 from encoders.data import DEV_SPLIT_SEED
 from services.core.errors import ConfigError
 from services.core.settings import Settings
-from services.learn.training import collection_corpus, export_for_backends, unlabelled_corpus
+from services.lab.towers.recipe import collection_corpus, export_for_backends, unlabelled_corpus
 
 if TYPE_CHECKING:
-    from encoders.learn.training_run import TrainResult
+    from services.lab.shared.training_run import TrainResult
 
 log = logging.getLogger(__name__)
 
 
 def blend_model(settings: Settings, model: str, blend: float, name: str | None = None) -> TrainResult:
-    """``dpr models blend``: WiSE-FT of a trained model after the fact (``encoders.learn.blend.blend_saved_model``),
-    saved as a new model under ``models_dir`` with its ONNX towers."""
-    from encoders.learn.blend import blend_saved_model
+    """``dpr models blend``: WiSE-FT of a trained model after the fact
+    (``services.lab.towers.wise_ft.blend_saved_model``), saved as a new model under ``models_dir`` with its ONNX
+    towers."""
     from encoders.towers import resolve_model_path
+    from services.lab.towers.wise_ft import blend_saved_model
 
     path, _ = resolve_model_path(model, settings.models_dir)
     result = blend_saved_model(path, settings.models_dir, blend, name)
@@ -53,13 +54,13 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
                  margin: float = 0.005, name: str | None = None,
                  progress: Callable[[str], None] | None = None) -> BlendChoice:
     """WiSE-FT with the weight chosen for a collection that has no labelled questions: pseudo-questions from its
-    own documents (``encoders.learn.pairs.pseudo_query_sets``: titles and ICT sentences), nDCG@10 of the pretrained
-    base and of ``model`` blended at each weight (``encoders.learn.blend.score_blends``), the rule of
-    ``encoders.learn.blend.pick_blend``; the pick is saved as ``dpr models blend --weight`` would save it, with the
-    scores in its card. Nothing is saved when the base itself or the unblended model is the pick."""
-    from encoders.learn.blend import BLEND_WEIGHTS, pick_blend, pretrained_root, score_blends
-    from encoders.learn.pairs import pseudo_query_sets
+    own documents (``services.lab.shared.self_supervised.pseudo_query_sets``: titles and ICT sentences), nDCG@10 of the
+    pretrained base and of ``model`` blended at each weight (``services.lab.towers.wise_ft.score_blends``), the rule of
+    ``services.lab.towers.wise_ft.pick_blend``; the pick is saved as ``dpr models blend --weight`` would save it, with
+    the scores in its card. Nothing is saved when the base itself or the unblended model is the pick."""
     from encoders.towers import resolve_model_path
+    from services.lab.shared.self_supervised import pseudo_query_sets
+    from services.lab.towers.wise_ft import BLEND_WEIGHTS, pick_blend, pretrained_root, score_blends
 
     if (data is None) == (collection is None):
         raise ConfigError("choose the blend on one corpus: give DATA (a BEIR folder or corpus JSONL) or a collection")
@@ -82,7 +83,7 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
     weight = pick_blend(scores, weights, margin)
     result = None
     if weight is not None and weight < 1:  # 1: the model as it is serves the collection best
-        from encoders.learn.blend import blend_saved_model
+        from services.lab.towers.wise_ft import blend_saved_model
 
         record = {"chosen_on": {"source": source, "dev_sets": sizes, "scores": scores, "margin": margin,
                                 "rule": "largest weight within margin of the best mean pseudo-question nDCG@10"}}
@@ -92,10 +93,10 @@ def choose_blend(settings: Settings, model: str, *, data: Path | None = None, co
 
 
 def soup_models(settings: Settings, models: list[str], name: str | None = None) -> TrainResult:
-    """``dpr models soup``: the uniform average of trained models of one lineage (``encoders.learn.blend``), saved as a
-    new model under ``models_dir`` with its ONNX towers."""
-    from encoders.learn.blend import soup_saved_models
+    """``dpr models soup``: the uniform average of trained models of one lineage (``services.lab.towers.wise_ft``),
+    saved as a new model under ``models_dir`` with its ONNX towers."""
     from encoders.towers import resolve_model_path
+    from services.lab.towers.wise_ft import soup_saved_models
 
     paths = [resolve_model_path(model, settings.models_dir)[0] for model in models]
     result = soup_saved_models(paths, settings.models_dir, name)

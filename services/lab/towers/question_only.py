@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.learn.training_run import precision_of
 from encoders.towers import PASSAGE_TOWER_FILE, model_fingerprint, passage_fingerprint, read_model_card
+from services.lab.shared.training_run import precision_of
 
 if TYPE_CHECKING:
-    from encoders.learn.train import TrainConfig
-    from encoders.learn.training_run import ProgressFn, TrainResult
+    from services.lab.shared.training_run import ProgressFn, TrainResult
+    from services.lab.towers.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def partner_record(base: Path, name: str | None = None) -> dict[str, Any]:
 
 def build_question_only_model(base: Path, max_query_tokens: int) -> Any:
     """The partner's towers as a Router model with the passage side frozen."""
-    from encoders.learn.train import build_model
+    from services.lab.towers.trainer import build_model
 
     model = build_model(base, shared=False, max_query_tokens=max_query_tokens, max_passage_tokens=None)
     for param in document_tower(model).parameters():
@@ -180,7 +180,7 @@ def fixed_passages_loss(model: Any, passages: Any, positives: list[int], others:
 
     With ``soft`` (``soft_rows``), a pair that has soft targets learns them instead: KL divergence between the
     softmax of the teacher's scores and of the question's cosines over its candidate rows, both x ``scale``
-    (`dpr adapt --question-only`: hybrid search distilled, ``encoders.learn.adapt.distill_targets``)."""
+    (`dpr adapt --question-only`: hybrid search distilled, ``services.lab.adaptation.teacher.distill_targets``)."""
     import torch
     from torch import nn
 
@@ -235,7 +235,7 @@ def dev_metrics(model: Any, dev: RetrievalDataset | None, passages: Any, ids: Se
     import numpy as np
     import torch
 
-    from encoders.learn.evaluate import Retrieval, score_retrieval
+    from services.lab.evaluation.retrieval import Retrieval, score_retrieval
 
     rows = [i for i, d in enumerate(ids) if d and d in dev.corpus]
     qids = sorted(dev.queries)
@@ -281,9 +281,15 @@ def train_question_only(
     (``fixed_passages_loss``)."""
     from datasets import Dataset
 
-    from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
-    from encoders.learn.train import freeze_word_embeddings
-    from encoders.learn.training_run import save_model, start_run, versioned_name
+    from services.lab.shared.trainer_steps import (
+        base_record,
+        card_fields,
+        data_record,
+        fit_in_scratch,
+        towers_arguments,
+    )
+    from services.lab.shared.training_run import save_model, start_run, versioned_name
+    from services.lab.towers.trainer import freeze_word_embeddings
 
     check_config(config)
     if not pairs:

@@ -1,6 +1,6 @@
 """The one training recipe, used by `dpr train` and the quality benchmark: read the data (``services.readers``),
 build (question, passage) pairs (labelled from BEIR / SQuAD / JSONL, or self-supervised ICT / title from a corpus
-or an ingested collection), hold dev queries out, mine BM25 hard negatives, train (``encoders.learn.train``).
+or an ingested collection), hold dev queries out, mine BM25 hard negatives, train (``services.lab.towers.trainer``).
 
 torch and sentence-transformers are imported only when training starts.
 """
@@ -14,23 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from encoders.data import Corpus, CorpusDoc, RetrievalDataset, TrainPair, labelled_pairs
-from encoders.learn.mining import MiningConfig
-from encoders.learn.pairs import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.ingest.language import corpus_language
+from services.lab.shared.mining import MiningConfig
+from services.lab.shared.self_supervised import PairConfig, SelfSupervisedMode, self_supervised_pairs
 from services.readers import dataset_format, load_corpus, load_dataset, load_pairs_jsonl, load_squad
 
 if TYPE_CHECKING:
-    from encoders.learn.train import TrainConfig
-    from encoders.learn.training_run import ProgressFn, TrainResult
+    from services.lab.shared.training_run import ProgressFn, TrainResult
+    from services.lab.towers.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainingData:
-    """What to train on; the hyper-parameters are ``encoders.learn.train.TrainConfig``.
+    """What to train on; the hyper-parameters are ``services.lab.towers.trainer.TrainConfig``.
 
     - ``data``: a BEIR folder, SQuAD JSON or labelled-pairs JSONL; with ``self_supervised``, a corpus (BEIR folder
       or corpus JSONL). ``corpus``: looks up JSONL pairs' ``positive_id``.
@@ -41,8 +41,8 @@ class TrainingData:
     - ``pretrain``: two stages in one run (Chang et al. 2020): first self-supervised pairs of the target corpus
       (``corpus`` if given, else DATA's, else ``from_collection``'s) for ``pretrain_epochs`` (at most
       ``pretrain_max_pairs`` pairs), then the labelled pairs from the stage-1 model; both stages go into the card.
-    - ``pair_config``: how ICT and title pairs are cut (``encoders.learn.pairs.PairConfig``: ICT questions per document,
-      the chance the sentence stays in its passage, ...).
+    - ``pair_config``: how ICT and title pairs are cut (``services.lab.shared.self_supervised.PairConfig``: ICT
+      questions per document, the chance the sentence stays in its passage, ...).
     - ``language``: the BM25 tokenisation for hard-negative mining (``en`` | ``ko``; None or ``auto``: detected on
       the corpus by ``services.ingest.language``); recorded in the model card's ``training_data``.
     """
@@ -62,7 +62,7 @@ class TrainingData:
     pretrain_max_pairs: int | None = None
     pair_config: PairConfig = field(default_factory=PairConfig)
     language: str | None = None
-    feedback: bool = False  # also the judgements stored with the collection (``services.learn.feedback``)
+    feedback: bool = False  # also the judgements stored with the collection (``services.feedback``)
 
 
 @dataclass
@@ -103,9 +103,9 @@ def train_stage(settings: Settings, data: TrainingData, config: TrainConfig, bas
                 progress: ProgressFn | None = None) -> TrainResult:
     """One training stage (``--pretrain``'s stage 1 first when asked) from ``base_path``, saved under
     ``models_dir`` without ONNX towers: ``train_model``'s, and each stage of `dpr train`'s recipe
-    (``services.learn.training_rounds``). Dense mining and denoising use ``base_path``'s towers unless
+    (``services.lab.towers.rounds``). Dense mining and denoising use ``base_path``'s towers unless
     ``data.mining.model`` names others."""
-    from encoders.learn.train import train
+    from services.lab.towers.trainer import train
 
     if data.mining.model is None and (data.mining.source == "dense" or data.mining.denoise is not None):
         data = replace(data, mining=replace(data.mining, model=str(base_path)))  # the towers training starts from
@@ -123,8 +123,8 @@ def train_stage(settings: Settings, data: TrainingData, config: TrainConfig, bas
 def _train_question_only(settings: Settings, data: TrainingData, config: TrainConfig, partner_path: Path,
                          partner: str, progress: ProgressFn | None) -> TrainResult:
     """`dpr train --question-only`: the labelled (or self-supervised) pairs, no mining, the partner's passage tower
-    frozen (``encoders.learn.question_only``)."""
-    from encoders.learn.question_only import check_config, train_question_only
+    frozen (``services.lab.towers.question_only``)."""
+    from services.lab.towers.question_only import check_config, train_question_only
 
     if data.pretrain is not None:
         raise ConfigError("--question-only keeps the passage tower, which the recipe's pretrain would train: drop one "
@@ -155,7 +155,7 @@ def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, 
                    progress: ProgressFn | None, models_dir: Path | None = None) -> TrainResult:
     """Stage 1 of ``--pretrain``: self-supervised pairs of the target corpus (BM25 negatives as configured), saved
     as ``<name>-pretrain-<time>`` (a model of its own: the benchmark evaluates it too)."""
-    from encoders.learn.train import train
+    from services.lab.towers.trainer import train
 
     source = data.corpus or data.data
     stage = replace(data, data=source if data.from_collection is None else None, self_supervised=data.pretrain,
@@ -170,7 +170,7 @@ def pretrain_stage(settings: Settings, data: TrainingData, config: TrainConfig, 
 def record_stages(result: TrainResult, stage1: TrainResult) -> None:
     """Both stages (data, steps, wall time, peak memory) in the fine-tuned model's card (not part of its
     fingerprint)."""
-    from encoders.learn.training_run import write_card
+    from services.lab.shared.training_run import write_card
 
     def summary(stage: str, r: TrainResult) -> dict[str, Any]:
         c = r.card
@@ -205,7 +205,7 @@ def build_training_set(settings: Settings, data: TrainingData) -> TrainingSet:
     if training.corpus:
         training.info["language"] = info["language"] = corpus_language(data.language, training.corpus)
     if mining.num_negatives and training.corpus:
-        from encoders.learn.mining import BM25Config, BM25Index, DenseIndex, Ranker, mine_hard_negatives
+        from services.lab.shared.mining import BM25Config, BM25Index, DenseIndex, Ranker, mine_hard_negatives
 
         if mining.source not in ("bm25", "dense"):
             raise ConfigError(f"hard negatives from {mining.source!r}: use bm25 or dense")
@@ -250,8 +250,8 @@ def _self_supervised_set(settings: Settings, data: TrainingData) -> TrainingSet:
 def feedback_set(settings: Settings) -> TrainingSet:
     """`dpr train --feedback`: the judgements stored with ``settings.collection`` as labelled pairs (a passage
     judged relevant is a positive, the passages judged not relevant to the same question its negatives:
-    ``services.learn.feedback.pairs_of``), over the collection's passages."""
-    from services.learn.feedback import collection_judged, no_pairs_error, pairs_of
+    ``services.feedback.pairs_of``), over the collection's passages."""
+    from services.feedback import collection_judged, no_pairs_error, pairs_of
 
     collection = settings.collection
     judgements, entries = collection_judged(settings)

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from encoders.learn.mining import MiningConfig
-from encoders.learn.pairs import PairConfig
 from services.core.errors import ConfigError
-from services.learn.training import TrainingData
+from services.lab.shared.mining import MiningConfig
+from services.lab.shared.self_supervised import PairConfig
+from services.lab.towers.recipe import TrainingData
 
 if TYPE_CHECKING:
-    from encoders.learn.train import TrainConfig
-    from services.learn.training_rounds import RoundConfig
+    from services.lab.towers.rounds import RoundConfig
+    from services.lab.towers.trainer import TrainConfig
 
 DEFAULT = Path(__file__).with_name("recipe.toml")
 HELP = "docs/training.md, 'The recipe file'"
@@ -104,7 +104,7 @@ class Recipe(_Table):
                             pair_config=PairConfig(**self.pairs.model_dump()))
 
     def train_config(self, **what: Any) -> TrainConfig:
-        from encoders.learn.train import TrainConfig
+        from services.lab.towers.trainer import TrainConfig
 
         values = self.train.model_dump()
         return TrainConfig(**what, **values | {"train_passage_tokens": values["train_passage_tokens"] or None})
@@ -112,7 +112,7 @@ class Recipe(_Table):
     def round_config(self, data: TrainingData, config: TrainConfig) -> RoundConfig:
         """The rounds; the default recipe's count falls to 0 where no dev split can choose them (a file that sets
         ``count`` there is refused by ``train_recipe``)."""
-        from services.learn.training_rounds import RoundConfig, rounds_unavailable
+        from services.lab.towers.rounds import RoundConfig, rounds_unavailable
 
         count = self.rounds.count
         if "count" not in self._given.get("rounds", {}) and rounds_unavailable(data, config):

@@ -1,9 +1,9 @@
 """`dpr train`'s recipe: the fine-tune, then mining rounds, each round kept only where the dev split says it gains
 (docs/training.md, "The default recipe").
 
-Stages (``services.learn.staged_run``; each a model under ``DATA_DIR/train/<name>-<key>/stages``, the key a hash of
+Stages (``services.lab.shared.stages``; each a model under ``DATA_DIR/train/<name>-<key>/stages``, the key a hash of
 the data, the options and the starting towers, so a killed run started again goes on at its first unfinished
-stage): ``finetune`` (``services.learn.training.train_stage``), then ``round 1`` .. ``round N`` (``RoundConfig``),
+stage): ``finetune`` (``services.lab.towers.recipe.train_stage``), then ``round 1`` .. ``round N`` (``RoundConfig``),
 hard negatives mined by the towers of the stage before; the first round whose dev nDCG@10 does not beat the stage
 before it by more than ``min_gain`` stops the rounds. The last kept stage is saved as ``NAME-YYYYmmdd-HHMMSS``
 with every stage in its card's ``stages`` and the recipe in ``recipe``; the test split is never read.
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 from services.core.errors import ConfigError
 from services.core.fsutil import sha256_of
 from services.core.settings import Settings
-from services.learn.staged_run import StagedRun, StageProgress, read_json, step_progress, write_json
-from services.learn.training import TrainingData, export_for_backends, train_model, train_stage
+from services.lab.shared.stages import StagedRun, StageProgress, read_json, step_progress, write_json
+from services.lab.towers.recipe import TrainingData, export_for_backends, train_model, train_stage
 
 if TYPE_CHECKING:
-    from encoders.learn.train import TrainConfig
-    from encoders.learn.training_run import TrainResult
+    from services.lab.shared.training_run import TrainResult
+    from services.lab.towers.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +84,14 @@ def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *,
                  rounds: RoundConfig | None = None, progress: StageProgress | None = None,
                  recipe: dict[str, Any] | None = None) -> RecipeResult:
     """The fine-tune, then up to ``rounds.rounds`` mining rounds chosen on dev (module docstring); resumes a stopped
-    run. ``rounds.rounds`` 0: the single fine-tune of ``services.learn.training.train_model``, no run directory.
-    ``recipe``: the recipe file and its values (``services.learn.training_recipe``): the card's ``recipe.settings``."""
+    run. ``rounds.rounds`` 0: the single fine-tune of ``services.lab.towers.recipe.train_model``, no run directory.
+    ``recipe``: the recipe file and its values (``services.lab.towers.recipe_file``): the card's ``recipe.settings``."""
     rounds = rounds if rounds is not None else RoundConfig()
     notify = progress or (lambda *a: None)
     if rounds.rounds <= 0:
         result = train_model(settings, data, config, base=base, progress=step_progress(notify, "finetune"))
         if recipe is not None:
-            from encoders.learn.training_run import write_card
+            from services.lab.shared.training_run import write_card
 
             result.card["recipe"] = {"command": "dpr train", "settings": recipe}
             write_card(result.model_dir, result.card)
@@ -134,7 +134,7 @@ def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *,
     from encoders.towers import model_fingerprint, read_model_card
 
     model_dir = Path(saved["model_dir"])
-    from encoders.learn.training_run import TrainResult as Result
+    from services.lab.shared.training_run import TrainResult as Result
 
     result = Result(model_dir, model_dir.name, model_fingerprint(model_dir), read_model_card(model_dir))
     return RecipeResult(result, run_dir, dict(run.stages))
@@ -198,13 +198,13 @@ def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records:
           recipe: dict[str, Any] | None) -> dict[str, Any]:
     """The chosen stage's model copied into ``models_dir`` (blended first with ``--blend``) with every stage in its
     card; its ONNX towers made."""
-    from encoders.learn.training_run import versioned_name, write_card
     from encoders.towers import model_fingerprint, read_model_card
+    from services.lab.shared.training_run import versioned_name, write_card
 
     models_dir = settings.models_dir
     source = Path(chosen["path"])
     if config.blend is not None:
-        from encoders.learn.blend import blend_saved_model
+        from services.lab.towers.wise_ft import blend_saved_model
 
         final = blend_saved_model(source, models_dir, config.blend, config.name).model_dir
         card = read_model_card(final)

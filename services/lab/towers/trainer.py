@@ -3,7 +3,7 @@ evaluate, save.
 
 - Model: two towers (question, passage), both initialised from the base model, behind a ``Router`` so that one saved
   model serves ``encode_query`` and ``encode_document``; ``shared=True`` keeps one tower for both.
-- Data: (question, positive, negative_1..n) rows; negatives are BM25 hard negatives (``encoders.learn.mining``).
+- Data: (question, positive, negative_1..n) rows; negatives are BM25 hard negatives (``services.lab.shared.mining``).
 - Loss: MultipleNegativesRankingLoss (in-batch negatives plus the hard negatives), or its GradCache variant
   (CachedMultipleNegativesRankingLoss) when ``mini_batch_size`` is below ``batch_size``: large effective batches in
   the memory of a mini-batch. Batches come from the no-duplicates sampler (a passage twice in a batch would be its
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
-from encoders.learn.blend import blend_with_pretrained, pretrained_root
-from encoders.learn.recipe import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
-from encoders.learn.train_rows import fit_answers, pairs_to_columns
-from encoders.learn.training_run import (
+from encoders.towers import base_model_path, offline
+from services.lab.shared.rows import fit_answers, pairs_to_columns
+from services.lab.shared.trainer_steps import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
+from services.lab.shared.training_run import (
     ProgressFn,
     TrainResult,
     learn_device,
@@ -36,7 +36,7 @@ from encoders.learn.training_run import (
     start_run,
     versioned_name,
 )
-from encoders.towers import base_model_path, offline
+from services.lab.towers.wise_ft import blend_with_pretrained, pretrained_root
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ class TrainConfig:
     # WiSE-FT (Wortsman et al. 2022): save blend x trained + (1 - blend) x the weights of the pretrained model the
     # lineage started from (the first model without a dpr training card); keeps more of its out-of-domain quality
     blend: float | None = None
-    # only the question tower learns; the passage tower stays the base's (``encoders.learn.question_only``): the model
-    # serves the points the base's passage tower embedded, with no re-embed
+    # only the question tower learns; the passage tower stays the base's (``services.lab.towers.question_only``): the
+    # model serves the points the base's passage tower embedded, with no re-embed
     question_only: bool = False
 
     @property
@@ -194,13 +194,15 @@ def train(
 
     ``dev``: held-out queries (carved from the training data) evaluated in memory after training (and before, with
     ``config.dev_baseline``); the numbers go into the model card. ``data_info`` is recorded in the card as is.
-    ``config.question_only`` is ``encoders.learn.question_only.train_question_only``'s (which reuses ``build_model``).
+    ``config.question_only`` is ``services.lab.towers.question_only.train_question_only``'s (which reuses
+    ``build_model``).
     """
     config = config or TrainConfig()
     config.validate()
     base = base or base_model_path()
     if config.question_only:
-        raise ValueError("question-only training is encoders.learn.question_only.train_question_only: its own recipe")
+        raise ValueError("question-only training is services.lab.towers.question_only.train_question_only: "
+                         "its own recipe")
     started, t0 = start_run(config.threads, config.seed)
     from datasets import Dataset
 
@@ -283,7 +285,7 @@ def _loss(model: Any, config: TrainConfig) -> Any:
 def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[str, float] | None:
     if dev is None or not dev.queries:
         return None
-    from encoders.learn.evaluate import evaluate_model_in_memory
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
 
     metrics = evaluate_model_in_memory(model, dev)
     log.info("dev %s training", when, extra={"metrics": metrics})

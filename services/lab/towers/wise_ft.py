@@ -2,7 +2,7 @@
 
 ``blend`` x the trained weights + (1 - ``blend``) x the pretrained ones keeps more of the pretrained model's quality
 on collections unlike the training data. Used by ``dpr train --blend``
-(``encoders.learn.train``) and, after the fact, by
+(``services.lab.towers.trainer``) and, after the fact, by
 ``dpr models blend`` (``blend_saved_model``). Model soups (``dpr models soup``, ``soup_saved_models``) average
 several fine-tuned models of one lineage with the same code. torch and sentence_transformers are imported inside
 functions.
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from encoders.data import RetrievalDataset
-from encoders.learn.training_run import TrainResult, save_model, versioned_name
 from encoders.towers import model_fingerprint, offline, read_model_card
+from services.lab.shared.training_run import TrainResult, save_model, versioned_name
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def score_blends(path: Path, dev_sets: Mapping[str, RetrievalDataset], weights: 
                  progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
     """nDCG@10 (exact search in memory) on each of ``dev_sets`` of the pretrained root (key ``base``) and of the
     trained model at ``path`` blended at each of ``weights`` (key ``f"{w:g}"``, 1 = unblended)."""
-    from encoders.learn.evaluate import evaluate_model_in_memory
+    from services.lab.evaluation.retrieval import evaluate_model_in_memory
 
     out: dict[str, dict[str, float]] = {}
     for key, weight in [("base", None), *((f"{w:g}", w) for w in weights)]:
