@@ -49,7 +49,7 @@ from services.core.settings import Settings  # noqa: E402
 from services.lab.evaluation.retrieval import Retrieval, Retriever, bm25_retriever, evaluate_systems, score_retrieval  # noqa: E402
 from services.lab.evaluation.store_retriever import CHUNK_OVERFETCH, StoreCorpus, hits_to_retrieval  # noqa: E402
 from services.lab.hybrid.tuning import TuneResult, tune_on_corpus  # noqa: E402
-from services.lab.towers.recipe_file import recipe_text  # noqa: E402
+from services.lab.shared.recipe_files import recipe_text  # noqa: E402
 from services.query import QueryOptions, search_many  # noqa: E402
 from services.readers import load_beir, load_dev_split  # noqa: E402
 from services.store.sparse import default_embedder  # noqa: E402
@@ -83,13 +83,18 @@ def run_cli(args: list[str], data_dir: Path) -> tuple[dict[str, Any], float, flo
     return json.loads(stdout.strip().splitlines()[-1]), round(wall, 1), round(usage.ru_maxrss / 1024, 1)
 
 
-def run_training(cli: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], float, float]:
-    if args.max_steps > 0:
-        cli = [*cli, "--max-steps", str(args.max_steps)]
-    if args.max_pairs:
-        cli = [*cli, "--max-pairs", str(args.max_pairs)]
-    print(f"training: dpr {' '.join(cli)}", flush=True)
-    return run_cli(cli, args.data_dir)
+def train_reranker(args: argparse.Namespace) -> dict[str, Any]:
+    """`dpr train-reranker` with a recipe file: the default recipe and this run's caps over it."""
+    caps = {"dev_queries": args.dev_queries, **({"max_pairs": args.max_pairs} if args.max_pairs else {})}
+    recipe = args.data_dir / "bench-rerank.recipe.toml"
+    recipe.parent.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(recipe_text(data=caps, train={"max_steps": args.max_steps}, dev={"candidates": max(RERANK_NS)}))
+    print(f"training with {recipe}:\n{recipe.read_text()}", flush=True)
+    out, wall, rss = run_cli(["train-reranker", str(DATA), "--split", "train", "--name", "bench-rerank",
+                              "--recipe", str(recipe)], args.data_dir)
+    card = out["card"]
+    return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "steps": card["steps"],
+            "train_seconds": card["train_seconds"], "dev_bm25_first_stage": card.get("dev_metrics")}
 
 
 def train_towers(args: argparse.Namespace, name: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -107,15 +112,6 @@ def train_towers(args: argparse.Namespace, name: str, data: dict[str, Any]) -> d
                                      "data": card["training_data"]}]
     return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "stages": stages,
             "dev_in_memory": (card.get("dev_metrics") or {}).get("after")}
-
-
-def train_reranker(args: argparse.Namespace) -> dict[str, Any]:
-    cli = ["train-reranker", str(DATA), "--split", "train", "--name", "bench-rerank",
-           "--dev-queries", str(args.dev_queries), "--candidates", str(max(RERANK_NS))]
-    out, wall, rss = run_training(cli, args)
-    card = out["card"]
-    return {"model": out["model"], "process_wall_s": wall, "process_peak_rss_mib": rss, "steps": card["steps"],
-            "train_seconds": card["train_seconds"], "dev_bm25_first_stage": card.get("dev_metrics")}
 
 
 def existing(settings: Settings, name: str) -> dict[str, Any]:

@@ -24,16 +24,6 @@ from services.core.threads import threads_per_process
 if TYPE_CHECKING:
     from services.lab.shared.training_run import TrainResult
 
-NegativesFrom = Annotated[str, typer.Option(
-    help="What ranks the hard-negative candidates: bm25, or dense (the --negatives-model towers; with a "
-    "trained --base, its own second mining round, as ANCE).")]
-NegativesModel = Annotated[str | None, typer.Option(
-    help="Towers for --negatives-from dense and --denoise (default: dpr train's --base model; for dpr "
-    "train-reranker, the base towers).")]
-Denoise = Annotated[float | None, typer.Option(
-    min=0.01, max=1.0, help="Drop candidates the towers score at >= this fraction of the positive's score "
-    "(likely unlabelled positives), e.g. 0.95.")]
-
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("train-reranker")(train_reranker)
@@ -141,60 +131,40 @@ def _dev_loss(card: dict) -> str | None:  # type: ignore[type-arg]
 def train_reranker(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder, SQuAD JSON or labelled pairs JSONL.")],
-    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad | jsonl")] = "auto",
-    split: Annotated[str, typer.Option(help="BEIR qrels split; SQuAD article split (train | test | all).")] = "train",
-    corpus: Annotated[Path | None, typer.Option(help="Corpus for JSONL pairs that use positive_id.")] = None,
-    max_pairs: Annotated[int | None, typer.Option(help="Cap on training pairs (a seeded sample).")] = None,
-    name: Annotated[str, typer.Option(help="Reranker name; saved as NAME-YYYYmmdd-HHMMSS.")] = "rerank",
+    fmt: Annotated[str, typer.Option("--format", help="auto | beir | squad | jsonl", rich_help_panel=DATA)] = "auto",
+    split: Annotated[str, typer.Option(
+        help="BEIR qrels split; SQuAD article split (train | test | all).", rich_help_panel=DATA)] = "train",
+    corpus: Annotated[Path | None, typer.Option(
+        help="Corpus for JSONL pairs that use positive_id.", rich_help_panel=DATA)] = None,
     base: Annotated[str, typer.Option(help="Where to start: 'base' (MiniLM-L6), a towers model (name or "
                                       "directory: its passage tower), a model directory (each under a new "
-                                      "head), or a trained reranker (continued, head and all).")] = "base",
-    epochs: Annotated[float, typer.Option(min=0.01)] = 1.0,
-    batch_size: Annotated[int, typer.Option(min=1, help="Questions per batch.")] = 16,
-    mini_batch_size: Annotated[
-        int, typer.Option(min=0, help="(question, passage) pairs per forward pass (cached loss); 0: a whole batch.")
-    ] = 16,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (linear warm-up and decay).")] = 2e-5,
-    hard_negatives: Annotated[int, typer.Option(min=0, help="Hard negatives per pair.")] = 3,
-    negative_window: Annotated[str, typer.Option(help="Ranks START:END searched for negatives.")] = "0:30",
-    negatives_from: NegativesFrom = "bm25",
-    negatives_model: NegativesModel = None,
-    denoise: Denoise = None,
-    loss: Annotated[str, typer.Option(
-        help="mnrl: listwise (the positive against its negatives and others in the batch); bce: pointwise.")
-    ] = "mnrl",
-    candidates: Annotated[int, typer.Option(min=1, help="First-stage hits reranked on the dev split (N).")] = 50,
-    first_stage: Annotated[
-        str, typer.Option(help="Dev first stage: bm25, or towers (base, a model name) searched in memory.")
-    ] = "bm25",
-    dev_queries: Annotated[int, typer.Option(help="Queries held out of the training data (dev split).")] = 100,
-    max_steps: Annotated[int, typer.Option(help="Stop after this many steps (overrides --epochs).")] = -1,
-    seed: Annotated[int, typer.Option()] = 42,
-    collection: Annotated[str | None, typer.Option(help="Collection that records the default (if it exists).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+                                      "head), or a trained reranker (continued, head and all).",
+                                      rich_help_panel=RECIPE)] = "base",
+    recipe: Annotated[Path | None, typer.Option(
+        "--recipe", help="A TOML recipe file (epochs, lr, loss, negatives, dev candidates, first stage, ...): its "
+        "keys over the default recipe (services/lab/reranker/recipe.toml; docs/training.md).",
+        rich_help_panel=RECIPE)] = None,
+    name: Annotated[str, typer.Option(
+        help="Reranker name; saved as NAME-YYYYmmdd-HHMMSS.", rich_help_panel=OUTPUT)] = "rerank",
+    collection: Annotated[str | None, typer.Option(
+        help="Collection that records the default (if it exists).", rich_help_panel=OUTPUT)] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON document on stdout.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
     """Train a cross-encoder reranker (MiniLM + a fresh head) on labelled pairs and mined hard negatives; measure
     the dev split before/after reranking the first stage's top N; on by default for the collection only on a gain."""
     from services.lab.reranker.recipe import train_reranker_model
-    from services.lab.reranker.trainer import RerankConfig
-    from services.lab.shared.mining import MiningConfig
+    from services.lab.reranker.recipe_file import load_recipe
     from services.lab.shared.stages import step_progress
-    from services.lab.towers.recipe import TrainingData
 
     settings = settings_for(ctx, collection)
-    start, end = _parse_window(negative_window)
-    if negatives_from not in ("bm25", "dense"):
-        fail(f"--negatives-from {negatives_from!r} is not known; use bm25 or dense", code=EXIT_USAGE)
-    what = TrainingData(data=data, fmt=fmt, split=split, corpus=corpus, max_pairs=max_pairs, dev_queries=dev_queries,
-                        seed=seed, mining=MiningConfig(num_negatives=hard_negatives, rank_start=start, rank_end=end,
-                                                       source=negatives_from, model=negatives_model, denoise=denoise))
-    config = RerankConfig(name=name, epochs=epochs, batch_size=batch_size, mini_batch_size=mini_batch_size,
-                          learning_rate=lr, candidates=candidates, loss=loss,
-                          seed=seed, max_steps=max_steps, threads=threads_per_process(settings.encoder.threads))
     with cli_errors():
+        chosen = load_recipe(recipe)
+        what = chosen.training_data(data=data, fmt=fmt, split=split, corpus=corpus)
+        config = chosen.rerank_config(name=name, threads=threads_per_process(settings.encoder.threads))
         try:
             with stage_bars(quiet=as_json) as on_progress:  # a bar from the first step: mining prints nothing
-                done = train_reranker_model(settings, what, config, base=base, first_stage=first_stage,
+                done = train_reranker_model(settings, what, config, base=base, first_stage=chosen.dev.first_stage,
                                             progress=step_progress(on_progress, "training"))
         except ValueError as e:
             fail(str(e))
@@ -238,13 +208,3 @@ def _print_result(result: TrainResult, activated: bool, as_json: bool, ran: dict
     else:
         console.print(f"activate it with: dpr models activate {result.name}")
 
-
-def _parse_window(window: str) -> tuple[int, int]:
-    try:
-        start_s, end_s = window.split(":")
-        start, end = int(start_s), int(end_s)
-    except ValueError:
-        fail(f"--negative-window {window!r} must look like START:END (0-based BM25 ranks), e.g. 0:30", code=EXIT_USAGE)
-    if not 0 <= start < end:
-        fail(f"--negative-window {window!r} is empty; START must be below END", code=EXIT_USAGE)
-    return start, end

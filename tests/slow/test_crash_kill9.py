@@ -216,7 +216,7 @@ def test_serve_killed_mid_upload_reopens_at_once_and_a_rerun_gives_the_cleanstor
 def _train_args(tmp_path: Path) -> list[str]:
     from kit.tiny_models import tiny_sentence_model
 
-    from services.lab.towers.recipe_file import recipe_text
+    from services.lab.shared.recipe_files import recipe_text
 
     words = ["lava magma eruption", "ice snow moraine", "sand dune cactus", "wave salt reef", "tree moss fern",
              "street subway crowd", "bank delta bridge", "peak summit ridge"]

@@ -15,7 +15,7 @@ import pytest
 from kit.tiny_beir import TOPICS, tiny_beir
 from kit.tiny_models import tiny_sentence_model
 
-from services.lab.towers.recipe_file import recipe_text
+from services.lab.shared.recipe_files import recipe_text
 
 pytestmark = pytest.mark.slow
 

@@ -72,27 +72,29 @@ def test_train_reranker_registers_a_model_with_a_card(trained, setup) -> None:  
 
 
 def test_pointwise_reranker_with_dense_negatives(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """``--loss bce`` trains on (question, passage, label) rows, a batch of questions' rows in mini-batches of
-    rows (gradient accumulation); negatives may come from towers (``--negatives-from dense``)."""
-    from services.core.settings import Settings
-    from services.lab.reranker.recipe import train_reranker_model
-    from services.lab.reranker.trainer import RerankConfig
-    from services.lab.shared.mining import MiningConfig
-    from services.lab.towers.recipe import TrainingData
+    """`dpr train-reranker --recipe FILE` with ``train.loss = "bce"`` trains on (question, passage, label) rows, a
+    batch of questions' rows in mini-batches of rows (gradient accumulation); negatives may come from towers
+    (``negatives.source = "dense"``)."""
+    from typer.testing import CliRunner
+
+    from entrypoints.cli.main import app
+    from services.lab.shared.recipe_files import recipe_text
 
     base, beir, _ = setup
-    settings = Settings(data_dir=tmp_path / "data")
-    config = RerankConfig(name="bce", loss="bce", max_steps=2, batch_size=4, mini_batch_size=5, max_length=64,
-                          candidates=6)
-    mining = MiningConfig(num_negatives=2, source="dense", model=str(base), denoise=0.95)
-    done = train_reranker_model(settings, TrainingData(data=beir, dev_queries=4, mining=mining), config,
-                                base=str(base))
-    card = done.result.card
+    recipe = tmp_path / "bce.toml"
+    recipe.write_text(recipe_text(
+        data={"dev_queries": 4}, dev={"candidates": 6},
+        train={"loss": "bce", "max_steps": 2, "batch_size": 4, "mini_batch_size": 5, "max_length": 64},
+        negatives={"num_negatives": 2, "source": "dense", "model": str(base), "denoise": 0.95}))
+    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "data"), "train-reranker", str(beir), "--base",
+                                      str(base), "--name", "bce", "--recipe", str(recipe), "--json"])
+    assert result.exit_code == 0, result.output
+    card = json.loads(result.stdout)["card"]
     assert card["hyperparameters"]["loss"] == "cross_encoder.BinaryCrossEntropyLoss"
     assert card["training_data"]["hard_negatives_per_pair"] == 2
     assert card["training_data"]["mining"]["source"] == "dense" and card["training_data"]["mining"]["denoise"] == 0.95
     assert card["steps"] == 2 and np.isfinite(card["final_loss"])
-    assert done.result.card["dev_metrics"]["queries"] == 4
+    assert card["dev_metrics"]["queries"] == 4 and card["dev_metrics"]["candidates"] == 6
 
 
 def test_onnx_reranker_scores_match_torch(trained, setup) -> None:  # type: ignore[no-untyped-def]

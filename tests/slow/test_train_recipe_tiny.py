@@ -125,7 +125,7 @@ def test_cli_runs_the_recipe_and_rounds_0_is_the_single_fine_tune(world: dict[st
 
     for key in ("DPR_ENCODER__BACKEND", "DPR_ENCODER__QUESTION_BACKEND"):
         monkeypatch.setenv(key, "torch")
-    from services.lab.towers.recipe_file import recipe_text
+    from services.lab.shared.recipe_files import recipe_text
 
     runner = CliRunner()
     tiny = {"train": {"max_steps": 2, "batch_size": 4}, "data": {"dev_queries": 4}}

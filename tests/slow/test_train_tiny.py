@@ -164,7 +164,7 @@ def test_cli_train_models_and_errors(tiny_base: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from entrypoints.cli.main import app
-    from services.lab.towers.recipe_file import recipe_text
+    from services.lab.shared.recipe_files import recipe_text
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("\n".join(json.dumps({"question": p.question, "passage": p.positive}) for p in _pairs()) + "\n")

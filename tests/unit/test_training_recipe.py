@@ -1,6 +1,7 @@
-"""`dpr train --recipe FILE` (services/lab/towers/recipe_file.py): the shipped default recipe is the library's
-defaults, a file sets only the keys it changes, and an unknown key or a bad value is one line naming the file, the
-key and the fix (exit 2) before anything is read or trained."""
+"""`dpr train --recipe FILE` (services/lab/towers/recipe_file.py) and `dpr train-reranker --recipe FILE`
+(services/lab/reranker/recipe_file.py): the shipped default recipe is the library's defaults, a file sets only the
+keys it changes, and an unknown key or a bad value is one line naming the file, the key and the fix (exit 2) before
+anything is read or trained."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
 from services.core.errors import ConfigError
+from services.lab.reranker.recipe_file import load_recipe as load_reranker_recipe
+from services.lab.reranker.trainer import RerankConfig
 from services.lab.shared.mining import MiningConfig
 from services.lab.shared.self_supervised import PairConfig
 from services.lab.towers.recipe import TrainingData
@@ -83,3 +86,34 @@ def test_dpr_train_refuses_a_bad_recipe_with_exit_2_before_reading_the_data(tmp_
     missing = CliRunner().invoke(app, [*args, str(tmp_path / "none.toml")])
     assert missing.exit_code == 2 and "cannot read the recipe file" in missing.stderr
     assert DEFAULT.is_file() and not (tmp_path / "d" / "models").exists()
+
+
+def test_the_shipped_reranker_recipe_is_what_train_reranker_ran_before_its_recipe_file() -> None:
+    recipe = load_reranker_recipe()
+    assert recipe.training_data(data=Path("d")) == TrainingData(data=Path("d"), mining=MiningConfig(num_negatives=3))
+    assert recipe.rerank_config(name="rerank") == RerankConfig()
+    assert (recipe.dev.candidates, recipe.dev.first_stage) == (50, "bm25")
+
+
+def test_a_reranker_recipe_sets_only_its_keys_and_a_bad_one_is_refused_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "rr.toml"
+    path.write_text("[train]\nloss = \"bce\"\nmax_steps = 2\n[dev]\nfirst_stage = \"base\"\n"
+                    "[negatives]\nrank_end = 9\n")
+    recipe = load_reranker_recipe(path)
+    assert asdict(recipe.rerank_config()) == asdict(RerankConfig(loss="bce", max_steps=2))
+    assert recipe.dev.first_stage == "base" and recipe.training_data().mining.rank_end == 9
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nloss = \"hinge\"\n")
+    args = ["--data-dir", str(tmp_path / "d"), "train-reranker", str(tmp_path / "no-such-data"), "--recipe", str(bad)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "train.loss = 'hinge'" in result.stderr and str(bad) in result.stderr
+    assert not (tmp_path / "d" / "models").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "train-reranker"])
+def test_how_to_train_is_a_recipe_file_and_the_command_keeps_at_most_14_options(command: str) -> None:
+    from typer.main import get_command
+
+    click_command = get_command(app).commands[command]  # type: ignore[attr-defined]
+    options = [p.name for p in click_command.params if p.param_type_name == "option"]
+    assert "recipe" in options and len(options) <= (14 if command == "train" else 12), options
