@@ -4,7 +4,7 @@ The towers learn the labels (MNRL: in-batch and hard negatives) and, on each que
 reranker's preferences among them (``distill.DistilledMNRL``). Built from the product's own steps: the training set
 of ``services.lab.towers.recipe`` (with its hard-negative mining), the model of ``services.lab.towers.trainer``, the
 recipe skeleton of
-``services.lab.shared.trainer_steps``; only the loss is this experiment's.
+``services.lab.shared.training_run``; only the loss is this experiment's.
 
     python research/distillation/train_distilled.py DATA --teacher RERANKER [--base NAME] [--hard-negatives 3] \
         [--negatives-from dense --denoise 0.95] [--epochs 2 --lr 1e-5] [--weight 1 --temperature 1] \
@@ -60,14 +60,16 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     from services.core.settings import Settings
     from services.lab.shared.mining import MiningConfig
     from services.lab.shared.rows import pairs_to_columns
-    from services.lab.shared.trainer_steps import (
+    from services.lab.shared.training_run import (
         base_record,
         card_fields,
         data_record,
         fit_in_scratch,
+        save_model,
+        start_run,
         towers_arguments,
+        versioned_name,
     )
-    from services.lab.shared.training_run import save_model, start_run, versioned_name
     from services.lab.towers.recipe import TrainingData, build_training_set
     from services.lab.towers.trainer import TrainConfig, build_model, passage_transformer, set_passage_tokens
 

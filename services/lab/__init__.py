@@ -9,7 +9,7 @@ serving towers, the registry and the ONNX export stay in ``encoders``.
 - ``hybrid/``: `dpr tune-hybrid` (``tuning``: the fusion and its weight, chosen on a dev split).
 - ``evaluation/``: `dpr eval` (``retrieval``: retrievers, metric tables, the report; ``store_retriever``: through the
   real store).
-- ``shared/``: what every folder above uses: ``training_run`` and ``trainer_steps`` (the run and the recipe skeleton
-  of every trainer), ``rows``, ``self_supervised`` pairs, BM25 and hard-negative ``mining``, ``metrics``, ``stages``
+- ``shared/``: what every folder above uses: ``training_run`` (the run and the recipe skeleton of every trainer),
+  ``rows``, ``self_supervised`` pairs, BM25 and hard-negative ``mining``, ``metrics``, ``stages``
   (a run of resumable stages), ``recipe_files`` (a recipe file's loader). It imports nothing of the folders above it.
 """

@@ -372,7 +372,7 @@ def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
     its card; activated on a gain."""
     from encoders.registry import activate as activate_model
     from encoders.towers import model_fingerprint, read_model_card
-    from services.lab.shared.training_run import peak_rss_mib, versioned_name, write_card
+    from services.lab.shared.training_run import peak_rss_mib, staging_dir, versioned_name, write_card
     from services.lab.towers.recipe import export_for_backends
 
     key = dev["choice"] or dev["best"]
@@ -380,10 +380,7 @@ def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
     candidate = Path(training["candidates"][epochs_key]["path"])
     name = versioned_name(config.name)
     models_dir = settings.models_dir
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = models_dir / f".staging-{name}"
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = staging_dir(models_dir, name)
     card = read_model_card(candidate)
     if "-blend-" in key:
         from services.lab.adaptation.teacher import load_model

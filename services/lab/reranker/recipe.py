@@ -42,7 +42,7 @@ def first_stage_retriever(settings: Settings, spec: str) -> Retriever:
     try:
         path, _ = resolve_model_path(spec, settings.models_dir)
     except FileNotFoundError as e:
-        raise ConfigError(f"--first-stage {spec!r}: {e}") from e
+        raise ConfigError(f"the recipe's dev.first_stage {spec!r}: {e}") from e
     return towers_in_memory_retriever(path)
 
 

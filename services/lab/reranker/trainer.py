@@ -32,10 +32,13 @@ from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_sco
 from encoders.towers import base_model_path
 from services.lab.evaluation.retrieval import Retrieval, Retriever, score_retrieval
 from services.lab.shared.rows import pairs_to_columns
-from services.lab.shared.trainer_steps import base_record, card_fields, data_record, fit_in_scratch
 from services.lab.shared.training_run import (
     ProgressFn,
     TrainResult,
+    base_record,
+    card_fields,
+    data_record,
+    fit_in_scratch,
     precision_of,
     save_model,
     start_run,
@@ -168,8 +171,7 @@ def train_reranker(
 ) -> TrainResult:
     """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card). ``base``: a
     plain encoder directory (a towers model's passage tower: ``encoder_to_start_from``, which
-    ``services.lab.reranker.recipe``
-    applies before any mining)."""
+    ``services.lab.reranker.recipe`` applies before any mining)."""
     config = config or RerankConfig()
     config.validate()
     base = base or base_model_path()

@@ -281,14 +281,16 @@ def train_question_only(
     (``fixed_passages_loss``)."""
     from datasets import Dataset
 
-    from services.lab.shared.trainer_steps import (
+    from services.lab.shared.training_run import (
         base_record,
         card_fields,
         data_record,
         fit_in_scratch,
+        save_model,
+        start_run,
         towers_arguments,
+        versioned_name,
     )
-    from services.lab.shared.training_run import save_model, start_run, versioned_name
     from services.lab.towers.trainer import freeze_word_embeddings
 
     check_config(config)

@@ -199,7 +199,7 @@ def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records:
     """The chosen stage's model copied into ``models_dir`` (blended first with ``--blend``) with every stage in its
     card; its ONNX towers made."""
     from encoders.towers import model_fingerprint, read_model_card
-    from services.lab.shared.training_run import versioned_name, write_card
+    from services.lab.shared.training_run import staging_dir, versioned_name, write_card
 
     models_dir = settings.models_dir
     source = Path(chosen["path"])
@@ -210,10 +210,7 @@ def _save(settings: Settings, config: TrainConfig, rounds: RoundConfig, records:
         card = read_model_card(final)
     else:
         name = versioned_name(config.name)
-        models_dir.mkdir(parents=True, exist_ok=True)
-        staging = models_dir / f".staging-{name}"
-        if staging.exists():
-            shutil.rmtree(staging)
+        staging = staging_dir(models_dir, name)
         shutil.copytree(source, staging)
         card = read_model_card(staging)
         card.update(name=name, fingerprint=model_fingerprint(staging))

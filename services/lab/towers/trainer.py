@@ -26,14 +26,18 @@ from typing import Any
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.towers import base_model_path, offline
 from services.lab.shared.rows import fit_answers, pairs_to_columns
-from services.lab.shared.trainer_steps import base_record, card_fields, data_record, fit_in_scratch, towers_arguments
 from services.lab.shared.training_run import (
     ProgressFn,
     TrainResult,
+    base_record,
+    card_fields,
+    data_record,
+    fit_in_scratch,
     learn_device,
     precision_of,
     save_model,
     start_run,
+    towers_arguments,
     versioned_name,
 )
 from services.lab.towers.wise_ft import blend_with_pretrained, pretrained_root
