@@ -3,7 +3,7 @@ the same thing the local command does)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from services.core.errors import DprError
 from services.core.settings import Settings
@@ -37,6 +37,7 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
         ],
         "unfinished": [u for u in (_unfinished(settings, g, info.alias) for g in info.generations) if u is not None],
         "configured_model": {"name": model_name, "fingerprint": model_fingerprint(model_path)},
+        "towers": _towers(settings, model_path),
         "broker": settings.broker_url is not None,
     }
     data["model_matches"] = data["model"] in (None, data["configured_model"]["fingerprint"])
@@ -44,10 +45,10 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
     from services.feedback import counts_in  # judgements of search hits (docs/feedback.md)
 
     data["feedback"] = counts_in(settings.data_dir, info.alias)
-    data.update(_serving(settings, info, data["configured_model"]))
     from services.sources.schedule import sources_status  # `dpr sources`: last sync, outcome, counts, next run
 
     data["sources"] = sources_status(settings.data_dir, info.alias, settings.collection)
+    data.update(_serving(settings, info, data["configured_model"]))
     data["search_ef"] = store.search_ef(active.name) if store is not None and active is not None else None
     data["memory"] = store.memory(active.name) if store is not None and active is not None else None
     if settings.broker_url:
@@ -58,6 +59,16 @@ def collection_status(settings: Settings, info: CollectionInfo, store: VectorSto
         if refused:
             data["broker_warning"] = refused
     return data
+
+
+def _towers(settings: Settings, model_path: Any) -> dict[str, Any]:
+    """Per tower, the runtime and precision that run it here, why (chosen from the CPU, or set), and what its
+    export measured against fp32 (``encoders.runtimes``)."""
+    from encoders.registry import runtime_report
+
+    sides: tuple[tuple[str, Literal["document", "query"]], ...] = (("passages", "document"), ("questions", "query"))
+    return {side: runtime_report(model_path, settings.models_dir, settings.onnx_cache_dir,
+                                 settings.encoder.choice(role), role) for side, role in sides}
 
 
 def _unfinished(settings: Settings, g: GenerationInfo, alias: str) -> dict[str, Any] | None:

@@ -152,6 +152,11 @@ def status(
     configured = data["configured_model"]
     table.add_row("configured model", f"{configured['name']} ({configured['fingerprint']})"
                   + ("" if data["model_matches"] else "  [red]differs: run `dpr reembed`[/]"))
+    for side, tower in (data.get("towers") or {}).items():  # the runtime chosen from the CPU, and why
+        measured = tower.get("measured") or {}
+        cosine = (measured.get("cosine_to_fp32") or {}).get("mean")
+        table.add_row(f"{side} tower", f"{tower['backend']} ({tower['reason']})"
+                      + (f"; cosine to fp32 {cosine:.5f}" if cosine is not None else ""))
     table.add_row("vectors", "-" if data["dim"] is None else
                   f"dense {data['dim']}-dim" + (" + BM25 sparse" if data["sparse"] else " only (no sparse)"))
     table.add_row("search", _describe_search(data.get("serving"), data["sparse"]))
@@ -180,17 +185,17 @@ def status(
         fb = data["feedback"]
         table.add_row("feedback", f"{fb['judgements']:,} judgements ({fb['relevant']:,} relevant) of "
                       f"{fb['questions']:,} questions")
-    console.print(table)
-
-
-def _points(count: int | None) -> str:
-    """A generation's point count; None when another process held it (a re-embed's workers): not waited for."""
     for source in data.get("sources") or []:  # `dpr sources`: last sync, outcome, counts, next run
         last = source.get("last") or {}
         done = (f"{'running' if source.get('running') else last.get('outcome', '-')} at {last.get('finished', '-')}: "
                 + ", ".join(f"{last.get(k, 0)} {k}" for k in ("added", "changed", "removed", "failed"))
                 ) if last else "never synced"
         table.add_row(f"source {source['name']}", f"{done}; next run {source.get('next_run') or 'when asked'}")
+    console.print(table)
+
+
+def _points(count: int | None) -> str:
+    """A generation's point count; None when another process held it (a re-embed's workers): not waited for."""
     return "count not read: another process holds it" if count is None else f"{count:,}"
 
 
