@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -81,13 +83,12 @@ def fetch_ahead(kind: SourceKind, todo: list[Entry], dest: Path) -> Iterator[Fet
             yield entry, one(entry)
         return
     from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Future, wait
 
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpr-source-fetch")
+    pool = _fetch_pool(workers)
     window: deque[tuple[Entry, Future[Path | ItemFailed | SourceError | SourceUnreachable]]] = deque()
-    pending = iter(todo)
     try:
-        for entry in pending:
+        for entry in todo:
             window.append((entry, pool.submit(one, entry)))
             if len(window) >= 2 * workers:
                 head, future = window.popleft()
@@ -95,8 +96,23 @@ def fetch_ahead(kind: SourceKind, todo: list[Entry], dest: Path) -> Iterator[Fet
         while window:
             head, future = window.popleft()
             yield head, future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    finally:  # stopped early: those not begun are dropped, those running are waited for
+        for _, future in window:
+            future.cancel()
+        wait([f for _, f in window])
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _fetch_pool(workers: int) -> ThreadPoolExecutor:
+    """The process's fetch threads (kept across syncs: threads made anew at every sync of a long-lived `dpr serve`
+    leave their memory arenas behind)."""
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpr-source-fetch")
+        return _POOLS[workers]
 
 
 class FolderSource:
