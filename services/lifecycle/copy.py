@@ -181,5 +181,11 @@ def copy_batch(
     check_towers(state, towers)
     if not passages:
         return 0
-    store.upsert(embed_passages(passages, towers, sparse, encode_batch_size), generation=state.target)
-    return len(passages)
+    return write_points(store, state, embed_passages(passages, towers, sparse, encode_batch_size))
+
+
+def write_points(store: VectorStore, state: ReembedState, points: Sequence[PassagePoint]) -> int:
+    """Upsert encoded ``points`` into the re-embed's target; how many."""
+    if points:
+        store.upsert(list(points), generation=state.target)
+    return len(points)

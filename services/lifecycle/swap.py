@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from encoders.towers import DualEncoder
 from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
-from services.lifecycle.copy import check_towers, copy_batch, pending_batches
+from services.lifecycle.copy import check_towers, embed_passages, pending_batches, write_points
 from services.lifecycle.gate import Gate, GateDecision
 from services.lifecycle.state import (
     ACTIVATED_KEY,
@@ -158,13 +159,23 @@ def run_in_process(
     done = min(store.count(generation=state.target), total)  # resumed: roughly what is already there
     if progress:
         progress(done, total)
-    for batch in pending_batches(store, state, batch_size):
-        copied += copy_batch(store, state, batch, towers, sparse, encode_batch_size)
-        if keepalive:
-            keepalive()
-        if progress:
-            done += len(batch)
-            progress(min(done, total), total)
+    # The tower keeps the CPU busy: a batch's points are written on another thread while the next batch encodes
+    # (the runtimes release the GIL), as `dpr ingest` overlaps its reading with the tower. One write in flight.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpr-reembed-write") as writer:
+        writing: Future[int] | None = None
+        for batch in pending_batches(store, state, batch_size):
+            check_towers(state, towers)
+            points = embed_passages(batch, towers, sparse, encode_batch_size)
+            if writing is not None:
+                copied += writing.result()
+            writing = writer.submit(write_points, store, state, points)
+            if keepalive:
+                keepalive()
+            if progress:
+                done += len(batch)
+                progress(min(done, total), total)
+        if writing is not None:
+            copied += writing.result()
     result = finalize(store, state, towers, sparse, fence=fence, gate=gate, on_activated=on_activated)
     result.copied += copied
     result.seconds = time.perf_counter() - t0

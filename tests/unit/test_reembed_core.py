@@ -29,7 +29,7 @@ from services.lifecycle.verify import verify
 from services.query import search
 from services.readers import Document
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +55,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     else:
         from qdrant_client import QdrantClient
 
-        from services.store.engines.server import ServerEngine
+        from services.store.server.engine import ServerEngine
 
         s = Store(ServerEngine(QdrantClient(":memory:"), "c"))
     ingest(s, V1, [doc(i) for i in range(12)])
@@ -132,6 +132,66 @@ def test_rollback_restores_the_previous_generation_and_toggles(store: Store) -> 
     assert store.info().active.spec.model == V1.fingerprint
     forward = rollback(store)
     assert forward.to_generation == state.target
+
+
+class _SlowTowers(HashTowers):
+    """V2 whose tower notes when each batch of passages starts encoding."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=16, name="fake-v2", max_passage_tokens=40)
+        self.started: list[float] = []
+
+    def encode_documents(self, passages: list[str], batch_size: int = 32):  # type: ignore[no-untyped-def]
+        self.started.append(time.perf_counter())
+        time.sleep(0.05)
+        return super().encode_documents(passages, batch_size)
+
+
+def test_a_batch_is_written_while_the_next_one_encodes(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    towers = _SlowTowers()
+    assert towers.fingerprint == V2.fingerprint
+    state = plan(store, towers, model_name="v2")
+    writes: list[tuple[float, float, str]] = []
+    upsert = store.upsert
+
+    def slow_upsert(points, generation=None):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        time.sleep(0.1)
+        upsert(points, generation=generation)
+        writes.append((start, time.perf_counter(), threading.current_thread().name))
+
+    monkeypatch.setattr(store, "upsert", slow_upsert)
+    result = run_in_process(store, state, towers, None, batch_size=5)
+    monkeypatch.undo()
+    assert result.outcome == "activated" and result.verification.ok
+    copies = [w for w in writes if w[2].startswith("dpr-reembed-write")]
+    assert len(copies) >= 2  # 12 documents of several passages, 5 a batch
+    # the first batch's write was under way when the second batch started encoding
+    assert copies[0][0] < towers.started[1] < copies[0][1]
+    assert store.count(generation=state.target) == store.count(generation=state.source)
+
+
+def test_a_failed_write_stops_the_reembed_and_nothing_is_swapped(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = store.info().active.name
+    state = plan(store, V2, model_name="v2")
+    upsert = store.upsert
+    calls = []
+
+    def failing(points, generation=None):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        upsert(points, generation=generation)
+
+    monkeypatch.setattr(store, "upsert", failing)
+    with pytest.raises(OSError, match="disk full"):
+        run_in_process(store, state, V2, None, batch_size=5)
+    monkeypatch.undo()
+    assert store.info().active.name == source  # still the old generation
+    resumed = plan(store, V2, model_name="v2")
+    assert resumed.target == state.target
+    result = run_in_process(store, resumed, V2, None, batch_size=5)
+    assert result.outcome == "activated" and store.count() == store.count(generation=source)
 
 
 def test_gc_keeps_the_newest_inactive_generations_and_never_the_active(store: Store) -> None:
