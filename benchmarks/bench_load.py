@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 from machine import commit, machine_line
-from serve_process import DPR, ServeProcess
+from serve_process import DPR, ServeProcess, dpr_command
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
@@ -121,8 +121,8 @@ def tree_rss_kb(pid: int) -> int:
 class Server(ServeProcess):
     """``dpr serve`` (benchmarks/serve_process.py) with an RSS sampler over its process tree."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        super().__init__(env, log)
+    def __init__(self, env: dict[str, str], log: Path, code: Path | None = None) -> None:
+        super().__init__(env, log, code)
         self.peak_kb = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="rss", daemon=True)
@@ -379,15 +379,20 @@ def load(args: argparse.Namespace, url: str, bodies: list[str], clients: int, du
 
 
 def serve_and_load(args: argparse.Namespace, env: dict[str, str], label: str, bodies: list[str], qs: list[str],
-                   work: Path, result: dict[str, Any]) -> None:
-    """One ``dpr serve`` with ``env``: the load runs, burst, flood and thin client; rows named with ``label``."""
-    server = Server(env, work / "serve.log")
+                   work: Path, result: dict[str, Any], code: Path | None = None) -> None:
+    """One ``dpr serve`` with ``env`` (``code``: another checkout's): the load runs, burst, flood and thin client;
+    rows named with ``label``; the top 10 of the first 100 questions in ``result["answers"][label]``."""
+    server = Server(env, work / "serve.log", code)
     try:
         result["ready_s"] = server.wait_ready()
-        with httpx.Client(base_url=server.url, timeout=60) as http:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
             for body in bodies[:5]:  # warm-up: the first questions load the tower's session
                 http.post("/v1/search", content=body, headers={"content-type": "application/json"})
             status = http.get("/v1/status").json()
+            result.setdefault("answers", {})[label] = [
+                [f"{h['doc_id']}#{h['chunk_index']}" for h in http.post(
+                    "/v1/search", content=body, headers={"content-type": "application/json"}).json()["hits"]]
+                for body in bodies[:100]]
         result["points"] = status.get("points") or status.get("active", {}).get("points")
         result["idle_rss_mb"] = server.rss_mb()
         for clients in args.clients:
@@ -472,6 +477,10 @@ def main() -> int:
     ap.add_argument("--encode-batching", action="store_true", help="only measure question-tower micro-batching")
     ap.add_argument("--batching", nargs="*", choices=("on", "off"), default=[],
                     help="a server per value, DPR_SERVING__BATCHING on / off, each with every run (none: defaults)")
+    ap.add_argument("--baseline", metavar="COMMIT",
+                    help="also serve with that commit's code (a git worktree; the same data dir), alternated with "
+                         "this commit's, each row labelled with its code; the top 10 of 100 questions compared")
+    ap.add_argument("--rounds", type=int, default=1, help="how many times each server runs (alternated)")
     args = ap.parse_args()
     if not SCIFACT.is_dir():
         print(f"needs {SCIFACT} (BEIR SciFact questions and abstracts); not found", file=sys.stderr)
@@ -501,10 +510,30 @@ def main() -> int:
         first = subprocess.run([DPR, "query", qs[0], "--json"], env=env, capture_output=True, text=True, check=False)
         if first.returncode != 0:
             raise RuntimeError(f"dpr query failed ({first.returncode}): {first.stderr.strip()[-2000:]}")
-        for batching in args.batching or [None]:
-            variant = {} if batching is None else {"DPR_SERVING__BATCHING": "true" if batching == "on" else "false"}
-            label = "" if batching is None else f", batching {batching}"
-            serve_and_load(args, {**env, **variant}, label, bodies, qs, work, result)
+        codes: list[tuple[str, Path | None]] = [("", None)]
+        if args.baseline:
+            old = work / "baseline"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), args.baseline],
+                           check=True, capture_output=True)
+            codes = [(f", {commit()}", None), (f", {args.baseline} (before)", old)]
+            # that code's first question, as for this commit's above (an export of its own, if it makes one)
+            warm = subprocess.run([*dpr_command(old), "query", qs[0], "--json"], env=env, capture_output=True,
+                                  text=True, check=False)
+            if warm.returncode != 0:
+                raise RuntimeError(f"{args.baseline}'s dpr query failed: {warm.stderr.strip()[-2000:]}")
+        try:
+            for round_ in range(args.rounds):
+                for code_label, code in codes:
+                    for batching in args.batching or [None]:
+                        variant = ({} if batching is None else
+                                   {"DPR_SERVING__BATCHING": "true" if batching == "on" else "false"})
+                        label = ("" if batching is None else f", batching {batching}") + code_label + (
+                            f", round {round_ + 1}" if args.rounds > 1 else "")
+                        serve_and_load(args, {**env, **variant}, label, bodies, qs, work, result, code)
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")],
+                               capture_output=True)
     result["machine_after"] = machine_line()
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -546,7 +575,32 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"- {r['name']} x{r['clients']}: status codes {r['status']}, socket errors {r['socket_errors']}"
                      + (f", 1-min load average at the end {r['load']:.1f}" if "load" in r else ""))
+    if args.baseline:
+        lines += ["", *against_baseline(args.baseline, result)]
     return "\n".join(lines) + "\n"
+
+
+def against_baseline(baseline: str, result: dict[str, Any]) -> list[str]:
+    """Questions/s of this commit's servers over the baseline's (medians of the rounds, per client count), and how
+    many of 100 questions got the same top 10 from both."""
+    def mine(name: str) -> bool:
+        return f"{baseline} (before)" not in name
+
+    out = []
+    for clients in sorted({r["clients"] for r in result["runs"]}):
+        now = [r["qps"] for r in result["runs"] if r["clients"] == clients and mine(r["name"])]
+        before = [r["qps"] for r in result["runs"] if r["clients"] == clients and not mine(r["name"])]
+        if now and before:
+            a, b = statistics.median(now), statistics.median(before)
+            out.append(f"- {clients} clients: questions/s **{a / b:.2f}x** {baseline}'s (medians {a:.1f} / {b:.1f})")
+    answers = result.get("answers", {})
+    ours = [a for label, a in answers.items() if mine(label)]
+    theirs = [a for label, a in answers.items() if not mine(label)]
+    if ours and theirs:
+        same = sum(set(x) == set(y) for x, y in zip(ours[0], theirs[0], strict=True)) / len(ours[0])
+        out.append(f"- the same top 10 from both codes for {100 * same:.0f}% of {len(ours[0])} questions (the "
+                   "passages are the data dir's; the question towers may differ in precision)")
+    return out
 
 
 if __name__ == "__main__":

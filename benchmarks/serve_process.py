@@ -26,16 +26,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class ServeProcess:
-    """``dpr serve --host 127.0.0.1 --port PORT`` with ``env``, its output in ``log``."""
+# `dpr` run from another checkout of the project (``code``): the venv's editable install of this checkout would
+# answer every import otherwise, so its finder is dropped and the checkout goes first on the path.
+OTHER_CODE = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+code = sys.argv.pop(1)
+sys.path.insert(0, code)
+import entrypoints
+assert entrypoints.__file__.startswith(code), (entrypoints.__file__, code)  # that checkout's code answers
+from entrypoints.cli.main import main
+sys.argv[0] = "dpr"
+sys.exit(main())
+"""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+
+def dpr_command(code: Path | None = None) -> list[str]:
+    """The argv that runs `dpr`: this checkout's, or that of the checkout at ``code`` (a git worktree)."""
+    return [DPR] if code is None else [sys.executable, "-c", OTHER_CODE, str(code)]
+
+
+class ServeProcess:
+    """``dpr serve --host 127.0.0.1 --port PORT`` with ``env``, its output in ``log``; ``code``: another checkout's
+    `dpr` (``dpr_command``)."""
+
+    def __init__(self, env: dict[str, str], log: Path, code: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                [DPR, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+                [*dpr_command(code), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level",
+                 "warning"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
