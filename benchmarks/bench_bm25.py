@@ -41,7 +41,7 @@ from services.lab.shared.metrics import ir_metrics  # noqa: E402
 from services.readers.beir import load_beir  # noqa: E402
 from services.readers.squad import load_squad  # noqa: E402
 from services.store import Store  # noqa: E402
-from services.store.engines.edge import EdgeEngine  # noqa: E402
+from services.store.edge.engine import EdgeEngine  # noqa: E402
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest  # noqa: E402
 from services.store.sparse import Bm25Embedder, embedder_for  # noqa: E402
 

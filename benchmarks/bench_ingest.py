@@ -315,7 +315,7 @@ def synthetic_points(vectors: np.ndarray, total: int, seed: int = 0) -> Iterator
 def build_query_store(towers: Any, vectors: np.ndarray, texts: list[str], total: int, path: Path) -> Any:
     from services.ingest.pipeline import collection_spec
     from services.store import Store
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
     from services.store.points import Passage, PassagePoint
     from services.store.sparse import default_embedder
 

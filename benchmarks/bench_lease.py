@@ -2,7 +2,7 @@
 
 The pattern of a `dpr worker` (or an in-process ingest) next to `dpr query` or a second worker: the writer makes a
 store call, then spends a while away from the store (encoding its next batch), then calls again. One process holds
-the embedded shard at a time (``services.store.lease``). The reader opens the store fresh every ``--every``
+the embedded shard at a time (``services.store.edge.lease``). The reader opens the store fresh every ``--every``
 seconds and times one ``count()``.
 
 Two writer policies, side by side in one run:
@@ -29,7 +29,7 @@ from machine import commit, cpu_model  # the one CPU / commit probe of the bench
 
 from services.store import Store
 from services.store import lease as lease_module
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 
 RESULTS = Path(__file__).resolve().parent / "results" / "query-speed" / "lease.md"

@@ -53,7 +53,7 @@ def main() -> None:
     from services.ingest.pipeline import IngestPipeline
     from services.readers import Document, load_beir
     from services.store import Store
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
     from services.store.sparse import default_embedder
 
     corpus = load_beir(DATA, "test").corpus

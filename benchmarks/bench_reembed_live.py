@@ -90,7 +90,7 @@ class Peak:
 
 class LeaseWatch:
     """Who takes the served generation's lock, polled every 10 ms: each acquisition rewrites its lock file
-    (``pid P host H since T``, ``services/store/generation_lock.py``), so a new mtime is a new turn. A turn lasts
+    (``pid P host H since T``, ``services/store/edge/generation_lock.py``), so a new mtime is a new turn. A turn lasts
     until the next acquisition (an upper bound: the lock may have sat free between them)."""
 
     def __init__(self, path: Path) -> None:

@@ -57,7 +57,7 @@ from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
 from services.store import Store  # noqa: E402
 from services.store.common import LABEL_FREE_FUSION  # noqa: E402
-from services.store.engines.edge import EdgeEngine  # noqa: E402
+from services.store.edge.engine import EdgeEngine  # noqa: E402
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector  # noqa: E402
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact"
@@ -404,8 +404,8 @@ def recalibrate(data_dir: Path) -> None:
     build would (the old record printed first)."""
     from qdrant_edge import EdgeShard
 
-    from services.store.engines.edge_config import LEVERS_FILE, EdgeLevers
-    from services.store.engines.edge_index import INDEX_RECORD, SHARD, calibrate_built
+    from services.store.edge.config import LEVERS_FILE, EdgeLevers
+    from services.store.edge.index import INDEX_RECORD, SHARD, calibrate_built
 
     for gen in sorted((data_dir / "store").glob("*/generations/*")):
         record = json.loads((gen / INDEX_RECORD).read_text(encoding="utf-8"))

@@ -35,8 +35,8 @@ from machine import commit, cpu_flags, cpu_model  # the one CPU / commit probe o
 
 from services.core.settings import EdgeSettings, Settings
 from services.store import Store
-from services.store.engines import edge_index
-from services.store.engines.edge import EdgeEngine
+from services.store.edge import index as edge_index
+from services.store.edge.engine import EdgeEngine
 from services.store.points import DENSE, CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
 
 DIM, VOCAB, TERMS, QUERY_TERMS = 384, 30_000, 40, 8

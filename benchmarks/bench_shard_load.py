@@ -33,7 +33,7 @@ import collections, json, sys, time
 import numpy as np
 from qdrant_edge import EdgeShard, QuantizationSearchParams, ScrollRequest, SearchParams
 from services.store.common import Match, Where
-from services.store.engines.edge_config import query_request
+from services.store.edge.config import query_request
 
 path, ef = sys.argv[1], int(sys.argv[2])
 started = time.perf_counter()
@@ -64,7 +64,7 @@ print(json.dumps({"load_s": load_s, "anon_mb": anon_mb, "filter_ms": ms}))
 def move_indexes(shard: Path) -> tuple[list[str], float]:
     from qdrant_edge import EdgeShard
 
-    from services.store.engines.edge_config import EdgeLevers, move_payload_indexes
+    from services.store.edge.config import EdgeLevers, move_payload_indexes
 
     started, opened = time.perf_counter(), EdgeShard.load(str(shard))
     moved = move_payload_indexes(opened, EdgeLevers())

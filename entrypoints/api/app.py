@@ -6,7 +6,7 @@ share question-tower calls through the process's ``services.serving.QuestionBatc
 ``entrypoints.compose.executor_for`` picks (in-process on a background thread, or Celery workers), so
 POST /v1/documents, GET /v1/jobs, POST /v1/search and DELETE run what ``dpr ingest``, ``dpr jobs``, ``dpr query``
 and ``dpr delete`` run. Routes live in ``entrypoints.api.routes``, one module per resource. The embedded
-engine's lease that other processes take turns on is ``services/store/lease.py``.
+engine's lease that other processes take turns on is ``services/store/edge/lease.py``.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def serving_settings(settings: Settings) -> Settings:
     - ``edge.idle_release`` an hour (``SERVE_IDLE_RELEASE``): the first question after a quiet spell would wait for
       the shard's load (0.4-0.7 s at 50k passages, 7-8 s at 1M). Keeping it open costs the others nothing: the
       lease hands ``G.lock`` to a waiting process ~10 ms after the last request, and the shard is closed as soon as
-      another process waits to load it (``G.open``, services/store/lease.py).
+      another process waits to load it (``G.open``, services/store/edge/lease.py).
     """
     update: dict[str, Any] = {}
     if "threads" not in settings.encoder.model_fields_set:

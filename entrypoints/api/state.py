@@ -20,7 +20,7 @@ from services.ingest.executor import Executor
 from services.runtime import Runtime
 
 if TYPE_CHECKING:
-    from services.store.engines.edge_owner import Owner
+    from services.store.edge.owner import Owner
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ class ApiState:
 
     def own_store(self) -> None:
         """Answer other processes' point reads and writes of the generations this process has open (the embedded
-        store; ``services/store/engines/edge_owner.py``), unless another server process of the data dir does."""
+        store; ``services/store/edge/owner.py``), unless another server process of the data dir does."""
         s = self.settings
         if s.qdrant_url or not s.edge.serve_writes:
             return
-        from services.store.engines.edge import EdgeEngine
-        from services.store.engines.edge_owner import Owner
+        from services.store.edge.engine import EdgeEngine
+        from services.store.edge.owner import Owner
 
         owner = Owner(s.store_dir, lambda alias: EdgeEngine.from_settings(s.for_collection(alias)))
         if owner.start():

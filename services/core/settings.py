@@ -175,7 +175,7 @@ class EdgeSettings(SearchLevers):
     serve_writes: bool = Field(
         default=True, description="Writers in other processes (workers, `dpr ingest`) send their reads and writes "
         "of the generation `dpr serve` has open to it instead of taking the shard from it (each turn cost the "
-        "server a reload: services/store/engines/edge_owner.py)."
+        "server a reload: services/store/edge/owner.py)."
     )
     index_threshold: int = Field(
         default=5000, ge=1, description="Points above which a segment gets an HNSW graph: built after an ingest "

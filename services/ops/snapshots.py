@@ -282,10 +282,10 @@ def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> 
 
 def _engine_for(settings: Settings) -> Any:
     if settings.qdrant_url:
-        from services.store.engines.server import ServerEngine
+        from services.store.server.engine import ServerEngine
 
         return ServerEngine.from_settings(settings)
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
 
     return EdgeEngine.from_settings(settings)
 

@@ -1,7 +1,7 @@
 """Vector stores: one front end (``Store``, meeting the ``VectorStore`` protocol) over two engines.
 
 ``open_store(settings)`` is the one place that picks an engine and builds the store: the embedded qdrant-edge
-engine (``engines/edge.py``) or a Qdrant server through qdrant-client (``engines/server.py``). Tests hand an
+engine (``edge/engine.py``) or a Qdrant server through qdrant-client (``server/engine.py``). Tests hand an
 engine in: ``Store(EdgeEngine(tmp_path, "c"))`` or ``Store(ServerEngine(QdrantClient(":memory:"), "c"))``.
 The engines are imported lazily so that importing this package (e.g. for the CLI) stays cheap.
 """
@@ -30,11 +30,11 @@ def open_store(settings: Settings) -> Store:
     client: ``close()`` closes it.
     """
     if settings.qdrant_url:
-        from services.store.engines.server import ServerEngine
+        from services.store.server.engine import ServerEngine
 
         log.debug("opening the server store", extra={"url": settings.qdrant_url, "alias": settings.collection})
         return Store(ServerEngine.from_settings(settings))
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
 
     log.debug("opening the embedded store", extra={"dir": str(settings.store_dir), "alias": settings.collection})
     return Store(EdgeEngine.from_settings(settings))

@@ -126,7 +126,7 @@ class Store:
 
     def _elsewhere(self, call: str, generation: str | None, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         """``(True, answer)`` where the process serving the generation ran this call (the embedded engine beside
-        `dpr serve`: ``edge_owner``); else ``(False, None)``."""
+        `dpr serve`: ``edge/owner.py``); else ``(False, None)``."""
         return self.engine.elsewhere(generation, call, args, kwargs)
 
     @contextlib.contextmanager

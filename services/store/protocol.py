@@ -6,7 +6,7 @@ Data operations act on the active generation unless ``generation=`` names anothe
 
 ``VectorStore`` is met by one class, ``services.store.frontend.Store``, which holds every decision (generation
 names, pointer resolution, validation, batching, per-document state, search modes and fusion) and drives an
-``Engine``: ``engines/edge.py`` (qdrant-edge, embedded) or ``engines/server.py`` (qdrant-client, a Qdrant server
+``Engine``: ``edge/engine.py`` (qdrant-edge, embedded) or ``server/engine.py`` (qdrant-client, a Qdrant server
 or its in-process engine). An engine translates engine-neutral records (``common.Where``, named vectors,
 ``Scored``) into its own calls, maps its own errors onto ``services.core.errors``, and decides nothing.
 """

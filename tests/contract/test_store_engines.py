@@ -24,8 +24,8 @@ from store_contract import SPEC, EngineFactory, StoreContract
 from services.core.settings import Settings
 from services.store import Store, VectorStore, open_store
 from services.store.common import linear_fusion, min_max
-from services.store.engines.edge import EdgeEngine
-from services.store.engines.server import ServerEngine
+from services.store.edge.engine import EdgeEngine
+from services.store.server.engine import ServerEngine
 
 
 @pytest.fixture(

@@ -24,7 +24,7 @@ WRITER = textwrap.dedent("""
     import numpy as np
     from services.core.errors import DiskFull
     from services.store import Store
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
     from services.store.points import CollectionSpec, Passage, PassagePoint
 
     root, min_free, batches, prefix = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -18,8 +18,8 @@ import pytest
 
 from services.core.errors import StoreUnavailable
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
-from services.store.lease import lease_for
+from services.store.edge.engine import EdgeEngine
+from services.store.edge.lease import lease_for
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-bound: runs after the parallel part
@@ -258,7 +258,7 @@ def test_status_lists_a_held_target_without_waiting_for_it(store_dir: str) -> No
     listed from its spec, uncounted, at once, and its holder is given no sign of a waiter (which would make it hand
     the generation over and reload its shard); the served generation is counted. Before, status counted every
     generation: it waited for the target and failed with ``StoreUnavailable``."""
-    from services.store.generation_lock import wait_file
+    from services.store.edge.generation_lock import wait_file
 
     maker = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=10, idle_release=0))
     maker.upsert(_points(0, 0, 2))
@@ -318,7 +318,7 @@ def test_two_processes_wanting_each_others_generation_do_not_deadlock(store_dir:
 def test_an_index_build_lands_while_another_process_writes(store_dir: str, caplog: pytest.LogCaptureFixture) -> None:
     """The writer's batches made during the build reach the built copy through the journal (replayed across
     processes), and the copy is swapped in instead of dropped."""
-    from services.store.engines import edge_index
+    from services.store.edge import index as edge_index
 
     store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05, index_threshold=1000))
     for b in range(30):
@@ -354,7 +354,7 @@ def _optimize(store_dir: str, results: mp.Queue) -> None:
 
 def _counted_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The inode of the shard directory each load in this process opens, from now on."""
-    import services.store.lease as lease_module
+    import services.store.edge.lease as lease_module
 
     loads: list[int] = []
     engine_shard = lease_module.EdgeShard
@@ -415,7 +415,7 @@ def test_a_reader_keeps_its_shard_open_while_another_process_builds_the_index(
 
 
 def _snapshot(store_dir: str, dest: str, results: mp.Queue) -> None:
-    from services.store.engines.edge_snapshots import snapshot_generation
+    from services.store.edge.snapshots import snapshot_generation
 
     engine = EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05)
     try:
@@ -489,7 +489,7 @@ _BUILDER = """
 import sys
 import numpy as np
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 store = Store(EdgeEngine(sys.argv[1], "built", idle_release=0.05, index_threshold=1000))
 store.ensure_collection(CollectionSpec(dim=128, distance="cosine", model="m@1", sparse=False))
@@ -519,7 +519,8 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_blocks_the_next(tmp_path
     import subprocess
     import sys
 
-    from services.store.engines import edge_index, edge_journal
+    from services.store.edge import index as edge_index
+    from services.store.edge import journal as edge_journal
 
     root = Path(__file__).resolve().parents[2]
     builder = subprocess.Popen([sys.executable, "-c", _BUILDER, str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
@@ -567,9 +568,9 @@ def test_a_writer_in_another_process_writes_through_the_server_that_has_the_gene
     store_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`dpr worker` / `dpr ingest` beside `dpr serve`: the writer's reads and writes of the served generation run
-    in the server (``edge_owner``), so the server never closes its shard and loads it again (each turn of the
+    in the server (``edge/owner.py``), so the server never closes its shard and loads it again (each turn of the
     lease a stall of every question); with no server answering, the writer takes the generation as before."""
-    from services.store.engines.edge_owner import Owner
+    from services.store.edge.owner import Owner
 
     server, loads = _server_over(store_dir, 10, monkeypatch)
     owner = Owner(Path(store_dir), lambda alias: EdgeEngine(store_dir, alias, lock_timeout=30, idle_release=3600))

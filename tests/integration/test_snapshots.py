@@ -165,8 +165,8 @@ def test_server_snapshots_need_a_real_server(tmp_path: Path) -> None:
 
     from services.ops.snapshots import create_snapshot
     from services.store import Store
-    from services.store.engines.server import ServerEngine
     from services.store.points import CollectionSpec
+    from services.store.server.engine import ServerEngine
 
     engine = ServerEngine(QdrantClient(":memory:"), "passages", location=":memory:")
     Store(engine).ensure_collection(CollectionSpec(dim=4, distance="cosine", model="m@1", sparse=False))

@@ -17,7 +17,7 @@ from encoders.towers import DualEncoder, Similarity
 from kit.policy import make_settings
 from services.runtime import Runtime
 from services.store import Store
-from services.store.engines.server import ServerEngine
+from services.store.server.engine import ServerEngine
 from services.store.sparse import default_embedder
 
 # A tokenizer's shape without a tokenizer: words, and each punctuation mark on its own.

@@ -14,8 +14,8 @@ from test_edge_index import DIM, SPEC, unit_vectors
 
 from services.store import Store
 from services.store.calibrate import EF_LADDER, FUSED_LIMIT, Probe, calibrate, carry_over, describe, fuse, probes
-from services.store.engines import edge_index
-from services.store.engines.edge import EdgeEngine
+from services.store.edge import index as edge_index
+from services.store.edge.engine import EdgeEngine
 from services.store.points import DENSE, Passage, PassagePoint, SearchRequest, SparseVector
 
 pytestmark = pytest.mark.unit
@@ -201,7 +201,7 @@ def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent(
     from qdrant_client import QdrantClient
 
     from services.core.settings import QdrantSettings
-    from services.store.engines.server import ServerEngine
+    from services.store.server.engine import ServerEngine
 
     engine = ServerEngine(QdrantClient(":memory:"), "c")
     store = Store(engine)

@@ -13,7 +13,7 @@ from entrypoints.cli.main import app
 from services.core import datadir
 from services.core.errors import DataDirFormatError
 from services.core.settings import Settings
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 
 pytestmark = pytest.mark.unit
 

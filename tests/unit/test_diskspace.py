@@ -19,7 +19,7 @@ from services.core import diskspace
 from services.core.errors import DiskFull
 from services.core.settings import Settings
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 
 pytestmark = pytest.mark.unit

@@ -18,8 +18,9 @@ from qdrant_edge import Query, QueryRequest, SearchParams
 
 from services.core import fsutil
 from services.store import Store
-from services.store.engines import edge_index, edge_journal
-from services.store.engines.edge import EdgeEngine
+from services.store.edge import index as edge_index
+from services.store.edge import journal as edge_journal
+from services.store.edge.engine import EdgeEngine
 from services.store.points import DENSE, CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = pytest.mark.unit
@@ -255,7 +256,7 @@ def test_a_first_build_makes_one_graph_per_segment_and_a_later_one_adds_without_
     build writes the copy anew into three graphs (qdrant-edge never splits its one appendable segment), every point,
     payload and payload index kept; the next build indexes its new points beside them instead of merging all into one
     graph built again (what the engine's own optimizer defaults did: ``edge_config``)."""
-    from services.store.engines.edge_config import EdgeLevers
+    from services.store.edge.config import EdgeLevers
     from services.store.points import INDEXED_INTEGERS, INDEXED_KEYWORDS
 
     corpus, queries = unit_vectors(3000, seed=11), unit_vectors(20, seed=12)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 
 pytestmark = pytest.mark.unit

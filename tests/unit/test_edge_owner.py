@@ -9,8 +9,8 @@ import pytest
 
 from services.core.errors import StoreUnavailable
 from services.store import Store
-from services.store.engines import edge_owner
-from services.store.engines.edge import EdgeEngine
+from services.store.edge import owner as edge_owner
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 
 pytestmark = [pytest.mark.unit, pytest.mark.skipif(not edge_owner.supported(), reason="abstract sockets: Linux")]

@@ -22,8 +22,7 @@ from entrypoints.api.app import create_app
 from entrypoints.status import collection_status
 from services.core.settings import EdgeSettings, Settings
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
-from services.store.engines.edge_config import (
+from services.store.edge.config import (
     LEVERS_FILE,
     SPEED_COPY_POINTS,
     EdgeLevers,
@@ -32,6 +31,7 @@ from services.store.engines.edge_config import (
     machine_budget_mb,
     search_params_from,
 )
+from services.store.edge.engine import EdgeEngine
 
 pytestmark = pytest.mark.unit
 

@@ -22,11 +22,11 @@ from qdrant_client import QdrantClient
 
 from services.core.settings import EdgeSettings, QdrantSettings, Settings
 from services.store import Store
-from services.store.engines import edge_index
-from services.store.engines.edge import LEVERS_FILE, EdgeEngine, levers_from, search_params_from
-from services.store.engines.edge_config import EdgeLevers
-from services.store.engines.server import ServerEngine
+from services.store.edge import index as edge_index
+from services.store.edge.config import EdgeLevers
+from services.store.edge.engine import LEVERS_FILE, EdgeEngine, levers_from, search_params_from
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
+from services.store.server.engine import ServerEngine
 
 DIM = 32
 SPEC = CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=False)

@@ -11,7 +11,7 @@ from kit.fakes import HashTowers
 
 from services.query import QueryOptions, search
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 from services.store.sparse import default_embedder
 

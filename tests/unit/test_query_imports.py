@@ -33,7 +33,7 @@ NEVER = (  # what a dense query on the embedded store does not need; a name or a
     "services.ingest", "services.readers", "services.ingest.chunking", "services.ingest.language", "services.jobs",
     "services.core.locks", "services.lifecycle", "services.store.sparse", "services.store.bm25",
     "services.store.bm25_upkeep",
-    "services.store.engines.server", "services.lab",
+    "services.store.server.engine", "services.lab",
     "encoders.multilingual", "encoders.onnx_export", "entrypoints.cli.ingest", "entrypoints.cli.train",
     "entrypoints.cli.workers", "entrypoints.status", "workers", "rich.progress",
 )

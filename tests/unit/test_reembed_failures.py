@@ -92,8 +92,8 @@ def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while
     from services.lifecycle.copy import pending_batches
     from services.lifecycle.verify import diff
     from services.store import Store
-    from services.store.engines.edge import EdgeEngine
-    from services.store.generation_lock import GenerationLock
+    from services.store.edge.engine import EdgeEngine
+    from services.store.edge.generation_lock import GenerationLock
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))  # every run of calls ends by unlocking
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
@@ -137,7 +137,7 @@ def test_a_copy_that_cannot_be_taken_beside_the_holder_is_taken_under_the_lease(
     """A swap cut short between its renames (no ``shard``, only ``shard.next``) fails the copy taken without the
     lock; the read then copies under the lease (which finishes the swap first) and a dead reader's copy goes."""
     from services.store import Store
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(10)]

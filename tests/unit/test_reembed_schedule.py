@@ -11,7 +11,7 @@ from services.core.errors import ConfigError
 from services.core.settings import ReembedSettings, Settings
 from services.lifecycle import ReembedState, check_needed, save_state
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec
 from workers.beat import beat_schedule, run_beat
 

@@ -18,8 +18,8 @@ from qdrant_client import QdrantClient
 from services.core.errors import StoreUnavailable
 from services.core.settings import QdrantSettings
 from services.store import Store
-from services.store.engines.server import ServerEngine
 from services.store.points import CollectionSpec
+from services.store.server.engine import ServerEngine
 
 SPEC = CollectionSpec(dim=8, distance="cosine", model="m@1")
 CLUSTER = QdrantSettings(

@@ -26,8 +26,8 @@ from services.ops.snapshots import create_snapshot, read_manifest, restore_snaps
 from services.query import QueryOptions
 from services.readers import Document
 from services.store import Store
-from services.store.engines import server_snapshots
-from services.store.engines.server import ServerEngine
+from services.store.server import snapshots as server_snapshots
+from services.store.server.engine import ServerEngine
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import pytest
 
 from services.store import Store
 from services.store import bm25 as store_bm25
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest, SparseVector
 from services.store.sparse import Bm25Embedder, default_embedder, embedder_for
 
@@ -28,7 +28,7 @@ def new_store(root: Path, enc: Bm25Embedder | None = None, engine: str = "edge")
     else:
         from qdrant_client import QdrantClient
 
-        from services.store.engines.server import ServerEngine
+        from services.store.server.engine import ServerEngine
 
         store = Store(ServerEngine(QdrantClient(location=":memory:"), "c", owns_client=True))
     store.ensure_collection(CollectionSpec(dim=2, distance="cosine", model="m", sparse=True,

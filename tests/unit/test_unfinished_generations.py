@@ -27,7 +27,7 @@ from services.lifecycle.progress import reembed_job_id
 from services.lifecycle.state import ReembedState
 from services.readers import Document
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec
 from workers import executor as workers_executor
 

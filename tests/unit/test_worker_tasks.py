@@ -22,7 +22,7 @@ from services.ingest.pipeline import IngestReport
 from services.jobs import JobStore, RedisHashes
 from services.readers import Document
 from services.store import Store
-from services.store.engines.edge import EdgeEngine
+from services.store.edge.engine import EdgeEngine
 from workers import tasks
 from workers.app import celery_config, create_app, worker_settings
 

@@ -25,7 +25,7 @@ generation they touch. Locks are taken in the order calls touch generations. A p
 the generations it only keeps idle from an earlier run of calls when another process wants them, so two
 processes wanting each other's generation do not deadlock; two runs of calls each using one and waiting for the
 other are settled by ``lock_timeout`` (a ``StoreUnavailable``, which callers retry). The lock files themselves:
-``services/store/generation_lock.py``.
+``services/store/edge/generation_lock.py``.
 
 In one process every engine of a directory shares one lease (``lease_for``), and a re-entrant mutex serialises
 threads. Around ``os.fork()`` the parent hands everything back and the child drops what it inherited; at exit
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from qdrant_edge import EdgeShard
 
 from services.core.errors import StoreUnavailable
-from services.store.generation_lock import GenerationLock, busy, lock_file
+from services.store.edge.generation_lock import GenerationLock, busy, lock_file
 
 if TYPE_CHECKING:
     from services.core.locks import FileLease

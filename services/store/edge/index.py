@@ -50,7 +50,7 @@ from services.core.errors import StoreUnavailable
 from services.core.fsutil import Noted, copy_tree_changed, tracks_mapped_writes, write_atomic
 
 if TYPE_CHECKING:
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ _BUILD_LOCK = ".index.lock"
 _BUILD_TIMEOUT = 6 * 3600  # seconds; a build that takes longer is killed and reported
 _STEP_TIMEOUT = 3600  # seconds for one replay round, or for closing the copy
 _CATCH_UP_ROUNDS, _CATCH_UP_ENOUGH = 8, 16  # replay rounds off the lease; a round this short ends them
-_CHILD = "from services.store.engines.edge_index import child_main; child_main()"
+_CHILD = "from services.store.edge.index import child_main; child_main()"
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -230,7 +230,7 @@ class BuildChild:
                                    "run `dpr optimize` again on a quieter machine")
         words = self._proc.stdout.readline().split()
         if words[:1] == ["broken"]:
-            from services.store.engines import edge_journal
+            from services.store.edge import journal as edge_journal
 
             raise edge_journal.JournalBroken(" ".join(words[1:]))
         if words[:1] != [expected]:
@@ -248,8 +248,8 @@ def child_main() -> None:
     it built), then answers ``replay`` and ``close`` on stdin (EOF: the builder gave up)."""
     from qdrant_edge import EdgeShard
 
-    from services.store.engines import edge_journal
-    from services.store.engines.edge_config import (
+    from services.store.edge import journal as edge_journal
+    from services.store.edge.config import (
         EdgeLevers,
         budget_levers,
         build_segments,
@@ -321,7 +321,7 @@ def split_copy(shard: Any, path: Path, config: Any, levers: Any, points: int, pa
     closed."""
     from qdrant_edge import EdgeShard, Point, ScrollRequest, UpdateOperation
 
-    from services.store.engines.edge_config import payload_indexes
+    from services.store.edge.config import payload_indexes
 
     fresh = path.with_name(PARTS)
     shutil.rmtree(fresh, ignore_errors=True)
@@ -358,7 +358,7 @@ def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, bui
 
     from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, Ranked, calibrate
     from services.store.common import serving_mode
-    from services.store.engines.edge_config import dense_params, query_request, scored
+    from services.store.edge.config import dense_params, query_request, scored
     from services.store.points import DENSE, SPARSE, SparseVector
 
     if target <= 0 or "hnsw" not in segment_kinds(shard_dir):
@@ -408,8 +408,8 @@ def optimize(engine: EdgeEngine, generation: str) -> bool:
     """Steps 1-4 above for ``engine``'s ``generation`` (``EdgeEngine.optimize``): True if the built copy was swapped
     in; False if nothing changed, another process is building, or the journal could not bring the copy up to date
     (the copy is then dropped and nothing is lost)."""
-    from services.store.engines import edge_journal  # builders only: `dpr query` never loads it
-    from services.store.engines.edge_config import levers_of
+    from services.store.edge import journal as edge_journal  # builders only: `dpr query` never loads it
+    from services.store.edge.config import levers_of
 
     gen_dir = engine.generations_dir / generation
     lease = engine.lease
@@ -481,7 +481,7 @@ def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild) -> int:
     copy holds as many points: a count that differs (a write the journal missed) raises ``JournalBroken`` and the
     copy is dropped. A shard open elsewhere is not loaded just to count (7-8 s at 1M points, under the lease): the
     journal is trusted. Returns the writes replayed in this round."""
-    from services.store.engines import edge_journal
+    from services.store.edge import journal as edge_journal
 
     records, copied = child.replay()
     opened = engine.lease.opened(generation)

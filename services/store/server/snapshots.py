@@ -40,7 +40,7 @@ from services.store.common import missing_generation
 from services.store.points import CollectionSpec
 
 if TYPE_CHECKING:
-    from services.store.engines.server import ServerEngine
+    from services.store.server.engine import ServerEngine
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Two per generation, each ``flock``-ed exclusively and recording its holder (``pi
 (the generation's files: writing the shard, loading it, copying or swapping it) and ``A/locks/G.open`` (having its
 shard open: qdrant-edge lets one process load a shard directory). ``A/locks/G.lock.wait`` (``G.open.wait``) is
 touched by every process waiting for one, so the holder can tell that someone wants it (``wanted``). Which
-generations a process holds and when it hands them on is ``ShardLease``'s business (``services/store/lease.py``);
+generations a process holds and when it hands them on is ``ShardLease``'s business (``services/store/edge/lease.py``);
 this module is only the files.
 """
 

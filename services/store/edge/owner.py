@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from services.core.errors import StoreUnavailable
 
 if TYPE_CHECKING:
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
     from services.store.frontend import Store
 
 log = logging.getLogger(__name__)

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.core.errors import CollectionNotFound, SnapshotError
-from services.store.engines import edge_index
-from services.store.engines.edge_config import LEVERS_FILE
+from services.store.edge import index as edge_index
+from services.store.edge.config import LEVERS_FILE
 from services.store.points import CollectionSpec
 
 if TYPE_CHECKING:
-    from services.store.engines.edge import EdgeEngine
+    from services.store.edge.engine import EdgeEngine
 
 
 def snapshot_generation(engine: EdgeEngine, dest: Path) -> tuple[str, CollectionSpec, int]:

@@ -8,7 +8,7 @@ On disk, for collection (alias) ``A`` under ``settings.store_dir``::
     A/generations/A__g0001/spec.json     CollectionSpec.to_json()
     A/generations/A__g0001/shard/        one EdgeShard (WAL, segments, payload indexes)
 
-Every call runs under the directory's ``ShardLease`` (``services/store/lease.py``): each generation a call touches
+Every call runs under the directory's ``ShardLease`` (``services/store/edge/lease.py``): each generation a call touches
 is locked for one process at a time, its shard opened lazily and released when idle, so a process reading one
 generation and another writing the next do not take turns. The pointer and the spec files are written
 atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
@@ -16,7 +16,7 @@ atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
 swap (``edge_index.py``); writes made meanwhile are journaled and replayed onto the copy (``edge_journal.py``);
 segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many points arrived since the
-last build. Beside it: ``edge_snapshots.py``, ``edge_config.py`` (config, levers).
+last build. Beside it: ``snapshots.py``, ``config.py`` (config, levers).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from services.core.errors import ConfigError
 from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
 from services.core.settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
-from services.store.engines import edge_index
-from services.store.engines.edge_config import (  # converters
+from services.store.edge import index as edge_index
+from services.store.edge.config import (  # converters
     BUDGETED,
     LEVERS_FILE,
     EdgeLevers,
@@ -71,18 +71,18 @@ from services.store.engines.edge_config import (  # converters
     to_filter,
     upsert_operation,
 )
-from services.store.generation_lock import lock_file
-from services.store.lease import ShardLease, lease_for
+from services.store.edge.generation_lock import lock_file
+from services.store.edge.lease import ShardLease, lease_for
 from services.store.points import CollectionSpec, SparseVector, point_records
 from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
-    from services.store.engines.edge_owner import OwnerClient
+    from services.store.edge.owner import OwnerClient
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LEVERS_FILE", "EdgeEngine", "levers_from", "search_params_from"]  # the levers live in edge_config
+__all__ = ["LEVERS_FILE", "EdgeEngine", "levers_from", "search_params_from"]  # the levers live in config.py
 
 _DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
 
@@ -120,7 +120,7 @@ class EdgeEngine:
         (``services.store.calibrate``). ``memory_budget_mb``: the levers not in ``fixed_levers`` (those the user
         set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``.
         ``serve_writes``: the point reads and writes of a generation that `dpr serve` has open run there
-        (``edge_owner``)."""
+        (``edge/owner.py``)."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -169,7 +169,7 @@ class EdgeEngine:
     @property
     def generations_dir(self) -> Path:
         """One folder per generation (its shard, spec and index record); the index build and snapshots work
-        there too (``edge_index``, ``edge_snapshots``)."""
+        there too (``index.py``, ``snapshots.py``)."""
         return self.root / "generations"
 
     def _spec_path(self, generation: str) -> Path:
@@ -341,7 +341,7 @@ class EdgeEngine:
 
     def _journal(self, generation: str, operation: str, argument: Any) -> None:
         """After the shard took a write: journal it if an index build runs (it replays the write onto its copy)."""
-        from services.store.engines import edge_journal  # writers only: `dpr query` never loads it
+        from services.store.edge import journal as edge_journal  # writers only: `dpr query` never loads it
 
         edge_journal.record(self.generations_dir / generation, operation, argument)
 
@@ -354,14 +354,14 @@ class EdgeEngine:
             diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
             yield
 
-    # -- snapshots: edge_snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
+    # -- snapshots: snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        from services.store.engines.edge_snapshots import snapshot_generation  # only `dpr snapshot` loads it
+        from services.store.edge.snapshots import snapshot_generation  # only `dpr snapshot` loads it
 
         return snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        from services.store.engines.edge_snapshots import restore_generation
+        from services.store.edge.snapshots import restore_generation
 
         restore_generation(self, source, generation)
 
@@ -500,7 +500,7 @@ class EdgeEngine:
     def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` (None:
-        the active one) open and this process neither has it open nor holds it (``edge_owner``): ``(True, answer)``;
+        the active one) open and this process neither has it open nor holds it (``edge/owner.py``): ``(True, answer)``;
         else ``(False, None)``, run it here. With ``serve_writes`` off: no I/O at all."""
         if not self._serve_writes:
             return False, None
@@ -508,7 +508,7 @@ class EdgeEngine:
         if name is None or self.serves(name) or self.lease.holds(name):
             return False, None
         if self._owner is None:
-            from services.store.engines.edge_owner import OwnerClient  # writers only: `dpr query` never loads it
+            from services.store.edge.owner import OwnerClient  # writers only: `dpr query` never loads it
 
             self._owner = OwnerClient(self.root.parent, self.lock_timeout)
         return self._owner.call(self.alias, name, call, args, kwargs)

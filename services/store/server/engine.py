@@ -36,7 +36,6 @@ from services.store.common import (
     generation_number,
     missing_generation,
 )
-from services.store.engines.server_convert import scored, to_filter, to_vector, to_where
 from services.store.points import (
     DENSE,
     INDEXED_INTEGERS,
@@ -47,6 +46,7 @@ from services.store.points import (
     point_records,
 )
 from services.store.protocol import Branch, PointRecord, Record, Vector
+from services.store.server.convert import scored, to_filter, to_vector, to_where
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
@@ -142,12 +142,12 @@ class ServerEngine:
 
     # -- snapshots: server_snapshots.py (Qdrant's snapshot API; the file moved over HTTP, checked) ---------
     def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        from services.store.engines.server_snapshots import snapshot_generation  # only `dpr snapshot` loads it
+        from services.store.server.snapshots import snapshot_generation  # only `dpr snapshot` loads it
 
         return snapshot_generation(self, dest)
 
     def restore_generation(self, source: Path, generation: str) -> None:
-        from services.store.engines.server_snapshots import restore_generation
+        from services.store.server.snapshots import restore_generation
 
         restore_generation(self, source, generation)
 
