@@ -196,6 +196,11 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
+# the steps an ingest job times (IngestReport): label, report key less "_seconds"
+STEPS = (("the tower", "encode"), ("store writes", "upsert"), ("chunking", "chunk"), ("BM25 vectors", "sparse"),
+         ("parsing (beside the tower)", "parse"))
+
+
 def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rounds: int,
                    cases: tuple[str, ...] = ("warm", "first", "avx2")) -> list[str]:
     jsonl = work / "docs.jsonl"
@@ -214,8 +219,10 @@ def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rou
     every = {"warm": ("warm: the machine ran `dpr` before", {}, False),
              "first": ("first ever: empty cache, export paid", {}, True),
              "avx2": ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False)}
+    notes: list[str] = []
     for case, extra, fresh_cache in (every[c] for c in cases):
         ours, theirs, shares = [], [], []
+        steps: list[dict[str, float]] = []
         backend = ""
         for _ in range(rounds):
             data = work / "dd"
@@ -231,13 +238,22 @@ def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rou
             report = json.loads(out)
             ours.append(seconds)
             shares.append(report["encode_seconds"] / seconds)
+            steps.append({name: float(report.get(f"{key}_seconds", 0.0)) for name, key in STEPS})
             status = json.loads(run([dpr, "status", "--json"], env)[1])
             backend = status["towers"]["passages"]["backend"]
             theirs.append(run(peer, {**base_env, **extra})[0])
         ratio = statistics.median(theirs) / statistics.median(ours)
         rows.append(f"| {case} | {' / '.join(f'{s:.1f}' for s in ours)} | {' / '.join(f'{s:.1f}' for s in theirs)} "
                     f"| **{ratio:.2f}x** | {backend} | {100 * statistics.median(shares):.0f}% |")
-    return rows
+        wall = statistics.median(ours)
+        spent = {name: statistics.median(s[name] for s in steps) for name, _ in STEPS}
+        rest = wall - sum(v for k, v in spent.items() if k != "parsing (beside the tower)")
+        notes.append(f"- {case}: of {wall:.1f} s, " + ", ".join(f"{k} {v:.1f} s ({100 * v / wall:.0f}%)"
+                                                             for k, v in spent.items())
+                     + f"; the rest, start-up (imports, the towers' load) and the end-of-job index build, "
+                     f"{rest:.1f} s ({100 * rest / wall:.0f}%)")
+    return [*rows, "", "Where `dpr ingest`'s wall time went (medians of the rounds, from its `--json` report):", "",
+            *notes]
 
 
 QUERY_CHILD = """

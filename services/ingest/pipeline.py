@@ -49,8 +49,10 @@ class IngestReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     failed: list[dict[str, str]] = field(default_factory=list)
     seconds: float = 0.0
-    encode_seconds: float = 0.0
-    upsert_seconds: float = 0.0
+    encode_seconds: float = 0.0  # the passage tower
+    upsert_seconds: float = 0.0  # the store's writes
+    chunk_seconds: float = 0.0  # tokenising and cutting passages
+    sparse_seconds: float = 0.0  # BM25 vectors
     parsed: int = 0  # binary files parsed in this batch (a FileRef found unchanged by its signature is not)
     parse_seconds: float = 0.0
     parsed_by: str = ""  # host:pid of the process that parsed them
@@ -69,6 +71,8 @@ class IngestReport:
         self.failed.extend(other.failed)
         self.encode_seconds += other.encode_seconds
         self.upsert_seconds += other.upsert_seconds
+        self.chunk_seconds += other.chunk_seconds
+        self.sparse_seconds += other.sparse_seconds
         self.parsed += other.parsed
         self.parse_seconds += other.parse_seconds
         self.parsed_by = self.parsed_by or other.parsed_by
@@ -84,6 +88,9 @@ class IngestReport:
             "failed": self.failed,
             "seconds": round(self.seconds, 3),
             "encode_seconds": round(self.encode_seconds, 3),
+            "upsert_seconds": round(self.upsert_seconds, 3),
+            "chunk_seconds": round(self.chunk_seconds, 3),
+            "sparse_seconds": round(self.sparse_seconds, 3),
             "parsed": self.parsed,
             "parse_seconds": round(self.parse_seconds, 3),
             **({"parsed_by": self.parsed_by} if self.parsed_by else {}),
@@ -197,6 +204,7 @@ def _write_documents(
     generation: str,
 ) -> None:
     states = store.doc_states(list(docs), generation=generation)
+    t0 = time.perf_counter()
 
     planned: list[tuple[Document, list[Chunk]]] = []
     for doc in docs.values():
@@ -223,6 +231,7 @@ def _write_documents(
             continue
         report.title_truncated += int(title_truncated)
         planned.append((doc, chunks))
+    report.chunk_seconds += time.perf_counter() - t0
 
     if planned:
         _encode_and_store(planned, report, store=store, towers=towers, sparse=sparse, batch_size=batch_size,
@@ -245,7 +254,9 @@ def _encode_and_store(
     lengths = [c.tokens for _, chunks in planned for c in chunks]
     vectors = encode_by_length(towers, texts, lengths, batch_size)  # (n_passages, dim)
     report.encode_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
     sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
+    report.sparse_seconds = time.perf_counter() - t0
     now = now_iso()
     points: list[PassagePoint] = []
     for doc, chunks in planned:

@@ -48,6 +48,8 @@ KEEP_RECORDS = 1000  # failure and skip records kept in full per job; the rest a
 
 # Keys of IngestReport.to_json() summed / concatenated over batches.
 COUNTERS = ("documents", "unchanged", "chunks", "title_truncated", "parsed")
+# where a job's time went, summed over its batches (parsing overlaps the tower: the sum can exceed the wall time)
+STEP_SECONDS = ("encode_seconds", "upsert_seconds", "chunk_seconds", "sparse_seconds", "parse_seconds")
 
 
 class JobNotFound(PermanentError):
@@ -214,7 +216,7 @@ def summarize(
     totals = {"skipped": int(meta.get("skipped_total") or len(skipped)),
               "failed": int(meta.get("failed_total") or len(failed))}
     counts = dict.fromkeys(COUNTERS, 0)
-    encode_seconds = parse_seconds = 0.0
+    seconds = dict.fromkeys(STEP_SECONDS, 0.0)  # summed over the batches
     parsed_by: list[str] = []  # the processes that parsed this job's binary files (host:pid)
     errors: list[dict[str, Any]] = []
     finished = created
@@ -222,8 +224,8 @@ def summarize(
         result = batches[number]
         for name in COUNTERS:
             counts[name] += int(result.get(name, 0) or 0)
-        encode_seconds += float(result.get("encode_seconds", 0) or 0)
-        parse_seconds += float(result.get("parse_seconds", 0) or 0)
+        for name in STEP_SECONDS:
+            seconds[name] += float(result.get(name, 0) or 0)
         if result.get("parsed_by") and result["parsed_by"] not in parsed_by:
             parsed_by.append(str(result["parsed_by"]))
         for name, kept in (("skipped", skipped), ("failed", failed)):
@@ -252,8 +254,7 @@ def summarize(
         "failed_total": totals["failed"],
         "errors": errors,
         "seconds": round(max(0.0, end - created), 3),
-        "encode_seconds": round(encode_seconds, 3),
-        "parse_seconds": round(parse_seconds, 3),
+        **{name: round(value, 3) for name, value in seconds.items()},
         "batches_pending": pending,
     }
     if parsed_by:

@@ -116,6 +116,15 @@ def test_summarize_counts_running_with_unfinished_batches() -> None:
     assert (status["state"], status["batches_done"], status["seconds"]) == ("running", 1, 10.0)
 
 
+def test_summarize_adds_where_each_batch_spent_its_time() -> None:
+    meta = {"job": "j", "sealed": "1", "batches": "2", "created": "10"}
+    batches = {n: {**batch_result(documents=1, chunks=2), "encode_seconds": 2.0 + n, "upsert_seconds": 0.25,
+                   "chunk_seconds": 0.5, "sparse_seconds": 0.125} for n in (0, 1)}
+    status = summarize(meta, batches, {}, now=20.0)
+    assert (status["encode_seconds"], status["upsert_seconds"], status["chunk_seconds"],
+            status["sparse_seconds"], status["parse_seconds"]) == (5.0, 0.5, 1.0, 0.25, 0.0)
+
+
 def test_submitted_batches_name_what_is_still_missing(jobs: JobStore) -> None:
     jobs.create("j1")
     jobs.record_submitted("j1", 0, ["a", "b"])
