@@ -62,7 +62,12 @@ class Choice:
 def cpu_flags(cpuinfo: Path = CPUINFO, env: Mapping[str, str] | None = None) -> frozenset[str]:
     """The CPU's feature flags (``/proc/cpuinfo``), less those ``ONEDNN_MAX_CPU_ISA`` caps (a prefix match: AVX2
     removes every ``avx512*`` and ``amx*`` flag). Empty where there is no cpuinfo (not Linux)."""
-    cap = (env if env is not None else os.environ).get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    cap = (env if env is not None else os.environ).get("ONEDNN_MAX_CPU_ISA", "")
+    return _masked_flags(cpuinfo, cap.strip().upper())
+
+
+@functools.lru_cache(maxsize=8)
+def _masked_flags(cpuinfo: Path, cap: str) -> frozenset[str]:  # once a process: each question asks (choose)
     masked = _MASKS.get(cap, ())
     return frozenset(f for f in _read_flags(cpuinfo) if not any(f.startswith(m) for m in masked))
 
