@@ -45,10 +45,11 @@ class ApiState:
         s = self.settings
         if s.qdrant_url or not s.edge.serve_writes:
             return
+        from services.store import Answers
         from services.store.edge.engine import EdgeEngine
         from services.store.edge.owner import Owner
 
-        owner = Owner(s.store_dir, lambda alias: EdgeEngine.from_settings(s.for_collection(alias)))
+        owner = Owner(s.store_dir, Answers(lambda alias: EdgeEngine.from_settings(s.for_collection(alias))))
         if owner.start():
             self.owner = owner
 

@@ -124,10 +124,9 @@ class Store:
             return generation, cached.active.spec  # dim, distance, model and sparse never change
         return generation, self.engine.read_spec(generation)
 
-    def _elsewhere(self, call: str, generation: str | None, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        """``(True, answer)`` where the process serving the generation ran this call (the embedded engine beside
-        `dpr serve`: ``edge/owner.py``); else ``(False, None)``."""
-        return self.engine.elsewhere(generation, call, args, kwargs)
+    def _counted_elsewhere(self, generation: str | None) -> int | None:
+        """The generation's points as counted by the process serving it (``ServedStore``); None: here."""
+        return None
 
     @contextlib.contextmanager
     def _use(self, generation: str | None) -> Iterator[tuple[str, CollectionSpec]]:
@@ -241,10 +240,10 @@ class Store:
         return changed
 
     def maybe_optimize(self, generation: str | None = None) -> bool:
-        owned, points = self._elsewhere("count", generation)  # beside `dpr serve`: counted there, not loaded here
+        points = self._counted_elsewhere(generation)  # beside `dpr serve`: counted there, not loaded here
         try:
             with self._use(generation) as (name, _):
-                due = self.engine.needs_index(name, points if owned else None)
+                due = self.engine.needs_index(name, points)
         except CollectionNotFound:
             return False  # a job that stored nothing: no collection to index
         if due:  # a server's is a search-ef calibration only: no BM25 re-weighting beside its writers (below)
@@ -270,8 +269,6 @@ class Store:
 
         if not points:
             return
-        if self._elsewhere("upsert", generation, points, replace=replace)[0]:
-            return
         versions = document_versions(points) if replace else {}
         with self._use(generation) as (name, spec):
             for p in points:
@@ -296,9 +293,6 @@ class Store:
     def bm25_renormalize(self, generation: str | None = None, tolerance: float | None = None) -> int:
         """Re-weight the points whose BM25 weights use an average length more than ``tolerance`` (default
         ``bm25.DRIFT``) off the generation's own; returns how many were rewritten (``bm25_upkeep.renormalize``)."""
-        owned, rewritten = self._elsewhere("bm25_renormalize", generation, tolerance=tolerance)
-        if owned:
-            return rewritten  # type: ignore[no-any-return]
         import services.store.bm25_upkeep as upkeep
 
         if tolerance is None:
@@ -309,9 +303,6 @@ class Store:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return {}
-        owned, states = self._elsewhere("doc_states", generation, wanted)
-        if owned:
-            return states  # type: ignore[no-any-return]
         groups: DocStateGroups = {}
         with self._use(generation) as (name, _):
             for records in self._pages(name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
@@ -322,8 +313,6 @@ class Store:
     def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
         if keep_chunks < 0:
             raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
-        if self._elsewhere("delete_stale", generation, doc_id, keep_doc_hash, keep_chunks)[0]:
-            return
         import services.store.bm25_upkeep as upkeep
 
         with self._use(generation) as (name, spec):
@@ -334,9 +323,6 @@ class Store:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return 0
-        owned, removed = self._elsewhere("delete_documents", generation, wanted)
-        if owned:
-            return removed  # type: ignore[no-any-return]
         import services.store.bm25_upkeep as upkeep
 
         where = documents_filter(wanted)
@@ -348,9 +334,6 @@ class Store:
         return removed
 
     def count(self, generation: str | None = None) -> int:
-        owned, counted = self._elsewhere("count", generation)
-        if owned:
-            return counted  # type: ignore[no-any-return]
         with self._use(generation) as (name, _):
             return self.engine.count(name)
 
@@ -380,9 +363,6 @@ class Store:
             yield [Passage.from_payload(payload) for _, payload in records]
 
     def documents(self, generation: str | None = None) -> dict[str, str]:
-        owned, found_there = self._elsewhere("documents", generation)
-        if owned:
-            return found_there  # type: ignore[no-any-return]
         with self._use(generation) as (name, _):
             pass
         found: dict[str, str] = {}

@@ -234,13 +234,6 @@ class Engine(Protocol):
         """Exact, or None at once when another process holds ``generation`` (edge); never waits for it."""
         ...
 
-    def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """``(True, answer)`` where another process that serves ``generation`` (None: the active one) ran
-        ``Store.call`` for this one (the embedded engine: `dpr serve`, which has the shard open); ``(False, None)``:
-        run it here."""
-        ...
-
     def scroll(
         self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> tuple[list[Record], Any]:

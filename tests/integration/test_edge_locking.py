@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.core.errors import StoreUnavailable
-from services.store import Store
+from services.store import ServedStore, Store
 from services.store.edge.engine import EdgeEngine
 from services.store.edge.lease import lease_for
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
@@ -550,7 +550,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_blocks_the_next(tmp_path
 
 def _writer_beside_a_server(store_dir: str, batches: int, results: mp.Queue) -> None:
     """A worker's writes and reads (``serve_writes``: through the server where it has the generation open)."""
-    store = Store(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05, serve_writes=True))
+    store = ServedStore(EdgeEngine(store_dir, ALIAS, lock_timeout=30, idle_release=0.05))
     try:
         for b in range(batches):
             store.upsert(_points(7, b, 20))
@@ -570,12 +570,13 @@ def test_a_writer_in_another_process_writes_through_the_server_that_has_the_gene
     """`dpr worker` / `dpr ingest` beside `dpr serve`: the writer's reads and writes of the served generation run
     in the server (``edge/owner.py``), so the server never closes its shard and loads it again (each turn of the
     lease a stall of every question); with no server answering, the writer takes the generation as before."""
+    from services.store import Answers
     from services.store.edge.owner import Owner
 
     server, loads = _server_over(store_dir, 10, monkeypatch)
-    owner = Owner(Path(store_dir), lambda alias: EdgeEngine(store_dir, alias, lock_timeout=30, idle_release=3600))
+    owner = Owner(Path(store_dir), Answers(lambda a: EdgeEngine(store_dir, a, lock_timeout=30, idle_release=3600)))
     assert owner.start()
-    assert not Owner(Path(store_dir), lambda alias: server.engine).start()  # one owner per store directory
+    assert not Owner(Path(store_dir), Answers(lambda a: EdgeEngine(store_dir, a))).start()  # one owner per directory
     probe = SearchRequest(dense=[1.0, 0.0, 0.0, 0.0], k=5)
     assert len(server.search(probe)) == 5 and len(loads) == 1
     results: mp.Queue = CTX.Queue()

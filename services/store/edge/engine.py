@@ -78,7 +78,6 @@ from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
-    from services.store.edge.owner import OwnerClient
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,6 @@ class EdgeEngine:
         recall_target: float = _DEFAULTS.recall_target,
         memory_budget_mb: int | None = None,
         fixed_levers: Collection[str] = (),
-        serve_writes: bool = False,
     ):
         """``min_free_mb``: writes stop with ``DiskFull`` below it (``services.core.diskspace``); ``data_dir``: the data
         dir whose FORMAT is stamped on the first write (``services.core.datadir``); engines built by hand skip both.
@@ -118,9 +116,7 @@ class EdgeEngine:
         query (``hybrid_ef``; unset: ``search_params``); all from ``settings.edge`` (``levers_from``,
         ``search_params_from``). Where they name no ef, the ef each build calibrated for ``recall_target`` serves
         (``services.store.calibrate``). ``memory_budget_mb``: the levers not in ``fixed_levers`` (those the user
-        set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``.
-        ``serve_writes``: the point reads and writes of a generation that `dpr serve` has open run there
-        (``edge/owner.py``)."""
+        set) are the budget's choice (``budget_levers``) at creation and at each index build; None: ``levers``."""
         if lock_timeout <= 0:
             raise ConfigError(f"edge lock_timeout must be positive, got {lock_timeout}")
         if index_threshold < 1:
@@ -139,8 +135,6 @@ class EdgeEngine:
         self.recall_target = recall_target
         self.memory_budget_mb, self.fixed_levers = memory_budget_mb, list(fixed_levers)
         self._records: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # (generation, file) -> (mtime, read)
-        self._serve_writes = serve_writes
-        self._owner: OwnerClient | None = None  # made by the first writer's call
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -159,7 +153,6 @@ class EdgeEngine:
             recall_target=settings.edge.recall_target,
             memory_budget_mb=settings.edge.memory_budget_mb or machine_budget_mb(),
             fixed_levers=[k for k in BUDGETED if k in settings.edge.model_fields_set],
-            serve_writes=settings.edge.serve_writes,
         )
 
     def __repr__(self) -> str:
@@ -496,22 +489,6 @@ class EdgeEngine:
         if cached is None or cached[0] != stamp:
             cached = self._records[generation, name] = (stamp, read(self.generations_dir / generation))
         return cached[1]
-
-    def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """``Store.call`` run by the `dpr serve` process of this store directory where it has ``generation`` (None:
-        the active one) open and this process neither has it open nor holds it (``edge/owner.py``): ``(True, answer)``;
-        else ``(False, None)``, run it here. With ``serve_writes`` off: no I/O at all."""
-        if not self._serve_writes:
-            return False, None
-        name = generation or self.read_pointer()
-        if name is None or self.serves(name) or self.lease.holds(name):
-            return False, None
-        if self._owner is None:
-            from services.store.edge.owner import OwnerClient  # writers only: `dpr query` never loads it
-
-            self._owner = OwnerClient(self.root.parent, self.lock_timeout)
-        return self._owner.call(self.alias, name, call, args, kwargs)
 
     def serves(self, generation: str) -> bool:
         """This process has ``generation``'s shard open (the owner answers other processes' calls only for those)."""

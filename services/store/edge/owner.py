@@ -5,7 +5,8 @@ used to take the generation's lease from `dpr serve` for each batch: the server 
 it, wrote, and the server loaded it again on its next question (both loads hold the GIL: each one a stall of every
 question; at 1M passages 1-2 s a turn, results/query-speed/ingest-stalls.md). Now `dpr serve` (``Owner``) listens on
 an abstract Unix socket named after the store directory, and a process that does not hold the generation itself
-asks there first: the owner runs the call (``OWNED``: the point reads and writes an ingest makes) on its own engine,
+asks there first: the owner runs the call (the point reads and writes an ingest makes; ``ServedStore`` and
+``Answers`` in ``services/store/__init__.py`` are both ends' store side, this module the socket) on its own engine,
 with the shard it has open, journaled for an index build as its own writes are, and only for generations it has
 open (a re-embed's target generation, which it does not serve, is still written by the workers themselves).
 
@@ -31,18 +32,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.core.errors import StoreUnavailable
 
-if TYPE_CHECKING:
-    from services.store.edge.engine import EdgeEngine
-    from services.store.frontend import Store
-
 log = logging.getLogger(__name__)
 
-OWNED = frozenset({"upsert", "doc_states", "delete_stale", "delete_documents", "count", "documents",
-                   "bm25_renormalize"})  # the ``Store`` calls of an ingest job
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # a ``Store`` method and its arguments
+Answer = Callable[[str, str, Call], tuple[bool, Any]]  # (alias, generation, call) -> (ran here, its answer)
 _HEADER = struct.Struct("!I")
 _ABSENT_S = 2.0  # after a failed connect, seconds before asking the socket again
 _EXTRA_S = 30.0  # a call's answer may take the owner's lock wait (lock_timeout) and this much more
@@ -81,14 +78,12 @@ def _read(conn: socket.socket, size: int) -> bytes:
 
 
 class Owner:
-    """Answers ``OWNED`` calls of other processes on this process's engines (``engine_for(alias)``), for the
-    generations this process has open. ``start`` returns False where another process owns the directory."""
+    """Answers other processes' calls through ``answer`` (``services.store.Answers``: (False, None) for a generation
+    this process does not have open). ``start`` returns False where another process owns the directory."""
 
-    def __init__(self, store_dir: Path, engine_for: Callable[[str], EdgeEngine]) -> None:
+    def __init__(self, store_dir: Path, answer: Answer) -> None:
         self.address = address(store_dir)
-        self._engine_for = engine_for
-        self._stores: dict[str, tuple[EdgeEngine, Store]] = {}
-        self._stores_guard = threading.Lock()  # a thread per connection: one engine per alias
+        self._answer = answer
         self._socket: socket.socket | None = None
         self.calls = 0
 
@@ -131,33 +126,23 @@ class Owner:
         with conn:
             while True:
                 try:
-                    alias, method, generation, args, kwargs = _receive(conn)
-                except (ConnectionError, OSError, EOFError, struct.error, pickle.UnpicklingError, ValueError):
+                    alias, generation, call = _receive(conn)
+                except (ConnectionError, OSError, EOFError, struct.error, pickle.UnpicklingError, ValueError,
+                        AttributeError, ImportError):  # AttributeError, ImportError: a call this code does not have
                     return
                 try:
-                    answer = self._call(alias, method, generation, args, kwargs)
+                    ran, value = self._answer(alias, generation, call)
+                    self.calls += ran
+                    answer = ("ok", value) if ran else ("absent", None)
                 except Exception as e:  # the caller raises it as its own call would have
-                    answer = ("error", _portable(e, method))
+                    answer = ("error", _portable(e, _name(call)))
                 try:
                     _send(conn, answer)
                 except OSError:
                     return
 
-    def _call(self, alias: str, method: str, generation: str, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> tuple[str, Any]:
-        if method not in OWNED:
-            raise StoreUnavailable(f"the serving process does not run {method!r} for other processes")
-        with self._stores_guard:
-            if alias not in self._stores:
-                from services.store.frontend import Store
-
-                engine = self._engine_for(alias)
-                self._stores[alias] = (engine, Store(engine))
-            engine, store = self._stores[alias]
-        if not engine.serves(generation):
-            return "absent", None  # not a generation it serves: the caller takes it as before
-        self.calls += 1
-        return "ok", getattr(store, method)(*args, generation=generation, **kwargs)
+def _name(call: Any) -> str:
+    return str(getattr(call[0], "__name__", call[0])) if isinstance(call, tuple) and call else repr(call)
 
 
 def _portable(error: Exception, method: str) -> Exception:
@@ -188,8 +173,7 @@ class OwnerClient:
         self._local = threading.local()
         self._absent_until = 0.0
 
-    def call(self, alias: str, generation: str, method: str, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    def call(self, alias: str, generation: str, call: Call) -> tuple[bool, Any]:
         """``(True, answer)`` where the owner has ``generation`` open and ran the call (its error raised here);
         ``(False, None)``: run it here (no owner, it does not have the generation open, or it went away before
         answering)."""
@@ -197,11 +181,11 @@ class OwnerClient:
             return False, None
         try:
             conn = self._connection()
-            _send(conn, (alias, method, generation, args, kwargs))
+            _send(conn, (alias, generation, call))
             status, value = _receive(conn)
         except TimeoutError as e:
             self._drop()
-            raise StoreUnavailable(f"the serving process did not answer {method} within {self.timeout_s:.0f} s; "
+            raise StoreUnavailable(f"the serving process did not answer {_name(call)} within {self.timeout_s:.0f} s; "
                                    "retry, or check `dpr serve`") from e
         except (ConnectionError, OSError, EOFError, struct.error, pickle.UnpicklingError):
             self._drop()

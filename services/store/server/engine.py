@@ -389,10 +389,6 @@ class ServerEngine:
         with self._engine("count points", generation):
             return int(self.client.count(generation, count_filter=to_filter(where), exact=True).count)
 
-    def elsewhere(self, generation: str | None, call: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        return False, None  # every process talks to the server itself
-
     def count_if_free(self, generation: str) -> int | None:
         return self.count(generation)  # the server serves readers beside writers: never busy
 
