@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from dpr_client.wire import MAX_KEY_RATE, MIN_KEY_RATE
 from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, get_settings
 from services.access import ROLES, AuditLog, KeyStore, audit_path, keys_path
 
@@ -22,17 +23,20 @@ def register(app: typer.Typer) -> None:
     app.command("audit")(audit)
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def _store(ctx: typer.Context) -> KeyStore:
     return KeyStore(keys_path(get_settings(ctx).data_dir))
 
 
 def _audit(data_dir: Path, action: str, target: dict[str, Any]) -> None:
     """Key changes made on the command line land in the same audit log as the API's admin actions."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    AuditLog(audit_path(data_dir)).append({"who": {"id": "cli", "name": user}, "role": "admin", "action": action,
+    AuditLog(audit_path(data_dir)).append({"who": {"id": "cli", "name": _user()}, "role": "admin", "action": action,
                                            "target": target, "status": "ok", "client": "cli"})
 
 
@@ -43,15 +47,26 @@ def keys_create(
     collection: Annotated[list[str] | None, typer.Option(
         "--collection", help="Limit the key to this collection (repeat for several); default: every collection.")
     ] = None,
-    name: Annotated[str, typer.Option(help="Who or what holds the key (shown in `dpr keys list` and the audit log).")
-                    ] = "",
+    name: Annotated[str | None, typer.Option(
+        help="Who or what holds the key (shown in `dpr keys list` and the audit log); default: who made it, "
+             "'USER (dpr keys create)'.")] = None,
     rate: Annotated[float | None, typer.Option(
-        help="This key's requests per second (default DPR_API__RATE_LIMIT).")] = None,
+        help=f"This key's requests per second, {MIN_KEY_RATE:g} to {MAX_KEY_RATE:,.0f} (default "
+             "DPR_API__RATE_LIMIT).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Create a key and print its token once (only its SHA-256 is stored: a lost token cannot be shown again)."""
     if role not in ROLES:
         fail(f"--role {role!r} is not a role; use one of {', '.join(ROLES)}", code=EXIT_USAGE)
+    # the rules the API's POST /v1/keys holds a key to (dpr_client.wire.KeyIn), so a key is the same however made
+    if name is not None and not name.strip():
+        fail("--name is blank; name who or what holds the key (e.g. --name ci-reader), or leave --name out",
+             code=EXIT_USAGE)
+    if rate is not None and not MIN_KEY_RATE <= rate <= MAX_KEY_RATE:
+        fail(f"--rate {rate:g} is out of bounds; use {MIN_KEY_RATE:g} to {MAX_KEY_RATE:,.0f} requests per second, "
+             "or leave it out for DPR_API__RATE_LIMIT", code=EXIT_USAGE)
+    if name is None:
+        name = f"{_user()} (dpr keys create)"
     store = _store(ctx)
     with cli_errors():
         key, token = store.create(role, collection, name=name, rate=rate)

@@ -249,8 +249,15 @@ def test_keys_cli(tmp_path: Path) -> None:
     assert key["role"] == "write" and key["collections"] == ["a", "b"] and key["token"].startswith("dpr_")
     plain = runner.invoke(cli, [*base, "keys", "create", "--role", "read"])
     assert plain.exit_code == 0 and plain.stdout.strip().startswith("dpr_")
+    # the API's rules for a key (a name, a sane rate) hold on the command line too
+    blank = runner.invoke(cli, [*base, "keys", "create", "--role", "read", "--name", "  "])
+    assert blank.exit_code == 2 and "--name is blank" in blank.output
+    for rate in ("5e-324", "0", "100001"):
+        wild = runner.invoke(cli, [*base, "keys", "create", "--role", "read", "--rate", rate])
+        assert wild.exit_code == 2 and "0.1 to 100,000" in wild.output, (rate, wild.output)
     listed = json.loads(runner.invoke(cli, [*base, "keys", "list", "--json"]).stdout)
     assert [k["role"] for k in listed["keys"]] == ["write", "read"] and "token" not in json.dumps(listed)
+    assert listed["keys"][1]["name"].endswith("(dpr keys create)")  # who made it, when no name was given
     assert "hash" not in json.dumps(listed)
     bad = runner.invoke(cli, [*base, "keys", "create", "--role", "root"])
     assert bad.exit_code == 2 and "use one of read, write, admin" in bad.output
