@@ -2,8 +2,9 @@
 the generation's stats record kept current on upsert and delete, and the re-weighting of drifted points.
 
 ``Store`` (``services.store.frontend``) calls these on its write paths only (upsert, delete, optimize): a search
-never loads this module or ``bm25``, so `dpr query` on a dense collection does not import them. Each function
-takes the store and runs inside its engine sessions, as the ``Store`` methods that call it do.
+never loads this module or ``bm25``, so `dpr query` on a dense collection does not import them. Each works on one
+generation of an engine (``name``, the caller resolved it), inside the caller's engine sessions; one that rewrites
+the spec calls ``changed()`` after (the store's cached active generation is stale).
 """
 
 from __future__ import annotations
@@ -11,19 +12,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import services.store.bm25 as bm25
 from services.store.common import Where, stale_filter
 from services.store.points import SPARSE, CollectionSpec, PassagePoint, SparseVector, point_id
-
-if TYPE_CHECKING:
-    from services.store.frontend import Store
+from services.store.protocol import Engine, pages
 
 log = logging.getLogger(__name__)
 
 SCAN_BATCH = 1024
 Finish = Callable[[dict[str, tuple[str, int]]], None]
+Changed = Callable[[], None]
 
 
 def payload(point: PassagePoint) -> dict[str, Any]:
@@ -36,20 +36,12 @@ def payload(point: PassagePoint) -> dict[str, Any]:
     return out
 
 
-def stats(store: Store, generation: str | None = None) -> bm25.Bm25Stats:
-    """The generation's BM25 stats record: total tokens and passages of the points that carry a length."""
-    with store._use(generation) as (name, _):
-        return bm25.read_stats(store.engine.read_spec(name), name)
-
-
-def prepare_upsert(
-    store: Store, name: str, spec: CollectionSpec, points: Sequence[PassagePoint], replace: bool
-) -> tuple[Sequence[PassagePoint], Finish]:
+def prepare_upsert(engine: Engine, name: str, spec: CollectionSpec, points: Sequence[PassagePoint], replace: bool,
+                   changed: Changed) -> tuple[Sequence[PassagePoint], Finish]:
     """Re-weight the points' sparse vectors with the generation's average length including them, and the
     step that records the new stats once they are written (``finish(versions)``: subtracts the stale points
     ``upsert`` is about to delete for those document versions). Points without counts (no sparse vector, a test
     double's) pass as they are. Inside the caller's engine session."""
-    engine = store.engine
     lengths = [bm25.length(p.sparse) for p in points]
     if not spec.sparse or all(n is None for n in lengths):
         return points, lambda versions: None
@@ -73,19 +65,20 @@ def prepare_upsert(
         # only documents that were stored before can have stale points (every stored version has its chunk 0,
         # which this write overwrote): a new document costs no scan
         stale = [stale_filter(d, h, n) for d, (h, n) in versions.items() if point_id(d, 0) in old]
-        gone = lengths_of(store, name, Where(should=tuple(stale))) if stale and replace else []
-        write(store, name, current.add(gone, sign=-1))
+        gone = lengths_of(engine, name, Where(should=tuple(stale))) if stale and replace else []
+        write(engine, name, current.add(gone, sign=-1), changed)
 
     return weighted, finish
 
 
-def renormalize(store: Store, generation: str | None = None, tolerance: float = bm25.DRIFT) -> int:
+def renormalize(engine: Engine, name: str, spec: CollectionSpec, changed: Changed,
+                tolerance: float | None = None) -> int:
     """Re-weight the points whose weights use an average length more than ``tolerance`` off the generation's
     own (and count, then re-weight, points from before the stats record); returns how many were rewritten.
     Nothing is read when the stats record's range says no point drifted. Each page is read and rewritten
-    under one engine session (edge: one lease hold, so no other writer lands in between)."""
-    engine = store.engine
-    name, spec = store._resolve(generation)  # the drift is checked without the lease (specs are written atomically)
+    under one engine session (edge: one lease hold, so no other writer lands in between). The drift is checked
+    without the lease (specs are written atomically)."""
+    tolerance = bm25.DRIFT if tolerance is None else tolerance
     fresh = engine.read_spec(name)
     current = bm25.read_stats(fresh, name)
     if not bm25.has_stats(fresh, name) and spec.sparse:
@@ -99,7 +92,7 @@ def renormalize(store: Store, generation: str | None = None, tolerance: float = 
     migrating = not current.complete
     if migrating:  # count every point from scratch (old ones from their vectors), so the average includes them
         lengths: list[float] = []
-        for records in store._pages(name, SCAN_BATCH, None, [bm25.LENGTH_FIELD]):
+        for records in pages(engine, name, SCAN_BATCH, None, [bm25.LENGTH_FIELD]):
             lengths.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
             stale = [pid for pid, p in records if bm25.LENGTH_FIELD not in p]
             with engine.session():
@@ -112,7 +105,7 @@ def renormalize(store: Store, generation: str | None = None, tolerance: float = 
     if avg is None:
         return 0
     rewritten, low, high = 0, avg, avg
-    for records in store._pages(name, SCAN_BATCH, None, [bm25.LENGTH_FIELD, bm25.AVG_FIELD]):
+    for records in pages(engine, name, SCAN_BATCH, None, [bm25.LENGTH_FIELD, bm25.AVG_FIELD]):
         todo = []
         for pid, fields in records:
             used = fields.get(bm25.AVG_FIELD) if bm25.LENGTH_FIELD in fields else prior
@@ -142,30 +135,31 @@ def renormalize(store: Store, generation: str | None = None, tolerance: float = 
             rewritten += len(batch)
     with engine.session():
         latest = bm25.read_stats(engine.read_spec(name), name)  # writers may have moved it meanwhile
-        write(store, name, dataclasses.replace(current if migrating else latest, low=low, high=high, complete=True))
-    log.info("bm25 re-weighted", extra={"alias": store.alias, "generation": name, "points": rewritten,
+        write(engine, name, dataclasses.replace(current if migrating else latest, low=low, high=high, complete=True),
+              changed)
+    log.info("bm25 re-weighted", extra={"alias": engine.alias, "generation": name, "points": rewritten,
                                         "avg_len": round(avg, 2)})
     return rewritten
 
 
-def lengths_of(store: Store, name: str, where: Where) -> list[float]:
+def lengths_of(engine: Engine, name: str, where: Where) -> list[float]:
     """The recorded lengths of the points ``where`` matches (before they are deleted)."""
     found: list[float] = []
-    for records in store._pages(name, SCAN_BATCH, where, [bm25.LENGTH_FIELD]):
+    for records in pages(engine, name, SCAN_BATCH, where, [bm25.LENGTH_FIELD]):
         found.extend(float(p[bm25.LENGTH_FIELD]) for _, p in records if bm25.LENGTH_FIELD in p)
     return found
 
 
-def forget(store: Store, name: str, spec: CollectionSpec, where: Where) -> None:
+def forget(engine: Engine, name: str, spec: CollectionSpec, where: Where, changed: Changed) -> None:
     """Subtract the lengths of the points ``where`` matches (about to be deleted) from the stats record."""
     if spec.sparse:
-        gone = lengths_of(store, name, where)
+        gone = lengths_of(engine, name, where)
         if gone:
-            write(store, name, bm25.read_stats(store.engine.read_spec(name), name).add(gone, sign=-1))
+            write(engine, name, bm25.read_stats(engine.read_spec(name), name).add(gone, sign=-1), changed)
 
 
-def write(store: Store, name: str, record: bm25.Bm25Stats) -> None:
-    spec = store.engine.read_spec(name)  # fresh: another process may have merged settings meanwhile
+def write(engine: Engine, name: str, record: bm25.Bm25Stats, changed: Changed) -> None:
+    spec = engine.read_spec(name)  # fresh: another process may have merged settings meanwhile
     settings = {**spec.settings, bm25.STATS_KEY: record.to_json()}
-    store.engine.write_spec(name, dataclasses.replace(spec, settings=settings))
-    store._forget_active()
+    engine.write_spec(name, dataclasses.replace(spec, settings=settings))
+    changed()

@@ -28,7 +28,6 @@ from services.core.errors import CollectionNotFound, ConfigError, DprError, Stor
 from services.store.common import (
     DocStateGroups,
     Scored,
-    Where,
     add_doc_state,
     check_at_least_one,
     check_compatible,
@@ -60,7 +59,7 @@ from services.store.points import (
     SearchRequest,
     point_vectors,
 )
-from services.store.protocol import Branch, Engine, Record
+from services.store.protocol import Branch, Engine, pages
 
 if TYPE_CHECKING:
     from services.store.bm25 import Bm25Stats
@@ -273,7 +272,7 @@ class Store:
         with self._use(generation) as (name, spec):
             for p in points:
                 check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
-            points, finish = upkeep.prepare_upsert(self, name, spec, points, replace)
+            points, finish = upkeep.prepare_upsert(self.engine, name, spec, points, replace, self._forget_active)
             size = self.engine.upsert_batch
             for start in range(0, len(points), size):
                 batch = points[start : start + size]
@@ -286,18 +285,18 @@ class Store:
     # -- BM25 length statistics: services.store.bm25_upkeep (write paths only; a search never loads it) ----------
     def bm25_stats(self, generation: str | None = None) -> Bm25Stats:
         """The generation's BM25 stats record: total tokens and passages of the points that carry a length."""
-        import services.store.bm25_upkeep as upkeep
+        from services.store.bm25 import read_stats
 
-        return upkeep.stats(self, generation)
+        with self._use(generation) as (name, _):
+            return read_stats(self.engine.read_spec(name), name)
 
     def bm25_renormalize(self, generation: str | None = None, tolerance: float | None = None) -> int:
         """Re-weight the points whose BM25 weights use an average length more than ``tolerance`` (default
         ``bm25.DRIFT``) off the generation's own; returns how many were rewritten (``bm25_upkeep.renormalize``)."""
         import services.store.bm25_upkeep as upkeep
 
-        if tolerance is None:
-            return upkeep.renormalize(self, generation)
-        return upkeep.renormalize(self, generation, tolerance)
+        name, spec = self._resolve(generation)
+        return upkeep.renormalize(self.engine, name, spec, self._forget_active, tolerance)
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
         wanted = sorted(set(doc_ids))
@@ -305,7 +304,7 @@ class Store:
             return {}
         groups: DocStateGroups = {}
         with self._use(generation) as (name, _):
-            for records in self._pages(name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
+            for records in pages(self.engine, name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
                 for _, payload in records:
                     add_doc_state(groups, payload)
         return doc_states_from(groups)
@@ -316,8 +315,9 @@ class Store:
         import services.store.bm25_upkeep as upkeep
 
         with self._use(generation) as (name, spec):
-            upkeep.forget(self, name, spec, stale_filter(doc_id, keep_doc_hash, keep_chunks))
-            self.engine.delete(name, stale_filter(doc_id, keep_doc_hash, keep_chunks))
+            stale = stale_filter(doc_id, keep_doc_hash, keep_chunks)
+            upkeep.forget(self.engine, name, spec, stale, self._forget_active)
+            self.engine.delete(name, stale)
 
     def delete_documents(self, doc_ids: Iterable[str], generation: str | None = None) -> int:
         wanted = sorted(set(doc_ids))
@@ -329,7 +329,7 @@ class Store:
         with self._use(generation) as (name, spec):
             removed = self.engine.count(name, where)
             if removed:
-                upkeep.forget(self, name, spec, where)
+                upkeep.forget(self.engine, name, spec, where, self._forget_active)
                 self.engine.delete(name, where)
         return removed
 
@@ -342,7 +342,7 @@ class Store:
         check_at_least_one("batch_size", batch_size)
         with self._use(generation) as (name, _):
             pass  # pin the generation now: a concurrent activate must not switch it mid-scan
-        for records in self._pages(name, batch_size):
+        for records in pages(self.engine, name, batch_size):
             yield [Passage.from_payload(payload) for _, payload in records]
 
     def scan(self, batch_size: int = 1024, generation: str | None = None) -> Iterator[list[Passage]]:
@@ -366,7 +366,7 @@ class Store:
         with self._use(generation) as (name, _):
             pass
         found: dict[str, str] = {}
-        for records in self._pages(name, 1024, fields=("doc_id", "source")):
+        for records in pages(self.engine, name, 1024, fields=("doc_id", "source")):
             for _, payload in records:
                 found.setdefault(str(payload.get("doc_id", "")), str(payload.get("source", "")))
         return found
@@ -377,18 +377,6 @@ class Store:
             return {}
         with self._use(generation) as (name, _):
             return {pid: Passage.from_payload(p) for pid, p in self.engine.payloads(name, list(ids)).items()}
-
-    def _pages(
-        self, name: str, limit: int, where: Where | None = None, fields: Sequence[str] | bool = True
-    ) -> Iterator[list[Record]]:
-        offset = None
-        while True:
-            with self.engine.session():
-                records, offset = self.engine.scroll(name, limit, offset, where, fields)
-            if records:
-                yield records
-            if offset is None:
-                return
 
     def search(self, request: SearchRequest, generation: str | None = None) -> list[Hit]:
         with self._use(generation) as (name, spec):

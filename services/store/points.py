@@ -7,10 +7,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from services.store.protocol import PointRecord, Vector
+from typing import Any, Literal
 
 # A fixed namespace so that the same (doc id, chunk index) maps to the same point id on every machine.
 POINT_NAMESPACE = uuid.UUID("6f1c3f2e-7a55-5b0e-9d2a-0d5c1f6a9e41")
@@ -45,6 +42,11 @@ class SparseVector:
     # store re-weights with the generation's own average. Not part of equality; engines read indices/values only.
     counts: list[float] | None = field(default=None, compare=False)
     avg_len: float | None = field(default=None, compare=False)
+
+
+Vector = list[float] | SparseVector
+PointRecord = tuple[str, dict[str, Vector], dict[str, Any]]  # (point id, named vectors, payload)
+Record = tuple[str, dict[str, Any]]  # (point id, payload)
 
 
 @dataclass(frozen=True)

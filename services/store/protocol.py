@@ -26,14 +26,13 @@ from services.store.points import (
     Hit,
     Passage,
     PassagePoint,
+    PointRecord,
+    Record,
     SearchRequest,
-    SparseVector,
+    Vector,
 )
 
-Vector = list[float] | SparseVector
 Branch = tuple[str, Vector]  # (vector name, query vector): one search branch
-PointRecord = tuple[str, dict[str, Vector], dict[str, Any]]  # (point id, named vectors, payload)
-Record = tuple[str, dict[str, Any]]  # (point id, payload)
 
 
 @runtime_checkable
@@ -265,3 +264,17 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def pages(engine: Engine, name: str, limit: int, where: Where | None = None,
+          fields: Sequence[str] | bool = True) -> Iterator[list[Record]]:
+    """Every page of generation ``name`` in point-id order, each read in its own engine session (on the edge the
+    lease is held per page, never while the caller works)."""
+    offset = None
+    while True:
+        with engine.session():
+            records, offset = engine.scroll(name, limit, offset, where, fields)
+        if records:
+            yield records
+        if offset is None:
+            return
