@@ -404,8 +404,9 @@ def recalibrate(data_dir: Path) -> None:
     build would (the old record printed first)."""
     from qdrant_edge import EdgeShard
 
+    from services.store.edge.build_child import calibrate_built
     from services.store.edge.config import LEVERS_FILE, EdgeLevers
-    from services.store.edge.index import INDEX_RECORD, SHARD, calibrate_built
+    from services.store.edge.index import INDEX_RECORD, SHARD
 
     for gen in sorted((data_dir / "store").glob("*/generations/*")):
         record = json.loads((gen / INDEX_RECORD).read_text(encoding="utf-8"))

@@ -94,7 +94,7 @@ def create_snapshot(settings: Settings, engine: Any, out_dir: Path | None = None
                 need = allocated_bytes(gen_dir / current)
                 diskspace.require(build, settings.min_free_mb, "a snapshot", need_bytes=2 * need)
         with diskspace.translate(build, "a snapshot"):
-            generation, spec, points = engine.snapshot_generation(staging / "data")
+            generation, spec, points = _snapshots(engine).snapshot_generation(engine, staging / "data")
             model = _model_reference(settings, spec.model, staging / "model" if include_model else None)
             files = _file_entries(staging)
             manifest = {
@@ -267,7 +267,7 @@ def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> 
         datadir.stamp(new)
         engine = make_engine(target.model_copy(update={"data_dir": new}))
         try:
-            engine.restore_generation(staging / "data", generation)
+            _snapshots(engine).restore_generation(engine, staging / "data", generation)
         finally:
             engine.close()
         _install_model(new, staging, model)
@@ -288,6 +288,15 @@ def _engine_for(settings: Settings) -> Any:
     from services.store.edge.engine import EdgeEngine
 
     return EdgeEngine.from_settings(settings)
+
+
+def _snapshots(engine: Any) -> Any:
+    """The engine's snapshot module: ``services/store/edge/snapshots.py`` or ``server/snapshots.py``."""
+    if engine.backend == "edge":
+        from services.store.edge import snapshots
+    else:
+        from services.store.server import snapshots  # type: ignore[no-redef]
+    return snapshots
 
 
 def _safe_member(name: str) -> str:

@@ -149,7 +149,7 @@ def test_the_server_checks_the_uploaded_file_against_the_recorded_checksum(
 ) -> None:
     runtime, _ = source
     staging = tmp_path / "data"
-    generation, _, points = runtime.store.engine.snapshot_generation(staging)  # type: ignore[attr-defined]
+    generation, _, points = server_snapshots.snapshot_generation(runtime.store.engine, staging)  # type: ignore[arg-type]
     record = json.loads((staging / "server.json").read_text())
     (staging / "server.json").write_text(json.dumps(record | {"sha256": "0" * 64}))
     fresh = SnapshottingQdrant()

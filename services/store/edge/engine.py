@@ -347,17 +347,6 @@ class EdgeEngine:
             diskspace.require(self.root, self.min_free_mb, f"{what} into the embedded store {self.root}")
             yield
 
-    # -- snapshots: snapshots.py (the copy under the lease, the restore into a fresh collection) ---------
-    def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        from services.store.edge.snapshots import snapshot_generation  # only `dpr snapshot` loads it
-
-        return snapshot_generation(self, dest)
-
-    def restore_generation(self, source: Path, generation: str) -> None:
-        from services.store.edge.snapshots import restore_generation
-
-        restore_generation(self, source, generation)
-
     def delete(self, generation: str, where: Where) -> None:
         self.shard(generation, write=True).update(delete_operation(where))
         self.lease.mark_dirty(generation)

@@ -20,7 +20,6 @@ import logging
 import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -139,17 +138,6 @@ class ServerEngine:
             if _is_grpc_unavailable(e):
                 raise StoreUnavailable(f"{self._location} is unreachable ({what}): {e}") from e
             raise
-
-    # -- snapshots: server_snapshots.py (Qdrant's snapshot API; the file moved over HTTP, checked) ---------
-    def snapshot_generation(self, dest: Path) -> tuple[str, CollectionSpec, int]:
-        from services.store.server.snapshots import snapshot_generation  # only `dpr snapshot` loads it
-
-        return snapshot_generation(self, dest)
-
-    def restore_generation(self, source: Path, generation: str) -> None:
-        from services.store.server.snapshots import restore_generation
-
-        restore_generation(self, source, generation)
 
     @property
     def location(self) -> str:
