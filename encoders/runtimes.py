@@ -1,15 +1,17 @@
 """Which runtime and precision run each tower on this CPU, and the OpenVINO session that runs one: the one place
 that choice is made (ARCHITECTURE.md, fifth wave). The store, the ingest job and the API never branch on it.
 
-``choose`` reads the CPU's features (``cpu_flags``) and picks, with no settings, the fastest path that measurement
-on that class of CPU found faithful to fp32 (cosine >= 0.999, retrieval unchanged; figures in docs/capacity.md,
-``benchmarks/bench_runtimes.py`` reprints them):
+``choose`` reads the CPU's features (``cpu_flags``) and picks, with no settings, the fastest path measured on that
+class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` reprints them):
 
-- AMX (``amx_bf16``: Intel Sapphire Rapids and later): OpenVINO bf16 for both towers. On a 2-core Xeon with AMX,
-  512 SciFact passages: 2.3x ONNX Runtime int8 passages/s at mean cosine 0.99998 to fp32 (int8: 0.9973), and a
-  short question in 1.5 ms against 3.0 ms for ONNX Runtime fp32.
-- anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). Without AMX, OpenVINO bf16
-  runs its matrix multiplies in converted fp32 and is slower than int8 (FACTS.md: 0.97x ONNX fp32).
+- AMX (``amx_bf16``: Intel Sapphire Rapids and later): OpenVINO bf16 for both towers, faithful to fp32 (cosine
+  0.99998, top 10 kept 0.998). On a 2-core Xeon with AMX, 1,518 SciFact passages: 1.5-2.5x ONNX Runtime int8's
+  passages/s by the load (1.96x in results/ingest-speed/runtimes.md), a short question in 2.4 ms against 5.6 ms for
+  ONNX Runtime fp32.
+- anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). int8 is not faithful by the
+  0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0021, p 0.55): ``DPR_ENCODER__BACKEND=onnx`` is the fp32 path, at
+  about 0.64x its passages/s. Without AMX, OpenVINO bf16 runs its matrix multiplies in converted fp32 and is slower
+  than int8 (FACTS.md: 0.97x ONNX fp32).
 
 An explicit ``DPR_ENCODER__BACKEND`` wins and is reported as the reason. The CPU's features can be masked the way
 oneDNN is (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``AVX512_CORE_VNNI``): the choice then follows the masked CPU, which is how
@@ -113,7 +115,7 @@ def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
         if runtime_version("openvino-bf16") is not None:
-            return Choice("openvino-bf16", "AMX bf16 on this CPU: OpenVINO bf16, measured 2.3x ONNX Runtime int8 "
+            return Choice("openvino-bf16", "AMX bf16 on this CPU: OpenVINO bf16, measured 1.5-2.5x ONNX Runtime int8 "
                           "at cosine 0.99998 to fp32 (docs/capacity.md)")
         log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime "
                     "(pip install openvino for ~2x)")

@@ -66,7 +66,7 @@ class EncoderSettings(BaseModel):
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"] = Field(
         default="auto",
         description="What runs the towers: auto (the default: chosen from the CPU by encoders/runtimes.py, OpenVINO "
-        "bf16 where it has AMX, ~2.3x int8's passages/s at cosine 0.99998 to fp32, else onnx-int8), torch, onnx "
+        "bf16 where it has AMX, 1.5-2.5x int8's passages/s at cosine 0.99998 to fp32, else onnx-int8), torch, onnx "
         "(ONNX Runtime fp32), onnx-int8 (dynamic int8) or openvino-bf16. The export is made once per model and "
         "machine (ONNX_CACHE) and tied to its fingerprint; a model the export cannot reproduce is served by torch.",
     )
