@@ -145,6 +145,12 @@ def training_precision(configured: str = "auto", *, flags: frozenset[str] | None
 # Input shapes whose kernels OpenVINO keeps: 0 made every question rebuild them (16 ms -> 76 ms a question, 1,000 of
 # 3-30 words); 16 keeps the questions' (1.6-2.4 s a hundred, as the default) and bounds the passages'.
 RUNTIME_CACHE_SHAPES = 16
+# oneDNN primitives (the JIT kernels under those shapes) the process keeps: oneDNN's default, 1,024, is what grew a
+# `dpr serve` syncing a source (a sync's few passages are new batch shapes): +1.8 MB of live memory a sync, 70 MB in
+# 40 syncs; 256: +19 MB in 40 syncs, the allocator's free lists, none live. Passages and questions cost the same CPU
+# at 256 as at 1,024 (64: questions +40% CPU; 0: passages 40% slower). Read by oneDNN once, at its first kernel;
+# a value in the environment wins.
+ONEDNN_PRIMITIVES = 256
 
 
 class OpenVinoSession:
@@ -156,10 +162,12 @@ class OpenVinoSession:
 
     The CPU plugin keeps what it builds for each input shape (batch x width) it has run, up to
     ``RUNTIME_CACHE_SHAPES`` of them (OpenVINO's default, 5,000, let a long-lived `dpr serve` grow: 2-3 MB of RSS
-    for each new passage batch shape, +19-20% in a 30-minute soak syncing a source every minute, issue 70)."""
+    for each new passage batch shape), and oneDNN the kernels it built, up to ``ONEDNN_PRIMITIVES`` (issue 70: a
+    30-minute soak syncing a source every minute grew `dpr serve` 19-20% with both defaults)."""
 
     def __init__(self, model_file: Path, threads: int | None, cache_dir: Path | None,
                  precision: str = "bf16") -> None:
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVES))  # before the first kernel
         import openvino as ov
 
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
