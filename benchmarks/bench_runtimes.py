@@ -97,6 +97,7 @@ def load_passages(n_docs: int, corpora: tuple[str, ...] = ("scifact",)
     """The first ``n_docs`` documents of ``corpora`` in order (0: all of them), and their passages as
     ``dpr ingest`` chunks them (texts, token counts)."""
     from encoders.registry import load_towers
+    from services.core.errors import DocumentError
     from services.core.settings import Settings
     from services.ingest.pipeline import chunk_document
     from services.readers import Document
@@ -114,15 +115,20 @@ def load_passages(n_docs: int, corpora: tuple[str, ...] = ("scifact",)
     settings = Settings()
     towers = load_towers("base", settings.models_dir, backend="onnx", cache_dir=settings.onnx_cache_dir)
     texts, tokens = [], []
+    kept: list[dict[str, str]] = []
     PER_DOC.clear()
     for d in docs:
         doc = Document(doc_id=d["id"], text=d["text"], title=d["title"], source=f"{d['id']}.json")
-        chunks = chunk_document(doc, towers, settings.chunk)[0]
+        try:
+            chunks = chunk_document(doc, towers, settings.chunk)[0]
+        except DocumentError:  # e.g. a Cranfield record with no text: `dpr ingest` reports it failed; left out
+            continue
+        kept.append(d)
         PER_DOC.append([c.tokens + 2 for c in chunks])  # + [CLS] and [SEP]
         for c in chunks:
             texts.append(c.encoder_text)
             tokens.append(c.tokens + 2)
-    return docs, texts, tokens
+    return kept, texts, tokens
 
 
 PER_DOC: list[list[int]] = []  # each document's passages' token counts (load_passages)
