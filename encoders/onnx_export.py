@@ -127,12 +127,24 @@ def staging_dir(export_dir: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    """The prompt's length in tokens, less a trailing special token ([SEP], EOS): what sentence-transformers leaves
+    out of the mean when a pooling excludes the prompt."""
+    if not prompt:
+        return 0
+    ids = tokenizer(prompt)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
+
+
 def _tower_spec(model: Any, role: str) -> dict[str, Any]:
     """What the modules of one tower (a Router route, or the whole model) declare."""
     modules = list(model)
     router = next((m for m in modules if type(m).__name__ == "Router"), None)
     if router is not None:
-        route = router._resolve_route(task=role, modality="text")
+        route = role if role in router.sub_modules else router.default_route  # the routes of for_query_document
+        if route not in router.sub_modules:
+            raise ValueError(f"the model's Router has no {role!r} route and no default one (routes: "
+                             f"{', '.join(router.sub_modules)}); use DPR_ENCODER__BACKEND=torch for this model")
         modules = [*router.sub_modules[route], *modules[modules.index(router) + 1:]]
     kinds = [type(m).__name__ for m in modules]
     if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
@@ -141,7 +153,8 @@ def _tower_spec(model: Any, role: str) -> dict[str, Any]:
             "[-> Normalize] only: use DPR_ENCODER__BACKEND=torch for this model"
         )
     transformer, pooling = modules[0], modules[1]
-    prompt = model._resolve_prompt(None, role if role in model.prompts else None) or ""
+    prompt_name = role if role in model.prompts else model.default_prompt_name  # as encode(prompt_name=role) does
+    prompt = model.prompts.get(prompt_name, "") if prompt_name else ""
     mode = pooling.pooling_mode
     return {
         "directory": route if router is not None else "shared",
@@ -149,7 +162,7 @@ def _tower_spec(model: Any, role: str) -> dict[str, Any]:
         "pooling": [mode] if isinstance(mode, str) else list(mode),
         "include_prompt": bool(pooling.include_prompt),
         "prompt": prompt,
-        "prompt_length": int(transformer._get_prompt_length(prompt) or 0) if prompt else 0,
+        "prompt_length": prompt_tokens(transformer.tokenizer, prompt),
         "normalize": kinds[-1] == "Normalize",
         "_directory": route if router is not None else "shared",
         "_transformer": transformer,

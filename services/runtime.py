@@ -66,10 +66,12 @@ class Runtime:
         sparse: SparseEncoder | None = None,
         store: VectorStore | None = None,
         _models: _Models | None = None,
+        jobs_from: Runtime | None = None,
     ) -> None:
         """``towers``, ``sparse`` and ``store`` replace what the settings would build (tests, benchmarks, an
         evaluation over a temporary store); they are owned by the Runtime from then on (``close`` closes the
-        store)."""
+        store). ``jobs_from``: the Runtime whose job store this one shares (``for_collection``'s children: one
+        job store per process, whatever the collection)."""
         self.settings = settings
         self.serialize_store = serialize_store  # one store call at a time in this process (the API's threads)
         self._models = _models or _Models()
@@ -82,7 +84,7 @@ class Runtime:
         if store is not None:
             self._parts["store"] = _Serialized(store) if serialize_store else store
         self._collections: dict[str, Runtime] = {}
-        self._jobs_owner: Runtime | None = None  # for_collection's children share the parent's job store
+        self._jobs_owner = jobs_from
 
     def __enter__(self) -> Runtime:
         return self
@@ -252,8 +254,7 @@ class Runtime:
         with self._lock:
             if collection not in self._collections:
                 settings = self.settings.for_collection(collection)
-                child = Runtime(settings, serialize_store=self.serialize_store, _models=self._models)
-                child._jobs_owner = self  # one job store per process, whatever the collection (built when asked)
+                child = Runtime(settings, serialize_store=self.serialize_store, _models=self._models, jobs_from=self)
                 self._collections[collection] = child
             return self._collections[collection]
 

@@ -94,6 +94,11 @@ class Recipe(Table):
             count = 0
         return RoundConfig(rounds=count, **self.rounds.model_dump(exclude={"count"}))
 
+    def read_from(self, path: Path | None, given: dict[str, Any]) -> Recipe:
+        """This recipe, noted as read from ``path`` (None: the default) where the file set the keys ``given``."""
+        self._file, self._given = path, given
+        return self
+
     def describe(self) -> dict[str, Any]:
         """What the model card records: the file (None: the default) and every value used."""
         return {"file": str(self._file) if self._file else None, **self.model_dump()}
@@ -102,5 +107,4 @@ class Recipe(Table):
 def load_recipe(path: Path | None = None) -> Recipe:
     """The default recipe with ``path``'s keys over it; ``ConfigError`` naming the file, the key and the fix."""
     recipe, given = load_tables(Recipe, DEFAULT, path, HELP)
-    recipe._file, recipe._given = path, given
-    return recipe
+    return recipe.read_from(path, given)
