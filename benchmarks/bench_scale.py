@@ -50,7 +50,8 @@ import numpy as np  # noqa: E402
 from bench_api import load_docs, load_questions  # noqa: E402
 from bench_load import percentile  # noqa: E402
 
-from services.core.settings import EdgeSettings, Settings  # noqa: E402
+from services.core.settings import Settings  # noqa: E402
+from services.core.store_settings import EdgeSettings  # noqa: E402
 from services.ingest.language import collection_spec  # noqa: E402
 from services.ingest.pipeline import chunk_document  # noqa: E402
 from services.readers import Document  # noqa: E402

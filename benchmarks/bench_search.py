@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 from machine import commit, cpu_flags, cpu_model  # the one CPU / commit probe of the benchmarks
 
-from services.core.settings import EdgeSettings, Settings
+from services.core.settings import Settings
+from services.core.store_settings import EdgeSettings
 from services.store import Store
 from services.store.edge import index as edge_index
 from services.store.edge.engine import EdgeEngine

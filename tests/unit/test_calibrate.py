@@ -200,7 +200,7 @@ def engine_index(root: Path) -> dict[str, Any]:
 def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent() -> None:
     from qdrant_client import QdrantClient
 
-    from services.core.settings import QdrantSettings
+    from services.core.store_settings import QdrantSettings
     from services.store.server.engine import ServerEngine
 
     engine = ServerEngine(QdrantClient(":memory:"), "c")

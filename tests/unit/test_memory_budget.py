@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from entrypoints.api.app import create_app
 from entrypoints.status import collection_status
-from services.core.settings import EdgeSettings, Settings
+from services.core.settings import Settings
+from services.core.store_settings import EdgeSettings
 from services.store import Store
 from services.store.edge.config import (
     LEVERS_FILE,

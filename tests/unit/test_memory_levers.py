@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient
 
-from services.core.settings import EdgeSettings, QdrantSettings, Settings
+from services.core.settings import Settings
+from services.core.store_settings import EdgeSettings, QdrantSettings
 from services.store import Store
 from services.store.edge import index as edge_index
 from services.store.edge.config import EdgeLevers

@@ -16,7 +16,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from services.core.errors import StoreUnavailable
-from services.core.settings import QdrantSettings
+from services.core.store_settings import QdrantSettings
 from services.store import Store
 from services.store.points import CollectionSpec
 from services.store.server.engine import ServerEngine

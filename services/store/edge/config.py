@@ -56,7 +56,7 @@ from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPA
 from services.store.protocol import Branch, PointRecord, Vector
 
 if TYPE_CHECKING:
-    from services.core.settings import EdgeSettings
+    from services.core.store_settings import EdgeSettings
 
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
 # The graph where the settings leave (m, ef_construct) unset: above Qdrant's 16 / 100, whose graph needed three times

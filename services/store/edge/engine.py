@@ -46,7 +46,7 @@ from qdrant_edge import (
 from services.core import datadir
 from services.core.errors import ConfigError
 from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
-from services.core.settings import EdgeSettings
+from services.core.store_settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.edge import index as edge_index
 from services.store.edge.config import (  # converters

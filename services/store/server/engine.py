@@ -27,7 +27,7 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from services.core.errors import ConfigError, DprError, StoreUnavailable
-from services.core.settings import QdrantSettings
+from services.core.store_settings import QdrantSettings
 from services.store.common import (
     SPEC_METADATA_KEY,
     Scored,
