@@ -211,7 +211,7 @@ def test_a_server_generation_is_calibrated_into_its_metadata_and_the_ef_is_sent(
                   for i, v in enumerate(unit_vectors(300, seed=3))])
     generation = store.active().name  # type: ignore[union-attr]
     assert engine._search_params([0.0] * DIM, generation=generation) is None  # not calibrated: server defaults
-    cal = engine._calibrate(generation)
+    cal = engine.calibrations.measure(generation, store.active().spec)  # type: ignore[union-attr]
     assert (cal["ef"], cal["recall"], cal["points"]) == (EF_LADDER[0], 1.0, 300)  # exact engine: the first rung
     assert (cal["fused_ef"], cal["fused_recall"], cal["fused_on"]) == (FUSED_LIMIT, 1.0, "hybrid")  # and BM25
     reader = ServerEngine(engine.client, "c")  # another process reads it from the collection's metadata

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ from services.store.points import (
     point_records,
 )
 from services.store.protocol import Branch, PointRecord, Record, Vector
+from services.store.server.calibration import Calibrations, ef_params
 from services.store.server.convert import scored, to_filter, to_vector, to_where
 
 if TYPE_CHECKING:
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_KEY = "dpr_calibration"  # the search-ef calibration in a collection's metadata
-_CALIBRATION_TTL_S = 60.0  # a serving process re-reads it this often (another process's `dpr optimize`)
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT, "euclid": models.Distance.EUCLID}
 
 
@@ -90,7 +88,7 @@ class ServerEngine:
         self._location = location or "the Qdrant server"
         self.api_key: str | None = None  # for the snapshot download/upload (plain HTTP beside the client)
         self.http: httpx.Client | None = None  # that HTTP client (server_snapshots.http_for builds it; tests hand one)
-        self._calibrations: dict[str, tuple[float, dict[str, Any]]] = {}  # generation -> (read at, calibration)
+        self.calibrations = Calibrations(client, self.options, self._engine)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerEngine:
@@ -213,77 +211,19 @@ class ServerEngine:
         """A server builds HNSW graphs in the background by itself: check the generation and, once the server has
         indexed its vectors, calibrate the search ef on them (``services.store.calibrate``; kept in the collection's
         metadata, sent as ``hnsw_ef`` by queries that name none)."""
-        self.read_spec(generation)
-        if self.options.recall_target > 0 and self._indexed(generation)[1]:
-            self._calibrate(generation)
+        spec = self.read_spec(generation)
+        if self.options.recall_target > 0 and self.calibrations.indexed(generation)[1]:
+            self.calibrations.measure(generation, spec)
         return False
 
     def needs_index(self, generation: str, points: int | None = None) -> bool:
         """The server indexes in the background; a generation whose indexed vectors were never calibrated, or grew
         10x since, is due for a calibration."""
-        points, indexed = self._indexed(generation)
-        done = int(self._calibration(generation, fresh=True).get("points") or 0)
-        return self.options.recall_target > 0 and indexed > 0 and (not done or points >= 10 * done)
-
-    def _indexed(self, generation: str) -> tuple[int, int]:
-        with self._engine("read the collection", generation):
-            info = self.client.get_collection(generation)
-        return info.points_count or 0, info.indexed_vectors_count or 0
-
-    def _calibrate(self, generation: str) -> dict[str, Any]:
-        from services.store.calibrate import SAMPLE, SERVER_BUDGET_S, Ranked, calibrate, carry_over
-        from services.store.common import serving_mode
-
-        spec = self.read_spec(generation)
-        with self._engine("read points to calibrate the search ef", generation):
-            records, _ = self.client.scroll(generation, limit=SAMPLE, with_payload=False,
-                                            with_vectors=[DENSE, SPARSE] if spec.sparse else [DENSE])
-        sample = [(str(r.id), [float(x) for x in r.vector[DENSE]],  # type: ignore[union-attr,arg-type,index]
-                   list(getattr(r.vector.get(SPARSE), "indices", None) or []))  # type: ignore[union-attr]
-                  for r in records if isinstance(r.vector, dict)]
-
-        def search(vector: list[float], limit: int, ef: int | None) -> Ranked:
-            params = models.SearchParams(exact=True) if ef is None else self._ef_params(ef)
-            with self._engine("search", generation):
-                found = self.client.query_points(generation, query=vector, using=DENSE, search_params=params,
-                                                 limit=limit, with_payload=False)
-            return [(str(p.id), float(p.score)) for p in found.points]
-
-        def keywords(terms: list[int], limit: int) -> Ranked:
-            query = models.SparseVector(indices=terms, values=[1.0] * len(terms))
-            with self._engine("search", generation):
-                found = self.client.query_points(generation, query=query, using=SPARSE, limit=limit,
-                                                 with_payload=False)
-            return [(str(p.id), float(p.score)) for p in found.points]
-
-        cal = calibrate(sample, search, self.options.recall_target, SERVER_BUDGET_S,
-                        keywords if spec.sparse else None, serving_mode(spec).fusion if spec.sparse else None,
-                        spec.distance != "euclid")
-        cal = carry_over(cal, self._calibration(generation, fresh=True))  # what it had no time for: the last one's
-        cal["points"] = self._indexed(generation)[0]
-        with self._engine("update collection metadata", generation):
-            self.client.update_collection(generation, metadata={CALIBRATION_KEY: cal})
-        self._calibrations[generation] = (time.monotonic(), cal)
-        return cal
-
-    def _calibration(self, generation: str, fresh: bool = False) -> dict[str, Any]:
-        """The generation's ef calibration (collection metadata), re-read at most every ``_CALIBRATION_TTL_S``."""
-        cached = self._calibrations.get(generation)
-        if fresh or cached is None or time.monotonic() - cached[0] > _CALIBRATION_TTL_S:
-            with self._engine("read the collection", generation):
-                metadata = self.client.get_collection(generation).config.metadata or {}
-            cached = (time.monotonic(), dict(metadata.get(CALIBRATION_KEY) or {}))
-            self._calibrations[generation] = cached
-        return cached[1]
+        return self.calibrations.due(generation)
 
     def search_ef(self, generation: str) -> dict[str, Any]:
         """What `dpr status` says of the generation's search ef (``calibrate.describe``)."""
-        from services.store.calibrate import describe
-
-        cal = self._calibration(generation)
-        explicit = {"hnsw_ef": self.options.hnsw_ef, "hybrid_ef": self.options.hybrid_ef}
-        return describe({"hnsw_segments": int(bool(cal) or self._indexed(generation)[1] > 0),
-                         "index_threshold": None, "calibration": cal}, explicit)
+        return self.calibrations.describe(generation)
 
     def memory(self, generation: str) -> dict[str, Any] | None:
         return None  # a server's levers are DPR_QDRANT__ settings, applied when a generation is created
@@ -334,9 +274,9 @@ class ServerEngine:
         o = self.options
         ef = o.search_ef(fused)
         if ef is None and generation is not None and o.recall_target > 0 and not isinstance(vector, SparseVector):
-            cal, key = self._calibration(generation), "fused_" if fused else ""
+            cal, key = self.calibrations.current(generation), "fused_" if fused else ""
             if cal.get(f"{key}exact"):  # the scan was faster than the graph at the ef the target needs
-                return models.SearchParams(exact=True, quantization=self._ef_params(1).quantization)
+                return models.SearchParams(exact=True, quantization=ef_params(o, 1).quantization)
             ef = cal.get(f"{key}ef")
         unset = ef is None and o.oversampling is None and o.quantization == "none"
         if unset or isinstance(vector, SparseVector):
@@ -345,11 +285,6 @@ class ServerEngine:
         if o.quantization != "none" or o.oversampling is not None:
             quantization = models.QuantizationSearchParams(rescore=o.rescore, oversampling=o.oversampling)
         return models.SearchParams(hnsw_ef=ef, quantization=quantization)
-
-    def _ef_params(self, ef: int) -> models.SearchParams:
-        o = self.options
-        rescore = models.QuantizationSearchParams(rescore=True) if o.quantization != "none" else None
-        return models.SearchParams(hnsw_ef=ef, quantization=rescore)
 
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
