@@ -359,7 +359,7 @@ def hybrid_ef_report(args: argparse.Namespace, machine: str, dense_q: np.ndarray
     for name in args.levers:
         base = Settings(data_dir=args.searched_only / name / "dpr", edge=EdgeSettings(**LEVERS[name], hnsw_ef=args.ef))
         exact = Store(EdgeEngine.from_settings(base))
-        exact.engine.fused_search_params = exact.engine.search_params = EdgeSearchParams(  # type: ignore[attr-defined]
+        exact.engine.dense.fused_search_params = exact.engine.dense.search_params = EdgeSearchParams(  # type: ignore[attr-defined]
             exact=True, quantization=QuantizationSearchParams(ignore=True))
         t0 = time.perf_counter()
         reference = [exact.search(r) for r in hybrid]

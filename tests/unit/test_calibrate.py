@@ -16,6 +16,7 @@ from services.store import Store
 from services.store.calibrate import EF_LADDER, FUSED_LIMIT, Probe, calibrate, carry_over, describe, fuse, probes
 from services.store.edge import index as edge_index
 from services.store.edge.engine import EdgeEngine
+from services.store.edge.search import DenseSearch
 from services.store.points import DENSE, Passage, PassagePoint, SearchRequest, SparseVector
 
 pytestmark = pytest.mark.unit
@@ -160,8 +161,8 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
     assert "skipped" in cal or cal["fused_on"] == "hybrid"  # measured through the fusion, with the probes' keywords
 
     asked: list[Any] = []
-    params_of = EdgeEngine._params
-    monkeypatch.setattr(EdgeEngine, "_params", lambda self, g, b, fused=False: asked.append(
+    params_of = DenseSearch.params
+    monkeypatch.setattr(DenseSearch, "params", lambda self, g, b, fused=False: asked.append(
         params_of(self, g, b, fused)) or asked[-1])
     query = unit_vectors(1, seed=2)[0].tolist()
     assert len(store.search(SearchRequest(dense=query, k=10))) == 10
@@ -172,7 +173,7 @@ def test_a_build_calibrates_the_ef_and_queries_use_it_unless_one_is_set(tmp_path
         assert (None if sent is None else sent.hnsw_ef) == cal.get("ef")  # no ef measured: the engine's
     explicit = EdgeEngine(tmp_path, "c", idle_release=5, index_threshold=1000,
                           search_params=edge_params(hnsw_ef=77))
-    assert explicit._params("c__g0001", (DENSE, query)).hnsw_ef == 77  # an explicit ef wins
+    assert explicit.dense.params("c__g0001", (DENSE, query)).hnsw_ef == 77  # an explicit ef wins
     store.close()
     explicit.close()
     info = {"hnsw_segments": 1} | engine_index(tmp_path)

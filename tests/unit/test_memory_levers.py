@@ -26,6 +26,7 @@ from services.store import Store
 from services.store.edge import index as edge_index
 from services.store.edge.config import EdgeLevers
 from services.store.edge.engine import LEVERS_FILE, EdgeEngine, levers_from, search_params_from
+from services.store.edge.search import DenseSearch
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 from services.store.server.engine import ServerEngine
 
@@ -140,14 +141,15 @@ def test_edge_on_disk_collection_reopens_and_answers_the_same(tmp_path: Path) ->
 def test_edge_levers_come_from_the_settings(tmp_path: Path) -> None:
     engine = EdgeEngine.from_settings(Settings(data_dir=tmp_path, edge=LEVERS))
     assert engine.levers == EdgeLevers("int8", True, True, 16, 100)
-    params = engine.search_params
+    params = engine.dense.search_params
     assert params is not None and params.hnsw_ef == 512
     assert params.quantization is not None and params.quantization.rescore is True
     assert params.quantization.oversampling == 2.0
-    assert engine.fused_search_params is not None and engine.fused_search_params.hnsw_ef == 512  # hybrid_ef unset
+    fused = engine.dense.fused_search_params
+    assert fused is not None and fused.hnsw_ef == 512  # hybrid_ef unset
     plain = EdgeEngine.from_settings(Settings(data_dir=tmp_path))
-    assert plain.levers == EdgeLevers() and plain.search_params is None  # defaults: requests as before
-    assert plain.fused_search_params is None
+    assert plain.levers == EdgeLevers() and plain.dense.search_params is None  # defaults: requests as before
+    assert plain.dense.fused_search_params is None
 
 
 @pytest.mark.unit
@@ -160,14 +162,14 @@ def test_the_dense_branch_of_a_hybrid_query_searches_with_hybrid_ef(tmp_path: Pa
     settings = EdgeSettings(hnsw_ef=512, hybrid_ef=128)
     engine = EdgeEngine.from_settings(Settings(data_dir=tmp_path, edge=settings))
     asked: list[tuple[str, bool, int | None]] = []
-    params_of = EdgeEngine._params
+    params_of = DenseSearch.params
 
-    def recording(self: EdgeEngine, generation: str, branch: Any, fused: bool = False) -> Any:
+    def recording(self: DenseSearch, generation: str, branch: Any, fused: bool = False) -> Any:
         params = params_of(self, generation, branch, fused)
         asked.append((branch[0], fused, None if params is None else params.hnsw_ef))
         return params
 
-    monkeypatch.setattr(EdgeEngine, "_params", recording)
+    monkeypatch.setattr(DenseSearch, "params", recording)
     store = Store(engine)
     store.ensure_collection(CollectionSpec(dim=DIM, distance="cosine", model="m@1", sparse=True))
     vectors = unit_vectors(20, seed=15)

@@ -27,8 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from qdrant_edge import (
 
 from services.core import datadir
 from services.core.errors import ConfigError
-from services.core.fsutil import copy_tree_sparse, fsync_path, pid_alive, tracks_mapped_writes, write_atomic
+from services.core.fsutil import copy_tree_sparse, pid_alive, write_atomic
 from services.core.store_settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.edge import index as edge_index
@@ -55,7 +54,6 @@ from services.store.edge.config import (  # converters
     EdgeLevers,
     budget_levers,
     delete_operation,
-    dense_params,
     edge_config,
     levers_from,
     levers_of,
@@ -73,7 +71,8 @@ from services.store.edge.config import (  # converters
 )
 from services.store.edge.generation_lock import lock_file
 from services.store.edge.lease import ShardLease, lease_for
-from services.store.points import CollectionSpec, SparseVector, point_records
+from services.store.edge.search import DenseSearch
+from services.store.points import CollectionSpec, point_records
 from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
@@ -130,11 +129,9 @@ class EdgeEngine:
         self.min_free_mb = min_free_mb
         self.data_dir = data_dir
         self.levers = levers or EdgeLevers()
-        self.search_params = search_params
-        self.fused_search_params = fused_search_params if fused_search_params is not None else search_params
         self.recall_target = recall_target
+        self.dense = DenseSearch(self.generations_dir, search_params, fused_search_params, recall_target)
         self.memory_budget_mb, self.fixed_levers = memory_budget_mb, list(fixed_levers)
-        self._records: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # (generation, file) -> (mtime, read)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgeEngine:
@@ -310,20 +307,12 @@ class EdgeEngine:
             "hnsw_segments": kinds.count("hnsw"),
             "index_threshold": self.index_threshold,
             "indexed_points": edge_index.indexed_points(self.generations_dir / generation),
-            "calibration": self._calibration(generation),
+            "calibration": self.dense.calibration(generation),
         }
 
     def search_ef(self, generation: str) -> dict[str, Any]:
-        """What `dpr status` says of the generation's search ef (``calibrate.describe``), read without the shard: the
-        segments' index types and the last build's record."""
-        from services.store.calibrate import describe
-
-        kinds = edge_index.segment_kinds(self.generations_dir / generation / edge_index.SHARD)
-        dense, fused = self.search_params, self.fused_search_params
-        explicit = {"hnsw_ef": dense.hnsw_ef if dense else None,
-                    "hybrid_ef": fused.hnsw_ef if fused is not None and fused is not dense else None}
-        return describe({"hnsw_segments": kinds.count("hnsw"), "index_threshold": self.index_threshold,
-                         "calibration": self._calibration(generation)}, explicit)
+        """What `dpr status` says of the generation's search ef (``DenseSearch.describe``), read without the shard."""
+        return self.dense.describe(generation, self.index_threshold)
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
@@ -373,7 +362,9 @@ class EdgeEngine:
         """Every point's payload, ``limit`` a page, read from a copy of the generation's shard (removed after), so
         that its holder (``dpr serve`` answering from it) keeps it: the files are copied beside the holder and the
         copy kept if none of them and not the lock changed meanwhile (every write, through a call or a map, moves an
-        mtime: ``_settled``); else copied again under one lease turn (the holder then loads its shard again)."""
+        mtime: ``settled.settled``); else copied again under one lease turn (the holder then loads its shard again)."""
+        from services.store.edge.settled import settled, stamps  # off the query path: a reader's copy
+
         for stale in self.generations_dir.glob(".*.read.*"):  # a reader killed mid-read left it
             if not pid_alive(int(stale.name.rsplit(".read.", 1)[1].split(".")[0])):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -382,11 +373,11 @@ class EdgeEngine:
         lock = lock_file(self.root, generation)
         try:
             with contextlib.suppress(OSError):  # a file went meanwhile (an index swap)
-                settled = _settled(source, lock)
-                if settled is not None:
+                quiet = settled(source, lock)
+                if quiet is not None:
                     with self._writing("copying a generation to read it"):
                         copy_tree_sparse(source, copy)
-                    if _stamps(source, lock) == settled:
+                    if stamps(source, lock) == quiet:
                         shard = EdgeShard.load(str(copy))
             if shard is None:
                 shutil.rmtree(copy, ignore_errors=True)
@@ -410,13 +401,13 @@ class EdgeEngine:
             shutil.rmtree(work, ignore_errors=True)
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
-        request = query_request(branch, limit, where, params=self._params(generation, branch))
+        request = query_request(branch, limit, where, params=self.dense.params(generation, branch))
         return scored(self.shard(generation).query(request))
 
     def query_batch(
         self, generation: str, branches: Sequence[Branch], limit: int, where: Where | None, with_payload: bool = True
     ) -> list[list[Scored]]:
-        requests = [query_request(b, limit, where, with_payload, self._params(generation, b, fused=True))
+        requests = [query_request(b, limit, where, with_payload, self.dense.params(generation, b, fused=True))
                     for b in branches]
         return [scored(r) for r in self.shard(generation).query_batch(QueryBatchRequest(requests))]
 
@@ -434,50 +425,12 @@ class EdgeEngine:
     ) -> list[Scored]:
         flt = to_filter(where)
         prefetches = [
-            Prefetch(limit=depth, query=nearest(b), filter=flt, params=self._params(generation, b, fused=True))
+            Prefetch(limit=depth, query=nearest(b), filter=flt, params=self.dense.params(generation, b, fused=True))
             for b in branches
         ]
         rrf = Fusion.Rrf(k=rrf_k)  # type: ignore[arg-type]  # the stub omits Fusion.Rrf
         request = QueryRequest(limit=limit, prefetches=prefetches, query=rrf, with_payload=True)  # type: ignore[arg-type]
         return scored(self.shard(generation).query(request))
-
-    def _params(self, generation: str, branch: Branch, fused: bool = False) -> SearchParams | None:
-        """The dense branch's search params (HNSW ef, quantization rescore; ``fused``: of a hybrid query); none for
-        the sparse branch. A generation the memory budget made int8 (its ``levers.json``) is re-scored with fp32
-        where the settings name no quantization lever, else it would rank by the int8 copy alone; an fp32 one is
-        not asked to (the option cost 7% of `dpr serve`'s questions/s at 100k)."""
-        if isinstance(branch[1], SparseVector):
-            return None
-        params = self.fused_search_params if fused else self.search_params
-        if params is None or params.hnsw_ef is None:  # no explicit ef: the one the last build calibrated
-            cal, key = self._calibration(generation), "fused_" if fused else ""
-            quantization = None if params is None else params.quantization
-            if cal.get(f"{key}exact"):  # the scan was faster than the graph at the ef the target needs
-                params = SearchParams(exact=True, quantization=quantization)
-            elif cal.get(f"{key}ef"):
-                params = SearchParams(hnsw_ef=int(cal[f"{key}ef"]), quantization=quantization)
-        levers = self._record(generation, LEVERS_FILE, levers_of)
-        return dense_params(params, quantized=levers.get("quantization") == "int8")
-
-    def _calibration(self, generation: str) -> dict[str, Any]:
-        """The search-ef calibration of the generation's last build (``index.json``); ``{}`` with no target, no
-        graph or no build yet."""
-        if self.recall_target <= 0:
-            return {}
-        return self._record(generation, edge_index.INDEX_RECORD,
-                            lambda d: dict(edge_index.index_record(d).get("calibration") or {}))
-
-    def _record(self, generation: str, name: str, read: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
-        """``read`` of the generation's dir, cached until a build or the budget (in any process) rewrote the file
-        ``name`` in it: one ``stat`` a query; ``{}`` while it does not exist."""
-        try:
-            stamp = (self.generations_dir / generation / name).stat().st_mtime_ns
-        except OSError:
-            return {}
-        cached = self._records.get((generation, name))
-        if cached is None or cached[0] != stamp:
-            cached = self._records[generation, name] = (stamp, read(self.generations_dir / generation))
-        return cached[1]
 
     def serves(self, generation: str) -> bool:
         """This process has ``generation``'s shard open (the owner answers other processes' calls only for those)."""
@@ -486,27 +439,3 @@ class EdgeEngine:
     def close(self) -> None:
         """Flush, close the shards and release the lock now (other engines of this directory reopen on use)."""
         self.lease.release()
-
-
-_CLOCK_STEP_NS = 20_000_000  # more than the step of the kernel's file clock (a jiffy)
-
-
-def _stamps(shard_dir: Path, lock: Path, settle: bool = False) -> dict[str, tuple[int, int, int]]:
-    """Size, mtime and inode of every file of a shard and of its generation's lock file (rewritten by each holder
-    that takes it). ``settle``: each file's dirty pages are written back first, so that a later store through a
-    memory map faults again and moves its mtime."""
-    files = [Path(d, f) for d, _, names in os.walk(shard_dir) for f in names]
-    for path in files if settle else ():
-        fsync_path(path)
-    return {str(p): (st.st_size, st.st_mtime_ns, st.st_ino) for p in [lock, *files] for st in [p.stat()]}
-
-
-def _settled(shard_dir: Path, lock: Path) -> dict[str, tuple[int, int, int]] | None:
-    """``_stamps`` once the newest is older than the file clock's step, so that any write from then on, through a
-    call or a map, changes one of them; None if they moved meanwhile or the filesystem does not move an mtime on a
-    store through a map (``tracks_mapped_writes``: tmpfs)."""
-    if not tracks_mapped_writes(shard_dir):
-        return None
-    first = _stamps(shard_dir, lock, settle=True)
-    time.sleep(max(0.0, (max(m for _, m, _ in first.values()) + _CLOCK_STEP_NS - time.time_ns()) / 1e9))
-    return first if _stamps(shard_dir, lock) == first else None
