@@ -6,7 +6,7 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
 
 - AMX (``amx_bf16``: Intel Sapphire Rapids and later): OpenVINO bf16 for both towers, faithful to fp32 (cosine
   0.99998, top 10 kept 0.998). On a 2-core Xeon with AMX, 1,518 SciFact passages: 1.5-2.5x ONNX Runtime int8's
-  passages/s by the load (1.96x in results/ingest-speed/runtimes.md), a short question in 2.4 ms against 5.6 ms for
+  passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.70x what it was on
   ONNX Runtime fp32.
 - anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). int8 is not faithful by the
   0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0021, p 0.55): ``DPR_ENCODER__BACKEND=onnx`` is the fp32 path, at
