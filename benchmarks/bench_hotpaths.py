@@ -31,7 +31,7 @@ notes), never asserted.
    queue, no store), the same number of pairs: the ceiling of b / a on this machine.
 5. Length bucketing (torch): the pipeline's ingest batches encoded in document order (what a backend that does
    not sort gets), as one ``encode_documents`` call per ingest batch (the code before this change:
-   sentence-transformers sorts by characters inside the call), and with ``services.ingest.pipeline.encode_by_length``.
+   sentence-transformers sorts by characters inside the call), and with ``services.ingest.encoding.encode_by_length``.
 6. ``dpr query`` process wall and peak RSS (median of 5) over the embedded ``--points`` collection, per backend;
    the same command as a client of ``dpr serve`` over the same data dir (``DPR_API_URL``; the server on the default
    backends, 1 encoder thread, no API key, answered one untimed search first); the peer's query process over the
@@ -69,7 +69,8 @@ REPO = script()
 
 from services.core.settings import EncoderSettings, Settings  # noqa: E402
 from services.core.threads import available_cores, threads_per_process  # noqa: E402
-from services.ingest.pipeline import chunk_document, encode_by_length  # noqa: E402
+from services.ingest.encoding import encode_by_length  # noqa: E402
+from services.ingest.pipeline import chunk_document  # noqa: E402
 from services.readers import Document  # noqa: E402
 from services.runtime import Runtime  # noqa: E402
 

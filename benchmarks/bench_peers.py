@@ -79,7 +79,7 @@ def tower_vectors(texts: list[str], tokens: list[int], backend: str = "onnx") ->
     """The product's passage tower on ``backend`` over ``texts``, batched as ``dpr ingest`` batches them."""
     from encoders.registry import load_towers
     from services.core.settings import Settings
-    from services.ingest.pipeline import encode_by_length
+    from services.ingest.encoding import encode_by_length
 
     settings = Settings()
     towers = load_towers("base", settings.models_dir, backend=backend,  # type: ignore[arg-type]

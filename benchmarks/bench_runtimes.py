@@ -164,7 +164,7 @@ def towers_section(texts: list[str], tokens: list[int], work: Path, rounds: int)
     vectors: dict[str, np.ndarray] = {}
     for _ in range(rounds):
         for b, t in towers.items():  # alternated
-            from services.ingest.pipeline import encode_by_length
+            from services.ingest.encoding import encode_by_length
 
             start = time.perf_counter()
             vectors[b] = encode_by_length(t, texts, [n - 2 for n in tokens], 32)

@@ -15,26 +15,23 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-from encoders.batching import length_slices
 from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, DocumentError
 from services.core.fsutil import now_iso
 from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
 from services.ingest.chunking import Chunk, chunk_sections
+from services.ingest.encoding import passage_points
 from services.ingest.files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
 from services.ingest.language import collection_spec, for_new_collection
 from services.readers import Document, DocumentFailure, Item, Section, Skipped
 from services.readers.filesig import FileRef
 from services.readers.quarantine import limits_for
-from services.store.points import CollectionSpec, DocState, Passage, PassagePoint
+from services.store.points import CollectionSpec, DocState, Passage
 from services.store.protocol import VectorStore
 from services.store.sparse import SparseEncoder, for_spec
-
-if TYPE_CHECKING:
-    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -249,58 +246,24 @@ def _encode_and_store(
     generation: str,
 ) -> None:
     """Encode every planned chunk in one passage-tower call, upsert the points, then drop stale chunks."""
-    texts = [c.encoder_text for _, chunks in planned for c in chunks]
-    t0 = time.perf_counter()
-    lengths = [c.tokens for _, chunks in planned for c in chunks]
-    vectors = encode_by_length(towers, texts, lengths, batch_size)  # (n_passages, dim)
-    report.encode_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
-    report.sparse_seconds = time.perf_counter() - t0
     now = now_iso()
-    points: list[PassagePoint] = []
-    for doc, chunks in planned:
-        for c in chunks:
-            i = len(points)
-            passage = Passage(
-                doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
+    passages = [
+        Passage(doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
                 source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
-                job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format,
-            )
-            # a row of the float32 matrix, not a list: the store only takes its length and turns each engine
-            # batch into floats (``points.point_vectors``), so a 2,400-page document never holds every vector as
-            # Python floats at once (~14 KB a passage as a list, ~100 bytes as a row)
-            dense = cast("list[float]", vectors[i])
-            points.append(PassagePoint(passage=passage, dense=dense,
-                                       sparse=sparse_vectors[i] if sparse_vectors is not None else None))
-    del texts, sparse_vectors  # the points hold what is written
+                job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format)
+        for doc, chunks in planned for c in chunks
+    ]
+    seconds: dict[str, float] = {}
+    points = passage_points(passages, [c.encoder_text for _, chunks in planned for c in chunks],
+                            [c.tokens for _, chunks in planned for c in chunks], towers=towers, sparse=sparse,
+                            batch_size=batch_size, seconds=seconds)
+    report.encode_seconds, report.sparse_seconds = seconds["encode"], seconds["sparse"]
+    del passages  # the points hold what is written
     t0 = time.perf_counter()
     store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks go, in one write
     report.upsert_seconds = time.perf_counter() - t0
     report.documents += len(planned)
     report.chunks += len(points)
-
-
-def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int], batch_size: int) -> np.ndarray:
-    """The passage tower over ``texts`` in batches of similar token length, vectors back in the input order.
-
-    A batch pads to its longest passage, so the passages of the whole ingest batch (every document in it) are
-    sorted by ``lengths`` (longest first) and cut where padding would cost more than another call
-    (``encoders.batching.length_slices``, at most ``batch_size`` rows); each backend gets batches it cannot pad
-    much, whether or not it sorts on its own."""
-    import numpy as np
-
-    slices = length_slices(lengths, batch_size)
-    order = [i for s in slices for i in s]
-    parts = [
-        towers.encode_documents([texts[i] for i in s], batch_size=batch_size) for s in slices
-    ]  # each (<= batch_size, dim)
-    if not parts:
-        return towers.encode_documents([], batch_size=batch_size)
-    ordered = np.concatenate(parts)  # (n, dim), longest first
-    vectors = np.empty_like(ordered)
-    vectors[order] = ordered
-    return vectors
 
 
 ProgressFn = Callable[[IngestReport], None]

@@ -16,6 +16,7 @@ from encoders.towers import DualEncoder
 from services.core.errors import CollectionNotFound, ConfigError
 from services.core.fsutil import now_iso
 from services.ingest.chunking import Chunk
+from services.ingest.encoding import passage_points
 from services.lifecycle.state import (
     LIFECYCLE_KEYS,
     MODEL_NAME_KEY,
@@ -144,21 +145,14 @@ def pending_batches(store: VectorStore, state: ReembedState, batch_size: int) ->
 def embed_passages(
     passages: Sequence[Passage], towers: DualEncoder, sparse: SparseEncoder | None, batch_size: int = 32
 ) -> list[PassagePoint]:
-    """The passage tower reads exactly what ingest gave it (title › heading path + text); payloads are kept, model
-    replaced."""
+    """The passage tower reads exactly what ingest gave it (title › heading path + text), encoded as ingest encodes
+    (``passage_points``); payloads are kept, model replaced."""
     texts = [
         Chunk(index=p.chunk_index, text=p.text, title=p.title, heading=p.heading).encoder_text for p in passages
     ]
-    vectors = towers.encode_documents(texts, batch_size=batch_size)  # (n, dim)
-    sparse_vectors = [sparse.embed_document(t) for t in texts] if sparse is not None else None
-    return [
-        PassagePoint(
-            passage=replace(p, model=towers.fingerprint),
-            dense=vectors[i].tolist(),
-            sparse=sparse_vectors[i] if sparse_vectors is not None else None,
-        )
-        for i, p in enumerate(passages)
-    ]
+    return passage_points([replace(p, model=towers.fingerprint) for p in passages], texts,
+                          [len(towers.passage_token_offsets(t)) for t in texts], towers=towers, sparse=sparse,
+                          batch_size=batch_size)
 
 
 def check_towers(state: ReembedState, towers: DualEncoder) -> None:

@@ -11,7 +11,7 @@ from kit.fakes import FakeRuntime, HashTowers
 
 from encoders.batching import CALL_TOKENS, length_slices
 from services.ingest.chunking import chunk_text
-from services.ingest.pipeline import encode_by_length
+from services.ingest.encoding import encode_by_length
 from services.query import QueryOptions
 from services.readers import Document
 

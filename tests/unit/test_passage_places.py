@@ -90,7 +90,7 @@ def test_reembed_reads_what_ingest_read() -> None:
     chunk = Chunk(index=0, text="body text", title="Guide", heading=("Guide", "Setup"))
     assert chunk.encoder_text == "Guide › Setup\nbody text"
     [point] = embed_passages([passage], towers, None)
-    assert point.dense == towers.encode_documents([chunk.encoder_text])[0].tolist()
+    assert list(point.dense) == towers.encode_documents([chunk.encoder_text])[0].tolist()
 
 
 def test_the_api_search_response_carries_the_place(tmp_path: Path) -> None:
