@@ -20,9 +20,11 @@ from typing import Protocol
 
 from services.core.errors import DprError
 from services.ingest.batches import Submitted, job_batches, run_batch
-from services.ingest.pipeline import IngestPipeline, IngestReport, ParsedFiles, new_job_id
+from services.ingest.files import ParsedFiles, file_states, parse_files
+from services.ingest.pipeline import IngestPipeline, IngestReport, new_job_id
 from services.jobs.store import JobStore
 from services.readers import Document, Item
+from services.readers.filesig import FileRef
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +145,15 @@ class LocalExecutor:
     def _parse_ahead(self, parser: ThreadPoolExecutor, pipeline: IngestPipeline, job: str,
                      batch: list[Item]) -> Future[ParsedFiles | None] | None:
         """The batch's binary files, parsing on ``parser``; None when it has none or prefetch is off."""
-        if not self.prefetch:
+        refs = [i for i in batch if isinstance(i, FileRef)]
+        if not self.prefetch or not refs:
             return None
         try:
-            known = pipeline.file_states(batch)
+            known = file_states(pipeline, refs)
         except DprError as e:  # the batch runs without the head start and meets the error itself
             log.warning("looking up files ahead failed", extra={"job": job, "error": str(e)})
             return None
-        return parser.submit(pipeline.parse_files, batch, job, known) if known is not None else None
+        return parser.submit(parse_files, pipeline, refs, job=job, known=known)
 
     def _run_batch(self, pipeline: IngestPipeline, job: str, number: int, batch: list[Item],
                    parsing: Future[ParsedFiles | None] | None = None) -> None:

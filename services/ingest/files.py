@@ -14,7 +14,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,20 +68,23 @@ class ParsedFiles:
     by: str = ""
 
 
+class Parsing(Protocol):
+    """What parsing a batch's files needs of the pipeline that runs it (``IngestPipeline``): the store and towers
+    that decide "unchanged" (``towers_for`` set: the towers follow the collection's model), the chunking the
+    signature covers, and the parse limits."""
+
+    store: VectorStore
+    towers: DualEncoder
+    chunking: ChunkSettings
+    documents: DocumentSettings | None
+    max_document_bytes: int
+    path_map: str
+    towers_for: Callable[[str], DualEncoder] | None
+
+
 def parse_files(
-    refs: list[FileRef],
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    chunking: ChunkSettings,
-    limits: DocumentSettings | None = None,
-    max_bytes: int = 20_000_000,
-    path_map: str = "",
-    job: str = "",
-    generation: str | None = None,
-    follows_collection: bool = False,
-    known: tuple[dict[str, DocState], str] | None = None,
-    guard: ParseGuard | None = None,
+    pipeline: Parsing, refs: list[FileRef], *, job: str = "", generation: str | None = None,
+    known: tuple[dict[str, DocState], str] | None = None, guard: ParseGuard | None = None,
 ) -> ParsedFiles:
     """Parse the binary files of a batch in this process's parser sandbox, except those whose signature
     (``services.readers.filesig``: sha256, size, chunking) and model match what the store holds for their doc
@@ -93,10 +96,11 @@ def parse_files(
     out = ParsedFiles(by=f"{socket.gethostname()}:{os.getpid()}")
     if not refs:
         return out
-    pairs = parse_path_map(path_map)
-    states, model = known or file_states(refs, store=store, towers=towers, generation=generation,
-                                         follows_collection=follows_collection)
-    key = chunk_key(chunking.max_tokens, chunking.overlap, chunking.max_title_tokens, towers.max_passage_tokens)
+    pairs = parse_path_map(pipeline.path_map)
+    limits, chunking = pipeline.documents, pipeline.chunking
+    states, model = known or file_states(pipeline, refs, generation)
+    key = chunk_key(chunking.max_tokens, chunking.overlap, chunking.max_title_tokens,
+                    pipeline.towers.max_passage_tokens)
     for ref in refs:
         local = local_file(ref, pairs, out.by)
         if isinstance(local, DocumentFailure):
@@ -121,7 +125,7 @@ def parse_files(
             if guard is not None:
                 guard.before(ref.doc_id)
             try:
-                parsed = list(read_binary(local.path, ref.kind, ref.doc_id, max_bytes, limits))
+                parsed = list(read_binary(local.path, ref.kind, ref.doc_id, pipeline.max_document_bytes, limits))
             except BaseException:  # e.g. Celery's soft time limit mid-parse: the child may still be sending parts
                 shared_sandbox(limits or DocumentSettings()).close()  # a fresh one for the next document
                 raise
@@ -149,18 +153,16 @@ def parse_files(
     return out
 
 
-def file_states(
-    refs: list[FileRef], *, store: VectorStore, towers: DualEncoder, generation: str | None = None,
-    follows_collection: bool = False,
-) -> tuple[dict[str, DocState], str]:
+def file_states(pipeline: Parsing, refs: list[FileRef], generation: str | None = None
+                ) -> tuple[dict[str, DocState], str]:
     """What the store holds for these files' doc ids, and the model their passages must have been written with
     to count as unchanged."""
-    model = towers.fingerprint
+    store, model = pipeline.store, pipeline.towers.fingerprint
     if generation is not None:
         return store.doc_states([r.doc_id for r in refs], generation=generation), model
     active = store.active()
     if active is None:  # a new collection: nothing is stored yet
         return {}, model
-    if follows_collection:
+    if pipeline.towers_for is not None:
         model = active.spec.model  # the towers follow the collection's model
     return store.doc_states([r.doc_id for r in refs], generation=active.name), model

@@ -24,12 +24,12 @@ from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
 from services.ingest.chunking import Chunk, chunk_sections
 from services.ingest.encoding import passage_points
-from services.ingest.files import ParsedFiles, ParseGuard, batched_items, file_states, parse_files
+from services.ingest.files import ParsedFiles, ParseGuard, batched_items, parse_files
 from services.ingest.language import collection_spec, for_new_collection
 from services.readers import Document, DocumentFailure, Item, Section, Skipped
 from services.readers.filesig import FileRef
 from services.readers.quarantine import limits_for
-from services.store.points import CollectionSpec, DocState, Passage
+from services.store.points import CollectionSpec, Passage
 from services.store.protocol import VectorStore
 from services.store.sparse import SparseEncoder, for_spec
 
@@ -110,75 +110,6 @@ def chunk_document(doc: Document, towers: DualEncoder, chunking: ChunkSettings) 
     return result.chunks, result.title_truncated
 
 
-def ingest_batch(
-    items: list[Item],
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    chunking: ChunkSettings,
-    sparse: SparseEncoder | None = None,
-    batch_size: int = 32,
-    job: str = "",
-    generation: str | None = None,
-    fence: WriteFence | None = None,
-    towers_for: Callable[[str], DualEncoder] | None = None,
-    limits: DocumentSettings | None = None,
-    max_bytes: int = 20_000_000,
-    path_map: str = "",
-    parsed: ParsedFiles | None = None,
-    guard: ParseGuard | None = None,
-) -> IngestReport:
-    """Ingest one batch of documents. Transient store errors propagate (the caller retries the whole batch,
-    which is safe: writes are idempotent). Document errors are reported per document. The batch's unparsed
-    binary files (``FileRef``) are parsed here (``parse_files``), unless ``parsed`` says what they became
-    (parsed ahead, while the previous batch encoded)."""
-    report = IngestReport(job=job)
-    refs = [i for i in items if isinstance(i, FileRef)]
-    if refs and parsed is None:
-        parsed = parse_files(refs, store=store, towers=towers, chunking=chunking, limits=limits,
-                             max_bytes=max_bytes, path_map=path_map, job=job, generation=generation,
-                             follows_collection=towers_for is not None, guard=guard)
-    if parsed is not None:
-        items = [i for i in items if not isinstance(i, FileRef)] + parsed.items
-        report.parsed, report.parse_seconds = parsed.parsed, parsed.seconds
-        report.parsed_by = parsed.by if parsed.parsed else ""
-        for _, chunks, by_this_job in parsed.unchanged:
-            if by_this_job:  # a redelivered batch: what its first attempt wrote
-                report.documents += 1
-                report.chunks += chunks
-            else:
-                report.unchanged += 1
-    docs: dict[str, Document] = {}
-    for item in items:
-        if isinstance(item, Skipped):
-            report.skipped.append(item.to_json())
-        elif isinstance(item, DocumentFailure):
-            report.failed.append(item.to_json())
-        else:
-            docs[item.doc_id] = item  # the readers fail a duplicate id (the first wins); here the last would
-    if not docs:
-        return report
-
-    # Writers hold the write fence shared from resolving the generation to their last write, so a re-embed swap
-    # (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
-    with (fence or NoFence()).shared():
-        if generation is None:
-            active = store.active()
-            if active is not None and towers_for is not None and active.spec.model != towers.fingerprint:
-                towers = towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
-            creating = sparse if active is not None else for_new_collection(sparse, docs.values())  # its language
-            generation = store.ensure_collection(collection_spec(towers, creating))
-        if sparse is not None:  # the collection's stored BM25 configuration wins over this process's default
-            sparse = for_spec(_spec_of(store, generation), sparse)
-        _write_documents(docs, report, store=store, towers=towers, chunking=chunking, sparse=sparse,
-                         batch_size=batch_size, generation=generation)
-    log.info(
-        "ingested batch",
-        extra={"job": job, "documents": report.documents, "chunks": report.chunks, "unchanged": report.unchanged},
-    )
-    return report
-
-
 def _spec_of(store: VectorStore, generation: str) -> CollectionSpec:
     active = store.active()
     if active is not None and active.name == generation:
@@ -187,83 +118,6 @@ def _spec_of(store: VectorStore, generation: str) -> CollectionSpec:
     if spec is not None:
         return spec
     raise CollectionNotFound(f"collection {store.alias!r} has no generation {generation!r}; ingest without it")
-
-
-def _write_documents(
-    docs: dict[str, Document],
-    report: IngestReport,
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    chunking: ChunkSettings,
-    sparse: SparseEncoder | None,
-    batch_size: int,
-    generation: str,
-) -> None:
-    states = store.doc_states(list(docs), generation=generation)
-    t0 = time.perf_counter()
-
-    planned: list[tuple[Document, list[Chunk]]] = []
-    for doc in docs.values():
-        try:
-            chunks, title_truncated = chunk_document(doc, towers, chunking)
-        except DocumentError as e:
-            report.failed.append(DocumentFailure.from_error(e).to_json())
-            continue
-        state = states.get(doc.doc_id)
-        if (
-            state is not None
-            and state.doc_hash == doc.doc_hash
-            and state.model == towers.fingerprint
-            and state.chunks == len(chunks)
-        ):
-            # Stored whole already: no encoder work. If this job wrote it (an earlier attempt of a redelivered
-            # batch whose worker died), it counts as written, with its passages, as that attempt would have.
-            if report.job and report.job in state.jobs:
-                report.documents += 1
-                report.chunks += len(chunks)
-                report.title_truncated += int(title_truncated)
-            else:
-                report.unchanged += 1
-            continue
-        report.title_truncated += int(title_truncated)
-        planned.append((doc, chunks))
-    report.chunk_seconds += time.perf_counter() - t0
-
-    if planned:
-        _encode_and_store(planned, report, store=store, towers=towers, sparse=sparse, batch_size=batch_size,
-                          generation=generation)
-
-
-def _encode_and_store(
-    planned: list[tuple[Document, list[Chunk]]],
-    report: IngestReport,
-    *,
-    store: VectorStore,
-    towers: DualEncoder,
-    sparse: SparseEncoder | None,
-    batch_size: int,
-    generation: str,
-) -> None:
-    """Encode every planned chunk in one passage-tower call, upsert the points, then drop stale chunks."""
-    now = now_iso()
-    passages = [
-        Passage(doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
-                source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
-                job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format)
-        for doc, chunks in planned for c in chunks
-    ]
-    seconds: dict[str, float] = {}
-    points = passage_points(passages, [c.encoder_text for _, chunks in planned for c in chunks],
-                            [c.tokens for _, chunks in planned for c in chunks], towers=towers, sparse=sparse,
-                            batch_size=batch_size, seconds=seconds)
-    report.encode_seconds, report.sparse_seconds = seconds["encode"], seconds["sparse"]
-    del passages  # the points hold what is written
-    t0 = time.perf_counter()
-    store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks go, in one write
-    report.upsert_seconds = time.perf_counter() - t0
-    report.documents += len(planned)
-    report.chunks += len(points)
 
 
 ProgressFn = Callable[[IngestReport], None]
@@ -276,7 +130,8 @@ class IngestPipeline:
     Built once per process and collection from the settings (``IngestPipeline.from_settings``, or
     ``services.runtime.Runtime.pipeline``); the CLI, the API, the Celery task, re-embed and evaluation all run
     their batches through ``ingest_batch``. ``towers_for`` lets the towers follow the collection's active
-    generation (a re-embed or rollback may have moved it to another model)."""
+    generation (a re-embed or rollback may have moved it to another model). The batch's binary files are parsed
+    by ``services.ingest.files`` with this pipeline's settings (``files.Parsing``)."""
 
     store: VectorStore
     towers: DualEncoder
@@ -315,29 +170,108 @@ class IngestPipeline:
 
     def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None,
                      parsed: ParsedFiles | None = None, guard: ParseGuard | None = None) -> IngestReport:
-        return ingest_batch(
-            items, store=self.store, towers=self.towers, chunking=self.chunking, sparse=self.sparse,
-            batch_size=self.batch_size, job=job, generation=generation, fence=self.fence, towers_for=self.towers_for,
-            limits=self.documents, max_bytes=self.max_document_bytes, path_map=self.path_map, parsed=parsed,
-            guard=guard,
+        """Ingest one batch of documents. Transient store errors propagate (the caller retries the whole batch,
+        which is safe: writes are idempotent). Document errors are reported per document. The batch's unparsed
+        binary files (``FileRef``) are parsed here (``parse_files``), unless ``parsed`` says what they became
+        (parsed ahead, while the previous batch encoded)."""
+        report = IngestReport(job=job)
+        refs = [i for i in items if isinstance(i, FileRef)]
+        if refs and parsed is None:
+            parsed = parse_files(self, refs, job=job, generation=generation, guard=guard)
+        if parsed is not None:
+            items = [i for i in items if not isinstance(i, FileRef)] + parsed.items
+            report.parsed, report.parse_seconds = parsed.parsed, parsed.seconds
+            report.parsed_by = parsed.by if parsed.parsed else ""
+            for _, chunks, by_this_job in parsed.unchanged:
+                if by_this_job:  # a redelivered batch: what its first attempt wrote
+                    report.documents += 1
+                    report.chunks += chunks
+                else:
+                    report.unchanged += 1
+        docs: dict[str, Document] = {}
+        for item in items:
+            if isinstance(item, Skipped):
+                report.skipped.append(item.to_json())
+            elif isinstance(item, DocumentFailure):
+                report.failed.append(item.to_json())
+            else:
+                docs[item.doc_id] = item  # the readers fail a duplicate id (the first wins); here the last would
+        if not docs:
+            return report
+
+        # Writers hold the write fence shared from resolving the generation to their last write, so a re-embed
+        # swap (exclusive) never misses a write; the generation is pinned so one batch never straddles a swap.
+        towers, sparse, store = self.towers, self.sparse, self.store
+        with (self.fence or NoFence()).shared():
+            if generation is None:
+                active = store.active()
+                if active is not None and self.towers_for is not None and active.spec.model != towers.fingerprint:
+                    towers = self.towers_for(active.spec.model)  # the towers follow the collection (re-embeds move it)
+                creating = sparse if active is not None else for_new_collection(sparse, docs.values())  # its language
+                generation = store.ensure_collection(collection_spec(towers, creating))
+            if sparse is not None:  # the collection's stored BM25 configuration wins over this process's default
+                sparse = for_spec(_spec_of(store, generation), sparse)
+            self._write_documents(docs, report, towers, sparse, generation)
+        log.info(
+            "ingested batch",
+            extra={"job": job, "documents": report.documents, "chunks": report.chunks, "unchanged": report.unchanged},
         )
+        return report
 
-    def file_states(self, items: list[Item]) -> tuple[dict[str, DocState], str] | None:
-        """What the store holds for the batch's binary files (``parse_files``'s ``known``); None if it has none."""
-        refs = [i for i in items if isinstance(i, FileRef)]
-        if not refs:
-            return None
-        return file_states(refs, store=self.store, towers=self.towers, follows_collection=self.towers_for is not None)
+    def _write_documents(self, docs: dict[str, Document], report: IngestReport, towers: DualEncoder,
+                         sparse: SparseEncoder | None, generation: str) -> None:
+        states = self.store.doc_states(list(docs), generation=generation)
+        t0 = time.perf_counter()
+        planned: list[tuple[Document, list[Chunk]]] = []
+        for doc in docs.values():
+            try:
+                chunks, title_truncated = chunk_document(doc, towers, self.chunking)
+            except DocumentError as e:
+                report.failed.append(DocumentFailure.from_error(e).to_json())
+                continue
+            state = states.get(doc.doc_id)
+            if (
+                state is not None
+                and state.doc_hash == doc.doc_hash
+                and state.model == towers.fingerprint
+                and state.chunks == len(chunks)
+            ):
+                # Stored whole already: no encoder work. If this job wrote it (an earlier attempt of a redelivered
+                # batch whose worker died), it counts as written, with its passages, as that attempt would have.
+                if report.job and report.job in state.jobs:
+                    report.documents += 1
+                    report.chunks += len(chunks)
+                    report.title_truncated += int(title_truncated)
+                else:
+                    report.unchanged += 1
+                continue
+            report.title_truncated += int(title_truncated)
+            planned.append((doc, chunks))
+        report.chunk_seconds += time.perf_counter() - t0
+        if planned:
+            self._encode_and_store(planned, report, towers, sparse, generation)
 
-    def parse_files(self, items: list[Item], job: str = "",
-                    known: tuple[dict[str, DocState], str] | None = None) -> ParsedFiles | None:
-        """The batch's binary files parsed (or found unchanged) ahead of ``ingest_batch``; None if it has none."""
-        refs = [i for i in items if isinstance(i, FileRef)]
-        if not refs:
-            return None
-        return parse_files(refs, store=self.store, towers=self.towers, chunking=self.chunking, limits=self.documents,
-                           max_bytes=self.max_document_bytes, path_map=self.path_map, job=job,
-                           follows_collection=self.towers_for is not None, known=known)
+    def _encode_and_store(self, planned: list[tuple[Document, list[Chunk]]], report: IngestReport,
+                          towers: DualEncoder, sparse: SparseEncoder | None, generation: str) -> None:
+        """Encode every planned chunk in one passage-tower call, upsert the points, then drop stale chunks."""
+        now = now_iso()
+        passages = [
+            Passage(doc_id=doc.doc_id, chunk_index=c.index, text=c.text, title=c.title, doc_hash=doc.doc_hash,
+                    source=doc.source, ingested_at=now, model=towers.fingerprint, metadata=dict(doc.metadata),
+                    job=report.job, page=c.page, page_end=c.page_end, heading=c.heading, format=doc.format)
+            for doc, chunks in planned for c in chunks
+        ]
+        seconds: dict[str, float] = {}
+        points = passage_points(passages, [c.encoder_text for _, chunks in planned for c in chunks],
+                                [c.tokens for _, chunks in planned for c in chunks], towers=towers, sparse=sparse,
+                                batch_size=self.batch_size, seconds=seconds)
+        report.encode_seconds, report.sparse_seconds = seconds["encode"], seconds["sparse"]
+        del passages  # the points hold what is written
+        t0 = time.perf_counter()
+        self.store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks, in one write
+        report.upsert_seconds = time.perf_counter() - t0
+        report.documents += len(planned)
+        report.chunks += len(points)
 
     def ingest(self, items: Iterable[Item], job: str | None = None, progress: ProgressFn | None = None) -> IngestReport:
         """Every batch through ``ingest_batch`` in this process; ``progress`` gets each batch's report. (Jobs

@@ -5,7 +5,6 @@ documents with the reason and the next batch still runs; a full disk is recorded
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,9 +27,6 @@ class StubPipeline:
     def __init__(self, fail: dict[str, Exception]) -> None:
         self.fail, self.ran = fail, []
         self.store = self
-
-    def file_states(self, items: list[Any]) -> None:
-        return None  # no binary files: nothing parsed ahead
 
     def maybe_optimize(self) -> None:
         return None

@@ -11,7 +11,7 @@ from kit.fakes import HashTowers
 
 from services.core.locks import FileFence, FileLease
 from services.core.settings import ChunkSettings
-from services.ingest.pipeline import delete_documents, ingest_batch
+from services.ingest.pipeline import IngestPipeline, delete_documents
 from services.lifecycle import (
     GateDecision,
     ReembedError,
@@ -44,7 +44,7 @@ def doc(i: int, extra: str = "") -> Document:
 
 
 def ingest(store: Store, towers: HashTowers, docs: list[Document], **kw: object) -> None:
-    report = ingest_batch(docs, store=store, towers=towers, chunking=CHUNK, **kw)  # type: ignore[arg-type]
+    report = IngestPipeline(store=store, towers=towers, chunking=CHUNK, **kw).ingest_batch(docs)  # type: ignore[arg-type]
     assert not report.failed, report.failed
 
 

@@ -18,7 +18,7 @@ from kit.fakes import FakeRuntime, HashTowers
 from encoders.registry import ModelNotFound
 from services.core.locks import NoFence
 from services.core.settings import ChunkSettings, Settings
-from services.ingest.pipeline import ingest_batch
+from services.ingest.pipeline import IngestPipeline
 from services.jobs import JobStore, RedisHashes
 from services.lifecycle import distributed, plan
 from services.lifecycle import locks as lifecycle_locks
@@ -56,8 +56,8 @@ def test_a_batch_that_fails_for_good_does_not_keep_the_finalize_step_waiting(bro
     rt = FakeRuntime(towers=V1)
     try:
         docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(4)]
-        assert not ingest_batch(docs, store=rt.store, towers=V1,  # type: ignore[arg-type]
-                                chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+        assert not IngestPipeline(store=rt.store, towers=V1,  # type: ignore[arg-type]
+                                chunking=ChunkSettings(max_tokens=24, overlap=4)).ingest_batch(docs).failed
         settings = rt.settings.model_copy(update={"broker_url": "redis://127.0.0.1:6399/0"})
         lease = lease_for(settings)
         assert lease.acquire()
@@ -97,8 +97,8 @@ def test_the_source_is_read_from_a_copy_and_taken_only_when_a_file_changed_while
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))  # every run of calls ends by unlocking
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(40)]
-    assert not ingest_batch(docs, store=store, towers=V1,  # type: ignore[arg-type]
-                            chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+    assert not IngestPipeline(store=store, towers=V1,  # type: ignore[arg-type]
+                            chunking=ChunkSettings(max_tokens=24, overlap=4)).ingest_batch(docs).failed
     source = store.active().name  # type: ignore[union-attr]
     taken: list[str] = []
     take = GenerationLock.take.__func__  # type: ignore[attr-defined]
@@ -141,8 +141,8 @@ def test_a_copy_that_cannot_be_taken_beside_the_holder_is_taken_under_the_lease(
 
     store = Store(EdgeEngine(tmp_path, "c", idle_release=0))
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers", source=f"d{i}.txt") for i in range(10)]
-    assert not ingest_batch(docs, store=store, towers=V1,  # type: ignore[arg-type]
-                            chunking=ChunkSettings(max_tokens=24, overlap=4)).failed
+    assert not IngestPipeline(store=store, towers=V1,  # type: ignore[arg-type]
+                            chunking=ChunkSettings(max_tokens=24, overlap=4)).ingest_batch(docs).failed
     name = store.active().name  # type: ignore[union-attr]
     store.close()
     gens = tmp_path / "c" / "generations"

@@ -17,7 +17,7 @@ from kit.fakes import FakeRuntime, HashTowers
 
 from entrypoints.status import collection_status
 from services.core.settings import ChunkSettings
-from services.ingest.pipeline import ingest_batch
+from services.ingest.pipeline import IngestPipeline
 from services.lifecycle import locks as lifecycle_locks
 from services.lifecycle import plan, save_state
 from services.lifecycle.builder import builder_alive
@@ -40,8 +40,8 @@ V1, V2 = HashTowers(dim=16, name="fake-v1"), HashTowers(dim=16, name="fake-v2")
 def runtime() -> Iterator[FakeRuntime]:
     rt = FakeRuntime(towers=V1)
     docs = [Document(doc_id=f"d{i}", text=f"passage {i} about rivers and cells", source=f"d{i}.txt") for i in range(6)]
-    report = ingest_batch(docs, store=rt.store, towers=V1,  # type: ignore[arg-type]
-                          chunking=ChunkSettings(max_tokens=24, overlap=4))
+    report = IngestPipeline(store=rt.store, towers=V1,  # type: ignore[arg-type]
+                          chunking=ChunkSettings(max_tokens=24, overlap=4)).ingest_batch(docs)
     assert not report.failed
     yield rt
     rt.close()
