@@ -151,6 +151,12 @@ RUNTIME_CACHE_SHAPES = 16
 # at 256 as at 1,024 (64: questions +40% CPU; 0: passages 40% slower). Read by oneDNN once, at its first kernel;
 # a value in the environment wins.
 ONEDNN_PRIMITIVES = 256
+# A single row (a question) shorter than this many tokens runs padded to it, its attention mask 0 past its tokens
+# (the vectors are the same: pooling reads only the real tokens): every question then has one shape, and the CPU
+# plugin, which re-prepares every kernel of the graph when an input's shape changes (~2 ms on this model), prepares
+# them once. Measured on 100 SciFact questions of 10-40 tokens (2-core Xeon with AMX): the question tower 1.5-1.6x
+# faster than at each question's own width; a 32-token row costs no more than a 20-token one at this size.
+SINGLE_WIDTH = 32
 
 
 class OpenVinoSession:
@@ -192,7 +198,19 @@ class OpenVinoSession:
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self._model.create_infer_request()
+        rows, width = feeds[self._names[0]].shape
+        if rows == 1 and width < SINGLE_WIDTH and "attention_mask" in self._names:  # zeros: mask 0 past the tokens
+            out = request.infer({n: _pad(feeds[n], SINGLE_WIDTH) for n in self._names})[self._output]
+            return [(out[:, :width] if out.ndim == 3 else out).copy()]  # tokens (1, seq, hidden), or a score
         return [request.infer({n: feeds[n] for n in self._names})[self._output].copy()]
+
+
+def _pad(array: Any, width: int) -> Any:
+    import numpy as np
+
+    out = np.zeros((array.shape[0], width), dtype=array.dtype)
+    out[:, :array.shape[1]] = array
+    return out
 
 
 @dataclass(frozen=True)
