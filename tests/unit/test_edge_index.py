@@ -20,6 +20,7 @@ from services.core import fsutil
 from services.store import Store
 from services.store.edge import index as edge_index
 from services.store.edge import journal as edge_journal
+from services.store.edge.config import indexed_points
 from services.store.edge.engine import EdgeEngine
 from services.store.points import DENSE, CollectionSpec, Passage, PassagePoint, SearchRequest
 
@@ -139,7 +140,7 @@ def test_writes_during_the_build_are_replayed_onto_the_built_copy(tmp_path: Path
     hit = store.search(SearchRequest(dense=unit_vectors(1, seed=8)[0].tolist(), k=1))[0]
     assert hit.passage.doc_id == "d6000" and hit.score == pytest.approx(1.0, abs=1e-4)  # its vector came through
     assert_no_leftovers(tmp_path)
-    assert edge_index.indexed_points(gen_dir(tmp_path)) == 1200  # the replayed points are not in the graph yet
+    assert indexed_points(gen_dir(tmp_path)) == 1200  # the replayed points are not in the graph yet
     store.close()
 
 

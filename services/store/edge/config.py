@@ -8,15 +8,18 @@ memory placement that the reload does not repeat falls back to RAM (measured on 
 vector storage came back ``InRamMmap`` after ``optimize()``); quantization and payload placement persist.
 ``levers_from`` / ``search_params_from`` read them from the settings (``dense_params``: the rescoring an int8
 generation needs); ``budget_levers`` chooses the levers the settings leave unset from the memory budget, at creation
-and at each index build (whose reload applies a changed choice to the segments it builds). Below: the converters
-of the store's neutral records to qdrant-edge's types and back (pure functions; in this module so `dpr query` loads
-one module for both).
+and at each index build (whose reload applies a changed choice to the segments it builds). The generation's folder
+names (``SHARD``; ``recover_swap`` finishes an index swap a crash cut short) and the last index build's record
+(``index.json``, written by ``index.py``) are read here too: every query needs them, the build's machinery it does
+not. Below: the converters of the store's neutral records to qdrant-edge's types and back (pure functions; in
+this module so `dpr query` loads one module for both).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -58,12 +61,16 @@ from services.store.protocol import Branch, PointRecord, Vector
 if TYPE_CHECKING:
     from services.core.store_settings import EdgeSettings
 
+log = logging.getLogger(__name__)
+
 _DISTANCES = {"cosine": Distance.Cosine, "dot": Distance.Dot, "euclid": Distance.Euclid}
 # The graph where the settings leave (m, ef_construct) unset: above Qdrant's 16 / 100, whose graph needed three times
 # the search ef for recall@10 0.98 (100k passages: calibrated ef 768 vs 256, dense p50 8.0 vs 5.3 ms, for a build
 # 1.7x as long: benchmarks/results/query-speed/scale.md). full_scan_threshold in KB
 _HNSW_M, _HNSW_EF_CONSTRUCT, _FULL_SCAN_KB = 32, 200, 10_000
 LEVERS_FILE = "levers.json"  # a generation's EdgeLevers, beside spec.json (the index build repeats them)
+INDEX_RECORD = "index.json"  # the last index build's (``index.py``)
+SHARD, BUILD, NEXT, OLD = "shard", "shard.build", "shard.next", "shard.old"  # the shard, and an index build's swap
 QUANTILE = 0.99  # int8 range from the 0.99 quantile of the values (Qdrant's quantization guide)
 BUDGETED = ("quantization", "vectors_on_disk")  # the levers the memory budget chooses where the settings leave them
 # From this many points a generation whose fp32 vectors stay in RAM also gets an int8 copy (fp32 re-scoring) where
@@ -276,6 +283,29 @@ def levers_of(generation_dir: Path) -> dict[str, Any]:
 
 def record_levers(generation_dir: Path, levers: EdgeLevers, memory: dict[str, Any] | None = None) -> None:
     write_atomic(generation_dir / LEVERS_FILE, json.dumps(levers.to_json() | ({"memory": memory} if memory else {})))
+
+
+def index_record(generation_dir: Path) -> dict[str, Any]:
+    """The last build's record: the points it saw, its search-ef ``calibration`` (``services.store.calibrate``)."""
+    try:
+        return dict(json.loads((generation_dir / INDEX_RECORD).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def indexed_points(generation_dir: Path) -> int:
+    """Points the last build saw (0: never built)."""
+    try:
+        return int(index_record(generation_dir)["points"])
+    except (KeyError, ValueError, TypeError):
+        return 0
+
+
+def recover_swap(generation_dir: Path) -> None:
+    """Finish a swap a crash cut short between its renames (``shard.next`` present, ``shard`` gone)."""
+    if not (generation_dir / SHARD).exists() and (generation_dir / NEXT).is_dir():
+        os.replace(generation_dir / NEXT, generation_dir / SHARD)
+        log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
 def fixed_levers(recorded: dict[str, Any]) -> list[str]:

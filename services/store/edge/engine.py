@@ -14,9 +14,9 @@ generation and another writing the next do not take turns. The pointer and the s
 atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
 
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
-swap (``edge_index.py``); writes made meanwhile are journaled and replayed onto the copy (``edge_journal.py``);
-segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many points arrived since the
-last build. Beside it: ``snapshots.py``, ``config.py`` (config, levers).
+swap (``index.py``, which only a build loads); writes made meanwhile are journaled and replayed onto the copy
+(``journal.py``); segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many points
+arrived since the last build. Beside it: ``snapshots.py``, ``config.py`` (config, levers, a generation's records).
 """
 
 from __future__ import annotations
@@ -47,14 +47,15 @@ from services.core.errors import ConfigError
 from services.core.fsutil import copy_tree_sparse, pid_alive, write_atomic
 from services.core.store_settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
-from services.store.edge import index as edge_index
 from services.store.edge.config import (  # converters
     BUDGETED,
     LEVERS_FILE,
+    SHARD,
     EdgeLevers,
     budget_levers,
     delete_operation,
     edge_config,
+    indexed_points,
     levers_from,
     levers_of,
     machine_budget_mb,
@@ -64,6 +65,7 @@ from services.store.edge.config import (  # converters
     placement,
     query_request,
     record_levers,
+    recover_swap,
     scored,
     search_params_from,
     to_filter,
@@ -169,8 +171,7 @@ class EdgeEngine:
         """The generation's open shard, under this process's lease (``self.lease``: one process per shard);
         ``write``: to write into (reads may use a shard kept open after the lease was handed on)."""
         gen_dir = self.generations_dir / generation
-        return self.lease.shard(generation, gen_dir / edge_index.SHARD, lambda: edge_index.recover_swap(gen_dir),
-                                write)
+        return self.lease.shard(generation, gen_dir / SHARD, lambda: recover_swap(gen_dir), write)
 
     @contextlib.contextmanager
     def session(self, create: bool = False) -> Iterator[ShardLease | None]:
@@ -235,7 +236,7 @@ class EdgeEngine:
             levers, memory = self.levers, None
             if self.memory_budget_mb is not None:  # sized as the points the active generation's last build saw
                 active = self.read_pointer()  # (a re-embed's source; none for a new collection)
-                expected = edge_index.indexed_points(self.generations_dir / active) if active else 0
+                expected = indexed_points(self.generations_dir / active) if active else 0
                 levers, memory = budget_levers(levers, expected, spec.dim, self.memory_budget_mb, self.fixed_levers)
             with self._writing("creating a generation"):
                 shard = EdgeShard.create(
@@ -283,6 +284,8 @@ class EdgeEngine:
         is then dropped). With a memory budget, the levers the user did not set are chosen again first for the points
         there are now (``levers.json``), and the build's reload applies them to what it builds (the build's child
         counts its copy: a count here would load the shard and take it from the process answering from it)."""
+        from services.store.edge import index as edge_index  # builders only: `dpr query` never loads the build
+
         return edge_index.optimize(self, generation)
 
     def memory(self, generation: str) -> dict[str, Any]:
@@ -296,17 +299,19 @@ class EdgeEngine:
         """``index_threshold`` points or more arrived since the last build (or ever, if never built)."""
         if points is None:
             points = self.shard(generation).info().points_count
-        return points - edge_index.indexed_points(self.generations_dir / generation) >= self.index_threshold
+        return points - indexed_points(self.generations_dir / generation) >= self.index_threshold
 
     def index_info(self, generation: str) -> dict[str, Any]:
+        from services.store.edge.index import segment_kinds
+
         points = self.shard(generation).info().points_count  # first: the segments are read under its lock
-        kinds = edge_index.segment_kinds(self.generations_dir / generation / edge_index.SHARD)
+        kinds = segment_kinds(self.generations_dir / generation / SHARD)
         return {
             "points": points,
             "segments": len(kinds),
             "hnsw_segments": kinds.count("hnsw"),
             "index_threshold": self.index_threshold,
-            "indexed_points": edge_index.indexed_points(self.generations_dir / generation),
+            "indexed_points": indexed_points(self.generations_dir / generation),
             "calibration": self.dense.calibration(generation),
         }
 
@@ -369,7 +374,7 @@ class EdgeEngine:
             if not pid_alive(int(stale.name.rsplit(".read.", 1)[1].split(".")[0])):
                 shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{generation}.read.{os.getpid()}.", dir=self.generations_dir))
-        copy, source, shard = work / edge_index.SHARD, self.generations_dir / generation / edge_index.SHARD, None
+        copy, source, shard = work / SHARD, self.generations_dir / generation / SHARD, None
         lock = lock_file(self.root, generation)
         try:
             with contextlib.suppress(OSError):  # a file went meanwhile (an index swap)
@@ -383,7 +388,7 @@ class EdgeEngine:
                 shutil.rmtree(copy, ignore_errors=True)
                 with self.session():
                     self.lease.claim(generation)
-                    edge_index.recover_swap(source.parent)
+                    recover_swap(source.parent)
                     self.lease.flush(generation)
                     with self._writing("copying a generation to read it"):
                         copy_tree_sparse(source, copy)

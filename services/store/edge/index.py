@@ -50,6 +50,15 @@ from qdrant_edge import CountRequest
 
 from services.core.errors import StoreUnavailable
 from services.core.fsutil import Noted, copy_tree_changed, tracks_mapped_writes, write_atomic
+from services.store.edge.config import (  # what every query reads of a generation's folder
+    BUILD,
+    INDEX_RECORD,
+    NEXT,
+    OLD,
+    SHARD,
+    index_record,
+    recover_swap,
+)
 
 if TYPE_CHECKING:
     from services.store.edge.lease import ShardLease
@@ -57,9 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHARD, BUILD, NEXT, OLD = "shard", "shard.build", "shard.next", "shard.old"
 PARTS = "shard.parts"  # a first build's copy written anew a segment at a time (``build_child.split_copy``)
-INDEX_RECORD = "index.json"
 _BUILD_LOCK = ".index.lock"
 _BUILD_TIMEOUT = 6 * 3600  # seconds; a build that takes longer is killed and reported
 _STEP_TIMEOUT = 3600  # seconds for one replay round, or for closing the copy
@@ -87,22 +94,6 @@ def _segment_config(path: Path) -> dict[str, Any]:
         return dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return {}
-
-
-def index_record(generation_dir: Path) -> dict[str, Any]:
-    """The last build's record: the points it saw, its search-ef ``calibration`` (``services.store.calibrate``)."""
-    try:
-        return dict(json.loads((generation_dir / INDEX_RECORD).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
-        return {}
-
-
-def indexed_points(generation_dir: Path) -> int:
-    """Points the last build saw (0: never built)."""
-    try:
-        return int(index_record(generation_dir)["points"])
-    except (KeyError, ValueError, TypeError):
-        return 0
 
 
 def record_build(generation_dir: Path, points: int, calibration: dict[str, Any] | None = None) -> None:
@@ -141,13 +132,6 @@ def clear_leftovers(generation_dir: Path) -> None:
         if name == NEXT and not (generation_dir / SHARD).exists():
             continue  # a swap cut short: ``recover_swap`` finishes it
         shutil.rmtree(generation_dir / name, ignore_errors=True)
-
-
-def recover_swap(generation_dir: Path) -> None:
-    """Finish a swap a crash cut short between its renames (``shard.next`` present, ``shard`` gone)."""
-    if not (generation_dir / SHARD).exists() and (generation_dir / NEXT).is_dir():
-        os.replace(generation_dir / NEXT, generation_dir / SHARD)
-        log.warning("finished an interrupted index swap", extra={"generation": generation_dir.name})
 
 
 def copy_for_build(generation_dir: Path, noted: Noted | None = None) -> Noted:

@@ -11,8 +11,7 @@ from typing import Any
 
 from qdrant_edge import SearchParams
 
-from services.store.edge import index as edge_index
-from services.store.edge.config import LEVERS_FILE, dense_params, levers_of
+from services.store.edge.config import INDEX_RECORD, LEVERS_FILE, SHARD, dense_params, index_record, levers_of
 from services.store.points import SparseVector
 from services.store.protocol import Branch
 
@@ -53,15 +52,15 @@ class DenseSearch:
         graph or no build yet."""
         if self.recall_target <= 0:
             return {}
-        return self._record(generation, edge_index.INDEX_RECORD,
-                            lambda d: dict(edge_index.index_record(d).get("calibration") or {}))
+        return self._record(generation, INDEX_RECORD, lambda d: dict(index_record(d).get("calibration") or {}))
 
     def describe(self, generation: str, index_threshold: int) -> dict[str, Any]:
         """What `dpr status` says of the generation's search ef (``calibrate.describe``): the segments' index
         types and the last build's record."""
         from services.store.calibrate import describe
+        from services.store.edge.index import segment_kinds
 
-        kinds = edge_index.segment_kinds(self.generations_dir / generation / edge_index.SHARD)
+        kinds = segment_kinds(self.generations_dir / generation / SHARD)
         dense, fused = self.search_params, self.fused_search_params
         explicit = {"hnsw_ef": dense.hnsw_ef if dense else None,
                     "hybrid_ef": fused.hnsw_ef if fused is not None and fused is not dense else None}
