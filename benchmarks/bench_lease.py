@@ -28,7 +28,7 @@ from pathlib import Path
 from machine import commit, cpu_model  # the one CPU / commit probe of the benchmarks
 
 from services.store import Store
-from services.store import lease as lease_module
+from services.store.edge import lease_lifetime
 from services.store.edge.engine import EdgeEngine
 from services.store.points import CollectionSpec, Passage, PassagePoint
 
@@ -38,7 +38,7 @@ IDLE_RELEASE = 0.5  # the setting's default (DPR_EDGE__IDLE_RELEASE)
 
 def writer(root: str, stop: Event, pause: float, grace: float | None) -> None:
     if grace is not None:
-        lease_module.WAITER_GRACE = grace  # the baseline policy, in this process only
+        lease_lifetime.WAITER_GRACE = grace  # the baseline policy, in this process only
     store = Store(EdgeEngine(root, "c", idle_release=IDLE_RELEASE))
     i = 0
     while not stop.is_set():

@@ -5,9 +5,10 @@ of the edge engine goes through a lease, and the lease is per **generation**: an
 ``A/locks/G.lock``, taken the first time a call touches generation ``G`` (waiting up to
 ``edge.lock_timeout`` seconds, then ``StoreUnavailable``), its shard loaded lazily while it is held, and kept
 open for ``edge.idle_release`` seconds after the last call so that a busy process does not reopen per call (for
-``WAITER_GRACE`` only when another process is waiting for it). A timer thread then flushes, closes and unlocks,
-and the next process gets its turn. So ``dpr serve`` reading the active generation and workers writing the next
-one (a re-embed) never wait for each other, and neither reloads its shard because the other had a turn.
+``WAITER_GRACE`` only when another process is waiting for it). Its idle timer then flushes, closes and unlocks,
+and the next process gets its turn (``lease_lifetime.py``: when a lease lets go, idle, at exit or around a fork).
+So ``dpr serve`` reading the active generation and workers writing the next one (a re-embed) never wait for each
+other, and neither reloads its shard because the other had a turn.
 
 Having the shard open is a second lock, ``A/locks/G.open``, taken before the load and given up with the close. A
 process that hands ``G.lock`` on keeps its shard open (flushed if it wrote) and answers reads from it without
@@ -28,19 +29,15 @@ other are settled by ``lock_timeout`` (a ``StoreUnavailable``, which callers ret
 ``services/store/edge/generation_lock.py``.
 
 In one process every engine of a directory shares one lease (``lease_for``), and a re-entrant mutex serialises
-threads. Around ``os.fork()`` the parent hands everything back and the child drops what it inherited; at exit
-every lease is released.
+threads.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +46,7 @@ from qdrant_edge import EdgeShard
 
 from services.core.errors import StoreUnavailable
 from services.store.edge.generation_lock import GenerationLock, busy, lock_file
+from services.store.edge.lease_lifetime import IdleTimer, one_per_directory
 
 if TYPE_CHECKING:
     from services.core.locks import FileLease
@@ -57,14 +55,6 @@ log = logging.getLogger(__name__)
 
 _MIN_FAIR_SHARE = 0.25  # seconds a busy holder keeps the lease before yielding to a waiter
 _HANDOFF_WINDOW = 2.0  # seconds a holder that yielded waits for the waiter to take the lock
-# An idle holder hands the lease to a waiting process after this many seconds without a call, instead of the
-# whole ``idle_release``: consecutive calls of one piece of work (ensure the collection, read its document states)
-# come closer together than this, while the gap a worker spends encoding its next batch is far longer, and holding
-# the lease through it stalled the other process's store calls (and its cores) for up to ``idle_release`` per batch.
-# Two workers hand the lease over twice per batch each, so every millisecond here is paid ~4 times per batch.
-WAITER_GRACE = 0.01  # public: benchmarks/bench_lease.py sets it for its baseline
-_WAITER_POLL = 0.02  # seconds between an idle holder's later looks for a waiter
-_TICKER_IDLE = 30.0  # seconds the idle timer's thread waits disarmed before it ends (a use starts it again)
 
 
 class ShardLease:
@@ -86,14 +76,7 @@ class ShardLease:
         self._lock_timeout = 120.0  # the current run's (``held`` sets it); the settings' default until then
         self._structure: FileLease | None = None  # made on first use: a query never needs it
         self._structure_depth = 0
-        # The idle timer: one thread per lease that sleeps until ``_deadline`` (None: disarmed), started on first
-        # use and gone after ``_TICKER_IDLE`` seconds disarmed. A Timer thread per use cost a thread start per
-        # sequential question (~0.7 ms of a 5 ms dense question on 2 busy cores).
-        self._deadline: float | None = None
-        self._ticker: threading.Thread | None = None
-        self._wake = threading.Condition(self._mutex)
-        self._last_used = 0.0
-        self._idle_release = 0.0
+        self._idle = IdleTimer(self._mutex, self._idle_expired)
         self._yield_until: dict[str, float] = {}
 
     # -- public -------------------------------------------------------------------------------------------
@@ -104,7 +87,7 @@ class ShardLease:
         with self._mutex:
             outer = self._depth == 0
             if outer:
-                self._cancel_timer()
+                self._idle.cancel()
                 self._lock_timeout = lock_timeout
                 self._owner = threading.get_ident()
                 for h in self._held.values():
@@ -155,26 +138,28 @@ class ShardLease:
         if held is not None:
             held.touched = True
         else:
-            try:
-                timeout, yield_until = ((self._lock_timeout, self._yield_until.get(generation, 0.0)) if wait
-                                        else (0.0, 0.0))
-                self._held[generation] = GenerationLock.take(
-                    self.root, generation, timeout, yield_until, on_wait=self._hand_on_carried
-                )
-            except StoreUnavailable:
-                if wait:
-                    raise
+            taken = self._take(generation, wait, self._hand_on_carried, self._yield_until.get(generation, 0.0))
+            if taken is None:
                 return False
+            self._held[generation] = taken
             log.debug("edge lock acquired", extra={"generation": generation})
         if sole and generation not in self._open:
-            try:
-                self._open[generation] = GenerationLock.take(self.root, generation, self._lock_timeout if wait else 0.0,
-                                                             on_wait=self._hand_on_carried, kind="open")
-            except StoreUnavailable:
-                if wait:
-                    raise
+            opener = self._take(generation, wait, self._hand_on_carried, kind="open")
+            if opener is None:
                 return False
+            self._open[generation] = opener
         return True
+
+    def _take(self, generation: str, wait: bool, on_wait: Callable[[], None], yield_until: float = 0.0,
+              kind: str = "lock") -> GenerationLock | None:
+        """``GenerationLock.take`` waiting up to ``lock_timeout``; with ``wait`` False one attempt (None if busy)."""
+        try:
+            return GenerationLock.take(self.root, generation, self._lock_timeout if wait else 0.0,
+                                       yield_until if wait else 0.0, on_wait=on_wait, kind=kind)
+        except StoreUnavailable:
+            if wait:
+                raise
+            return None
 
     def shard(self, generation: str, path: Path, prepare: Callable[[], None] | None = None,
               write: bool = False) -> EdgeShard:
@@ -254,7 +239,7 @@ class ShardLease:
     def release(self) -> None:
         """Flush, close every shard and unlock, now."""
         with self._mutex:
-            self._cancel_timer()
+            self._idle.cancel()
             self._let_go(wait=True)
             self._close_retired()
 
@@ -272,21 +257,16 @@ class ShardLease:
         finally:
             self._mutex.release()
 
-    def reset_after_fork(self) -> None:
-        """In a forked child: the parent's locks and shards are not ours.
-
-        The shard objects are never used or dropped here; their inherited descriptors (the WAL lock among
-        them) and ours are closed, otherwise the child would keep the parent's locks alive and neither could
-        reopen the shard. Closing a duplicate does not release the parent's own locks.
-        """
+    def reset_after_fork(self) -> list[EdgeShard]:
+        """In a forked child: the parent's locks and shards are not ours. Returns the parent's shard objects, never
+        to be used or dropped here (``lease_lifetime`` closes the inherited descriptors)."""
+        inherited = [*self._shards.values(), *self._retired]
         self._mutex = threading.RLock()
-        self._wake = threading.Condition(self._mutex)
-        _ORPHANED.extend([*self._shards.values(), *self._retired])
+        self._idle = IdleTimer(self._mutex, self._idle_expired)
         self._held, self._shards, self._dirty, self._depth = {}, {}, set(), 0
-        self._deadline, self._ticker = None, None
         self._open, self._inode, self._retired = {}, {}, []
         self._owner, self._structure, self._structure_depth = None, None, 0
-        _close_inherited_descriptors(self.root)
+        return inherited
 
     # -- internals ----------------------------------------------------------------------------------------
     def _hand_on_carried(self) -> None:
@@ -332,14 +312,12 @@ class ShardLease:
 
         if not opener.wanted():
             try:
-                self._held[generation] = GenerationLock.take(self.root, generation,
-                                                             self._lock_timeout if wait else 0.0, on_wait=give_way)
+                taken = self._take(generation, wait, give_way)
+                if taken is None:
+                    return False
+                self._held[generation] = taken
             except _Wanted:
-                pass
-            except StoreUnavailable:
-                if wait:
-                    raise
-                return False
+                pass  # the waiter holds ``G.lock``: closed under its claim
         self._release_locked([generation])
         return True
 
@@ -358,65 +336,31 @@ class ShardLease:
                 log.exception("closing a swapped-out edge shard failed")
 
     def _after_use(self, idle_release: float) -> None:
-        self._last_used = time.monotonic()
-        self._idle_release = idle_release
+        last_used = self._idle.used(idle_release)
         self._close_wanted()
         if idle_release <= 0:
             self._let_go(wait=False)
         else:
             self._hand_on([g for g, h in self._held.items()
-                           if self._last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
-        if (self._held or self._shards or self._retired) and self._deadline is None:
-            self._start_timer(min(idle_release, WAITER_GRACE))
+                           if last_used - h.acquired_at > max(idle_release, _MIN_FAIR_SHARE) and h.wanted()])
+        if self._held or self._shards or self._retired:
+            self._idle.start()
 
-    def _start_timer(self, delay: float) -> None:
-        """Arm the idle timer ``delay`` seconds from now (the mutex is held)."""
-        self._deadline = time.monotonic() + delay
-        if self._ticker is None or not self._ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick, name="dpr-lease-idle", daemon=True)
-            self._ticker.start()
-        else:
-            self._wake.notify()
-
-    def _tick(self) -> None:
-        """The timer thread: ``_idle_expired`` at each deadline; it ends after ``_TICKER_IDLE`` s disarmed."""
-        with self._mutex:
-            while True:
-                if self._ticker is not threading.current_thread():
-                    return  # replaced (after a fork, or a new one started)
-                if self._deadline is None:
-                    if not self._wake.wait(_TICKER_IDLE) and self._deadline is None:
-                        self._ticker = None
-                        return
-                    continue
-                delay = self._deadline - time.monotonic()
-                if delay > 0:
-                    self._wake.wait(delay)
-                    continue
-                self._deadline = None
-                self._idle_expired()
-
-    def _idle_expired(self) -> None:
-        """Release once the lease has been idle for ``idle_release``; a generation another process waits for
-        goes after ``WAITER_GRACE``; until then the timer checks again (every ``_WAITER_POLL``). Called by the
-        timer thread with the mutex held."""
+    def _idle_expired(self) -> bool:
+        """The idle timer's look (``IdleTimer.due``): release once the lease has been idle for ``idle_release``; a
+        generation another process waits for goes after ``WAITER_GRACE``. True while it keeps something (the timer
+        then looks again). Called by the timer's thread with the mutex held."""
         with self._mutex:
             if self._depth > 0:
-                return  # in use: the end of that use re-arms the timer
+                return False  # in use: the end of that use re-arms the timer
             self._close_retired()
-            now = time.monotonic()
-            release_at = self._last_used + self._idle_release
-            waiter_at = self._last_used + WAITER_GRACE
-            if now >= release_at:
+            due = self._idle.due()
+            if due == "release":
                 self._let_go(wait=False)  # its lock busy: the next look
-            elif now >= waiter_at:
+            elif due == "hand on":
                 self._hand_on([g for g, h in self._held.items() if h.wanted()])
             self._close_wanted()
-            if self._held or self._shards:
-                self._start_timer(max(_WAITER_POLL, min(release_at, max(waiter_at, now + _WAITER_POLL)) - now))
-
-    def _cancel_timer(self) -> None:
-        self._deadline = None  # the timer thread wakes at the old deadline, finds none and sleeps on
+            return bool(self._held or self._shards)
 
     def _close_shard(self, generation: str, shard: EdgeShard) -> None:
         try:
@@ -428,7 +372,7 @@ class ShardLease:
 
     def _release_locked(self, generations: list[str]) -> None:
         if len(generations) == len(self._held):
-            self._cancel_timer()
+            self._idle.cancel()
         for generation in generations:
             try:
                 self.forget(generation)
@@ -449,58 +393,6 @@ class _Wanted(Exception):
     """A process waits to load a shard this one kept open: it holds the lock this one was waiting for."""
 
 
-_LEASES: dict[Path, ShardLease] = {}
-_LEASES_GUARD = threading.Lock()
-_LIVE: weakref.WeakSet[ShardLease] = weakref.WeakSet()
-_ORPHANED: list[EdgeShard] = []
-
-
 def lease_for(root: Path) -> ShardLease:
-    key = root.resolve()
-    with _LEASES_GUARD:
-        lease = _LEASES.get(key)
-        if lease is None:
-            lease = _LEASES[key] = ShardLease(root)
-            _LIVE.add(lease)
-        return lease
-
-
-def _release_all() -> None:
-    for lease in list(_LIVE):
-        try:
-            lease.release()
-        except Exception:
-            log.exception("releasing the edge lock at exit failed", extra={"lock": str(lease.lock_path)})
-
-
-def _close_inherited_descriptors(root: Path) -> None:
-    """Close every descriptor of this process that points inside ``root`` (Linux: /proc/self/fd)."""
-    prefix = str(root.resolve()) + os.sep
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in fds:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith(prefix):
-            with contextlib.suppress(OSError):
-                os.close(int(name))
-
-
-def _before_fork() -> None:
-    for lease in list(_LIVE):
-        lease.release_before_fork()
-
-
-def _after_fork_in_child() -> None:
-    global _LEASES_GUARD
-    _LEASES_GUARD = threading.Lock()
-    for lease in list(_LIVE):
-        lease.reset_after_fork()
-
-
-atexit.register(_release_all)
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    """The lease of the collection directory ``root`` in this process (every engine of it shares one)."""
+    return one_per_directory(root, ShardLease)
