@@ -5,23 +5,23 @@ the job executors nor the progress bar."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from entrypoints.cli.common import EXIT_UNAVAILABLE, cli_errors, console, emit_json, err_console, fail, settings_for
 from entrypoints.cli.workers import count, follow, print_failures
 from entrypoints.compose import executor_for
-from services.core.errors import ConfigError, TransientError
-from services.ingest.language import LANGUAGE_HELP, prepare_collection
-from services.ingest.pipeline import IngestReport
-from services.ingest.sync import SeenDocuments, SyncScope, sync
+from services.core.errors import TransientError
+from services.ingest.batches import Submitted
+from services.ingest.executor import Executor
+from services.ingest.job import IngestJob, Outcome, Tally
+from services.ingest.language import LANGUAGE_HELP
 from services.jobs import TERMINAL
-from services.readers import iter_documents
-from services.readers.sources import count_documents, detect_format
 from services.runtime import Runtime
 
 COMMANDS = ("ingest",)
@@ -47,33 +47,16 @@ def ingest(
     if fmt not in ("auto", "files", "jsonl", "beir"):
         fail(f"--format {fmt!r} is not known; use auto, files, jsonl or beir", code=2)
     settings = settings_for(ctx, collection)
-    with cli_errors():
-        for p in paths:
-            if not p.exists():
-                raise ConfigError(f"{p}: no such file or directory; check the path")
-        scope = _sync_scope(paths, fmt, prune)
-        seen = SeenDocuments()
-        first = [True]
-
-        def source() -> Any:  # binary files go unparsed: the batch's runner (a worker, or this process) parses them
-            items = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
-                                   limits=settings.documents, defer_binary=True)
-            if first[0]:  # the first full read decides what is stale (a re-send for a lost batch reads again)
-                first[0] = False
-                return seen.watch(items)
-            return items
-
-        with Runtime(settings) as runtime:
-            docs = iter_documents(paths, fmt=fmt, max_bytes=settings.max_document_bytes,  # type: ignore[arg-type]
-                                  limits=settings.documents, defer_binary=True)  # only "is there a document?"
-            prepare_collection(runtime.store, lambda: runtime.towers, language, docs)  # read only if --language
-            total = count_documents(paths, fmt)  # type: ignore[arg-type]  # a quick look, for the ETA
-            result = _ingest(runtime, source, wait=wait, as_json=as_json, total=total)
-            if scope is not None and seen.complete:
-                result |= sync(runtime, scope, seen, prune=prune)
-            if not settings.broker_url and (seconds := runtime.prepare_queries()) > 1 and not as_json:
-                err_console.print(f"question tower exported to ONNX in {seconds:.0f} s (once per model): "
-                                  "`dpr query` runs without torch", highlight=False)
+    with cli_errors(), Runtime(settings) as runtime:
+        with _bar(not as_json and not settings.broker_url) as bar:
+            job = IngestJob.of_paths(runtime, paths, fmt, language=language, prune=prune, on_progress=bar)
+            executor = executor_for(runtime, on_batch=job.on_batch)
+            result = job.run(executor, _outcome(runtime, executor, job, wait=wait, as_json=as_json))
+            if bar is not None:
+                bar.finish(job.tally)
+        if not settings.broker_url and (seconds := runtime.prepare_queries()) > 1 and not as_json:
+            err_console.print(f"question tower exported to ONNX in {seconds:.0f} s (once per model): "
+                              "`dpr query` runs without torch", highlight=False)
     _print_ingest(result, as_json)
     if result.get("state") in TERMINAL and not (
         result.get("documents") or result.get("unchanged") or result.get("failed")
@@ -91,39 +74,34 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _sync_scope(paths: list[Path], fmt: str, prune: bool) -> SyncScope | None:
-    """The folders to check for stale documents: all of them with --prune (which refuses any other input);
-    without it, the folders among the paths, if any, just to report."""
-    if prune:
-        return SyncScope.of_paths(paths, fmt)
-    folders = [p for p in paths if p.is_dir() and fmt in ("auto", "files") and detect_format(p) == "files"]
-    return SyncScope.of_paths(folders, fmt) if folders else None
+def _outcome(runtime: Runtime, executor: Executor, job: IngestJob, *, wait: bool, as_json: bool) -> Outcome | None:
+    """What the command reports once the job is handed over: an in-process run has ended (its status); a broker
+    job is followed only with ``--wait`` (the job id is printed first, whatever happens next), else it is the
+    submission itself."""
+    if not runtime.settings.broker_url:
+        return lambda submitted: runtime.jobs.status(submitted.job)
+    if not wait:
+        return None
 
-
-def _ingest(runtime: Runtime, source: Any, *, wait: bool, as_json: bool, total: int | None = None
-            ) -> dict[str, Any]:
-    """Submit through the executor the settings choose; in-process runs end before ``submit`` returns, broker
-    jobs are followed only with ``--wait`` (the job id is printed first, whatever happens next)."""
-    collection = runtime.settings.collection
-    show_progress = not as_json
-    items = source()
-    if runtime.settings.broker_url:
-        executor = executor_for(runtime)
-        submitted = executor.submit(items, collection=collection)
-        if not wait:
-            return submitted.to_json()
+    def followed(submitted: Submitted) -> dict[str, Any]:
         err_console.print(f"job {submitted.job}: {submitted.batches} batches submitted; following it "
                           f"(`dpr jobs {submitted.job}` shows it later)", highlight=False)
         try:
-            return follow(executor, submitted.job, show_progress=show_progress, submitted=submitted, source=source)
+            return follow(executor, submitted.job, show_progress=not as_json, submitted=submitted, source=job.source)
         except TransientError as e:
             if as_json:  # the caller still gets the job id to follow later
                 emit_json(submitted.to_json() | {"state": "unknown", "error": str(e)})
                 raise typer.Exit(EXIT_UNAVAILABLE) from e
             raise
-    if not show_progress:
-        return runtime.jobs.status(executor_for(runtime).submit(items, collection=collection).job)
-    columns = (
+
+    return followed
+
+
+class _Bar:
+    """The progress of an in-process run on stderr: documents done of the job's quick count of the input,
+    passages/s and an ETA."""
+
+    COLUMNS = (
         TextColumn("[bold]ingest[/]"),
         BarColumn(),
         TextColumn("{task.completed:,} of {task.fields[of]} documents, {task.fields[chunks]:,} passages "
@@ -132,29 +110,34 @@ def _ingest(runtime: Runtime, source: Any, *, wait: bool, as_json: bool, total: 
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err_console, transient=False) as progress:
-        of = f"~{total:,}" if total else "?"
-        task = progress.add_task("ingest", total=total, of=of, chunks=0, failed=0, rate=0.0)
-        seen = {"read": 0, "done": 0, "chunks": 0, "failed": 0}
-        started = time.monotonic()
 
-        def counted(stream: Any) -> Any:  # the input streams: nothing is held to know its length
-            for item in stream:
-                seen["read"] += 1
-                if total is None or seen["read"] > total:  # no estimate, or it fell short: documents read so far
-                    progress.update(task, of=f"{seen['read']:,}+")
-                yield item
+    def __init__(self) -> None:
+        self.progress = Progress(*self.COLUMNS, console=err_console, transient=False)
+        self.task: TaskID | None = None
 
-        def on_batch(part: IngestReport) -> None:
-            seen["done"] += part.items
-            seen["chunks"] += part.chunks
-            seen["failed"] += len(part.failed)
-            progress.update(task, completed=seen["done"], chunks=seen["chunks"], failed=seen["failed"],
-                            rate=seen["chunks"] / max(time.monotonic() - started, 1e-6))
+    def __call__(self, tally: Tally) -> None:
+        if self.task is None:  # the job's first count: the bar starts with the estimate
+            self.progress.start()
+            of = f"~{tally.total:,}" if tally.total else "?"
+            self.task = self.progress.add_task("ingest", total=tally.total, of=of, chunks=0, failed=0, rate=0.0)
+        if tally.read and (tally.total is None or tally.read > tally.total):  # no estimate, or it fell short
+            self.progress.update(self.task, of=f"{tally.read:,}+")
+        self.progress.update(self.task, completed=tally.done, chunks=tally.chunks, failed=tally.failed,
+                             rate=tally.rate)
 
-        submitted = executor_for(runtime, on_batch=on_batch).submit(counted(items), collection=collection)
-        progress.update(task, total=seen["read"], completed=seen["read"], of=f"{seen['read']:,}")
-    return runtime.jobs.status(submitted.job)
+    def finish(self, tally: Tally) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, total=tally.read, completed=tally.read, of=f"{tally.read:,}")
+
+
+@contextmanager
+def _bar(show: bool) -> Iterator[_Bar | None]:
+    bar = _Bar() if show else None
+    try:
+        yield bar
+    finally:
+        if bar is not None:
+            bar.progress.stop()
 
 
 def _print_ingest(result: dict[str, Any], as_json: bool) -> None:

@@ -9,7 +9,7 @@ choice, used by ingest (CLI and API), ``dpr eval``'s BM25 baseline, hard-negativ
   configuration); ``auto`` (the default) detects on creation; an explicit language that contradicts the stored
   one is refused with the collection's name and the fix.
 - ``for_new_collection`` (in ``services.ingest.pipeline``): the batch that creates a collection with no language chosen
-  detects it on its documents; ``prepare_collection`` (the ingest entry points, before batches are handed over):
+  detects it on its documents; ``prepare_collection`` (``services.ingest.job``, before batches are handed over):
   an explicit ``--language`` is checked against an existing collection, or creates the new collection with it,
   so a worker that writes the first batch uses it too. ``auto`` costs the entry point nothing (no store, no model).
 """

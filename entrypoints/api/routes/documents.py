@@ -21,8 +21,9 @@ from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
 from entrypoints.api.uploads import UPLOAD_FORMATS, read_upload, split_too_deep, too_deep_failure, too_many
 from services.core.errors import DocumentError
-from services.ingest.language import LANGUAGE_CHOICES, prepare_collection
-from services.ingest.sync import SeenDocuments, SyncScope, sync
+from services.ingest.job import IngestJob
+from services.ingest.language import LANGUAGE_CHOICES
+from services.ingest.sync import SyncScope
 from services.readers import MAX_ID_CHARS, DocumentFailure, IdLedger, Item, parse_json_row
 from services.readers.records import duplicate
 
@@ -164,13 +165,9 @@ async def post_documents(request: Request) -> JSONResponse:
             f"Content-Type {content_type or '(none)'!r} is not accepted; send application/json "
             "({\"documents\": [...]}) or multipart/form-data with a 'file' field",
         )
-    runtime = state.runtime
-    await run_in_threadpool(prepare_collection, runtime.store, lambda: runtime.towers, language, items)
-    accepted = await run_in_threadpool(
-        lambda: state.executor.submit(items, collection=settings.collection).to_json()
-    )
-    if sync_prefix:
-        accepted = accepted | await run_in_threadpool(_sync, state, items, sync_prefix, prune)
+    job = IngestJob(state.runtime, lambda: items, language=language, prune=prune,
+                    scope=SyncScope.of_prefix(sync_prefix) if sync_prefix else None)
+    accepted = await run_in_threadpool(job.run, state.executor)
     state.metrics.jobs.labels(state.executor.name).inc()
     job_id = str(accepted.get("job"))
     body = dict(accepted) | {
@@ -180,13 +177,6 @@ async def post_documents(request: Request) -> JSONResponse:
         "status_url": f"/v1/jobs/{job_id}",
     }
     return JSONResponse(body, status_code=202, headers={"Location": f"/v1/jobs/{job_id}"})
-
-
-def _sync(state: ApiState, items: list[Item], prefix: str, prune: bool) -> dict[str, Any]:
-    seen = SeenDocuments()
-    for _ in seen.watch(items):
-        pass
-    return sync(state.runtime, SyncScope.of_prefix(prefix), seen, prune=prune)
 
 
 @router.delete(
