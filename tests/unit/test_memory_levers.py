@@ -24,8 +24,8 @@ from services.core.settings import Settings
 from services.core.store_settings import EdgeSettings, QdrantSettings
 from services.store import Store
 from services.store.edge import index as edge_index
-from services.store.edge.config import EdgeLevers
-from services.store.edge.engine import LEVERS_FILE, EdgeEngine, levers_from, search_params_from
+from services.store.edge.config import LEVERS_FILE, EdgeLevers, levers_from, search_params_from
+from services.store.edge.engine import EdgeEngine
 from services.store.edge.search import DenseSearch
 from services.store.points import CollectionSpec, Passage, PassagePoint, SearchRequest
 from services.store.server.engine import ServerEngine

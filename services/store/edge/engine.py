@@ -16,17 +16,14 @@ atomically, so ``version()`` and ``read_pointer()`` read them without the lease.
 HNSW graphs are built only by ``optimize()``, on a copy in a child process, the lease held only to copy and to
 swap (``index.py``, which only a build loads); writes made meanwhile are journaled and replayed onto the copy
 (``journal.py``); segments below ``index_threshold`` points stay an exact scan; ``needs_index``: that many points
-arrived since the last build. Beside it: ``snapshots.py``, ``config.py`` (config, levers, a generation's records).
+arrived since the last build. Beside it: ``snapshots.py``, ``config.py`` (config, levers, a generation's records),
+``generations.py`` (making and dropping a generation), ``read_copy.py`` (a generation read whole from a copy).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Collection, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,34 +41,28 @@ from qdrant_edge import (
 
 from services.core import datadir
 from services.core.errors import ConfigError
-from services.core.fsutil import copy_tree_sparse, pid_alive, write_atomic
+from services.core.fsutil import write_atomic
 from services.core.store_settings import EdgeSettings
 from services.store.common import Scored, Where, missing_generation
 from services.store.edge.config import (  # converters
     BUDGETED,
-    LEVERS_FILE,
     SHARD,
     EdgeLevers,
-    budget_levers,
     delete_operation,
-    edge_config,
     indexed_points,
     levers_from,
     levers_of,
     machine_budget_mb,
     nearest,
     payload_fields,
-    payload_indexes,
     placement,
     query_request,
-    record_levers,
     recover_swap,
     scored,
     search_params_from,
     to_filter,
     upsert_operation,
 )
-from services.store.edge.generation_lock import lock_file
 from services.store.edge.lease import ShardLease, lease_for
 from services.store.edge.search import DenseSearch
 from services.store.points import CollectionSpec, point_records
@@ -79,10 +70,6 @@ from services.store.protocol import Branch, PointRecord, Record
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
-
-log = logging.getLogger(__name__)
-
-__all__ = ["LEVERS_FILE", "EdgeEngine", "levers_from", "search_params_from"]  # the levers live in config.py
 
 _DEFAULTS = EdgeSettings()  # an engine built by hand (tests, scripts) gets what the settings declare
 
@@ -227,55 +214,14 @@ class EdgeEngine:
             write_atomic(self._spec_path(generation), json.dumps(spec.to_json(), indent=2, sort_keys=True))
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
-        with self.session(create=True):  # the directory's lock: one process makes generations at a time
-            self._sweep_half_made(keep=generation)
-            try:
-                (self.generations_dir / generation).mkdir(parents=True)
-            except FileExistsError:
-                return False  # a generation, or a half-made one a crash left behind
-            levers, memory = self.levers, None
-            if self.memory_budget_mb is not None:  # sized as the points the active generation's last build saw
-                active = self.read_pointer()  # (a re-embed's source; none for a new collection)
-                expected = indexed_points(self.generations_dir / active) if active else 0
-                levers, memory = budget_levers(levers, expected, spec.dim, self.memory_budget_mb, self.fixed_levers)
-            with self._writing("creating a generation"):
-                shard = EdgeShard.create(
-                    str(self.generations_dir / generation / "shard"), edge_config(spec, levers=levers)
-                )
-            self.lease.adopt(generation, shard, self.generations_dir / generation / "shard")
-            for operation in payload_indexes(levers):
-                shard.update(operation)
-            shard.flush()
-            record_levers(self.generations_dir / generation, levers, memory)
-            self.write_spec(generation, spec)  # last: a generation without its spec is not complete
-            return True
+        from services.store.edge import generations  # writers only: `dpr query` never makes one
 
-    def _sweep_half_made(self, keep: str) -> None:
-        """Remove what a crash left in the generations dir: a generation without ``spec.json`` (killed or SIGBUS
-        mid-creation, never listed or read) and a ``drop``'s trash. Under the directory's lock (creation and drop
-        run whole under it), so no live process is making them. ``keep`` (the name about to be tried) stays: numbers are
-        never reused; its leftover goes with the next creation."""
-        if not self.generations_dir.is_dir():
-            return
-        for entry in self.generations_dir.iterdir():
-            trash = entry.name.startswith(".") and ".dropping." in entry.name
-            half_made = not entry.name.startswith(".") and not (entry / "spec.json").exists()
-            if entry.name != keep and entry.is_dir() and (trash or half_made):
-                log.warning("removing a half-made generation a crash left", extra={"path": str(entry)})
-                shutil.rmtree(entry, ignore_errors=True)
+        return generations.create(self, generation, spec)
 
     def drop(self, generation: str) -> bool:
-        with self.session(create=True):  # the directory's lock, then the generation's (nobody has it open)
-            if not (self.generations_dir / generation).is_dir():
-                return False
-            self.lease.claim(generation, sole=True)  # nobody has its shard open
-            self.lease.forget(generation)
-            # rename first so that a crash mid-delete never leaves a half generation that looks complete
-            trash = self.generations_dir / f".{generation}.dropping.{os.getpid()}"
-            os.replace(self.generations_dir / generation, trash)
-            self.lease.dropped(generation)
-            shutil.rmtree(trash, ignore_errors=True)
-            return True
+        from services.store.edge import generations
+
+        return generations.drop(self, generation)
 
     def optimize(self, generation: str) -> bool:
         """Build HNSW for segments above ``index_threshold`` points (and vacuum), holding the lease only to copy
@@ -321,7 +267,7 @@ class EdgeEngine:
 
     # -- points ----------------------------------------------------------------------------------------------
     def upsert(self, generation: str, points: Sequence[PointRecord]) -> None:
-        with self._writing(f"writing {len(points)} points"):
+        with self.writing(f"writing {len(points)} points"):
             self.shard(generation, write=True).update(upsert_operation(points))
         self.lease.mark_dirty(generation)
         self._journal(generation, "upsert", points)
@@ -333,7 +279,7 @@ class EdgeEngine:
         edge_journal.record(self.generations_dir / generation, operation, argument)
 
     @contextlib.contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
+    def writing(self, what: str) -> Iterator[None]:
         """Stop below ``min_free_mb`` before a write through the maps (a full disk would SIGBUS); ENOSPC -> DiskFull."""
         from services.core import diskspace  # loaded by writers only
 
@@ -364,46 +310,11 @@ class EdgeEngine:
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def copy_pages(self, generation: str, limit: int) -> Iterator[list[Record]]:
-        """Every point's payload, ``limit`` a page, read from a copy of the generation's shard (removed after), so
-        that its holder (``dpr serve`` answering from it) keeps it: the files are copied beside the holder and the
-        copy kept if none of them and not the lock changed meanwhile (every write, through a call or a map, moves an
-        mtime: ``settled.settled``); else copied again under one lease turn (the holder then loads its shard again)."""
-        from services.store.edge.settled import settled, stamps  # off the query path: a reader's copy
+        """Every point's payload, ``limit`` a page, read from a copy of the generation's shard, so that its holder
+        (``dpr serve`` answering from it) keeps it (``read_copy.py``)."""
+        from services.store.edge.read_copy import copy_pages  # off the query path: a reader's copy
 
-        for stale in self.generations_dir.glob(".*.read.*"):  # a reader killed mid-read left it
-            if not pid_alive(int(stale.name.rsplit(".read.", 1)[1].split(".")[0])):
-                shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{generation}.read.{os.getpid()}.", dir=self.generations_dir))
-        copy, source, shard = work / SHARD, self.generations_dir / generation / SHARD, None
-        lock = lock_file(self.root, generation)
-        try:
-            with contextlib.suppress(OSError):  # a file went meanwhile (an index swap)
-                quiet = settled(source, lock)
-                if quiet is not None:
-                    with self._writing("copying a generation to read it"):
-                        copy_tree_sparse(source, copy)
-                    if stamps(source, lock) == quiet:
-                        shard = EdgeShard.load(str(copy))
-            if shard is None:
-                shutil.rmtree(copy, ignore_errors=True)
-                with self.session():
-                    self.lease.claim(generation)
-                    recover_swap(source.parent)
-                    self.lease.flush(generation)
-                    with self._writing("copying a generation to read it"):
-                        copy_tree_sparse(source, copy)
-                shard = EdgeShard.load(str(copy))
-            offset = None
-            while True:
-                records, offset = shard.scroll(ScrollRequest(offset=offset, limit=limit, with_payload=True,
-                                                             with_vector=False))
-                yield [(str(r.id), dict(r.payload or {})) for r in records]
-                if offset is None:
-                    return
-        finally:
-            if shard is not None:
-                shard.close()
-            shutil.rmtree(work, ignore_errors=True)
+        return copy_pages(self, generation, limit)
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
         request = query_request(branch, limit, where, params=self.dense.params(generation, branch))
