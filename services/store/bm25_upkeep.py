@@ -1,8 +1,9 @@
 """The store's BM25 bookkeeping (``services.store.bm25`` has the arithmetic): each point's length in its payload,
 the generation's stats record kept current on upsert and delete, and the re-weighting of drifted points.
 
-``Store`` (``services.store.frontend``) calls these on its write paths only (upsert, delete, optimize): a search
-never loads this module or ``bm25``, so `dpr query` on a dense collection does not import them. Each works on one
+``Store`` (``services.store.frontend``, its write paths by document in ``documents.py``) calls these on writes only
+(upsert, delete, optimize): a search never loads this module or ``bm25``, so `dpr query` on a dense collection does
+not import them. Each works on one
 generation of an engine (``name``, the caller resolved it), inside the caller's engine sessions; one that rewrites
 the spec calls ``changed()`` after (the store's cached active generation is stale).
 """

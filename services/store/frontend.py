@@ -2,11 +2,11 @@
 
 What lives here and nowhere else: generation names and the race-safe choice of the next one, resolving the
 collection to its active generation (cached: ``active()``), validation of specs and requests (the rules are in
-``common.py``), batching of upserts, per-document state, stale-chunk deletion, and the search modes (dense /
-sparse / hybrid with RRF inside the engine or DPR's linear fusion here). The BM25 bookkeeping of the write paths
-(lengths, the stats record, re-weighting) is ``bm25_upkeep.py``, loaded on the first write: a search needs none.
-Every call runs inside one engine ``session()`` so that, on the edge, resolving the generation and using it
-happen under one lease.
+``common.py``), and the search modes (dense / sparse / hybrid with RRF inside the engine or DPR's linear fusion
+here). The write paths by document (upsert batches, per-document state, stale-chunk deletion) are ``documents.py``
+and their BM25 bookkeeping (lengths, the stats record, re-weighting) ``bm25_upkeep.py``, both loaded on the first
+write: a search needs neither. Every call runs inside one engine ``session()`` so that, on the edge, resolving the
+generation and using it happen under one lease.
 
 The ``active()`` cache: one ``ActiveGeneration`` per store, kept with the engine's ``version()`` token (edge:
 the CURRENT pointer's content plus the active spec file's stat, no lock needed; server: the alias's target, one
@@ -26,22 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from services.core.errors import CollectionNotFound, ConfigError, DprError, StoreUnavailable
 from services.store.common import (
-    DocStateGroups,
     Scored,
-    add_doc_state,
     check_at_least_one,
     check_compatible,
-    check_dense_dim,
-    doc_states_from,
-    document_versions,
-    documents_filter,
     generation_name,
     generation_number,
     linear_fusion,
     missing_collection,
     missing_generation,
     request_filter,
-    stale_filter,
     validate_request,
     validate_spec,
 )
@@ -57,7 +50,6 @@ from services.store.points import (
     Passage,
     PassagePoint,
     SearchRequest,
-    point_vectors,
 )
 from services.store.protocol import Branch, Engine, pages
 
@@ -67,8 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACTIVE_MAX_AGE = 5.0  # seconds an unchanged version token keeps the cached active generation
-_STATE_FIELDS = ["doc_id", "doc_hash", "model", "ingested_at", "job", "file_sig"]
-_SCAN_BATCH = 1024
 _CREATE_ATTEMPTS = 5
 # Store methods that take the engine only for short spans and run long outside it (the edge index build): a wrapper
 # that serialises a process's store calls (``services.runtime``) must let them through, or every search would wait.
@@ -262,25 +252,14 @@ class Store:
     def memory(self, generation: str) -> dict[str, Any] | None:
         return self.engine.memory(generation)
 
-    # -- data -----------------------------------------------------------------------------------------------
+    # -- data: the write paths by document are services.store.documents (a search never loads it) ---------------
     def upsert(self, points: Sequence[PassagePoint], generation: str | None = None, replace: bool = False) -> None:
-        import services.store.bm25_upkeep as upkeep  # each point's BM25 length and the generation's stats
+        import services.store.documents as documents
 
         if not points:
             return
-        versions = document_versions(points) if replace else {}
         with self._use(generation) as (name, spec):
-            for p in points:
-                check_dense_dim(self.alias, name, spec, p.dense, f"passage {p.passage.doc_id}#{p.passage.chunk_index}")
-            points, finish = upkeep.prepare_upsert(self.engine, name, spec, points, replace, self._forget_active)
-            size = self.engine.upsert_batch
-            for start in range(0, len(points), size):
-                batch = points[start : start + size]
-                self.engine.upsert(name, [(p.passage.id, point_vectors(p, spec.sparse), upkeep.payload(p))
-                                          for p in batch])
-            finish(versions)
-            for doc_id, (doc_hash, chunks) in versions.items():
-                self.engine.delete(name, stale_filter(doc_id, doc_hash, chunks))
+            documents.upsert(self.engine, self.alias, name, spec, points, replace, self._forget_active)
 
     # -- BM25 length statistics: services.store.bm25_upkeep (write paths only; a search never loads it) ----------
     def bm25_stats(self, generation: str | None = None) -> Bm25Stats:
@@ -299,39 +278,30 @@ class Store:
         return upkeep.renormalize(self.engine, name, spec, self._forget_active, tolerance)
 
     def doc_states(self, doc_ids: Iterable[str], generation: str | None = None) -> dict[str, DocState]:
+        import services.store.documents as documents
+
         wanted = sorted(set(doc_ids))
         if not wanted:
             return {}
-        groups: DocStateGroups = {}
         with self._use(generation) as (name, _):
-            for records in pages(self.engine, name, _SCAN_BATCH, documents_filter(wanted), _STATE_FIELDS):
-                for _, payload in records:
-                    add_doc_state(groups, payload)
-        return doc_states_from(groups)
+            return documents.doc_states(self.engine, name, wanted)
 
     def delete_stale(self, doc_id: str, keep_doc_hash: str, keep_chunks: int, generation: str | None = None) -> None:
         if keep_chunks < 0:
             raise ConfigError(f"keep_chunks must be >= 0, got {keep_chunks}")
-        import services.store.bm25_upkeep as upkeep
+        import services.store.documents as documents
 
         with self._use(generation) as (name, spec):
-            stale = stale_filter(doc_id, keep_doc_hash, keep_chunks)
-            upkeep.forget(self.engine, name, spec, stale, self._forget_active)
-            self.engine.delete(name, stale)
+            documents.delete_stale(self.engine, name, spec, doc_id, keep_doc_hash, keep_chunks, self._forget_active)
 
     def delete_documents(self, doc_ids: Iterable[str], generation: str | None = None) -> int:
         wanted = sorted(set(doc_ids))
         if not wanted:
             return 0
-        import services.store.bm25_upkeep as upkeep
+        import services.store.documents as documents
 
-        where = documents_filter(wanted)
         with self._use(generation) as (name, spec):
-            removed = self.engine.count(name, where)
-            if removed:
-                upkeep.forget(self.engine, name, spec, where, self._forget_active)
-                self.engine.delete(name, where)
-        return removed
+            return documents.delete_documents(self.engine, name, spec, wanted, self._forget_active)
 
     def count(self, generation: str | None = None) -> int:
         with self._use(generation) as (name, _):
