@@ -447,7 +447,7 @@ def load_inputs(scifact: Path, n_docs: int, n_queries: int) -> tuple[list[Docume
                                                                          list[str]]:
     """Documents, their passages grouped by the pipeline's ingest batches as (text, tokens), and questions."""
     from encoders.towers import SentenceTransformerTowers, base_model_path
-    from services.ingest.pipeline import batched_items
+    from services.ingest.batches import batched_items
 
     bi.SCIFACT = scifact
     docs = bi.scifact_documents(n_docs)

@@ -50,8 +50,10 @@ def main() -> None:
     from encoders.towers import SentenceTransformerTowers, base_model_path
     from services import lifecycle as rb
     from services.core.settings import Settings
+    from services.ingest.executor import ingest_here
     from services.ingest.pipeline import IngestPipeline
     from services.readers import Document, load_beir
+    from services.runtime import local_jobs
     from services.store import Store
     from services.store.edge.engine import EdgeEngine
     from services.store.sparse import default_embedder
@@ -71,8 +73,9 @@ def main() -> None:
         def ingest(towers: SentenceTransformerTowers, alias: str, label: str) -> Store:
             store = Store(EdgeEngine(work / "store", alias))
             t0 = time.perf_counter()
-            report = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
-                                    batch_size=settings.encoder.batch_size).ingest(docs)
+            pipeline = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=sparse,
+                                      batch_size=settings.encoder.batch_size)
+            report = ingest_here(pipeline, docs, local_jobs(work / alias))
             seconds = time.perf_counter() - t0
             rows.append((label, report.chunks, seconds, f"{len(docs)} documents"))
             return store

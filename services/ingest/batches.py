@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from services.core.errors import DiskFull, DprError, TransientError
-from services.ingest.pipeline import IngestPipeline, IngestReport, ParsedFiles, batched_items
+from services.ingest.files import ParsedFiles
+from services.ingest.pipeline import IngestPipeline, IngestReport
 from services.jobs.backends import refusal_kind
 from services.jobs.store import KEEP_RECORDS, JobStore
 from services.readers import Document, DocumentFailure, Item
@@ -54,6 +55,24 @@ class Submitted:
         fields = asdict(self)
         del fields["batch_ids"]
         return {"job": fields.pop("job"), "state": "queued", **fields}
+
+
+def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Iterator[list[Item]]:
+    """Group items into batches bounded by document count and text bytes (the one place batches are cut)."""
+    batch: list[Item] = []
+    size = 0
+    for item in items:
+        if isinstance(item, FileRef):  # weighed by its file: a large PDF goes alone, small ones together
+            n = item.size
+        else:
+            n = len(item.text.encode("utf-8")) if isinstance(item, Document) else 0
+        if batch and (len(batch) >= max_docs or size + n > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        yield batch
 
 
 def job_batches(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -56,7 +57,9 @@ class Executor(Protocol):
 
 class LocalExecutor:
     """Runs batches in this process. ``pipeline_for(collection)`` gives the collection's pipeline (the
-    runtime's); ``background=True`` runs jobs one at a time on a thread and ``submit`` returns at once."""
+    runtime's); ``background=True`` runs jobs one at a time on a thread and ``submit`` returns at once;
+    ``scratch``: a throw-away collection's jobs (evaluation's): a batch's error propagates instead of failing the
+    batch, and no index is built after the job."""
 
     name = "local"
 
@@ -68,8 +71,9 @@ class LocalExecutor:
         background: bool = False,
         on_batch: BatchHook | None = None,
         prefetch: bool = True,
+        scratch: bool = False,
     ) -> None:
-        self.jobs = jobs
+        self.jobs, self.scratch = jobs, scratch
         self.prefetch = prefetch  # parse the next batch's binary files while this one encodes
         self.pipeline_for = pipeline_for
         self.on_batch = on_batch
@@ -137,7 +141,8 @@ class LocalExecutor:
                     held = (number, batch, parsing)
             if held is not None:  # the last batch
                 self._run_batch(pipeline, submitted.job, *held)
-        pipeline.store.maybe_optimize()  # HNSW once enough new points arrived (edge; off the lease, see store)
+        if not self.scratch:
+            pipeline.store.maybe_optimize()  # HNSW once enough new points arrived (edge; off the lease, see store)
         if self.on_batch is not None and (submitted.skipped or submitted.failed):  # refused while reading
             self.on_batch(IngestReport(job=submitted.job, skipped=submitted.skipped, failed=submitted.failed))
         return submitted
@@ -157,6 +162,23 @@ class LocalExecutor:
 
     def _run_batch(self, pipeline: IngestPipeline, job: str, number: int, batch: list[Item],
                    parsing: Future[ParsedFiles | None] | None = None) -> None:
-        report = run_batch(self.jobs, pipeline, job, number, batch, worker="local", parsed=parsing)
+        report = run_batch(self.jobs, pipeline, job, number, batch, worker="local", parsed=parsing,
+                           retry=(Exception,) if self.scratch else ())
         if report is not None and self.on_batch is not None:
             self.on_batch(report)
+
+
+def ingest_here(pipeline: IngestPipeline, items: Iterable[Item], jobs: JobStore,
+                on_batch: BatchHook | None = None) -> IngestReport:
+    """``items`` through the one batch loop in this process, the batches' reports summed (refusals included):
+    for a throw-away collection, such as evaluation's, that has a pipeline but no runtime (``scratch``)."""
+    total, t0 = IngestReport(job=""), time.perf_counter()
+
+    def add(part: IngestReport) -> None:
+        total.add(part)
+        if on_batch is not None:
+            on_batch(part)
+
+    total.job = LocalExecutor(jobs, lambda _: pipeline, on_batch=add, scratch=True).submit(items, collection="").job
+    total.seconds = time.perf_counter() - t0
+    return total

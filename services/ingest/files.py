@@ -14,7 +14,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,24 +25,6 @@ from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, signature
 from services.store.points import DocState
 from services.store.protocol import VectorStore
-
-
-def batched_items(items: Iterable[Item], max_docs: int, max_bytes: int) -> Iterator[list[Item]]:
-    """Group items into batches bounded by document count and text bytes."""
-    batch: list[Item] = []
-    size = 0
-    for item in items:
-        if isinstance(item, FileRef):  # weighed by its file: a large PDF goes alone, small ones together
-            n = item.size
-        else:
-            n = len(item.text.encode("utf-8")) if isinstance(item, Document) else 0
-        if batch and (len(batch) >= max_docs or size + n > max_bytes):
-            yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += n
-    if batch:
-        yield batch
 
 
 class ParseGuard(Protocol):

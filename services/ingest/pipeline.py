@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from services.core.locks import NoFence, WriteFence
 from services.core.settings import ChunkSettings, DocumentSettings, Settings
 from services.ingest.chunking import Chunk, chunk_sections
 from services.ingest.encoding import passage_points
-from services.ingest.files import ParsedFiles, ParseGuard, batched_items, parse_files
+from services.ingest.files import ParsedFiles, ParseGuard, parse_files
 from services.ingest.language import collection_spec, for_new_collection
 from services.readers import Document, DocumentFailure, Item, Section, Skipped
 from services.readers.filesig import FileRef
@@ -120,9 +120,6 @@ def _spec_of(store: VectorStore, generation: str) -> CollectionSpec:
     raise CollectionNotFound(f"collection {store.alias!r} has no generation {generation!r}; ingest without it")
 
 
-ProgressFn = Callable[[IngestReport], None]
-
-
 @dataclass
 class IngestPipeline:
     """The one ingest pipeline: chunk (passage tower's tokenizer) -> passage tower -> BM25 sparse -> store.
@@ -164,9 +161,6 @@ class IngestPipeline:
             documents=limits_for(settings), max_document_bytes=settings.max_document_bytes,
             path_map=settings.celery.path_map,
         )
-
-    def batches(self, items: Iterable[Item]) -> Iterator[list[Item]]:
-        return batched_items(items, self.batch_documents, self.batch_bytes)
 
     def ingest_batch(self, items: list[Item], job: str = "", generation: str | None = None,
                      parsed: ParsedFiles | None = None, guard: ParseGuard | None = None) -> IngestReport:
@@ -272,19 +266,6 @@ class IngestPipeline:
         report.upsert_seconds = time.perf_counter() - t0
         report.documents += len(planned)
         report.chunks += len(points)
-
-    def ingest(self, items: Iterable[Item], job: str | None = None, progress: ProgressFn | None = None) -> IngestReport:
-        """Every batch through ``ingest_batch`` in this process; ``progress`` gets each batch's report. (Jobs
-        that are recorded, in-process or on workers, go through ``services.jobs``, which calls ``ingest_batch``.)"""
-        total = IngestReport(job=job or new_job_id())
-        t0 = time.perf_counter()
-        for batch in self.batches(items):
-            part = self.ingest_batch(batch, job=total.job)
-            total.add(part)
-            if progress is not None:
-                progress(part)
-        total.seconds = time.perf_counter() - t0
-        return total
 
 
 def delete_documents(doc_ids: Iterable[str], *, store: VectorStore, fence: WriteFence | None = None) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.fakes import ingest_items
 
 from services.core import datadir
 from services.core.settings import Settings
@@ -51,7 +52,7 @@ def test_the_v1_fixture_opens_and_answers_as_recorded(tmp_path: Path, base_tower
                     continue
                 assert scores == pytest.approx(recorded, abs=2e-4)
         assert not (data / "FORMAT").exists(), "opening and reading must not write the data dir"
-        runtime.pipeline.ingest([_doc("new", "A brand new document about lighthouses and their keepers.")])
+        ingest_items(runtime.pipeline, [_doc("new", "A brand new document about lighthouses and their keepers.")])
         assert runtime.store.count() == expected["points"] + 1
     assert json.loads((data / "FORMAT").read_text())["format"] == datadir.CURRENT
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kit.documents import THREE_TOPICS
+from kit.fakes import ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.integration
 def _ingest(settings: Settings, towers: Any, docs: list[Document]) -> None:
     store = open_store(settings)
     try:
-        IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(docs)
+        pipeline = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=default_embedder())
+        ingest_items(pipeline, docs)
         store.maybe_optimize()
     finally:
         store.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.fakes import ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -56,7 +57,7 @@ def hybrid_store(tmp_path_factory: pytest.TempPathFactory, base_towers: Any) -> 
     settings = Settings(data_dir=tmp_path_factory.mktemp("hybrid"), collection="hyb")
     store = open_store(settings)
     pipeline = IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk, sparse=default_embedder())
-    report = pipeline.ingest(_documents())
+    report = ingest_items(pipeline, _documents())
     assert report.documents == len(DOCS) and not report.failed
     yield store
     store.close()
@@ -110,7 +111,7 @@ def test_dense_only_collection_says_so_and_refuses(
     settings = Settings(data_dir=data_dir, collection="plain")
     store = open_store(settings)
     try:
-        IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk).ingest(_documents()[:3])
+        ingest_items(IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk), _documents()[:3])
         assert search("router", store=store, towers=base_towers)  # dense still works
         for mode in ("sparse", "hybrid"):
             with pytest.raises(ConfigError, match="dense-only"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from kit.documents import write_folder
-from kit.fakes import CountingTowers
+from kit.fakes import CountingTowers, ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -35,7 +35,7 @@ def _ingest(settings: Settings, towers: Any, folder: Path) -> Any:
     store = open_store(settings)
     try:
         pipeline = IngestPipeline(store=store, towers=towers, chunking=settings.chunk, sparse=default_embedder())
-        return pipeline.ingest(iter_documents([folder]))
+        return ingest_items(pipeline, iter_documents([folder]))
     finally:
         store.close()
 
@@ -98,9 +98,8 @@ def test_query_with_a_foreign_model_is_refused(tmp_path: Path, base_towers: Any)
         with pytest.raises(ModelMismatch, match="someothermodel00"):
             search("alpha", store=store, towers=OtherModel(base_towers))
         with pytest.raises(ModelMismatch):
-            IngestPipeline(store=store, towers=OtherModel(base_towers), chunking=settings.chunk).ingest(
-                [Document(doc_id="b", text="beta")]
-            )
+            ingest_items(IngestPipeline(store=store, towers=OtherModel(base_towers), chunking=settings.chunk),
+                         [Document(doc_id="b", text="beta")])
     finally:
         store.close()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.fakes import ingest_items
 
 from services.core.errors import SnapshotError
 from services.core.settings import Settings
@@ -43,7 +44,7 @@ def test_a_real_server_snapshot_is_checked_cleaned_up_and_restores_as_before(tmp
     settings = Settings(data_dir=tmp_path / "d", qdrant_url=os.environ["QDRANT_URL"], collection=name,
                         encoder={"backend": "torch"})
     with Runtime(settings, towers=base_towers) as runtime:
-        runtime.pipeline.ingest([Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TEXTS)])
+        ingest_items(runtime.pipeline, [Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TEXTS)])
         before = _answers(runtime)
         engine = runtime.store.engine  # type: ignore[attr-defined]
         made = create_snapshot(settings, engine)

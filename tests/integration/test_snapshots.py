@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.fakes import ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -50,7 +51,7 @@ def source(tmp_path: Path, base_towers: Any) -> Settings:
     settings = Settings(data_dir=tmp_path / "src", encoder={"backend": "torch"})
     docs = [Document(doc_id=f"d{i}", text=f"{t}. " * (1 + i % 3), title=t.split()[0]) for i, t in enumerate(TOPICS)]
     with Runtime(settings, towers=base_towers) as runtime:
-        runtime.pipeline.ingest(docs)
+        ingest_items(runtime.pipeline, docs)
     return settings
 
 
@@ -184,7 +185,7 @@ def test_server_snapshot_restores_into_a_fresh_collection(tmp_path: Path, base_t
     settings = Settings(data_dir=tmp_path / "d", qdrant_url=url, collection=name, encoder={"backend": "torch"})
     docs = [Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TOPICS)]
     with Runtime(settings, towers=base_towers) as runtime:
-        runtime.pipeline.ingest(docs)
+        ingest_items(runtime.pipeline, docs)
         before = _answers(runtime)
         engine = runtime.store.engine  # type: ignore[attr-defined]
         from services.ops.snapshots import create_snapshot

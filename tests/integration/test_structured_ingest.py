@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.fakes import ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.cli.main import app
@@ -70,7 +71,7 @@ def test_hits_show_their_place_and_filters_find_it(tmp_path: Path, base_towers: 
     store = open_store(settings)
     try:
         pipeline = IngestPipeline(store=store, towers=base_towers, chunking=settings.chunk, sparse=default_embedder())
-        assert pipeline.ingest([MANUAL]).chunks == 3
+        assert ingest_items(pipeline, [MANUAL]).chunks == 3
     finally:
         store.close()
 

@@ -98,3 +98,13 @@ class FakeRuntime(Runtime):
         self.closed = True
         super().close()
         self._tmp.cleanup()
+
+
+def ingest_items(pipeline: Any, items: Any) -> Any:
+    """``items`` through the product's one batch loop in this process (``executor.ingest_here``), the batches'
+    reports summed; the job recorded in a throw-away job folder."""
+    from services.ingest.executor import ingest_here
+    from services.jobs import FileHashes, JobStore
+
+    with tempfile.TemporaryDirectory(prefix="dpr-jobs-") as folder:
+        return ingest_here(pipeline, items, JobStore(FileHashes(Path(folder))))

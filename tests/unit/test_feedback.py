@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from kit.documents import THREE_TOPICS
-from kit.fakes import FakeRuntime
+from kit.fakes import FakeRuntime, ingest_items
 from typer.testing import CliRunner
 
 from entrypoints.api.app import create_app
@@ -49,7 +49,7 @@ def test_validation_collapse_replace_and_reopen(tmp_path: Path) -> None:
 
 def test_resolve_and_training_pairs_through_the_store() -> None:
     with FakeRuntime() as runtime:
-        runtime.pipeline.ingest(THREE_TOPICS)
+        ingest_items(runtime.pipeline, THREE_TOPICS)
         store = runtime.store
         assert feedback.resolve(store, point=point_id("nile", 0)) == ("nile", 0)
         assert feedback.resolve(store, doc_id="cats") == ("cats", None)
@@ -86,7 +86,7 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, FakeRuntime, dict[str, 
     keys = KeyStore(keys_path(data))
     tokens = {role: keys.create(role, name=f"{role}-key")[1] for role in ("read", "write", "admin")}
     runtime = FakeRuntime()
-    runtime.pipeline.ingest(THREE_TOPICS)
+    ingest_items(runtime.pipeline, THREE_TOPICS)
     app = create_app(Settings(data_dir=data), runtime=runtime, warm_model=False)
     with TestClient(app) as client:
         yield client, runtime, tokens
@@ -135,12 +135,12 @@ def test_routes_judge_refuse_and_export(served: tuple[TestClient, FakeRuntime, d
 
 def test_judgements_survive_a_restart_and_a_rewrite_of_the_points(tmp_path: Path) -> None:
     with FakeRuntime() as runtime:
-        runtime.pipeline.ingest(THREE_TOPICS)
+        ingest_items(runtime.pipeline, THREE_TOPICS)
         data = runtime.settings.data_dir
         with feedback.FeedbackStore.in_data_dir(data) as store:
             store.record("passages", "longest river?", *feedback.resolve(runtime.store, doc_id="nile", chunk=0), True)
         runtime.store.delete_documents(["nile"])  # the points go and come back (as a re-embed rewrites them)
-        runtime.pipeline.ingest(THREE_TOPICS)
+        ingest_items(runtime.pipeline, THREE_TOPICS)
         with feedback.FeedbackStore.in_data_dir(data) as store:  # a new process opens the file again
             pairs = feedback.training_pairs(runtime.store, store.judgements("passages"))
         assert [p.positive_id for p in pairs] == ["nile#0"]
@@ -150,7 +150,7 @@ def test_cli_list_and_export(tmp_path: Path) -> None:
     from entrypoints.cli.main import app
 
     with FakeRuntime() as runtime:
-        runtime.pipeline.ingest(THREE_TOPICS)
+        ingest_items(runtime.pipeline, THREE_TOPICS)
         with feedback.FeedbackStore.in_data_dir(runtime.settings.data_dir) as store:
             store.record("passages", "longest river?", "nile", 0, True)
             store.record("passages", "longest river?", "cats", 0, False)

@@ -9,7 +9,7 @@ import pytest
 from kit.documents import make_pdf
 
 from services.core.fsutil import sha256_of
-from services.ingest.pipeline import batched_items
+from services.ingest.batches import batched_items
 from services.readers import Document, DocumentFailure, iter_documents
 from services.readers.filesig import (
     FileRef,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kit.fakes import HashTowers
+from kit.fakes import HashTowers, ingest_items
 
 from encoders import data as d
 from services import readers
@@ -210,9 +210,8 @@ def test_tune_writes_settings_that_queries_pick_up(tmp_path: Path, tuning: Tunin
 def test_tune_reuses_a_collection_holding_the_corpus(tmp_path: Path, tuning: Tuning) -> None:
     (beir, settings, target), towers = tuning, HashTowers()
     dev = readers.load_dev_split(beir, "train", "beir", dev_queries=6)
-    report = IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder()).ingest(
-        dataset_documents(dev)
-    )
+    pipeline = IngestPipeline(store=target, towers=towers, chunking=settings.chunk, sparse=default_embedder())
+    report = ingest_items(pipeline, dataset_documents(dev))
     # where the ingest's time went, step by step (`dpr ingest --json` reports them)
     assert min(report.encode_seconds, report.upsert_seconds, report.chunk_seconds, report.sparse_seconds) > 0
     assert {"encode_seconds", "upsert_seconds", "chunk_seconds", "sparse_seconds"} <= set(report.to_json())

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit.fakes import FakeRuntime, HashTowers
+from kit.fakes import FakeRuntime, HashTowers, ingest_items
 from kit.policy import make_settings
 from typer.testing import CliRunner
 
@@ -111,7 +111,7 @@ def test_a_new_collection_gets_its_detected_language_and_sparse_search_finds_kor
     with FakeRuntime() as runtime:
         assert prepare_collection(runtime.store, lambda: pytest.fail("auto needs no model"), "auto", []) is None
         assert runtime.store.active() is None  # auto: the first batch decides, whoever runs it
-        runtime.pipeline.ingest(_ko_items())  # the runtime's default embedder has no language chosen: detected
+        ingest_items(runtime.pipeline, _ko_items())  # the runtime's default embedder has no language chosen: detected
         spec = runtime.store.active().spec  # type: ignore[union-attr]
         assert spec.settings["bm25"]["language"] == "ko" and spec_language(spec) == "ko"
         hits = runtime.search("학생이 공부하는 곳은?", QueryOptions(mode="sparse", k=1))
@@ -132,7 +132,7 @@ def test_an_explicit_language_creates_the_collection_before_any_batch() -> None:
         english = [Document(doc_id="e", title="", text=ENGLISH[0], source="t")]
         assert prepare_collection(runtime.store, lambda: runtime.towers, "ko", english) == "ko"
         assert spec_language(runtime.store.active().spec) == "ko"  # type: ignore[union-attr]
-        runtime.pipeline.ingest(english)  # a batch of English text does not change the chosen language
+        ingest_items(runtime.pipeline, english)  # a batch of English text does not change the chosen language
         assert spec_language(runtime.store.active().spec) == "ko"  # type: ignore[union-attr]
 
 
@@ -152,9 +152,8 @@ def test_a_korean_collection_is_queried_in_korean_by_a_fresh_process(tmp_path: P
     store = open_store(settings)
     try:
         prepare_collection(store, lambda: HashTowers(), "ko", _ko_items())
-        IngestPipeline(store=store, towers=HashTowers(), chunking=settings.chunk, sparse=default_embedder()).ingest(
-            _ko_items()
-        )
+        pipeline = IngestPipeline(store=store, towers=HashTowers(), chunking=settings.chunk, sparse=default_embedder())
+        ingest_items(pipeline, _ko_items())
     finally:
         store.close()
     code = f"""

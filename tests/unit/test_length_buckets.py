@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kit.fakes import FakeRuntime, HashTowers
+from kit.fakes import FakeRuntime, HashTowers, ingest_items
 
 from encoders.batching import CALL_TOKENS, length_slices
 from services.ingest.chunking import chunk_text
@@ -64,7 +64,7 @@ def test_ingest_buckets_across_documents() -> None:
     with FakeRuntime(towers=towers) as runtime:
         pipeline = runtime.pipeline
         pipeline.batch_size = 2
-        report = pipeline.ingest(docs)
+        report = ingest_items(pipeline, docs)
         assert report.chunks == 6 and not report.failed
         assert towers.calls == [[31, 30], [29, 6], [5, 4]]  # one ingest batch, bucketed across its documents
         hits = runtime.search("t3w7", QueryOptions(k=1, mode="dense"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from kit.fakes import FakeRuntime, HashTowers
+from kit.fakes import FakeRuntime, HashTowers, ingest_items
 
 from entrypoints.api.app import create_app
 from services.core.settings import Settings
@@ -36,7 +36,7 @@ PLAIN = Document(doc_id="notes", text="Tides follow the moon; rivers run to the 
 
 def test_hits_carry_their_place_and_filters_find_it() -> None:
     with FakeRuntime() as runtime:
-        report = runtime.pipeline.ingest([MANUAL, PLAIN])
+        report = ingest_items(runtime.pipeline, [MANUAL, PLAIN])
         assert (report.documents, report.chunks) == (2, 3)
         hits = [h.to_json() for h in runtime.search("installer wizard administrator", QueryOptions(k=3))]
         top = hits[0]
@@ -60,7 +60,7 @@ def test_hits_carry_their_place_and_filters_find_it() -> None:
         towers = runtime.towers
         assert isinstance(towers, HashTowers)
         before = towers.encoded
-        again = runtime.pipeline.ingest([MANUAL, PLAIN])
+        again = ingest_items(runtime.pipeline, [MANUAL, PLAIN])
         assert (again.unchanged, towers.encoded) == (2, before)
 
 
@@ -95,7 +95,7 @@ def test_reembed_reads_what_ingest_read() -> None:
 
 def test_the_api_search_response_carries_the_place(tmp_path: Path) -> None:
     runtime = FakeRuntime()
-    runtime.pipeline.ingest([MANUAL, PLAIN])
+    ingest_items(runtime.pipeline, [MANUAL, PLAIN])
     app = create_app(Settings(data_dir=tmp_path / "dpr"), runtime=runtime, warm_model=False)
     with TestClient(app) as client:
         body = {"question": "package apt daemon", "k": 2, "filters": {"page": 13, "format": "pdf"}}

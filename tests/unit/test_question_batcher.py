@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from kit.documents import THREE_TOPICS
-from kit.fakes import FakeRuntime, HashTowers
+from kit.fakes import FakeRuntime, HashTowers, ingest_items
 
 from entrypoints.api.app import create_app
 from services.core.errors import ConfigError
@@ -238,7 +238,7 @@ def test_searches_asked_together_share_one_run_and_a_bad_question_fails_only_its
 
 def test_a_batch_of_searches_holds_one_store_session_and_answers_as_one_at_a_time() -> None:
     runtime = FakeRuntime()
-    runtime.pipeline.ingest(THREE_TOPICS)
+    ingest_items(runtime.pipeline, THREE_TOPICS)
     questions = ["where does the nile flow", "what do cats eat", "rivers of africa"]
     alone = [runtime.search(q, QueryOptions(k=2)) for q in questions]  # no batcher: a session each
     store = runtime.store._store  # type: ignore[attr-defined]  # the serialised store's own
@@ -279,7 +279,7 @@ def test_an_event_loop_waits_for_its_batch_without_a_thread_and_gets_its_own_ans
 
 def test_the_api_with_batching_off_answers_the_same_without_a_batch(tmp_path: Path) -> None:
     runtime = FakeRuntime()
-    runtime.pipeline.ingest(THREE_TOPICS)
+    ingest_items(runtime.pipeline, THREE_TOPICS)
     settings = Settings(data_dir=tmp_path, serving=ServingSettings(batching=False))
     with TestClient(create_app(settings, runtime=runtime, warm_model=False)) as c:
         hits = c.post("/v1/search", json={"question": "where does the nile flow", "k": 2}).json()["hits"]

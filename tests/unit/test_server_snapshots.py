@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from kit.fake_qdrant import BASE_URL, SnapshottingQdrant
-from kit.fakes import FakeRuntime, HashTowers
+from kit.fakes import FakeRuntime, HashTowers, ingest_items
 from kit.policy import make_settings
 
 from services.core.errors import SnapshotError
@@ -47,7 +47,7 @@ def _engine(fake: SnapshottingQdrant) -> ServerEngine:
 def source() -> Iterator[tuple[FakeRuntime, SnapshottingQdrant]]:
     fake = SnapshottingQdrant()
     runtime = FakeRuntime(towers=TOWERS, store=Store(_engine(fake)))
-    runtime.pipeline.ingest([Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TEXTS)])
+    ingest_items(runtime.pipeline, [Document(doc_id=f"d{i}", text=t) for i, t in enumerate(TEXTS)])
     yield runtime, fake
     runtime.close()
 

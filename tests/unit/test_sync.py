@@ -7,7 +7,7 @@ import gzip
 from pathlib import Path
 
 import pytest
-from kit.fakes import FakeRuntime
+from kit.fakes import FakeRuntime, ingest_items
 
 from services.core.errors import ConfigError
 from services.ingest.sync import SeenDocuments, SyncScope, stale_documents, sync
@@ -29,7 +29,7 @@ def _folder(root: Path) -> Path:
 
 def _ingest(runtime: FakeRuntime, paths: list[Path]) -> SeenDocuments:
     seen = SeenDocuments()
-    runtime.pipeline.ingest(seen.watch(iter_documents(paths)))
+    ingest_items(runtime.pipeline, seen.watch(iter_documents(paths)))
     assert seen.complete
     return seen
 

@@ -1,10 +1,10 @@
 """Evaluation through the real store: the product's ingest path and query path, not an in-memory matrix.
 
 ``store_retriever(towers, ...)`` returns an ``services.lab.evaluation.retrieval.Retriever`` that ingests the evaluation
-corpus into a temporary embedded collection (``IngestPipeline``: chunking by the passage tower's tokenizer, passage
-tower, ``store.upsert``), asks every question with ``search_many`` (question tower, tower check, ``store.search``),
-and aggregates chunk hits to documents (max score per document) for document-level metrics. The temporary store
-is deleted afterwards.
+corpus into a temporary embedded collection (``IngestPipeline`` through the one batch loop: chunking by the
+passage tower's tokenizer, passage tower, ``store.upsert``), asks every question with ``search_many`` (question
+tower, tower check, ``store.search``), and aggregates chunk hits to documents (max score per document) for
+document-level metrics. The temporary store is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from encoders.registry import Backend, SplitTowers, load_towers
 from encoders.towers import DualEncoder, resolve_model_path
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
+from services.ingest.executor import ingest_here
 from services.ingest.language import corpus_language
 from services.ingest.pipeline import IngestPipeline, IngestReport
 from services.lab.evaluation.retrieval import (
@@ -36,6 +37,7 @@ from services.lab.evaluation.retrieval import (
 from services.lab.shared.mining import BM25Config
 from services.query import QueryOptions, search_many
 from services.readers import Document
+from services.runtime import local_jobs
 from services.store import open_store
 from services.store.points import Hit
 from services.store.protocol import VectorStore
@@ -198,7 +200,7 @@ class StoreCorpus:
         pipeline = IngestPipeline.from_settings(
             cfg, store=self._store, towers=self.towers, sparse=embedder_for(self.language) if self.sparse else None
         )
-        self.ingest_report = pipeline.ingest(docs, progress=_counting(self.progress, len(docs)))
+        self.ingest_report = ingest_here(pipeline, docs, local_jobs(self._tmp), _counting(self.progress, len(docs)))
         if self.ingest_report.failed:
             log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
         self._corpus_key = key
