@@ -1,13 +1,12 @@
-"""One ingest run, from its inputs to its report: ``IngestJob``. `dpr ingest`, ``POST /v1/documents`` and
-evaluation's temporary collection are adapters over it: they parse their arguments, pick the executor and print.
+"""One ingest run, from its input to its report: ``IngestJob``; `dpr ingest`, ``POST /v1/documents`` are adapters
+over it (they parse their arguments, pick the executor and print).
 
-The job reads its input once. One pass over the items settles an explicit ``--language`` on the first document
-(``language.prepare_collection``), counts what was read for the progress display (against a quick count of the
-input, ``count_documents``: no document is read for it), records what it held for the stale check
-(``sync.SeenDocuments``) and feeds the executor the entry point chose (this process, ``executor.LocalExecutor``,
-or the workers), which cuts and runs the batches (``batches``: the one batch loop). Once the job's outcome is
-known, the folders or the id prefix it mirrors are checked for stale documents, pruned with ``prune``
-(``sync.sync``). The input is read again only to re-send a batch the broker lost (``source``).
+The job reads its input once: one pass settles an explicit ``--language`` on the first document
+(``language.prepare_collection``), counts what was read for the progress (against ``count_documents``, a quick
+count that reads no document), records what it held for the stale check (``sync.SeenDocuments``) and feeds the
+executor, which cuts and runs the batches (``batches``: the one batch loop). Then the folders or the id prefix the
+job mirrors are checked for stale documents, pruned with ``prune`` (``sync.sync``). The input is read again only
+to re-send a batch the broker lost (``source``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from encoders.towers import DualEncoder
@@ -75,23 +75,10 @@ class IngestReport:
         self.parsed_by = self.parsed_by or other.parsed_by
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "documents": self.documents,
-            "unchanged": self.unchanged,
-            "chunks": self.chunks,
-            "title_truncated": self.title_truncated,
-            "skipped": self.skipped,
-            "failed": self.failed,
-            "seconds": round(self.seconds, 3),
-            "encode_seconds": round(self.encode_seconds, 3),
-            "upsert_seconds": round(self.upsert_seconds, 3),
-            "chunk_seconds": round(self.chunk_seconds, 3),
-            "sparse_seconds": round(self.sparse_seconds, 3),
-            "parsed": self.parsed,
-            "parse_seconds": round(self.parse_seconds, 3),
-            **({"parsed_by": self.parsed_by} if self.parsed_by else {}),
-        }
+        out = {name: round(value, 3) if isinstance(value, float) else value for name, value in asdict(self).items()}
+        if not self.parsed_by:
+            del out["parsed_by"]
+        return out
 
 
 def new_job_id() -> str:
