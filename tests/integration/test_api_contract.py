@@ -37,24 +37,10 @@ pytestmark = pytest.mark.integration
 
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 MAX_EXAMPLES = 12  # per operation and phase: both runs together well under a minute on 2 busy cores
-# POST /v1/snapshots takes no input, so every example is the same request, and each one writes an archive (~1 s):
-# two are enough (the coverage phase's probes of it run whatever the bound).
-CONFIG = """
-# A body over DPR_API__MAX_REQUEST_BYTES is refused with 413 before it is read, whatever it holds: a rejection.
-[checks.negative_data_rejection]
-expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
-
-[[operations]]
-include-path = "/v1/snapshots"
-include-method = "POST"
-generation.max-examples = 2
-# An uploaded file may hold more documents than DPR_API__MAX_DOCUMENTS (a JSONL file's lines, or a file read as
-# JSONL): 413, a limit on the request's content that no schema can state (it cannot count a file's lines).
-[[operations]]
-include-path = "/v1/documents"
-include-method = "POST"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "413", "429"]
-"""
+# The API's contract exceptions (shared with the benchmark); POST /v1/snapshots takes no input and each example writes
+# an archive (~1 s): two are enough (the coverage phase's probes of it run whatever the bound).
+CONFIG = (Path(__file__).resolve().parents[2] / "benchmarks" / "api_contract.toml").read_text() + (
+    '[[operations]]\ninclude-path = "/v1/snapshots"\ninclude-method = "POST"\ngeneration.max-examples = 2\n')
 RUN_TIMEOUT = 240  # seconds: a hung run fails the test instead of the suite
 DOCS = [
     {"id": f"doc-{i}", "title": f"Note {i}", "text": text, "metadata": {"topic": topic, "year": 2000 + i}}
