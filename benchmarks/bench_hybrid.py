@@ -176,8 +176,10 @@ def hybrid_floors(results: list[SystemResult], tunes: list[dict[str, Any]], metr
     return floors
 
 
-def section_result(test: d.RetrievalDataset, results: list[SystemResult], tunes: list[dict[str, Any]],
-                   floors: list[dict[str, Any]]) -> dict[str, Any]:
+def section_result(test: d.RetrievalDataset, results: list[SystemResult], tunes: list[dict[str, Any]], metric: str,
+                   title: str, *, with_dense: bool) -> dict[str, Any]:
+    """A tuned section's table, timings, tunes and floors (``hybrid_floors`` on ``metric``)."""
+    floors = hybrid_floors(results, tunes, metric, title, with_dense=with_dense)
     report = EvalReport(test.name, len(test.queries), len(test.corpus), results)
     seconds = {r.system: round(r.seconds, 1) for r in results}
     return {"table": report.to_markdown_table(), "queries": len(test.queries), "seconds": seconds,
@@ -255,8 +257,7 @@ def section_scifact(args: argparse.Namespace, settings: Settings) -> dict[str, A
             results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = hybrid_floors(results, tunes, "ndcg@10", "SciFact test nDCG@10", with_dense=True)
-    return section_result(test, results, tunes, floors)
+    return section_result(test, results, tunes, "ndcg@10", "SciFact test nDCG@10", with_dense=True)
 
 
 def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -283,8 +284,7 @@ def section_squad(args: argparse.Namespace, settings: Settings) -> dict[str, Any
             results += test_rows(corpus, test, label, tuned, results)
         finally:
             corpus.close()
-    floors = hybrid_floors(results, tunes, "answer@20", "SQuAD test articles answer@20", with_dense=False)
-    return section_result(test, results, tunes, floors)
+    return section_result(test, results, tunes, "answer@20", "SQuAD test articles answer@20", with_dense=False)
 
 
 def section_zeroshot(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
