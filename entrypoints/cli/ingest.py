@@ -5,8 +5,7 @@ the job executors nor the progress bar."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,30 +47,23 @@ def ingest(
         fail(f"--format {fmt!r} is not known; use auto, files, jsonl or beir", code=2)
     settings = settings_for(ctx, collection)
     with cli_errors(), Runtime(settings) as runtime:
-        with _bar(not as_json and not settings.broker_url) as bar:
+        with _Bar() if not as_json and not settings.broker_url else nullcontext() as bar:
             job = IngestJob.of_paths(runtime, paths, fmt, language=language, prune=prune, on_progress=bar)
             executor = executor_for(runtime, on_batch=job.on_batch)
             result = job.run(executor, _outcome(runtime, executor, job, wait=wait, as_json=as_json))
-            if bar is not None:
-                bar.finish(job.tally)
         if not settings.broker_url and (seconds := runtime.prepare_queries()) > 1 and not as_json:
             err_console.print(f"question tower exported to ONNX in {seconds:.0f} s (once per model): "
                               "`dpr query` runs without torch", highlight=False)
     _print_ingest(result, as_json)
-    if result.get("state") in TERMINAL and not (
-        result.get("documents") or result.get("unchanged") or result.get("failed")
-    ):  # every file was skipped (or there were none): not a success
+    ended, written = result.get("state") in TERMINAL, result.get("documents") or result.get("unchanged")
+    if ended and not (written or result.get("failed")):  # every file was skipped (or there were none): not a success
         example = (result.get("skipped") or [{}])[0]
         why = f", e.g. {example.get('source')}: {example.get('reason')}" if example else ""
         err_console.print(f"nothing was read: {count(result, 'skipped')} files skipped, 0 documents{why}",
                           highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    if result.get("failed") and result.get("state") in TERMINAL and not (
-        result.get("documents") or result.get("unchanged")
-    ):
-        raise typer.Exit(1)  # every document failed
-    if result.get("state") == "failed":
-        raise typer.Exit(1)
+    if (ended and result.get("failed") and not written) or result.get("state") == "failed":
+        raise typer.Exit(1)  # every document failed, or the job ended failed
 
 
 def _outcome(runtime: Runtime, executor: Executor, job: IngestJob, *, wait: bool, as_json: bool) -> Outcome | None:
@@ -114,8 +106,18 @@ class _Bar:
     def __init__(self) -> None:
         self.progress = Progress(*self.COLUMNS, console=err_console, transient=False)
         self.task: TaskID | None = None
+        self.read = 0
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, error: object, *exc: object) -> None:
+        if self.task is not None and error is None:  # the whole input was read: its length is known
+            self.progress.update(self.task, total=self.read, completed=self.read, of=f"{self.read:,}")
+        self.progress.stop()
 
     def __call__(self, tally: Tally) -> None:
+        self.read = tally.read
         if self.task is None:  # the job's first count: the bar starts with the estimate
             self.progress.start()
             of = f"~{tally.total:,}" if tally.total else "?"
@@ -124,20 +126,6 @@ class _Bar:
             self.progress.update(self.task, of=f"{tally.read:,}+")
         self.progress.update(self.task, completed=tally.done, chunks=tally.chunks, failed=tally.failed,
                              rate=tally.rate)
-
-    def finish(self, tally: Tally) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, total=tally.read, completed=tally.read, of=f"{tally.read:,}")
-
-
-@contextmanager
-def _bar(show: bool) -> Iterator[_Bar | None]:
-    bar = _Bar() if show else None
-    try:
-        yield bar
-    finally:
-        if bar is not None:
-            bar.progress.stop()
 
 
 def _print_ingest(result: dict[str, Any], as_json: bool) -> None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from services.core.errors import DiskFull, DprError, TransientError
-from services.ingest.files import ParsedFiles
+from services.ingest.files import PARSE_DEATHS, ParsedFiles, ParseGuard
 from services.ingest.pipeline import IngestPipeline, IngestReport
 from services.jobs.backends import refusal_kind
 from services.jobs.store import KEEP_RECORDS, JobStore
@@ -120,30 +120,6 @@ def fail_batch(jobs: JobStore, job_id: str, number: int, items: list[Item], reas
         jobs.record_batch(job_id, number, {**report.to_json(), "error": f"{reason}: {error}", **extra})
     except TransientError:
         log.exception("could not record a failed batch", extra={"job": job_id, "batch": number})
-
-
-PARSE_DEATHS = 2
-
-
-@dataclass
-class ParseGuard:
-    """The job store hears which document a batch's runner is parsing. When deliveries of the batch have died
-    ``PARSE_DEATHS`` times while parsing the same document (the worker process killed or out of memory; the
-    sandbox's child crashing is caught before this, without a redelivery), the next delivery fails that document
-    as ``parser_crashed`` instead of parsing it again, and the rest of its batch is written: a poison document
-    costs two deliveries, never its batch-mates nor a redelivery loop. One death is not enough: a hard time limit
-    or an OOM kill of a busy worker strikes whatever it was parsing."""
-
-    jobs: JobStore
-    job: str
-    batch: int
-    poisoned: set[str] = field(default_factory=set)
-
-    def before(self, doc_id: str) -> None:
-        self.jobs.mark_parsing(self.job, self.batch, doc_id)
-
-    def after(self, doc_id: str) -> None:
-        self.jobs.mark_parsing(self.job, self.batch, "")
 
 
 def run_batch(

@@ -1,7 +1,5 @@
-"""The passage tower over passages, one way for ingest and re-embed alike: ``passage_points`` encodes what the
-tower reads of each passage (``encode_by_length``: batches of similar token length) and its BM25 vector, and
-pairs them with the passages as the points the store writes. Ingest hands it the passages it just cut, a re-embed
-the passages it copies from the old generation; neither encodes on its own."""
+"""The passage tower over passages, one way for ingest and re-embed alike: ``passage_points`` (the tower by token
+length, ``encode_by_length``, and BM25) pairs each passage with its vectors as the point the store writes."""
 
 from __future__ import annotations
 

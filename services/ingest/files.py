@@ -1,7 +1,7 @@
 """The binary files of an ingest batch (``FileRef``: PDF, DOCX, PPTX, ODT, EPUB) parsed where the batch runs, in
 this process's parser sandbox, and not at all when the store already holds their bytes.
 
-``parse_files`` is what ``services.ingest.pipeline.ingest_batch`` calls for a batch's unparsed files (or the in-process
+``parse_files`` is what ``IngestPipeline.ingest_batch`` calls for a batch's unparsed files (or the in-process
 executor calls one batch ahead, while the previous batch encodes); ``file_states`` is the store lookup it decides
 "unchanged" with. A file that crashes the parser's child is quarantined by its bytes (the sandbox's
 ``services.readers.quarantine``); one that killed the process running its batch twice (``ParseGuard``) fails for
@@ -21,21 +21,34 @@ from typing import Protocol
 from encoders.towers import DualEncoder
 from services.core.fsutil import sha256_of
 from services.core.settings import ChunkSettings, DocumentSettings
+from services.jobs.store import JobStore
 from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, signature
 from services.store.points import DocState
 from services.store.protocol import VectorStore
 
+PARSE_DEATHS = 2
 
-class ParseGuard(Protocol):
-    """Told before and after each file is parsed; ``poisoned``: doc ids not to parse (an earlier delivery of the
-    batch died while parsing them). ``services.ingest.batches`` keeps one per batch run."""
 
-    poisoned: set[str]
+@dataclass
+class ParseGuard:
+    """The job store hears which document a batch's runner is parsing. When deliveries of the batch have died
+    ``PARSE_DEATHS`` times while parsing the same document (the worker process killed or out of memory; the
+    sandbox's child crashing is caught before this, without a redelivery), the next delivery fails that document
+    as ``parser_crashed`` instead of parsing it again, and the rest of its batch is written: a poison document
+    costs two deliveries, never its batch-mates nor a redelivery loop. One death is not enough: a hard time limit
+    or an OOM kill of a busy worker strikes whatever it was parsing."""
 
-    def before(self, doc_id: str) -> None: ...
+    jobs: JobStore
+    job: str
+    batch: int
+    poisoned: set[str] = field(default_factory=set)
 
-    def after(self, doc_id: str) -> None: ...
+    def before(self, doc_id: str) -> None:
+        self.jobs.mark_parsing(self.job, self.batch, doc_id)
+
+    def after(self, doc_id: str) -> None:
+        self.jobs.mark_parsing(self.job, self.batch, "")
 
 
 @dataclass

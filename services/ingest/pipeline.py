@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from encoders.towers import DualEncoder
@@ -60,18 +60,9 @@ class IngestReport:
         return self.documents + self.unchanged + len(self.failed) + len(self.skipped)
 
     def add(self, other: IngestReport) -> None:
-        self.documents += other.documents
-        self.unchanged += other.unchanged
-        self.chunks += other.chunks
-        self.title_truncated += other.title_truncated
-        self.skipped.extend(other.skipped)
-        self.failed.extend(other.failed)
-        self.encode_seconds += other.encode_seconds
-        self.upsert_seconds += other.upsert_seconds
-        self.chunk_seconds += other.chunk_seconds
-        self.sparse_seconds += other.sparse_seconds
-        self.parsed += other.parsed
-        self.parse_seconds += other.parse_seconds
+        """``other``'s counts, records and step seconds added to these (the wall ``seconds`` is the caller's)."""
+        for name in (f.name for f in fields(self) if f.name not in ("job", "seconds", "parsed_by")):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.parsed_by = self.parsed_by or other.parsed_by
 
     def to_json(self) -> dict[str, Any]:

@@ -146,7 +146,7 @@ class JobStore:
 
     def mark_parsing(self, job_id: str, batch: BatchKey, doc_id: str) -> None:
         """The batch's runner starts parsing ``doc_id`` ("" once it is parsed): a delivery that finds a doc id
-        here was preceded by one that died while parsing it (``services.ingest.batches.ParseGuard``)."""
+        here was preceded by one that died while parsing it (``services.ingest.files.ParseGuard``)."""
         self.backend.hset(self.key(job_id, "parsing"), {str(batch): doc_id}, self.ttl)
 
     def parse_died(self, job_id: str, batch: BatchKey, doc_id: str) -> int:
