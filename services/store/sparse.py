@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from services.core.errors import ConfigError
@@ -136,9 +136,6 @@ class Bm25Embedder:
         """Token index -> count in ``text``, as the document vectors see it (e.g. for a reference BM25)."""
         indices, counts = self._counts(text)
         return {i: int(c) for i, c in zip(indices, counts, strict=True)}
-
-    def embed_documents(self, texts: Iterable[str]) -> list[SparseVector]:
-        return [self.embed_document(t) for t in texts]
 
     def embed_query(self, text: str) -> SparseVector:
         """Question side: each distinct token weighted by its count in the question (same tokenisation as the
