@@ -120,8 +120,6 @@ class SourceScheduler:
             self._thread.join(timeout=60)
 
     def _loop(self) -> None:
-        if self.registry.all():
-            warm_passage_tower(self.runtime)
         while not self._stop.wait(self.tick_s):
             try:
                 outcomes = sync_due(self.runtime, self.registry, self.executor_for())
@@ -129,17 +127,3 @@ class SourceScheduler:
                     log.info("scheduled syncs", extra={"outcomes": outcomes})
             except Exception:  # the server goes on; the next tick tries again
                 log.exception("the sources' tick failed")
-
-
-def warm_passage_tower(runtime: Runtime) -> None:
-    """Run the passage tower once on its largest batch (``encoder.batch_size`` passages of the most tokens one
-    holds), so a server that syncs reaches the tower's working memory at start: the runtimes keep the scratch
-    memory of the largest batch they have met, and syncs that bring a few passages at a time would otherwise grow it
-    in steps for many minutes (benchmarks/results/reliability/sources-soak.md). A failure here is logged; the syncs
-    report the real error."""
-    try:
-        towers = runtime.towers
-        size = runtime.settings.encoder.batch_size
-        towers.encode_documents(["passage " * (towers.max_passage_tokens + 8)] * size, batch_size=size)
-    except Exception:
-        log.exception("warming the passage tower failed")
