@@ -38,6 +38,16 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def every(series: list[tuple[float, float]], step: float) -> list[tuple[float, float]]:
+    """The first (minute, value) of ``series`` at or after each multiple of ``step`` minutes, and the last."""
+    out, mark = [], 0.0
+    for minute, value in series:
+        if minute >= mark:
+            out.append((minute, value))
+            mark = (minute // step + 1) * step
+    return out + ([series[-1]] if series and out[-1] != series[-1] else [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -159,6 +169,8 @@ def main() -> None:
                 f"{'met' if abs(end_rss - baseline) <= 0.10 * baseline else 'NOT met'}); "
                 f"max {max(m for _, m in rss):.0f}",
                 f"final points equal to a fresh `dpr ingest` of the final objects: {final == fresh} ({len(final):,})",
+                "server RSS MB every 3 minutes: " + ", ".join(
+                    f"{minute:.0f}: {mb:.0f}" for minute, mb in every(rss, 3.0)),
             ]
         finally:
             if serve is not None:
