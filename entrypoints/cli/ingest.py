@@ -5,6 +5,7 @@ the job executors nor the progress bar."""
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,7 +107,7 @@ class _Bar:
     def __init__(self) -> None:
         self.progress = Progress(*self.COLUMNS, console=err_console, transient=False)
         self.task: TaskID | None = None
-        self.read = 0
+        self.read, self.started = 0, 0.0
 
     def __enter__(self) -> _Bar:
         return self
@@ -118,14 +119,15 @@ class _Bar:
 
     def __call__(self, tally: Tally) -> None:
         self.read = tally.read
-        if self.task is None:  # the job's first count: the bar starts with the estimate
+        if self.task is None:  # the job's first count, before it hands its input over: the bar starts with the estimate
             self.progress.start()
+            self.started = time.monotonic()
             of = f"~{tally.total:,}" if tally.total else "?"
             self.task = self.progress.add_task("ingest", total=tally.total, of=of, chunks=0, failed=0, rate=0.0)
         if tally.read and (tally.total is None or tally.read > tally.total):  # no estimate, or it fell short
             self.progress.update(self.task, of=f"{tally.read:,}+")
         self.progress.update(self.task, completed=tally.done, chunks=tally.chunks, failed=tally.failed,
-                             rate=tally.rate)
+                             rate=tally.chunks / max(time.monotonic() - self.started, 1e-6))
 
 
 def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
@@ -134,20 +136,14 @@ def _print_ingest(result: dict[str, Any], as_json: bool) -> None:
         return
     state = result.get("state")
     head = f"job {result.get('job')}" + (f" ({state})" if state else "")
+    refused = f"{count(result, 'skipped')} skipped, {count(result, 'failed')} failed"
     if state == "queued":  # submitted to the workers, nothing written yet
-        console.print(
-            f"{head}: {result.get('documents', 0)} documents in {result.get('batches', 0)} batches, "
-            f"{count(result, 'skipped')} skipped, {count(result, 'failed')} failed; "
-            f"follow it with `dpr jobs {result.get('job')} --wait`",
-            highlight=False,
-        )
+        line = (f"{result.get('documents', 0)} documents in {result.get('batches', 0)} batches, {refused}; "
+                f"follow it with `dpr jobs {result.get('job')} --wait`")
     else:
-        console.print(
-            f"{head}: {result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
-            f"{result.get('chunks', 0)} passages, {count(result, 'skipped')} skipped, "
-            f"{count(result, 'failed')} failed",
-            highlight=False,
-        )
+        line = (f"{result.get('documents', 0)} documents written, {result.get('unchanged', 0)} unchanged, "
+                f"{result.get('chunks', 0)} passages, {refused}")
+    console.print(f"{head}: {line}", highlight=False)
     if result.get("parsed"):  # PDF, DOCX, PPTX, ODT, EPUB: parsed where their batches ran
         by = result.get("parsed_by") or []
         console.print(f"{result['parsed']} files parsed in {result.get('parse_seconds', 0):.1f} s"

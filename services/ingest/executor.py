@@ -45,7 +45,8 @@ class Executor(Protocol):
         ...
 
     def in_flight(self, job_id: str) -> set[int] | None:
-        """Batch numbers the executor still holds a message for; None when it cannot tell."""
+        """Batch numbers the executor still holds a message for (queued, reserved or retrying); None: it cannot
+        tell (the in-process one has nothing in flight)."""
         ...
 
     def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
@@ -169,15 +170,16 @@ class LocalExecutor:
 
 
 def ingest_here(pipeline: IngestPipeline, items: Iterable[Item], jobs: JobStore,
-                on_batch: BatchHook | None = None) -> IngestReport:
-    """``items`` through the one batch loop in this process, the batches' reports summed (refusals included):
-    for a throw-away collection, such as evaluation's, that has a pipeline but no runtime (``scratch``)."""
+                progress: BatchHook | None = None) -> IngestReport:
+    """``items`` through the one batch loop in this process, the batches' reports summed (refusals included;
+    ``progress`` sees the sum after each batch): for a throw-away collection, such as evaluation's, that has a
+    pipeline but no runtime (``scratch``)."""
     total, t0 = IngestReport(job=""), time.perf_counter()
 
     def add(part: IngestReport) -> None:
         total.add(part)
-        if on_batch is not None:
-            on_batch(part)
+        if progress is not None:
+            progress(total)
 
     total.job = LocalExecutor(jobs, lambda _: pipeline, on_batch=add, scratch=True).submit(items, collection="").job
     total.seconds = time.perf_counter() - t0

@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from services.core.errors import TransientError
 from services.ingest.batches import Submitted
+from services.ingest.executor import Executor
 from services.jobs.backends import JobStoreUnavailable
 from services.jobs.store import TERMINAL, BatchKey, JobNotFound, JobStore
 from services.readers import Document, Item
@@ -30,18 +31,6 @@ StatusHook = Callable[[dict[str, Any]], None]
 Source = Callable[[], Iterable[Item]]
 
 
-class Resending(Protocol):
-    """What an executor offers for following its jobs (the Celery one; the in-process one has nothing in flight)."""
-
-    jobs: JobStore
-
-    def in_flight(self, job_id: str) -> set[int] | None:
-        """Batch numbers the executor still holds a message for (queued, reserved or retrying); None: unknown."""
-        ...
-
-    def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None: ...
-
-
 WRITE_PROBE_EVERY = 5.0  # seconds without a batch done before the follower asks whether the broker takes writes
 
 
@@ -50,7 +39,7 @@ class JobWaitTimeout(TransientError):
 
 
 def follow_job(
-    executor: Resending,
+    executor: Executor,
     job_id: str,
     *,
     submitted: Submitted | None = None,
@@ -112,7 +101,7 @@ def follow_job(
         time.sleep(poll)
 
 
-def _lost(executor: Resending, job_id: str, status: dict[str, Any], suspects: dict[int, float],
+def _lost(executor: Executor, job_id: str, status: dict[str, Any], suspects: dict[int, float],
           settle: float) -> set[int]:
     """Pending batches with no message anywhere and no recent start, seen so for ``settle`` seconds."""
     pending = {b for b in status.get("batches_pending", []) if isinstance(b, int)}
@@ -143,7 +132,7 @@ def _recreate(jobs: JobStore, submitted: Submitted) -> None:
               skipped=submitted.skipped, failed=submitted.failed)
 
 
-def _resend_or_fail(executor: Resending, submitted: Submitted | None, source: Source | None,
+def _resend_or_fail(executor: Executor, submitted: Submitted | None, source: Source | None,
                     batches: set[int], *, job_id: str | None = None) -> None:
     jobs = executor.jobs
     job_id = job_id or (submitted.job if submitted else "")

@@ -12,7 +12,6 @@ to re-send a batch the broker lost (``source``).
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +42,6 @@ class Tally:
     done: int = 0
     chunks: int = 0
     failed: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rate(self) -> float:
-        """Passages a second since the first batch was handed over."""
-        return self.chunks / max(time.monotonic() - self.started, 1e-6)
 
 
 @dataclass
@@ -91,8 +84,8 @@ class IngestJob:
         items = self._settled(self.seen.watch(self.source()))
         if self.on_progress is not None:
             self.tally.total = self.estimate()
+            self.on_progress(self.tally)  # the display starts before the executor loads the model
             items = self._counted(items, self.on_progress)
-        self.tally.started = time.monotonic()
         submitted = executor.submit(items, collection=self.runtime.settings.collection)
         report = outcome(submitted) if outcome is not None else submitted.to_json()
         if self.scope is not None and self.seen.complete:
@@ -122,7 +115,6 @@ class IngestJob:
 
     def _counted(self, items: Iterable[Item], show: Callable[[Tally], None]) -> Iterator[Item]:
         """``items`` as they stream, counted (nothing is held to know the input's length)."""
-        show(self.tally)
         for item in items:
             self.tally.read += 1
             show(self.tally)

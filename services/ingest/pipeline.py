@@ -103,7 +103,7 @@ class IngestPipeline:
     """The one ingest pipeline: chunk (passage tower's tokenizer) -> passage tower -> BM25 sparse -> store.
 
     Built once per process and collection from the settings (``IngestPipeline.from_settings``, or
-    ``services.runtime.Runtime.pipeline``); the CLI, the API, the Celery task, re-embed and evaluation all run
+    ``services.runtime.Runtime.pipeline``); the CLI, the API, the Celery task and evaluation all run
     their batches through ``ingest_batch``. ``towers_for`` lets the towers follow the collection's active
     generation (a re-embed or rollback may have moved it to another model). The batch's binary files are parsed
     by ``services.ingest.files`` with this pipeline's settings (``files.Parsing``)."""
@@ -238,7 +238,6 @@ class IngestPipeline:
                                 [c.tokens for _, chunks in planned for c in chunks], towers=towers, sparse=sparse,
                                 batch_size=self.batch_size, seconds=seconds)
         report.encode_seconds, report.sparse_seconds = seconds["encode"], seconds["sparse"]
-        del passages  # the points hold what is written
         t0 = time.perf_counter()
         self.store.upsert(points, generation=generation, replace=True)  # and each document's stale chunks, in one write
         report.upsert_seconds = time.perf_counter() - t0

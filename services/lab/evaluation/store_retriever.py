@@ -200,7 +200,9 @@ class StoreCorpus:
         pipeline = IngestPipeline.from_settings(
             cfg, store=self._store, towers=self.towers, sparse=embedder_for(self.language) if self.sparse else None
         )
-        self.ingest_report = ingest_here(pipeline, docs, local_jobs(self._tmp), _counting(self.progress, len(docs)))
+        progress = self.progress
+        self.ingest_report = ingest_here(pipeline, docs, local_jobs(self._tmp), None if progress is None else
+                                         lambda done: progress(done.items, len(docs)))
         if self.ingest_report.failed:
             log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
         self._corpus_key = key
@@ -348,16 +350,3 @@ def describe_fusion(options: QueryOptions) -> str:
     head = f"rrf k={options.rrf_k or 60}" if fusion == "rrf" else f"linear min-max, dense weight {weight:g}"
     cand = f"{options.candidates} candidates per branch" if options.candidates else "candidates = max(100, chunk depth)"
     return f"{head}, {cand}"
-
-
-def _counting(progress: Callable[[int, int], None] | None, total: int) -> Callable[[IngestReport], None]:
-    """An ingest progress hook that reports (items done, total) to ``progress``."""
-    done = 0
-
-    def on_batch(part: IngestReport) -> None:
-        nonlocal done
-        done += part.items
-        if progress is not None:
-            progress(done, total)
-
-    return on_batch
