@@ -41,7 +41,8 @@ KEY = "s3cret"
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(data_dir=tmp_path / "server", api=ApiSettings(api_key=KEY))
+    # no sleep between the client's job polls (``waits``): a busy machine polls past the default 50/s, 100 at once
+    settings = Settings(data_dir=tmp_path / "server", api=ApiSettings(api_key=KEY, rate_limit=100_000))
     with TestClient(create_app(settings, runtime=FakeRuntime(), warm_model=False),
                     raise_server_exceptions=False) as c:
         yield c
