@@ -39,7 +39,6 @@ def _json_integer(value: Any) -> Any:
 
 
 INTEGRAL = BeforeValidator(_json_integer)  # after the bounds in an Annotated, or the schema loses them
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Integers in a request are within +-(2**53 - 1), the range every JSON reader keeps exact (I-JSON, RFC 7493): past
 # it a reader that takes numbers as doubles (JavaScript, most schema validators) would read another number than
 # the one sent and stored. A larger id or value goes as a string.

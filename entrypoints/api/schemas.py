@@ -15,14 +15,11 @@ from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeA
 
 from dpr_client import wire
 from dpr_client.wire import (  # noqa: F401 - re-exported: the routes read every body from here
-    INT64_MAX,
     DeleteOut,
     DocIdInt,
-    ErrorBody,
     ErrorResponse,
     FilterValue,
     Health,
-    HitOut,
     JobAccepted,
     JobStatus,
     MetadataValue,

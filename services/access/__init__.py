@@ -5,14 +5,13 @@ actions (``audit``); per-key token buckets (``ratelimit``); and ``gate``, the on
 
 from services.access.audit import AuditLog, audit_path
 from services.access.gate import AccessGate, Principal
-from services.access.keys import ApiKey, KeyStore, KeyStoreError, keys_path
+from services.access.keys import KeyStore, KeyStoreError, keys_path
 from services.access.ratelimit import RateLimiter
 from services.access.roles import ROLES, Role, allows
 
 __all__ = [
     "ROLES",
     "AccessGate",
-    "ApiKey",
     "AuditLog",
     "KeyStore",
     "KeyStoreError",

@@ -7,17 +7,16 @@ from services.jobs.backends import (
     BrokerDiskFull,
     BrokerWriteRefused,
     FileHashes,
-    HashBackend,
     JobStoreUnavailable,
     RedisHashes,
     redact_url,
     unavailable,
     write_refused,
 )
-from services.jobs.store import COUNTERS, DEFAULT_TTL, TERMINAL, JobNotFound, JobState, JobStore, summarize
+from services.jobs.store import TERMINAL, JobNotFound, JobStore, summarize
 
 __all__ = [
     "BrokerDiskFull", "BrokerWriteRefused", "write_refused",
-    "COUNTERS", "DEFAULT_TTL", "TERMINAL", "FileHashes", "HashBackend", "JobNotFound", "JobState", "JobStore",
-    "JobStoreUnavailable", "RedisHashes", "redact_url", "summarize", "unavailable",
+    "TERMINAL", "FileHashes", "JobNotFound", "JobStore", "JobStoreUnavailable", "RedisHashes", "redact_url",
+    "summarize", "unavailable",
 ]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from services.lifecycle.copy import copy_batch, pending_batches, plan
 from services.lifecycle.distributed import (
-    Sender,
     Submitted,
     check_and_submit,
     copy_sent_batch,
@@ -33,40 +32,29 @@ from services.lifecycle.distributed import (
     reembed_status,
     submit_reembed,
 )
-from services.lifecycle.gate import GateDecision, Scorer, eval_scorer, promotion_gate, run_gate
+from services.lifecycle.gate import GateDecision, run_gate
 from services.lifecycle.gc import gc_collection
 from services.lifecycle.inprocess import reembed_in_process
-from services.lifecycle.models import check_needed, promote_model
-from services.lifecycle.rollback import Rollback, rollback_collection
-from services.lifecycle.state import ReembedBusy, ReembedError, ReembedState, current_state, find_state, save_state
-from services.lifecycle.swap import ReembedResult, finalize, run_in_process
-from services.lifecycle.verify import Verification
+from services.lifecycle.models import check_needed
+from services.lifecycle.rollback import rollback_collection
+from services.lifecycle.state import ReembedError, ReembedState, current_state, save_state
+from services.lifecycle.swap import finalize, run_in_process
 
 __all__ = [
     "GateDecision",
-    "ReembedBusy",
     "ReembedError",
-    "ReembedResult",
     "ReembedState",
-    "Rollback",
-    "Scorer",
-    "Sender",
     "Submitted",
-    "Verification",
     "check_and_submit",
     "check_needed",
     "copy_batch",
     "copy_sent_batch",
     "current_state",
-    "eval_scorer",
     "finalize",
     "finalize_sent",
-    "find_state",
     "gc_collection",
     "pending_batches",
     "plan",
-    "promote_model",
-    "promotion_gate",
     "reembed_in_process",
     "reembed_progress",
     "reembed_status",

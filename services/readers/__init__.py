@@ -15,63 +15,44 @@
 from __future__ import annotations
 
 from services.core.errors import DataError
-from services.readers.beir import beir_corpus_path, load_beir, load_corpus, load_qrels, load_queries
-from services.readers.files import TEXT_SUFFIXES, decode_text, guess_title, html_to_text, read_file
-from services.readers.folders import iter_files
-from services.readers.jsonl import MAX_ID_CHARS, RECORD_SUFFIXES, Row, iter_jsonl, parse_json_row, read_row, read_rows
+from services.readers.beir import load_beir, load_corpus
+from services.readers.files import guess_title, html_to_text
+from services.readers.jsonl import MAX_ID_CHARS, parse_json_row
 from services.readers.labelled import load_pairs_jsonl
-from services.readers.records import Document, DocumentFailure, IdLedger, Item, Section, Skipped, safe_text
-from services.readers.sandbox import ParserSandbox
+from services.readers.records import Document, DocumentFailure, IdLedger, Item, Section, Skipped
 from services.readers.sniff import sniff
 from services.readers.sources import (
     DatasetFormat,
-    InputFormat,
     dataset_format,
     detect_format,
     iter_documents,
     load_dataset,
     load_dev_split,
 )
-from services.readers.squad import SquadSplit, load_squad, squad_article_split
+from services.readers.squad import load_squad, squad_article_split
 
 __all__ = [
     "MAX_ID_CHARS",
-    "RECORD_SUFFIXES",
-    "TEXT_SUFFIXES",
     "DataError",
     "DatasetFormat",
     "Document",
     "DocumentFailure",
     "IdLedger",
-    "InputFormat",
     "Item",
-    "ParserSandbox",
-    "Row",
     "Skipped",
     "Section",
-    "SquadSplit",
-    "beir_corpus_path",
     "dataset_format",
-    "decode_text",
     "detect_format",
     "guess_title",
     "html_to_text",
     "iter_documents",
-    "iter_files",
-    "iter_jsonl",
     "load_beir",
     "load_corpus",
     "load_dataset",
     "load_dev_split",
     "load_pairs_jsonl",
-    "load_qrels",
-    "load_queries",
     "load_squad",
     "parse_json_row",
-    "read_file",
-    "read_row",
-    "read_rows",
-    "safe_text",
     "sniff",
     "squad_article_split",
 ]
