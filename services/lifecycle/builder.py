@@ -30,39 +30,37 @@ def by_workers(st: ReembedState) -> bool:
     return st.pid <= 0 and bool(st.lock_token)
 
 
-def lease_holds(settings: Settings, alias: str, token: str, client: Any = None) -> bool | None:
+def lease_holds(settings: Settings, alias: str, token: str) -> bool | None:
     """Whether the collection's re-embed lease key holds ``token`` now; None when the broker cannot be read."""
     if not settings.broker_url:
         return None
     import redis.exceptions
 
-    own = client is None
-    client = client if client is not None else locks.redis_client(settings.broker_url)
+    client = locks.redis_client(settings.broker_url)
     try:
         value = client.get(reembed_lock_key(alias))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
         log.warning("cannot read the re-embed lease; its builder's state is unknown (%s)", e)
         return None
     finally:
-        if own:
-            client.close()
+        client.close()
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     return text == token
 
 
-def builder_alive(settings: Settings, st: ReembedState, alias: str | None = None, client: Any = None) -> bool | None:
+def builder_alive(settings: Settings, st: ReembedState) -> bool | None:
     """Whether the builder of ``st.target`` still runs: True, False (dead: resume it or drop it), None (cannot be
     told here: another host, an unreadable broker, a record older than the owner fields)."""
     if by_workers(st):
-        return lease_holds(settings, alias or settings.collection, st.lock_token, client)
+        return lease_holds(settings, settings.collection, st.lock_token)
     return st.owner_alive()
 
 
-def builder(settings: Settings, st: ReembedState, alias: str | None = None, client: Any = None) -> dict[str, Any]:
+def builder(settings: Settings, st: ReembedState, alias: str | None = None) -> dict[str, Any]:
     """The builder as `dpr status` shows it: ``pid``/``host`` (in process) or ``job``/``lease`` (workers), and
     ``alive``."""
     alias = alias or settings.collection
     if by_workers(st):
         return {"pid": None, "host": None, "job": reembed_job_id(alias, st.target), "lease": reembed_lock_key(alias),
-                "alive": lease_holds(settings, alias, st.lock_token, client)}
+                "alive": lease_holds(settings, alias, st.lock_token)}
     return {"pid": st.pid or None, "host": st.host or None, "job": None, "lease": None, "alive": st.owner_alive()}

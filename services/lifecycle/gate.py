@@ -80,9 +80,7 @@ def promotion_gate(
     return gate
 
 
-def eval_scorer(
-    settings: Any, data: Path, *, split: str = "test", metric: str = "ndcg@10", max_queries: int | None = None
-) -> Scorer:
+def eval_scorer(settings: Any, data: Path, *, split: str = "test", metric: str = "ndcg@10") -> Scorer:
     """``dpr eval`` on the dev data (BEIR folder or SQuAD JSON): the model's ``metric`` through the real store
     (ingest the dev corpus with the towers, ask every dev question). The generation is not used: the gate
     compares models on the same dev data, as ``dpr eval`` does."""
@@ -94,8 +92,6 @@ def eval_scorer(
     from services.readers import load_dataset
 
     dataset = load_dataset(data, split)
-    if max_queries is not None:
-        dataset = dataset.subset(sorted(dataset.queries)[:max_queries])
 
     def score(store: VectorStore, generation: str, towers: DualEncoder) -> float:
         report = evaluate_systems(dataset, {"candidate": store_retriever(towers, settings=settings)}, k=100)

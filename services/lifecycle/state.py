@@ -95,16 +95,12 @@ def save_state(store: VectorStore, state: ReembedState) -> None:
     store.update_settings({STATE_KEY: state.to_json()}, generation=state.target)
 
 
-def find_state(store: VectorStore, target: str | None = None) -> ReembedState | None:
-    """The re-embed record of ``target``, or of the newest generation in status ``building``."""
+def find_state(store: VectorStore) -> ReembedState | None:
+    """The re-embed record of the newest generation in status ``building``."""
     info = store.info(counts=False)
     for g in reversed(info.generations):
         st = ReembedState.from_generation(g)
-        if st is None:
-            continue
-        if target is not None and g.name == target:
-            return st
-        if target is None and st.status == "building":
+        if st is not None and st.status == "building":
             return st
     return None
 

@@ -150,7 +150,6 @@ def run_in_process(
     gate: Gate | None = None,
     on_activated: OnActivated | None = None,
     progress: Callable[[int, int], None] | None = None,
-    keepalive: Callable[[], None] | None = None,
 ) -> ReembedResult:
     """The whole re-embed in this process: copy what is pending, then finalize. ``progress(done, total)``."""
     t0 = time.perf_counter()
@@ -169,8 +168,6 @@ def run_in_process(
             if writing is not None:
                 copied += writing.result()
             writing = writer.submit(write_points, store, state, points)
-            if keepalive:
-                keepalive()
             if progress:
                 done += len(batch)
                 progress(min(done, total), total)
