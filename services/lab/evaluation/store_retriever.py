@@ -67,8 +67,6 @@ def store_retriever(
     *,
     settings: Settings | None = None,
     collection: str = "eval",
-    workdir: Path | None = None,
-    progress: Callable[[int, int], None] | None = None,
     cache_dir: Path | None = None,
 ) -> Retriever:
     """A retriever that ingests the dataset's corpus with ``towers`` and queries it, both through the product.
@@ -89,8 +87,7 @@ def store_retriever(
                 saved = json.loads(cache.read_text())
                 log.info("reused a cached retrieval", extra={"cache": str(cache)})
                 return Retrieval(run=saved["run"], texts=saved["texts"])
-        corpus = StoreCorpus(towers, settings=settings, collection=collection, workdir=workdir, sparse=False,
-                             progress=progress)
+        corpus = StoreCorpus(towers, settings=settings, collection=collection, sparse=False)
         try:
             retrieval = corpus.search(dataset, k, QueryOptions(mode="dense"))
         finally:

@@ -219,8 +219,6 @@ def tune_hybrid(
     towers: DualEncoder,
     settings: Settings,
     target: VectorStore | None = None,
-    grid: Sequence[FusionChoice] | None = None,
-    k: int = TUNE_DEPTH,
     workdir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     on_point: Callable[[str, dict[str, float]], None] | None = None,
@@ -246,7 +244,7 @@ def tune_hybrid(
         corpus = StoreCorpus(towers, settings=settings, collection="tune", workdir=workdir, progress=progress,
                              language=lang)
     try:
-        result = tune_on_corpus(corpus, dev, grid, k=k, on_point=on_point)
+        result = tune_on_corpus(corpus, dev, on_point=on_point)
     finally:
         corpus.close()
     result.reused_collection = reuse
