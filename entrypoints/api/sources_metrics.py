@@ -5,9 +5,7 @@ whoever ran the sync (this server's schedule, a worker, `dpr sources sync`). Reg
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -15,19 +13,12 @@ from prometheus_client.registry import Collector
 COUNTS = ("added", "changed", "removed", "failed")
 
 
-def _epoch(iso: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(iso)).timestamp() if iso else None
-    except ValueError:
-        return None
-
-
 class SourcesCollector(Collector):
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from services.sources.schedule import sources_status
+        from services.sources.schedule import epoch, sources_status
 
         finished = GaugeMetricFamily("dpr_source_last_sync_timestamp_seconds",
                                      "When each source's last sync ended (Unix time).", labels=["source"])
@@ -43,11 +34,11 @@ class SourcesCollector(Collector):
         for source in sources_status(self.data_dir):
             name, last = source["name"], source.get("last") or {}
             running.add_metric([name], 1.0 if source.get("running") else 0.0)
-            if (due := _epoch(source.get("next_run"))) is not None:
+            if (due := epoch(source.get("next_run"))) is not None:
                 next_run.add_metric([name], due)
             if not last:
                 continue
-            if (end := _epoch(last.get("finished"))) is not None:
+            if (end := epoch(last.get("finished"))) is not None:
                 finished.add_metric([name], end)
             ok.add_metric([name], 1.0 if last.get("outcome") == "ok" else 0.0)
             seconds.add_metric([name], float(last.get("seconds") or 0))

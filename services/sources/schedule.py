@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 _DETAIL = ("read", "gone", "failures")  # long lists of the last report: shown by `dpr sources sync`, not in status
 
 
-def _epoch(iso: Any) -> float | None:
+def epoch(iso: Any) -> float | None:
+    """An ISO time as epoch seconds; None when it is absent or not a time."""
     try:
         return datetime.fromisoformat(str(iso)).timestamp()
     except ValueError:
@@ -45,7 +46,7 @@ def next_run(every_s: float | None, last: dict[str, Any], now: float | None = No
     synced; None without an interval."""
     if every_s is None:
         return None
-    finished = _epoch(last.get("finished")) if last else None
+    finished = epoch(last.get("finished")) if last else None
     return (time.time() if now is None else now) if finished is None else finished + every_s
 
 
