@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 
 from dpr_client import ApiError, Client, Conflict, NotFound, RateLimited, Retry, Unauthorized, Unavailable
-from dpr_client.errors import error_for
 from services.core.errors import (
     CollectionNotFound,
     ConfigError,
@@ -76,7 +75,3 @@ def local_error(error: ApiError, url: str) -> DprError:
     if cls is None:
         cls = DprError if error.status is None or error.status >= 500 else ConfigError
     return cls(str(error) if error.status is None else f"{url}: {error}")
-
-
-def _error(response: httpx.Response, url: str) -> DprError:
-    return local_error(error_for(response), url)

@@ -145,13 +145,6 @@ def signature(digest: str, size: int, chunk_key: str) -> str:
     return f"{digest[:40]}:{size}:{chunk_key}"
 
 
-def signature_size(sig: str) -> int | None:
-    try:
-        return int(sig.split(":")[1])
-    except (IndexError, ValueError):
-        return None
-
-
 def chunk_key(*parts: object) -> str:
     """A short hash of what shapes a document's passages besides its bytes (chunk settings, passage budget)."""
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:8]

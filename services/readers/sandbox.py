@@ -16,7 +16,6 @@ The child holds no state between documents but the imported parser modules.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib
 import os
 import signal
@@ -29,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from services.core.fsutil import sha256_of
 from services.core.settings import DocumentSettings
 from services.readers.protocol import Info, ParseFailure
 from services.readers.quarantine import Quarantine
@@ -190,14 +190,10 @@ def _exit_text(code: int | None) -> str:
 
 
 def _digest(path: Path) -> str:
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
+        return sha256_of(path)
     except OSError:
         return ""
-    return h.hexdigest()
 
 
 _SHARED: ParserSandbox | None = None

@@ -289,12 +289,13 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path: Path, monkeypatc
 def test_the_thin_client_maps_refusals_to_exit_codes() -> None:
     import httpx
 
-    from entrypoints.cli.client import _error
+    from dpr_client.errors import error_for
+    from entrypoints.cli.client import local_error
     from entrypoints.cli.common import exit_code_for
 
     def answer(status: int) -> int | None:
         body = {"error": {"type": "x", "message": f"refused with {status}"}}
-        return exit_code_for(_error(httpx.Response(status, json=body), "http://dpr"))
+        return exit_code_for(local_error(error_for(httpx.Response(status, json=body)), "http://dpr"))
 
     assert (answer(401), answer(403), answer(429)) == (2, 2, 3)  # wrong key / role: configuration; rate: try again
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from encoders.data import TrainPair
 from encoders.towers import model_fingerprint, offline
+from services.core.fsutil import write_atomic
 from services.lab.shared.rows import pairs_fingerprint
 
 log = logging.getLogger(__name__)
@@ -238,9 +239,7 @@ def staging_dir(models_dir: Path, name: str) -> Path:
 def write_card(model_dir: Path, card: dict[str, Any]) -> None:
     """``model_card.json`` of ``model_dir``, replaced whole (a reader never sees half a card; not part of the
     model's fingerprint)."""
-    tmp = model_dir / f".{MODEL_CARD}.tmp"
-    tmp.write_text(json.dumps(card, indent=2) + "\n")
-    os.replace(tmp, model_dir / MODEL_CARD)
+    write_atomic(model_dir / MODEL_CARD, json.dumps(card, indent=2) + "\n")
 
 
 def peak_rss_mib() -> float:
