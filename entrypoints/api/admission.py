@@ -14,12 +14,13 @@ max_in_flight``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from collections import deque
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from entrypoints.api.middleware import send_error
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +106,7 @@ class Admission:
         seconds = self.retry_after()
         log.warning("request shed: at capacity", extra={"active": self.active, "waiting": len(self.waiting),
                                                         "retry_after": seconds})
-        body = json.dumps({"error": {
-            "type": "overloaded",
-            "message": f"the server is at capacity ({self.active} requests at work, {len(self.waiting)} waiting); "
-                       f"retry after {seconds} s, or raise DPR_API__MAX_IN_FLIGHT / DPR_API__MAX_QUEUE on a larger "
-                       "machine",
-        }}).encode()
-        await send({
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"retry-after", str(seconds).encode())],
-        })
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 503, "overloaded",
+                         f"the server is at capacity ({self.active} requests at work, {len(self.waiting)} waiting); "
+                         f"retry after {seconds} s, or raise DPR_API__MAX_IN_FLIGHT / DPR_API__MAX_QUEUE on a larger "
+                         "machine", {"Retry-After": str(seconds)})

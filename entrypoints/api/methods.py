@@ -13,13 +13,13 @@ A path no route matches passes through (404 from the router).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from entrypoints.api.auth import flat_routes
+from entrypoints.api.middleware import send_error
 
 # The order methods are listed in ``Allow``.
 ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -78,7 +78,8 @@ class HttpMethods:
             await self.app(dict(scope, method="GET"), receive, _without_body(send))
             return
         if method not in allow:
-            await _method_not_allowed(send, method, str(scope.get("path", "")), header)
+            message = f"{method} is not allowed on {scope.get('path', '')}; it answers {header} (see /docs for the API)"
+            await send_error(send, 405, "method_not_allowed", message, {"Allow": header})
             return
         await self.app(scope, receive, send)
 
@@ -94,14 +95,3 @@ def _without_body(send: Send) -> Send:
         await send(message)
 
     return head_send
-
-
-async def _method_not_allowed(send: Send, method: str, path: str, allow: str) -> None:
-    body = json.dumps({"error": {
-        "type": "method_not_allowed",
-        "message": f"{method} is not allowed on {path}; it answers {allow} (see /docs for the API)",
-    }}).encode()
-    await send({"type": "http.response.start", "status": 405, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"allow", allow.encode())]})
-    await send({"type": "http.response.body", "body": body})

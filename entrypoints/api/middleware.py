@@ -26,7 +26,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-async def _send_error(send: Send, status: int, type_: str, message: str,
+async def send_error(send: Send, status: int, type_: str, message: str,
                       headers: dict[str, str] | None = None) -> None:
     body = json.dumps({"error": {"type": type_, "message": message}}).encode()
     extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
@@ -63,10 +63,10 @@ class BodyLimit:
                 try:
                     length = int(value)
                 except ValueError:
-                    await _send_error(send, 400, "bad_request", "Content-Length is not a number")
+                    await send_error(send, 400, "bad_request", "Content-Length is not a number")
                     return
                 if length > self.max_bytes:
-                    await _send_error(send, 413, "too_large", self._message())
+                    await send_error(send, 413, "too_large", self._message())
                     return
         received = 0
         started = False
@@ -90,7 +90,7 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _send_error(send, 413, "too_large", self._message())
+                await send_error(send, 413, "too_large", self._message())
 
 
 class HttpMetrics:
@@ -175,7 +175,7 @@ class AccessControl:
         except DprError as e:  # the keys file is unreadable: fail closed
             log.error("access check failed: %s", e)
             scope["route"] = route
-            await _send_error(send, 503, "unavailable", str(e), {"Retry-After": "5"})
+            await send_error(send, 503, "unavailable", str(e), {"Retry-After": "5"})
             return
         principal = decision.principal
         status = decision.status
@@ -184,7 +184,7 @@ class AccessControl:
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
             if status == 429:
                 headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after)))
-            await _send_error(send, status, decision.type, decision.message, headers)
+            await send_error(send, status, decision.type, decision.message, headers)
         else:
             scope.setdefault("state", {})["principal"] = principal
 
