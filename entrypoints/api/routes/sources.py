@@ -29,15 +29,14 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
 
 
-def _registry(state: ApiState) -> Registry:
-    return Registry(state.settings.data_dir)
-
-
-def _known(registry: Registry, name: str) -> None:
+def _known(state: ApiState, name: str) -> Registry:
+    """The data dir's sources, once ``name`` is known among them (404 when it is not)."""
+    registry = Registry(state.settings.data_dir)
     try:
         registry.get(name)
     except SourceNotFound as e:
         raise ApiError(404, "not_found", str(e)) from None
+    return registry
 
 
 @router.get("/sources", response_model=SourceList, summary="Every source with its last sync (as `dpr sources list`)")
@@ -50,8 +49,7 @@ async def get_sources(state: ApiState = Depends(api_state)) -> dict[str, Any]:  
             summary="One source: its last sync's outcome, counts and error, whether a sync runs, its next run")
 @requires("read")
 async def get_source(name: str, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
-    registry = _registry(state)
-    _known(registry, name)
+    registry = _known(state, name)
     return await run_in_threadpool(source_status, registry, name)
 
 
@@ -68,7 +66,7 @@ async def post_source(body: SourceIn, state: ApiState = Depends(api_state)) -> d
     except ConfigError as e:  # well-formed, but not a source this server can read as it is (409, as Conflict)
         raise Conflict(str(e)) from None
     _check_local(spec, state.settings.sources.folder_roots)
-    return (await run_in_threadpool(_registry(state).add, spec)).to_json()
+    return (await run_in_threadpool(Registry(state.settings.data_dir).add, spec)).to_json()
 
 
 def _check_local(spec: SourceSpec, roots: list[Path]) -> None:
@@ -88,8 +86,7 @@ def _check_local(spec: SourceSpec, roots: list[Path]) -> None:
              summary="Start a sync of the source now; follow it with GET /v1/sources/{name}")
 @requires("write")
 async def post_sync(name: str, state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
-    registry = _registry(state)
-    _known(registry, name)
+    registry = _known(state, name)
     if is_running(registry.folder(name)):
         raise ApiError(409, "conflict", f"source {name}: a sync is already running; follow it with GET "
                        f"/v1/sources/{name}, then sync again")
@@ -113,8 +110,7 @@ async def delete_source(name: str, purge: bool = False,
                         state: ApiState = Depends(api_state)) -> dict[str, Any]:  # noqa: B008
     from services.sources.sync import purge_source
 
-    registry = _registry(state)
-    _known(registry, name)
+    registry = _known(state, name)
 
     def remove() -> tuple[int, int]:
         done = purge_source(state.runtime, registry, name) if purge else (0, 0)
