@@ -49,13 +49,12 @@ def id_prefix(root: Path) -> PurePosixPath:
         return PurePosixPath(root.name)
 
 
-def iter_files(root: Path, max_bytes: int, ledger: IdLedger | None = None,
+def iter_files(root: Path, max_bytes: int, ledger: IdLedger,
                limits: DocumentSettings | None = None, sandbox: ParserSandbox | None = None,
                defer_binary: bool = False) -> Iterator[Item]:
     """Every entry under ``root`` (or ``root`` itself). Doc id: path relative to root's parent, as spelled.
     Binary documents are parsed in ``sandbox`` (default: this process's shared one) within ``limits``; with
     ``defer_binary`` they are yielded unparsed as ``filesig.FileRef`` (parsed where the batch runs)."""
-    ledger = IdLedger() if ledger is None else ledger
     prefix = id_prefix(root)
     read = _Reading(max_bytes, ledger, limits or DocumentSettings(), sandbox)
     read.defer_binary = defer_binary

@@ -146,12 +146,11 @@ def row_document(obj: dict[str, Any], source: str, source_name: str) -> Document
     return Document(doc_id=row.doc_id, text=text, title=row.title, source=source_name, metadata=row.metadata)
 
 
-def iter_jsonl(path: Path, max_bytes: int, ledger: IdLedger | None = None) -> Iterator[Item]:
+def iter_jsonl(path: Path, max_bytes: int, ledger: IdLedger) -> Iterator[Item]:
     """Ingest: a ``Document`` or a ``DocumentFailure`` per row, streaming; nothing accumulates but ``ledger``'s ids.
     A file that cannot be opened is one failure; a compressed body that breaks is one failure naming the line
     where it broke, after the rows before it."""
     name = safe_text(str(path))
-    ledger = IdLedger() if ledger is None else ledger
     number = 0
     try:
         with open_bytes(path) as f:

@@ -200,10 +200,9 @@ _SHARED: ParserSandbox | None = None
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_sandbox(limits: DocumentSettings | None = None) -> ParserSandbox:
+def shared_sandbox(limits: DocumentSettings) -> ParserSandbox:
     """This process's sandbox for ``limits`` (one child, reused; closed at exit)."""
     global _SHARED
-    limits = limits or DocumentSettings()
     with _SHARED_LOCK:
         if _SHARED is None or _SHARED.limits != limits:
             if _SHARED is not None:

@@ -160,7 +160,7 @@ def mine_hard_negatives(
     pairs: Sequence[TrainPair],
     index: Ranker,
     corpus: dict[str, CorpusDoc],
-    config: MiningConfig | None = None,
+    config: MiningConfig,
     scorer: DenseIndex | None = None,
 ) -> list[TrainPair]:
     """Return ``pairs`` with ``config.num_negatives`` negatives each from ``index``'s ranking (fewer when the window
@@ -170,7 +170,6 @@ def mine_hard_negatives(
     answer of the question, or (``config.denoise`` with a ``scorer``) scores at least ``denoise`` x the positive's
     score. Existing negatives are kept and count toward the number.
     """
-    config = config or MiningConfig()
     if config.num_negatives <= 0:
         return list(pairs)
     if not 0 <= config.rank_start < config.rank_end:
