@@ -119,11 +119,10 @@ def dense_rankings(question_vectors: np.ndarray, doc_vectors: np.ndarray, doc_id
 def label_with_teacher(pairs: Sequence[TrainPair], corpus: Mapping[str, CorpusDoc],
                        bm25: Sequence[Sequence[str]], dense: Sequence[Sequence[str]],
                        doc_vectors: np.ndarray, doc_row: Mapping[str, int], config: TeacherConfig,
-                       stats: TeacherStats | None = None) -> list[TrainPair]:
+                       stats: TeacherStats) -> list[TrainPair]:
     """``pairs`` with up to ``config.negatives`` hard negatives each from the fused ranking of ``bm25`` and
     ``dense`` (the id rankings of each pair's question, in the pairs' order), false negatives filtered (module
     docstring). ``doc_vectors[doc_row[id]]``: the passage vector of a corpus id (for the duplicate rule)."""
-    stats = stats if stats is not None else TeacherStats()
     out: list[TrainPair] = []
     for pair, by_bm25, by_dense in zip(pairs, bm25, dense, strict=True):
         stats.pairs += 1

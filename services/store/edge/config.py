@@ -115,15 +115,13 @@ class EdgeLevers:
 
 
 def edge_config(
-    spec: CollectionSpec, indexing_threshold_kb: int | None = None, levers: EdgeLevers | None = None,
-    points: int = 0,
+    spec: CollectionSpec, levers: EdgeLevers, indexing_threshold_kb: int | None = None, points: int = 0
 ) -> EdgeConfig:
     """The shard's config; with ``indexing_threshold_kb`` (the index build), segments above it get HNSW and, where
     ``points`` make ``build_segments`` more than one, the optimizer merges segments only beyond twice that many, and
     only into one of at most ``PART_SLACK`` x an even share: a build's new points get a graph of their own, small
     ones are merged with each other, never the parts with each other (the engine's own defaults merged a build's new
     points and everything else into one graph built anew)."""
-    levers = levers or EdgeLevers()
     optimizers = None
     if indexing_threshold_kb is not None:
         parts = build_segments(points, indexing_threshold_kb, spec.dim, levers.segments)
