@@ -44,7 +44,6 @@ from entrypoints.api.state import ApiState
 from entrypoints.compose import executor_for
 from services.access import AccessGate
 from services.core.settings import Settings
-from services.ingest.executor import Executor
 from services.runtime import Runtime
 from services.serving import QuestionBatcher
 
@@ -77,16 +76,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def create_app(
     settings: Settings,
     runtime: Runtime | None = None,
-    executor: Executor | None = None,
     warm_model: bool = True,
 ) -> FastAPI:
-    """The API over one ``Settings``. ``runtime`` and ``executor`` default to the real ones (tests pass a
-    ``Runtime`` over fake towers and an in-process store)."""
+    """The API over one ``Settings``. ``runtime`` defaults to the real one (tests pass a ``Runtime`` over fake towers
+    and an in-process store)."""
     runtime = runtime or Runtime(settings, serialize_store=True)
     metrics = ApiMetrics()
     runtime.use_batcher(QuestionBatcher.from_settings(settings.serving, on_batch=metrics.observe_question_batch,
                                                       on_cache=metrics.observe_question_cache))
-    executor = executor or executor_for(runtime, background=True, on_batch=metrics.observe_ingest)
+    executor = executor_for(runtime, background=True, on_batch=metrics.observe_ingest)
     metrics.set_queue_depth_source(executor.pending)
     gate = AccessGate.from_settings(settings)
     state = ApiState(settings=settings, runtime=runtime, executor=executor, metrics=metrics, gate=gate)

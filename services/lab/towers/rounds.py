@@ -81,12 +81,11 @@ def rounds_unavailable(data: TrainingData, config: TrainConfig) -> str | None:
 
 
 def train_recipe(settings: Settings, data: TrainingData, config: TrainConfig, *, base: str = "base",
-                 rounds: RoundConfig | None = None, progress: StageProgress | None = None,
+                 rounds: RoundConfig, progress: StageProgress | None = None,
                  recipe: dict[str, Any] | None = None) -> RecipeResult:
     """The fine-tune, then up to ``rounds.rounds`` mining rounds chosen on dev (module docstring); resumes a stopped
     run. ``rounds.rounds`` 0: the single fine-tune of ``services.lab.towers.recipe.train_model``, no run directory.
     ``recipe``: the recipe file and its values (``services.lab.towers.recipe_file``): the card's ``recipe.settings``."""
-    rounds = rounds if rounds is not None else RoundConfig()
     notify = progress or (lambda *a: None)
     if rounds.rounds <= 0:
         result = train_model(settings, data, config, base=base, progress=step_progress(notify, "finetune"))
