@@ -66,7 +66,6 @@ def store_retriever(
     towers: DualEncoder,
     *,
     settings: Settings | None = None,
-    collection: str = "eval",
     cache_dir: Path | None = None,
 ) -> Retriever:
     """A retriever that ingests the dataset's corpus with ``towers`` and queries it, both through the product.
@@ -87,7 +86,7 @@ def store_retriever(
                 saved = json.loads(cache.read_text())
                 log.info("reused a cached retrieval", extra={"cache": str(cache)})
                 return Retrieval(run=saved["run"], texts=saved["texts"])
-        corpus = StoreCorpus(towers, settings=settings, collection=collection, sparse=False)
+        corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=False)
         try:
             retrieval = corpus.search(dataset, k, QueryOptions(mode="dense"))
         finally:
@@ -299,7 +298,7 @@ def compare_systems(
             systems[label] = towers_in_memory_retriever(path)
         elif store_modes == ["dense"]:
             towers = _served_towers(settings, spec)
-            systems[label] = store_retriever(towers, settings=settings, collection="eval", cache_dir=cache_dir)
+            systems[label] = store_retriever(towers, settings=settings, cache_dir=cache_dir)
         else:
             towers = _served_towers(settings, spec)
             corpus = StoreCorpus(towers, settings=settings, collection="eval", sparse=True, language=lang)

@@ -103,8 +103,7 @@ class TrainConfig:
 # --- model ----------------------------------------------------------------------------------------------------
 
 
-def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int | None,
-                device: str | None = None) -> Any:
+def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tokens: int | None) -> Any:
     """The towers to train, both initialised from ``base``.
 
     Separate towers: ``Router(query=[Transformer, Pooling], document=[Transformer, Pooling]) -> Normalize``; a
@@ -116,7 +115,7 @@ def build_model(base: Path, shared: bool, max_query_tokens: int, max_passage_tok
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Router
 
-    device = device or learn_device()
+    device = learn_device()
 
     if shared:
         model = SentenceTransformer(str(base), device=device, local_files_only=True)
