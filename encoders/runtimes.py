@@ -148,9 +148,11 @@ RUNTIME_CACHE_SHAPES = 16
 # oneDNN primitives (the JIT kernels under those shapes) the process keeps: oneDNN's default, 1,024, is what grew a
 # `dpr serve` syncing a source (a sync's few passages are new batch shapes): +1.8 MB of live memory a sync, 70 MB in
 # 40 syncs; 256: +19 MB in 40 syncs, the allocator's free lists, none live. Passages and questions cost the same CPU
-# at 256 as at 1,024 (64: questions +40% CPU; 0: passages 40% slower). Read by oneDNN once, at its first kernel;
-# a value in the environment wins.
-ONEDNN_PRIMITIVES = 256
+# at 256 as at 1,024 (64: questions +40% CPU; 0: passages 40% slower). Since questions run at a few padded widths
+# (``padded_width``) they need fewer: 128 plateaus 22 MB lower than 256 (60 syncs of 1-17 passages of 64-256 tokens,
+# 20 questions between syncs, one process: 333 against 355 MB) for the same CPU a question (4.7-4.8 against 4.3-4.8
+# ms; 64: 4.8-5.4 ms, 323 MB). Read by oneDNN once, at its first kernel; a value in the environment wins.
+ONEDNN_PRIMITIVES = 128
 # A single row (a question) shorter than this many tokens runs padded to it, its attention mask 0 past its tokens
 # (the vectors are the same: pooling reads only the real tokens): every question then has one shape, and the CPU
 # plugin, which re-prepares every kernel of the graph when an input's width changes (~2 ms on this model), prepares
