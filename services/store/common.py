@@ -298,6 +298,11 @@ def stale_filter(doc_id: str, keep_doc_hash: str, keep_chunks: int) -> Where:
 Scored = tuple[str, float, dict[str, Any]]
 
 
+def scored(points: Sequence[Any]) -> list[Scored]:
+    """Either engine's scored points (qdrant-edge's or qdrant-client's) as the store's ``Scored``."""
+    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
+
+
 def min_max(scores: Sequence[float], higher_is_better: bool = True) -> list[float]:
     """Scale scores to [0, 1], best = 1. A branch whose scores are all equal maps to 1.0 each."""
     if not scores:

@@ -135,8 +135,8 @@ def calibrate_built(shard: Any, shard_dir: Path, levers: Any, target: float, bui
     from qdrant_edge import QuantizationSearchParams, ScrollRequest, SearchParams
 
     from services.store.calibrate import CALIBRATION_SHARE, SAMPLE, Ranked, calibrate
-    from services.store.common import serving_mode
-    from services.store.edge.config import dense_params, query_request, scored
+    from services.store.common import scored, serving_mode
+    from services.store.edge.config import dense_params, query_request
     from services.store.points import DENSE, SPARSE, SparseVector
 
     if target <= 0 or "hnsw" not in segment_kinds(shard_dir):

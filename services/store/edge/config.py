@@ -54,7 +54,7 @@ from qdrant_edge import (
 from qdrant_edge import SparseVector as EdgeSparseVector
 
 from services.core.fsutil import write_atomic
-from services.store.common import AtLeast, Match, Scored, Where, build_filter
+from services.store.common import AtLeast, Match, Where, build_filter
 from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Vector
 
@@ -314,7 +314,7 @@ def fixed_levers(recorded: dict[str, Any]) -> list[str]:
     return [k for k in BUDGETED if k in recorded and recorded[k] != getattr(EdgeLevers(), k)]
 
 
-# -- converters: the store's neutral records (filters, vectors, branches) to qdrant-edge's types and back -------
+# -- converters: the store's neutral records (filters, vectors, branches) to qdrant-edge's types --------------
 
 
 def to_filter(where: Where | None) -> Filter | None:
@@ -367,7 +367,3 @@ def query_request(
 
 def payload_fields(fields: Sequence[str] | bool) -> Any:
     return fields if isinstance(fields, bool) else list(fields)
-
-
-def scored(points: Sequence[Any]) -> list[Scored]:
-    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]

@@ -43,7 +43,7 @@ from services.core import datadir
 from services.core.errors import ConfigError
 from services.core.fsutil import write_atomic
 from services.core.store_settings import EdgeSettings
-from services.store.common import Scored, Where, missing_generation
+from services.store.common import Scored, Where, missing_generation, scored
 from services.store.edge.config import (  # converters
     BUDGETED,
     SHARD,
@@ -58,7 +58,6 @@ from services.store.edge.config import (  # converters
     placement,
     query_request,
     recover_swap,
-    scored,
     search_params_from,
     to_filter,
     upsert_operation,

@@ -1,14 +1,13 @@
 """Converters of the server engine (``server.py``): the store's neutral records (filters, vectors) to qdrant-client
-models, and its answers back. Pure functions, no client."""
+models (its scored answers come back through ``common.scored``). Pure functions, no client."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from qdrant_client import models
 
-from services.store.common import AtLeast, Match, Scored, Where, build_filter
+from services.store.common import AtLeast, Match, Where, build_filter
 from services.store.points import SparseVector
 from services.store.protocol import Vector
 
@@ -36,7 +35,3 @@ def to_vector(vector: Vector) -> Any:
     if isinstance(vector, SparseVector):
         return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
     return vector
-
-
-def scored(points: Sequence[Any]) -> list[Scored]:
-    return [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]

@@ -33,6 +33,7 @@ from services.store.common import (
     Where,
     generation_number,
     missing_generation,
+    scored,
 )
 from services.store.points import (
     DENSE,
@@ -45,7 +46,7 @@ from services.store.points import (
 )
 from services.store.protocol import Branch, PointRecord, Record, Vector
 from services.store.server.calibration import Calibrations, ef_params
-from services.store.server.convert import scored, to_filter, to_vector, to_where
+from services.store.server.convert import to_filter, to_vector, to_where
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
