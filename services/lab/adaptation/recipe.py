@@ -26,9 +26,7 @@ from services.core.errors import ConfigError
 from services.core.settings import Settings
 from services.lab.adaptation.mining_stage import distill_stage, mining_stage, pseudo_sets
 from services.lab.adaptation.teacher import TeacherConfig
-from services.lab.shared.stages import StagedRun, StageProgress, step_progress
-from services.lab.shared.stages import read_json as _read_json
-from services.lab.shared.stages import write_json as _write_json
+from services.lab.shared.stages import StagedRun, StageProgress, read_json, step_progress, write_json
 from services.readers.beir import corpus_file
 
 if TYPE_CHECKING:
@@ -125,7 +123,7 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     judged = _judgements_digest(settings) if config.feedback else None
     run_dir = settings.data_dir / "adapt" / f"{config.name}-{config.key(source, judged)}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(run_dir / "run.json", {"corpus": str(source), "base": base_name, "base_path": str(base_path),
+    write_json(run_dir / "run.json", {"corpus": str(source), "base": base_name, "base_path": str(base_path),
                                        "config": asdict(config)})
     run = StagedRun(run_dir, progress)
     notify, stage, stages, timings = run.notify, run.stage, run.stages, run.timings
@@ -133,25 +131,25 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
     t0 = time.perf_counter()
     stage("pseudo-questions", (run_dir / "pseudo.json").is_file(),
           lambda: _pseudo_stage(source, config, run_dir, notify))
-    pseudo = _read_json(run_dir / "pseudo.json")
+    pseudo = read_json(run_dir / "pseudo.json")
     if config.feedback:
         stage("feedback", (run_dir / "feedback.json").is_file(),
               lambda: _feedback_stage(settings, config, run_dir, notify))
-    judged_record = _read_json(run_dir / "feedback.json") if config.feedback else None
+    judged_record = read_json(run_dir / "feedback.json") if config.feedback else None
     stage("mining", (run_dir / "mining.json").is_file(),
           lambda: (distill_stage(source, pseudo, base_path, config.teacher, config.language, config.seed, run_dir,
                                  notify, settings) if config.teacher.distill
                    else mining_stage(pseudo, base_path, config.teacher, config.language, run_dir, notify, settings)))
-    mining = _read_json(run_dir / "mining.json")
+    mining = read_json(run_dir / "mining.json")
     stage("training", _training_done(run_dir, config),
           lambda: _training_stage(pseudo, mining, judged_record, base_path, base_name, config, run_dir, notify,
                                   source))
-    training = _read_json(run_dir / "training.json")
+    training = read_json(run_dir / "training.json")
     stage("dev evaluation", (run_dir / "dev.json").is_file(),
           lambda: _dev_stage(pseudo, judged_record, training, base_path, config, run_dir, notify,
                              settings.encoder.batch_size))
-    dev = _read_json(run_dir / "dev.json")
-    result = _read_json(run_dir / "result.json")
+    dev = read_json(run_dir / "dev.json")
+    result = read_json(run_dir / "result.json")
     if result is None:
         result = _save_stage(settings, run_dir, pseudo, mining, judged_record, training, dev, base_path, base_name,
                              config, timings, source, activate)
@@ -160,7 +158,7 @@ def adapt(settings: Settings, corpus: Path, config: AdaptConfig, *, progress: Ad
 
         activate_model(settings.models_dir, result["model"])
         result = {**result, "activated": True}
-        _write_json(run_dir / "result.json", result)
+        write_json(run_dir / "result.json", result)
     log.info("adapt finished", extra={"seconds": round(time.perf_counter() - t0, 1), "stages": stages})
     from encoders.towers import read_model_card
 
@@ -191,7 +189,7 @@ def _pseudo_stage(source: Path, config: AdaptConfig, run_dir: Path, notify: Adap
         train_ids, dev_ids = dev_split(dataset, config.dev_share, config.seed)
         record["sets"][kind] = dataset_to_json(dataset)
         record["split"][kind] = {"train": train_ids, "dev": dev_ids}
-    _write_json(run_dir / "pseudo.json", record)
+    write_json(run_dir / "pseudo.json", record)
     notify("pseudo-questions", 1, 1, ", ".join(f"{k} {len(d.queries)}" for k, d in sets.items()))
 
 
@@ -218,7 +216,7 @@ def _feedback_stage(settings: Settings, config: AdaptConfig, run_dir: Path, noti
     pairs = pairs_of(e for e in entries if e.question not in held)
     if not pairs:
         raise no_pairs_error(settings.collection, len(judgements))
-    _write_json(run_dir / "feedback.json", {
+    write_json(run_dir / "feedback.json", {
         "collection": settings.collection, "judgements": len(judgements), "questions": len(dataset.queries),
         "train_questions": len(train_ids), "dev_questions": len(dev_ids),
         "pairs": [pair_to_json(p) for p in pairs], "dev": dataset_to_json(dataset.subset(dev_ids))})
@@ -230,7 +228,7 @@ def _candidate_key(epochs: float) -> str:
 
 
 def _training_done(run_dir: Path, config: AdaptConfig) -> bool:
-    done = (_read_json(run_dir / "training.json") or {}).get("candidates", {})
+    done = (read_json(run_dir / "training.json") or {}).get("candidates", {})
     return all(_candidate_key(e) in done for e in config.epochs_grid)
 
 
@@ -241,7 +239,7 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict
     from services.lab.towers.trainer import TrainConfig
 
     pairs = [pair_from_json(row) for row in [*mining["pairs"], *(judged["pairs"] if judged else [])]]
-    record = _read_json(run_dir / "training.json") or {"candidates": {}}
+    record = read_json(run_dir / "training.json") or {"candidates": {}}
     out_dir = run_dir / "training"
     soft = None
     if mining.get("soft") is not None and source is not None:  # distillation: the corpus as it is, the soft targets
@@ -279,7 +277,7 @@ def _training_stage(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict
         record["candidates"][key] = {"path": str(result.model_dir), "epochs": epochs, "steps": card.get("steps"),
                                      "train_seconds": card.get("train_seconds"),
                                      "peak_rss_mib": card.get("peak_rss_mib"), "final_loss": card.get("final_loss")}
-        _write_json(run_dir / "training.json", record)
+        write_json(run_dir / "training.json", record)
 
 
 def _data_info(pseudo: dict[str, Any], mining: dict[str, Any], judged: dict[str, Any] | None) -> dict[str, Any]:
@@ -306,7 +304,7 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
     gate = ["judged"] if judged and judged["dev_questions"] >= MIN_JUDGED_DEV else list(dev)
     if not dev:
         raise ConfigError("the held-out slice of pseudo-questions is empty; the corpus is too small to choose on")
-    partial = _read_json(run_dir / "dev.partial.json") or {"scores": {}, "blend": None}
+    partial = read_json(run_dir / "dev.partial.json") or {"scores": {}, "blend": None}
     scores: dict[str, dict[str, float]] = partial["scores"]
     models = [("base", base_path, None), *((k, Path(c["path"]), None) for k, c in training["candidates"].items())]
     total = len(models) + (0 if config.question_only else len(config.blend_grid))
@@ -323,7 +321,7 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
             row[kind] = round(evaluate_model_in_memory(model, d, batch_size=batch_size,
                                                        doc_vectors=vectors)["ndcg@10"], 4)
         scores[key] = row
-        _write_json(run_dir / "dev.partial.json", partial)
+        write_json(run_dir / "dev.partial.json", partial)
 
     for key, path, _ in models:
         if key not in scores:
@@ -343,14 +341,14 @@ def _dev_stage(pseudo: dict[str, Any], judged: dict[str, Any] | None, training: 
                 blend_with_pretrained(model, base_path, weight)
             except ValueError as e:  # the start's weights do not match the towers (e.g. not safetensors)
                 partial["blend_error"] = str(e)
-                _write_json(run_dir / "dev.partial.json", partial)
+                write_json(run_dir / "dev.partial.json", partial)
                 break
             score(key, model)
     scores_gate = {key: {k: v for k, v in row.items() if k in gate} for key, row in scores.items()}
     candidates = {k: v for k, v in scores_gate.items() if k != "base"}
     choice, gain = pick_candidate(scores_gate["base"], candidates, config.min_gain)
     best_any = max(candidates, key=lambda k: mean_score(candidates[k]))
-    _write_json(run_dir / "dev.json", {
+    write_json(run_dir / "dev.json", {
         "queries": {kind: len(d.queries) for kind, d in dev.items()}, "scores": scores, "gate": gate,
         "mean": {k: round(mean_score(v), 4) for k, v in scores_gate.items()}, "choice": choice, "best": best_any,
         "gain": round(gain, 4), "min_gain": config.min_gain, "blend_error": partial.get("blend_error"),
@@ -420,7 +418,7 @@ def _save_stage(settings: Settings, run_dir: Path, pseudo: dict[str, Any], minin
     if activated:
         activate_model(models_dir, name)
     result = {"model": name, "model_dir": str(final), "activated": activated}
-    _write_json(run_dir / "result.json", result)
+    write_json(run_dir / "result.json", result)
     return result
 
 
