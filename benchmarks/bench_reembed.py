@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from machine import script  # benchmarks/ is sys.path[0]
+from machine import machine_line, script  # benchmarks/ is sys.path[0]
 
 REPO = script("tests")  # kit.tiny_models: the second model, as tests/integration/test_reembed.py builds it
 
@@ -111,14 +109,16 @@ def main() -> None:
     summary = f"re-embed / mean ingest throughput: {ratio:.2f}"
     print(table)
     print(summary)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from services.core.settings import Settings
+
+    backend = Settings().encoder.passages
+    print(machine_line())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(
         "# Re-embed vs ingest throughput\n\n"
-        f"`.venv/bin/python benchmarks/bench_reembed.py --docs {args.docs}` on {machine} (shared machine: use the "
-        "ratios). BEIR SciFact abstracts, default chunking, embedded store, in-process (no broker), "
-        f"torch CPU, all cores. 1-minute load average at the end of the run: {os.getloadavg()[0]:.1f} "
-        "(other work on the machine lowers the absolute numbers).\n\n" + table + f"\n\n{summary}\n\n"
+        f"`.venv/bin/python benchmarks/bench_reembed.py --docs {args.docs}` (shared machine: use the ratios). BEIR "
+        "SciFact abstracts, default chunking, embedded store, in-process (no broker), the passage tower on "
+        f"{backend} (chosen from the CPU).\n\n{machine_line()}\n\n" + table + f"\n\n{summary}\n\n"
         "Re-embedding reads the stored passage text (no source files, no parsing, no chunking) and does the same "
         "encoder work as ingest, so its throughput is bounded by the passage tower, like ingest's. The extra "
         "cost over the copy is the catch-up + verification scans and the swap.\n"
