@@ -1,7 +1,7 @@
 """``Client`` and ``AsyncClient``: one method per route of the HTTP API (docs/api.md), the same names and
 arguments in both, over one httpx connection pool each.
 
-Each method builds a ``Call`` (what to send, how to read the answer: ``_routes``); ``_send`` sends it with the
+Each method builds a ``Call`` (what to send, how to read the answer: ``dpr_client.calls``); ``_send`` sends it with the
 retry policy: 429 and 503 are retried after the Retry-After the server names (else a doubling backoff), and so is
 a connection that failed before an answer (refused, reset); at most ``Retry.attempts`` more tries, and never a wait
 longer than ``Retry.max_wait`` (a longer Retry-After is raised at once, with its value). Read timeouts are not
@@ -14,16 +14,17 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypedDict, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 from typing_extensions import Unpack
 
-from dpr_client import wire
+from dpr_client import wire, wire_sources
+from dpr_client.calls import Call, SearchOptions, present, read_model, routes
 from dpr_client.errors import ApiError, RateLimited, Unavailable, Unreachable, error_for
 
 T = TypeVar("T")
@@ -46,102 +47,6 @@ class Retry:
             return None
         delay = error.retry_after if error.retry_after is not None else self.backoff * 2**attempt
         return delay if delay <= self.max_wait else None
-
-
-class SearchOptions(TypedDict, total=False):
-    """The rarer search knobs (docs/hybrid.md, docs/training.md#reranker); absent: the collection's defaults."""
-
-    fusion: Literal["rrf", "linear"]
-    rrf_k: int
-    linear_weight: float
-    candidates: int
-    rerank: int
-    rerank_weight: float
-
-
-@dataclass(frozen=True)
-class Call(Generic[T]):
-    method: str
-    path: str
-    read: Callable[[httpx.Response], T]
-    send: dict[str, Any] = field(default_factory=dict)  # json / params / files / data for httpx
-    accept: tuple[int, ...] = ()  # refusals that are answers (503 from /readyz)
-
-
-def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
-    return lambda r: cls.model_validate_json(r.content)
-
-
-class _routes:  # noqa: N801 - a namespace: one Call per route
-    @staticmethod
-    def search(question: str, k: int, mode: wire.Mode | None, filters: Mapping[str, Any] | None,
-               options: SearchOptions) -> Call[wire.SearchOut]:
-        body = wire.SearchIn(question=question, k=k, mode=mode, filters=dict(filters or {}), **options)
-        return Call("POST", "/v1/search", _model(wire.SearchOut), {"json": body.model_dump(exclude_none=True)})
-
-    @staticmethod
-    def ingest(documents: Iterable[wire.DocumentIn | Mapping[str, Any]], language: wire.Language,
-               sync_prefix: str | None, prune: bool) -> Call[wire.JobAccepted]:
-        docs = [d if isinstance(d, wire.DocumentIn) else wire.DocumentIn.model_validate(d) for d in documents]
-        body = wire.DocumentsIn(documents=docs, language=language).model_dump(mode="json")
-        return Call("POST", "/v1/documents", _model(wire.JobAccepted),
-                    {"json": body, "params": _sync_params(sync_prefix, prune)})
-
-    @staticmethod
-    def upload(file: str | Path, content: bytes | None, format: str, language: wire.Language,
-               sync_prefix: str | None, prune: bool) -> Call[wire.JobAccepted]:
-        data = Path(file).read_bytes() if content is None else content  # in memory: a retry sends it again
-        return Call("POST", "/v1/documents", _model(wire.JobAccepted), {
-            "files": {"file": (Path(file).name, data)}, "data": {"format": format, "language": language},
-            "params": _sync_params(sync_prefix, prune)})
-
-    @staticmethod
-    def job(job_id: str) -> Call[wire.JobStatus]:
-        return Call("GET", f"/v1/jobs/{quote(job_id, safe='')}", _model(wire.JobStatus))
-
-    @staticmethod
-    def delete(doc_id: str) -> Call[wire.DeleteOut]:
-        return Call("DELETE", f"/v1/documents/{quote(doc_id, safe='/')}", _model(wire.DeleteOut))
-
-    @staticmethod
-    def feedback(question: str, relevant: bool, doc_id: str | None, chunk: int | None,
-                 point_id: str | None) -> Call[wire.FeedbackOut]:
-        body = _present(question=question, relevant=relevant, doc_id=doc_id, chunk=chunk, point_id=point_id)
-        wire.FeedbackIn.model_validate(body)  # refused here, before a round trip, as the server would refuse it
-        return Call("POST", "/v1/feedback", _model(wire.FeedbackOut), {"json": body})
-
-    @staticmethod
-    def create_key(role: str, collections: list[str] | None, name: str, rate: float | None) -> Call[wire.KeyCreated]:
-        body = _present(role=role, collections=collections, name=name, rate=rate)
-        wire.KeyIn.model_validate(body)
-        return Call("POST", "/v1/keys", _model(wire.KeyCreated), {"json": body})
-
-    @staticmethod
-    def get(path: str, model: type[M]) -> Call[M]:
-        return Call("GET", path, _model(model))
-
-    @staticmethod
-    def revoke_key(key_id: str) -> Call[wire.KeyInfo]:
-        return Call("DELETE", f"/v1/keys/{quote(key_id, safe='')}", _model(wire.KeyInfo))
-
-    @staticmethod
-    def add_source(name: str, uri: str, options: dict[str, Any]) -> Call[wire.SourceOut]:
-        body = _present(name=name, uri=uri, **options)
-        wire.SourceIn.model_validate(body)
-        return Call("POST", "/v1/sources", _model(wire.SourceOut), {"json": body})
-
-    @staticmethod
-    def source(name: str, action: str = "") -> str:
-        return f"/v1/sources/{quote(name, safe='')}{action}"
-
-
-def _present(**fields: Any) -> dict[str, Any]:
-    """A body's fields less those left out (None): the schema lets them be absent, never null."""
-    return {name: value for name, value in fields.items() if value is not None}
-
-
-def _sync_params(sync_prefix: str | None, prune: bool) -> dict[str, Any]:
-    return {} if sync_prefix is None else {"sync_prefix": sync_prefix, "prune": str(prune).lower()}
 
 
 class _Base:
@@ -238,22 +143,22 @@ class Client(_Base):
     def search(self, question: str, *, k: int = 10, mode: wire.Mode | None = None,
                filters: Mapping[str, Any] | None = None, **options: Unpack[SearchOptions]) -> wire.SearchOut:
         """``POST /v1/search``: the top ``k`` passages; ``filters``: payload key -> value or [values] (any of)."""
-        return self._send(_routes.search(question, k, mode, filters, options))
+        return self._send(routes.search(question, k, mode, filters, options))
 
     def ingest(self, documents: Iterable[wire.DocumentIn | Mapping[str, Any]], *, language: wire.Language = "auto",
                sync_prefix: str | None = None, prune: bool = False) -> wire.JobAccepted:
         """``POST /v1/documents`` (JSON): a batch of ``{id, text, title?, metadata?}``; one job."""
-        return self._send(_routes.ingest(documents, language, sync_prefix, prune))
+        return self._send(routes.ingest(documents, language, sync_prefix, prune))
 
     def upload(self, file: str | Path, *, content: bytes | None = None, format: str = "auto",
                language: wire.Language = "auto", sync_prefix: str | None = None,
                prune: bool = False) -> wire.JobAccepted:
         """``POST /v1/documents`` (multipart): one file (read from ``file``, or ``content`` named ``file``)."""
-        return self._send(_routes.upload(file, content, format, language, sync_prefix, prune))
+        return self._send(routes.upload(file, content, format, language, sync_prefix, prune))
 
     def job(self, job_id: str) -> wire.JobStatus:
         """``GET /v1/jobs/{job_id}``."""
-        return self._send(_routes.job(job_id))
+        return self._send(routes.job(job_id))
 
     def wait(self, job: str | wire.JobAccepted, *, timeout: float = 600.0, poll: float = 0.2,
              progress: Callable[[wire.JobStatus], None] | None = None) -> wire.JobStatus:
@@ -266,76 +171,76 @@ class Client(_Base):
 
     def delete(self, doc_id: str) -> wire.DeleteOut:
         """``DELETE /v1/documents/{doc_id}``: the document and its passages."""
-        return self._send(_routes.delete(doc_id))
+        return self._send(routes.delete(doc_id))
 
     def status(self) -> wire.Status:
         """``GET /v1/status``: what `dpr status --json` prints (``model_dump()`` gives all of it)."""
-        return self._send(_routes.get("/v1/status", wire.Status))
+        return self._send(routes.get("/v1/status", wire.Status))
 
     def whoami(self) -> wire.WhoAmI:
         """``GET /v1/whoami``: this key's id, role and collections, and what it may do."""
-        return self._send(_routes.get("/v1/whoami", wire.WhoAmI))
+        return self._send(routes.get("/v1/whoami", wire.WhoAmI))
 
     def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
                  point_id: str | None = None) -> wire.FeedbackOut:
         """``POST /v1/feedback``: judge a hit (``doc_id`` + ``chunk``, or ``point_id``) relevant or not."""
-        return self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
+        return self._send(routes.feedback(question, relevant, doc_id, chunk, point_id))
 
     def judgements(self) -> wire.FeedbackExport:
         """``GET /v1/feedback`` (admin): every judgement of the collection, with counts."""
-        return self._send(_routes.get("/v1/feedback", wire.FeedbackExport))
+        return self._send(routes.get("/v1/feedback", wire.FeedbackExport))
 
     def snapshot(self) -> wire.Snapshot:
         """``POST /v1/snapshots`` (admin): snapshot the collection."""
-        return self._send(Call("POST", "/v1/snapshots", _model(wire.Snapshot)))
+        return self._send(Call("POST", "/v1/snapshots", read_model(wire.Snapshot)))
 
     def snapshots(self) -> wire.SnapshotList:
         """``GET /v1/snapshots`` (admin)."""
-        return self._send(_routes.get("/v1/snapshots", wire.SnapshotList))
+        return self._send(routes.get("/v1/snapshots", wire.SnapshotList))
 
     def keys(self) -> wire.KeyList:
         """``GET /v1/keys`` (admin): the keys, never their tokens."""
-        return self._send(_routes.get("/v1/keys", wire.KeyList))
+        return self._send(routes.get("/v1/keys", wire.KeyList))
 
     def create_key(self, role: Literal["read", "write", "admin"], *, name: str,
                    collections: list[str] | None = None, rate: float | None = None) -> wire.KeyCreated:
         """``POST /v1/keys`` (admin, on a server that has keys): a new key named ``name``; its ``token`` is shown
         this once. ``rate``: requests per second, 0.1-100,000 (absent: the server's DPR_API__RATE_LIMIT)."""
-        return self._send(_routes.create_key(role, collections, name, rate))
+        return self._send(routes.create_key(role, collections, name, rate))
 
     def revoke_key(self, key_id: str) -> wire.KeyInfo:
         """``DELETE /v1/keys/{key_id}`` (admin)."""
-        return self._send(_routes.revoke_key(key_id))
+        return self._send(routes.revoke_key(key_id))
 
-    def sources(self) -> wire.SourceList:
+    def sources(self) -> wire_sources.SourceList:
         """``GET /v1/sources`` (read): each source with its last sync, outcome, counts and next run."""
-        return self._send(_routes.get("/v1/sources", wire.SourceList))
+        return self._send(routes.get("/v1/sources", wire_sources.SourceList))
 
-    def source(self, name: str) -> wire.SourceStatus:
+    def source(self, name: str) -> wire_sources.SourceStatus:
         """``GET /v1/sources/{name}`` (read)."""
-        return self._send(_routes.get(_routes.source(name), wire.SourceStatus))
+        return self._send(routes.get(routes.source(name), wire_sources.SourceStatus))
 
     def add_source(self, name: str, uri: str, *, every: str | None = None, include: list[str] | None = None,
                    exclude: list[str] | None = None, collection: str | None = None, endpoint: str | None = None,
                    key_env: str | None = None, secret_env: str | None = None,
-                   branch: str | None = None) -> wire.SourceOut:
+                   branch: str | None = None) -> wire_sources.SourceOut:
         """``POST /v1/sources`` (admin): add a source (docs/sources.md); credentials by variable NAME only."""
-        return self._send(_routes.add_source(name, uri, _present(
+        return self._send(routes.add_source(name, uri, present(
             every=every, include=include, exclude=exclude, collection=collection, endpoint=endpoint,
             key_env=key_env, secret_env=secret_env, branch=branch)))
 
-    def sync_source(self, name: str) -> wire.SyncAccepted:
+    def sync_source(self, name: str) -> wire_sources.SyncAccepted:
         """``POST /v1/sources/{name}/sync`` (write): start a sync; ``source(name)`` shows how it ended."""
-        return self._send(Call("POST", _routes.source(name, "/sync"), _model(wire.SyncAccepted)))
+        return self._send(Call("POST", routes.source(name, "/sync"), read_model(wire_sources.SyncAccepted)))
 
-    def remove_source(self, name: str, *, purge: bool = False) -> wire.SourceRemoved:
+    def remove_source(self, name: str, *, purge: bool = False) -> wire_sources.SourceRemoved:
         """``DELETE /v1/sources/{name}`` (admin); ``purge``: its documents too."""
-        return self._send(Call("DELETE", _routes.source(name), _model(wire.SourceRemoved),
+        return self._send(Call("DELETE", routes.source(name), read_model(wire_sources.SourceRemoved),
                                {"params": {"purge": str(purge).lower()}}))
 
     def eval_report(self) -> wire.EvalReport:
         """``GET /v1/eval/report``: the latest `dpr eval --report` of the server's data dir."""
-        return self._send(_routes.get("/v1/eval/report", wire.EvalReport))
+        return self._send(routes.get("/v1/eval/report", wire.EvalReport))
 
     def eval_plot(self, name: str) -> bytes:
         """``GET /v1/eval/report/plots/{name}``: one PNG."""
@@ -343,11 +248,11 @@ class Client(_Base):
 
     def health(self) -> wire.Health:
         """``GET /healthz``."""
-        return self._send(Call("GET", "/healthz", _model(wire.Health)))
+        return self._send(Call("GET", "/healthz", read_model(wire.Health)))
 
     def ready(self) -> wire.Readiness:
         """``GET /readyz``: ready or not (with each check); not retried."""
-        return self._send(Call("GET", "/readyz", _model(wire.Readiness), accept=(503,)))
+        return self._send(Call("GET", "/readyz", read_model(wire.Readiness), accept=(503,)))
 
 
 class AsyncClient(_Base):
@@ -384,20 +289,20 @@ class AsyncClient(_Base):
 
     async def search(self, question: str, *, k: int = 10, mode: wire.Mode | None = None,
                      filters: Mapping[str, Any] | None = None, **options: Unpack[SearchOptions]) -> wire.SearchOut:
-        return await self._send(_routes.search(question, k, mode, filters, options))
+        return await self._send(routes.search(question, k, mode, filters, options))
 
     async def ingest(self, documents: Iterable[wire.DocumentIn | Mapping[str, Any]], *,
                      language: wire.Language = "auto", sync_prefix: str | None = None,
                      prune: bool = False) -> wire.JobAccepted:
-        return await self._send(_routes.ingest(documents, language, sync_prefix, prune))
+        return await self._send(routes.ingest(documents, language, sync_prefix, prune))
 
     async def upload(self, file: str | Path, *, content: bytes | None = None, format: str = "auto",
                      language: wire.Language = "auto", sync_prefix: str | None = None,
                      prune: bool = False) -> wire.JobAccepted:
-        return await self._send(_routes.upload(file, content, format, language, sync_prefix, prune))
+        return await self._send(routes.upload(file, content, format, language, sync_prefix, prune))
 
     async def job(self, job_id: str) -> wire.JobStatus:
-        return await self._send(_routes.job(job_id))
+        return await self._send(routes.job(job_id))
 
     async def wait(self, job: str | wire.JobAccepted, *, timeout: float = 600.0, poll: float = 0.2,
                    progress: Callable[[wire.JobStatus], None] | None = None) -> wire.JobStatus:
@@ -409,66 +314,66 @@ class AsyncClient(_Base):
         return done
 
     async def delete(self, doc_id: str) -> wire.DeleteOut:
-        return await self._send(_routes.delete(doc_id))
+        return await self._send(routes.delete(doc_id))
 
     async def status(self) -> wire.Status:
-        return await self._send(_routes.get("/v1/status", wire.Status))
+        return await self._send(routes.get("/v1/status", wire.Status))
 
     async def whoami(self) -> wire.WhoAmI:
-        return await self._send(_routes.get("/v1/whoami", wire.WhoAmI))
+        return await self._send(routes.get("/v1/whoami", wire.WhoAmI))
 
     async def feedback(self, question: str, *, relevant: bool, doc_id: str | None = None, chunk: int | None = None,
                        point_id: str | None = None) -> wire.FeedbackOut:
-        return await self._send(_routes.feedback(question, relevant, doc_id, chunk, point_id))
+        return await self._send(routes.feedback(question, relevant, doc_id, chunk, point_id))
 
     async def judgements(self) -> wire.FeedbackExport:
-        return await self._send(_routes.get("/v1/feedback", wire.FeedbackExport))
+        return await self._send(routes.get("/v1/feedback", wire.FeedbackExport))
 
     async def snapshot(self) -> wire.Snapshot:
-        return await self._send(Call("POST", "/v1/snapshots", _model(wire.Snapshot)))
+        return await self._send(Call("POST", "/v1/snapshots", read_model(wire.Snapshot)))
 
     async def snapshots(self) -> wire.SnapshotList:
-        return await self._send(_routes.get("/v1/snapshots", wire.SnapshotList))
+        return await self._send(routes.get("/v1/snapshots", wire.SnapshotList))
 
     async def keys(self) -> wire.KeyList:
-        return await self._send(_routes.get("/v1/keys", wire.KeyList))
+        return await self._send(routes.get("/v1/keys", wire.KeyList))
 
     async def create_key(self, role: Literal["read", "write", "admin"], *, name: str,
                          collections: list[str] | None = None, rate: float | None = None) -> wire.KeyCreated:
-        return await self._send(_routes.create_key(role, collections, name, rate))
+        return await self._send(routes.create_key(role, collections, name, rate))
 
     async def revoke_key(self, key_id: str) -> wire.KeyInfo:
-        return await self._send(_routes.revoke_key(key_id))
+        return await self._send(routes.revoke_key(key_id))
 
-    async def sources(self) -> wire.SourceList:
-        return await self._send(_routes.get("/v1/sources", wire.SourceList))
+    async def sources(self) -> wire_sources.SourceList:
+        return await self._send(routes.get("/v1/sources", wire_sources.SourceList))
 
-    async def source(self, name: str) -> wire.SourceStatus:
-        return await self._send(_routes.get(_routes.source(name), wire.SourceStatus))
+    async def source(self, name: str) -> wire_sources.SourceStatus:
+        return await self._send(routes.get(routes.source(name), wire_sources.SourceStatus))
 
     async def add_source(self, name: str, uri: str, *, every: str | None = None, include: list[str] | None = None,
                          exclude: list[str] | None = None, collection: str | None = None,
                          endpoint: str | None = None, key_env: str | None = None, secret_env: str | None = None,
-                         branch: str | None = None) -> wire.SourceOut:
-        return await self._send(_routes.add_source(name, uri, _present(
+                         branch: str | None = None) -> wire_sources.SourceOut:
+        return await self._send(routes.add_source(name, uri, present(
             every=every, include=include, exclude=exclude, collection=collection, endpoint=endpoint,
             key_env=key_env, secret_env=secret_env, branch=branch)))
 
-    async def sync_source(self, name: str) -> wire.SyncAccepted:
-        return await self._send(Call("POST", _routes.source(name, "/sync"), _model(wire.SyncAccepted)))
+    async def sync_source(self, name: str) -> wire_sources.SyncAccepted:
+        return await self._send(Call("POST", routes.source(name, "/sync"), read_model(wire_sources.SyncAccepted)))
 
-    async def remove_source(self, name: str, *, purge: bool = False) -> wire.SourceRemoved:
-        return await self._send(Call("DELETE", _routes.source(name), _model(wire.SourceRemoved),
+    async def remove_source(self, name: str, *, purge: bool = False) -> wire_sources.SourceRemoved:
+        return await self._send(Call("DELETE", routes.source(name), read_model(wire_sources.SourceRemoved),
                                      {"params": {"purge": str(purge).lower()}}))
 
     async def eval_report(self) -> wire.EvalReport:
-        return await self._send(_routes.get("/v1/eval/report", wire.EvalReport))
+        return await self._send(routes.get("/v1/eval/report", wire.EvalReport))
 
     async def eval_plot(self, name: str) -> bytes:
         return await self._send(Call("GET", f"/v1/eval/report/plots/{quote(name, safe='')}", lambda r: r.content))
 
     async def health(self) -> wire.Health:
-        return await self._send(Call("GET", "/healthz", _model(wire.Health)))
+        return await self._send(Call("GET", "/healthz", read_model(wire.Health)))
 
     async def ready(self) -> wire.Readiness:
-        return await self._send(Call("GET", "/readyz", _model(wire.Readiness), accept=(503,)))
+        return await self._send(Call("GET", "/readyz", read_model(wire.Readiness), accept=(503,)))

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from kit.fakes import FakeRuntime
 from test_client import KEY, through
 
-from dpr_client import Client, Conflict, Forbidden, NotFound, wire
+from dpr_client import Client, Conflict, Forbidden, NotFound, wire_sources
 from entrypoints.api.app import create_app
 from services.core.settings import ApiSettings, Settings, SourceSettings
 
@@ -38,7 +38,7 @@ def test_sources_over_http(app: TestClient, tmp_path: Path) -> None:
     (folder / "garden.txt").write_text("The garden hose is kept in the shed.\n")
     with Client("http://dpr.test", api_key=KEY, transport=through(app)) as dpr:
         added = dpr.add_source("notes", str(folder), every="15m", exclude=["*.tmp"])
-        assert isinstance(added, wire.SourceOut) and (added.kind, added.every_s) == ("folder", 900.0)
+        assert isinstance(added, wire_sources.SourceOut) and (added.kind, added.every_s) == ("folder", 900.0)
         with pytest.raises(Conflict, match="exists already"):
             dpr.add_source("notes", str(folder))
         # the server's own disk outside the roots, a folder it does not have, a URI it cannot read: 409, said why

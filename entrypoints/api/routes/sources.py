@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
-from dpr_client.wire import SourceIn, SourceList, SourceOut, SourceRemoved, SourceStatus, SyncAccepted
+from dpr_client.wire_sources import SourceIn, SourceList, SourceOut, SourceRemoved, SourceStatus, SyncAccepted
 from entrypoints.api.auth import requires
 from entrypoints.api.errors import ApiError
 from entrypoints.api.state import ApiState, api_state
