@@ -204,8 +204,8 @@ class OpenVinoSession:
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self._model.create_infer_request()
-        width = feeds[self._names[0]].shape[1]
-        padded = padded_width(*feeds[self._names[0]].shape) if "attention_mask" in self._names else width
+        rows, width = feeds[self._names[0]].shape
+        padded = padded_width(rows, width) if "attention_mask" in self._names else width
         if padded > width:  # zeros: attention mask 0 past the tokens
             out = request.infer({n: _pad(feeds[n], padded) for n in self._names})[self._output]
             return [(out[:, :width] if out.ndim == 3 else out).copy()]  # tokens (rows, seq, hidden), or a score

@@ -16,15 +16,20 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int], batch_size: int) -> np.ndarray:
+def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int] | None, batch_size: int
+                     ) -> np.ndarray:
     """The passage tower over ``texts`` in batches of similar token length, vectors back in the input order.
 
     A batch pads to its longest passage, so the passages of the whole ingest batch (every document in it) are
     sorted by ``lengths`` (longest first) and cut where padding would cost more than another call
     (``encoders.batching.length_slices``, at most ``batch_size`` rows); each backend gets batches it cannot pad
-    much, whether or not it sorts on its own."""
+    much, whether or not it sorts on its own. Without ``lengths`` (a re-embed: the stored text, not yet tokenised
+    by the new tower) the tower gets them all at once and cuts its own batches by length (ONNX / OpenVINO:
+    ``length_slices`` over its own encodings; sentence-transformers sorts by length): no second tokenising."""
     import numpy as np
 
+    if lengths is None:
+        return towers.encode_documents(texts, batch_size=batch_size)
     slices = length_slices(lengths, batch_size)
     order = [i for s in slices for i in s]
     parts = [
@@ -39,11 +44,11 @@ def encode_by_length(towers: DualEncoder, texts: list[str], lengths: list[int], 
 
 
 def passage_points(
-    passages: Sequence[Passage], texts: list[str], lengths: list[int], *, towers: DualEncoder,
+    passages: Sequence[Passage], texts: list[str], lengths: list[int] | None, *, towers: DualEncoder,
     sparse: SparseEncoder | None, batch_size: int, seconds: dict[str, float] | None = None,
 ) -> list[PassagePoint]:
     """Each passage with its dense vector (the passage tower over ``texts``, what the tower reads of each: title ›
-    heading path + text; ``lengths``: their tokens) and its BM25 vector when ``sparse``. ``seconds`` gets the
+    heading path + text; ``lengths``: their tokens, if known) and its BM25 vector when ``sparse``. ``seconds`` gets the
     time spent in the tower (``encode``) and in BM25 (``sparse``)."""
     t0 = time.perf_counter()
     vectors = encode_by_length(towers, texts, lengths, batch_size)  # (n_passages, dim)

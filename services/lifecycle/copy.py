@@ -150,9 +150,8 @@ def embed_passages(
     texts = [
         Chunk(index=p.chunk_index, text=p.text, title=p.title, heading=p.heading).encoder_text for p in passages
     ]
-    return passage_points([replace(p, model=towers.fingerprint) for p in passages], texts,
-                          [len(towers.passage_token_offsets(t)) for t in texts], towers=towers, sparse=sparse,
-                          batch_size=batch_size)
+    return passage_points([replace(p, model=towers.fingerprint) for p in passages], texts, None, towers=towers,
+                          sparse=sparse, batch_size=batch_size)
 
 
 def check_towers(state: ReembedState, towers: DualEncoder) -> None:
