@@ -6,8 +6,8 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
 
 - AMX (``amx_bf16``: Intel Sapphire Rapids and later): OpenVINO bf16 for both towers, faithful to fp32 (cosine
   0.99998, top 10 kept 0.998). On a 2-core Xeon with AMX, 1,518 SciFact passages: 1.5-2.5x ONNX Runtime int8's
-  passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.70x what it was on
-  ONNX Runtime fp32.
+  passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.58x what it was on
+  ONNX Runtime fp32 (the same file, quiet).
 - anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). int8 is not faithful by the
   0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0021, p 0.55): ``DPR_ENCODER__BACKEND=onnx`` is the fp32 path, at
   about 0.64x its passages/s. Without AMX, OpenVINO bf16 runs its matrix multiplies in converted fp32 and is slower
@@ -156,12 +156,12 @@ ONEDNN_PRIMITIVES = 128
 # A single row (a question) shorter than this many tokens runs padded to it, its attention mask 0 past its tokens
 # (the vectors are the same: pooling reads only the real tokens): every question then has one shape, and the CPU
 # plugin, which re-prepares every kernel of the graph when an input's width changes (~2 ms on this model), prepares
-# them once. Measured on 100 SciFact questions of 10-40 tokens (2-core Xeon with AMX): the question tower 1.5-1.6x
-# faster than at each question's own width; a 32-token row costs no more than a 20-token one at this size.
+# them once. Measured on one infer request, 300 single rows of 10-41 tokens (2-core Xeon with AMX, ad-hoc): 1.5-1.6x
+# faster than at each row's own width; a 32-token row cost no more than a 20-token one at this size.
 SINGLE_WIDTH = 32
 # Batches narrower than this (questions batched by `dpr serve`) run at the next multiple of 8 tokens: a few widths
-# instead of one per batch; 1.2-1.5x the tower's questions a second in batches of 1-8 rows of 12-40 tokens (ad-hoc,
-# same machine). Passages (wider) keep their width: a batch's compute dwarfs the re-preparation.
+# instead of one per batch; 1.3-1.5x the tower's questions a second in batches of 1-8 rows of 12-39 tokens (ad-hoc,
+# one thread, same machine). Passages (wider) keep their width: a batch's compute dwarfs the re-preparation.
 SHORT_WIDTH = 64
 
 
