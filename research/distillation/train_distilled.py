@@ -64,10 +64,9 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
         base_record,
         card_fields,
         data_record,
-        fit_in_scratch,
+        fit_towers,
         save_model,
         start_run,
-        towers_arguments,
         versioned_name,
     )
     from services.lab.towers.recipe import TrainingData, build_training_set
@@ -95,9 +94,8 @@ def train_distilled(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     # 3. loss
     loss = DistilledMNRL(model, config.scale, args.weight, args.temperature, args.negatives_only)
     # 5-6. arguments, trainer
-    prompts = dict(model.prompts or {})
-    steps, losses = fit_in_scratch(model, lambda out: towers_arguments(config, list(columns), out, prompts),
-                                   Dataset.from_dict({**columns, "label": labels}), loss, None)
+    steps, losses = fit_towers(model, config, list(columns), Dataset.from_dict({**columns, "label": labels}), loss,
+                               None)
     set_passage_tokens(model, passage_max, False)
     # 7. evaluate
     from services.lab.evaluation.retrieval import evaluate_model_in_memory

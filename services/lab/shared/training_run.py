@@ -2,7 +2,7 @@
 ``services.lab.towers.question_only``; the reranker: ``services.lab.reranker.trainer``), in the sentence-transformers
 order: 1. model, 2. data, 3. loss, 4. evaluator (each trainer's own), then the steps here:
 
-5-6. ``fit_in_scratch``: the trainer's arguments (``training_arguments``; ``towers_arguments`` for the towers) and
+5-6. ``fit_in_scratch``: the trainer's arguments (``training_arguments``; ``fit_towers`` for the towers) and
    the trainer loop with progress (``fit``), run in a scratch output directory that is removed afterwards (nothing is
    checkpointed: the model is saved once, at 8);
 7. evaluate (each trainer's own);
@@ -156,6 +156,14 @@ def fit_in_scratch(model: Any, arguments: Callable[[Path], Any], dataset: Any, l
         return fit(model, arguments(scratch), dataset, loss, progress, trainer_class=trainer_class)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def fit_towers(model: Any, config: Any, columns: Sequence[str], dataset: Any, loss: Any, progress: ProgressFn | None,
+               prefix: str = "dpr-train-") -> tuple[int, list[float]]:
+    """Steps 5-6 for towers: ``fit_in_scratch`` with ``towers_arguments`` over the model's own prompts."""
+    prompts = dict(model.prompts or {})
+    return fit_in_scratch(model, lambda out: towers_arguments(config, columns, out, prompts), dataset, loss, progress,
+                          prefix=prefix)
 
 
 def towers_arguments(config: Any, columns: Sequence[str], output_dir: Path, prompts: dict[str, str]) -> Any:

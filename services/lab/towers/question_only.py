@@ -32,7 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.towers import PASSAGE_TOWER_FILE, model_fingerprint, passage_fingerprint, read_model_card
-from services.lab.shared.training_run import precision_of
+from services.lab.shared.training_run import (
+    base_record,
+    card_fields,
+    data_record,
+    fit_towers,
+    precision_of,
+    save_model,
+    start_run,
+    versioned_name,
+)
 
 if TYPE_CHECKING:
     from services.lab.shared.training_run import ProgressFn, TrainResult
@@ -281,16 +290,6 @@ def train_question_only(
     (``fixed_passages_loss``)."""
     from datasets import Dataset
 
-    from services.lab.shared.training_run import (
-        base_record,
-        card_fields,
-        data_record,
-        fit_in_scratch,
-        save_model,
-        start_run,
-        towers_arguments,
-        versioned_name,
-    )
     from services.lab.towers.trainer import freeze_word_embeddings
 
     check_config(config)
@@ -321,10 +320,8 @@ def train_question_only(
     # 4. evaluator: the dev queries against the table, before training (cheap: no passage is encoded)
     dev_before = dev_metrics(model, dev, passages, ids)
     # 5. arguments, 6. trainer
-    prompts = dict(model.prompts or {})
     model.train()
-    steps, losses = fit_in_scratch(model, lambda out: towers_arguments(config, ["question"], out, prompts), dataset,
-                                   loss, progress, prefix="dpr-train-q-")
+    steps, losses = fit_towers(model, config, ["question"], dataset, loss, progress, prefix="dpr-train-q-")
     train_seconds = time.perf_counter() - t0
     check_passage_unchanged(model, before)
     # 7. evaluate

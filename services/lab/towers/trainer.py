@@ -32,12 +32,11 @@ from services.lab.shared.training_run import (
     base_record,
     card_fields,
     data_record,
-    fit_in_scratch,
+    fit_towers,
     learn_device,
     precision_of,
     save_model,
     start_run,
-    towers_arguments,
     versioned_name,
 )
 from services.lab.towers.wise_ft import blend_with_pretrained, pretrained_root
@@ -232,9 +231,7 @@ def train(
         dev_before = _dev_metrics(model, dev, "before")
         set_passage_tokens(model, train_tokens, config.shared)
     # 5. arguments, 6. trainer
-    prompts = dict(model.prompts or {})
-    steps, losses = fit_in_scratch(model, lambda out: towers_arguments(config, list(columns), out, prompts),
-                                   Dataset.from_dict(columns), loss, progress)
+    steps, losses = fit_towers(model, config, list(columns), Dataset.from_dict(columns), loss, progress)
     train_seconds = time.perf_counter() - t0
     set_passage_tokens(model, passage_max, config.shared)
     blended = blend_with_pretrained(model, pretrained_root(base), config.blend) if config.blend is not None else None
