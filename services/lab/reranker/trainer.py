@@ -29,7 +29,6 @@ from typing import Any
 
 from encoders.data import CorpusDoc, RetrievalDataset, TrainPair
 from encoders.rerank import DEFAULT_MAX_LENGTH, RERANKER_KIND, WEIGHTS, fuse_scores, score_with_model
-from encoders.towers import base_model_path
 from services.lab.evaluation.retrieval import Retrieval, Retriever, score_retrieval
 from services.lab.shared.rows import pairs_to_columns
 from services.lab.shared.training_run import (
@@ -156,25 +155,13 @@ def dev_rerank_metrics(score: ScoreFn, dev: RetrievalDataset, first_stage: Retri
             "gain": round(after["ndcg@10"] - before["ndcg@10"], 4)}
 
 
-def train_reranker(
-    pairs: Sequence[TrainPair],
-    models_dir: Path,
-    config: RerankConfig | None = None,
-    *,
-    base: Path | None = None,
-    corpus: dict[str, CorpusDoc] | None = None,
-    dev: RetrievalDataset | None = None,
-    first_stage: Retriever | None = None,
-    first_stage_name: str = "bm25",
-    data_info: dict[str, Any] | None = None,
-    progress: ProgressFn | None = None,
-) -> TrainResult:
+def train_reranker(pairs: Sequence[TrainPair], models_dir: Path, config: RerankConfig, *, base: Path,
+                   corpus: dict[str, CorpusDoc] | None, dev: RetrievalDataset | None, first_stage: Retriever,
+                   first_stage_name: str, data_info: dict[str, Any], progress: ProgressFn | None) -> TrainResult:
     """Train a reranker on ``pairs`` and save it under ``models_dir`` (kind ``reranker``, with a card). ``base``: a
     plain encoder directory (a towers model's passage tower: ``encoder_to_start_from``, which
     ``services.lab.reranker.recipe`` applies before any mining)."""
-    config = config or RerankConfig()
     config.validate()
-    base = base or base_model_path()
     started, t0 = start_run(config.threads, config.seed)
     import torch
     from datasets import Dataset
@@ -211,7 +198,6 @@ def train_reranker(
                                            scale=config.scale)  # type: ignore[arg-type]  # annotated int, is float
     # 4. evaluator
     score: ScoreFn = lambda q, ps: score_with_model(model, q, ps)  # noqa: E731
-    evaluate = dev is not None and bool(dev.queries) and first_stage is not None
     # 5. arguments, 6. trainer
     steps, losses = fit_in_scratch(model, lambda out: training_arguments(CrossEncoderTrainingArguments, config, out,
                                                                          **extra),
@@ -220,8 +206,8 @@ def train_reranker(
     train_seconds = time.perf_counter() - t0
     # 7. evaluate
     model.eval()
-    dev_metrics = (dev_rerank_metrics(score, dev, first_stage, config.candidates)  # type: ignore[arg-type]
-                   if evaluate else None)
+    dev_metrics = (dev_rerank_metrics(score, dev, first_stage, config.candidates)
+                   if dev is not None and dev.queries else None)
     if dev_metrics is not None:
         dev_metrics["first_stage"] = first_stage_name
         log.info("reranker dev metrics", extra={"dev": dev_metrics})
