@@ -25,27 +25,29 @@ from typing import Any, Literal
 import numpy as np
 
 from encoders.batching import length_slices
-from encoders.runtimes import Backend, OpenVinoSession, runtime_version
+from encoders.runtimes import OPENVINO_PRECISION, Backend, OpenVinoSession, runtime_version
 from encoders.towers import ONNX_DIR, Similarity, model_files_key, model_fingerprint, passage_fingerprint
 
 log = logging.getLogger(__name__)
 
-OnnxBackend = Literal["onnx", "onnx-int8", "openvino-bf16"]  # the backends an export serves
-BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8", "openvino-bf16")
+OnnxBackend = Literal["onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"]  # the backends an export serves
+BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32")
 MANIFEST = "manifest.json"
 PROBE_VECTORS = "probes.npz"  # torch's vectors of the probes (``encoders.onnx_export.PROBES``), both towers
 FORMAT = 5  # bumped when the export changes: an older export is made again (2: weights in .data files; 3: no
 # softmax NaN guards, one attention mask; 4: int8 keeps the most sensitive projections in fp32; 5: openvino-bf16,
 # torch's probe vectors kept for checks without torch, each file's size, each variant's runtime version)
 # The graph each backend runs: OpenVINO compiles the fp32 graph itself (in bf16 where the CPU has AMX).
-VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx", "openvino-bf16": "model.onnx"}
+VARIANT_FILES: dict[str, str] = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx", "openvino-bf16": "model.onnx",
+                                 "openvino-fp32": "model.onnx"}
 # A variant keeps the model's fingerprint when its cosine to torch clears these on the probes, in both towers:
 # fp32 on every probe; int8 (per-channel weights, dynamic activations: noise that short inputs average out least)
 # on the mean, with a floor for the worst probe; bf16 (8 bits of mantissa, fp32 accumulation) on the mean, as
 # tightly as the fifth wave's fidelity floor (0.999). Measured on all-MiniLM-L6-v2: fp32 1.0000, int8 mean 0.995,
 # bf16 mean 0.99998.
 AGREEMENT: dict[str, dict[str, float]] = {"onnx": {"min": 0.999}, "onnx-int8": {"mean": 0.99, "min": 0.95},
-                                          "openvino-bf16": {"mean": 0.999, "min": 0.99}}
+                                          "openvino-bf16": {"mean": 0.999, "min": 0.99},
+                                          "openvino-fp32": {"min": 0.999}}
 CHECKED_PROBES = (2, 3)  # the probes a tower encodes when it loads, against torch's vectors: a corrupt or foreign
 # export is caught before it serves (a few ms), and made again
 POOLING_MODES = ("cls", "mean", "mean_sqrt_len_tokens", "max", "weightedmean", "lasttoken")
@@ -160,8 +162,9 @@ class OnnxTower:
         self.tokenizer.enable_truncation(spec.max_seq_length)
         self._tokenizer_path = directory / "tokenizer.json"
         self._raw_tokenizer: Any = None
-        if backend == "openvino-bf16":  # its compiled blob beside the graph: the machine-wide cache holds both
-            self.session = OpenVinoSession(directory / VARIANT_FILES[backend], threads, root / "openvino")
+        if backend in OPENVINO_PRECISION:  # its compiled blob beside the graph: the machine-wide cache holds both
+            self.session = OpenVinoSession(directory / VARIANT_FILES[backend], threads, root / "openvino",
+                                           OPENVINO_PRECISION[backend])
         else:
             self.session = cpu_session(directory / VARIANT_FILES[backend], threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
@@ -238,7 +241,7 @@ class OnnxTowers:
         the passage tower. A variant not yet measured with the installed runtime (openvino installed after the
         export, a new version) is measured now against torch's probe vectors, without torch."""
         if backend not in VARIANT_FILES:
-            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx, onnx-int8 or openvino-bf16")
+            raise ValueError(f"backend {backend!r} is not an ONNX backend; use one of {', '.join(VARIANT_FILES)}")
         self.path = Path(model_path)
         self.export_dir = Path(export_dir)
         self.name = name or self.path.name

@@ -30,7 +30,7 @@ from encoders.onnx_towers import (
     read_current_manifest,
     write_manifest,
 )
-from encoders.runtimes import OpenVinoSession
+from encoders.runtimes import OPENVINO_PRECISION, OpenVinoSession
 from encoders.towers import model_fingerprint, offline, read_model_card, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class OnnxReranker:
         from tokenizers import Tokenizer
 
         if backend not in VARIANT_FILES:
-            raise ValueError(f"backend {backend!r} is not an ONNX backend; use onnx, onnx-int8 or openvino-bf16")
+            raise ValueError(f"backend {backend!r} is not an ONNX backend; use one of {', '.join(VARIANT_FILES)}")
         self.path, self.export_dir = Path(model_path), Path(export_dir)
         self.name = name or self.path.name
         self.backend: str = backend
@@ -153,8 +153,8 @@ class OnnxReranker:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(self.manifest["max_length"]), strategy="longest_first")
         graph = self.export_dir / "reranker" / VARIANT_FILES[backend]
-        self.session = (OpenVinoSession(graph, threads, self.export_dir / "openvino") if backend == "openvino-bf16"
-                        else cpu_session(graph, threads))
+        self.session = (OpenVinoSession(graph, threads, self.export_dir / "openvino", OPENVINO_PRECISION[backend])
+                        if backend in OPENVINO_PRECISION else cpu_session(graph, threads))
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     @property

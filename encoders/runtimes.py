@@ -8,10 +8,14 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
   0.99998, top 10 kept 0.998). On a 2-core Xeon with AMX, 1,518 SciFact passages: 1.5-2.5x ONNX Runtime int8's
   passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.58x what it was on
   ONNX Runtime fp32 (the same file, quiet).
-- anything else: ONNX Runtime int8 passages, fp32 questions (the fourth wave's path). int8 is not faithful by the
-  0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0021, p 0.55): ``DPR_ENCODER__BACKEND=onnx`` is the fp32 path, at
-  about 0.64x its passages/s. Without AMX, OpenVINO bf16 runs its matrix multiplies in converted fp32 and is slower
-  than int8 (FACTS.md: 0.97x ONNX fp32).
+- anything else: OpenVINO fp32 passages and ONNX Runtime fp32 questions, both faithful (the fp32 graph; cosine
+  1.0). Measured with oneDNN capped at AVX-512 VNNI on the same Xeon (CPU seconds a batch of 16 x 200 tokens, one
+  thread): OpenVINO fp32 0.61, ONNX Runtime fp32 0.77, ONNX Runtime int8 0.48; capped at AVX2: 0.79 (ONNX Runtime
+  cannot be capped). int8 (the fourth wave's path, ``DPR_ENCODER__BACKEND=onnx-int8``) is faster but not faithful
+  by the 0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0031); OpenVINO bf16 without AMX is slower than fp32 (FACTS.md:
+  0.97x ONNX fp32 with AVX512_BF16; 25x OpenVINO fp32's CPU capped at AVX-512 VNNI). A single question costs
+  OpenVINO fp32 1.4-2.2x ONNX Runtime fp32's CPU (padded to 32 tokens; 9-11 against 5-7 ms, ad-hoc, one thread):
+  questions stay on ONNX Runtime.
 
 An explicit ``DPR_ENCODER__BACKEND`` wins and is reported as the reason. The CPU's features can be masked the way
 oneDNN is (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``AVX512_CORE_VNNI``): the choice then follows the masked CPU, which is how
@@ -32,8 +36,9 @@ from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
-Backend = Literal["torch", "onnx", "onnx-int8", "openvino-bf16"]
-Setting = Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"]
+Backend = Literal["torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"]
+Setting = Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"]
+OPENVINO_PRECISION: dict[str, str] = {"openvino-bf16": "bf16", "openvino-fp32": "f32"}  # OpenVINO's hint, by backend
 Role = Literal["query", "document"]
 CPUINFO = Path("/proc/cpuinfo")
 # ONEDNN_MAX_CPU_ISA values (oneDNN's names) -> the /proc/cpuinfo flags a CPU capped there does not use
@@ -89,7 +94,7 @@ def _read_flags(cpuinfo: Path) -> frozenset[str]:
 def runtime_version(backend: Backend) -> str | None:
     """The installed version of the runtime behind ``backend`` (None: not installed), read without importing it."""
     return _package_version({"torch": "torch", "onnx": "onnxruntime", "onnx-int8": "onnxruntime",
-                             "openvino-bf16": "openvino"}[backend])
+                             "openvino-bf16": "openvino", "openvino-fp32": "openvino"}[backend])
 
 
 @functools.lru_cache(maxsize=8)
@@ -117,12 +122,15 @@ def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None
         if runtime_version("openvino-bf16") is not None:
             return Choice("openvino-bf16", "AMX bf16 on this CPU: OpenVINO bf16, measured 1.5-2.5x ONNX Runtime int8 "
                           "at cosine 0.99998 to fp32 (docs/capacity.md)")
-        log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime "
-                    "(pip install openvino for ~2x)")
+        log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime fp32 "
+                    "(pip install openvino for ~3x)")
     if role == "query":
-        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions (docs/capacity.md)")
-    return Choice("onnx-int8", "no AMX on this CPU: ONNX Runtime int8 passages, the fastest measured without it "
-                  "(docs/capacity.md)")
+        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions, about half OpenVINO fp32's CPU at "
+                      "a question's width (docs/capacity.md)")
+    if runtime_version("openvino-fp32") is not None:
+        return Choice("openvino-fp32", "no AMX on this CPU: OpenVINO fp32 passages, faithful to fp32 and 1.26x ONNX "
+                      "Runtime fp32's CPU a passage; int8 is faster but not faithful (docs/capacity.md)")
+    return Choice("onnx", "no AMX on this CPU and no openvino: ONNX Runtime fp32 (docs/capacity.md)")
 
 
 Precision = Literal["auto", "fp32", "bf16"]
@@ -178,7 +186,7 @@ class OpenVinoSession:
     30-minute soak syncing a source every minute grew `dpr serve` 19-20% with both defaults)."""
 
     def __init__(self, model_file: Path, threads: int | None, cache_dir: Path | None,
-                 precision: str = "bf16") -> None:
+                 precision: str = "bf16") -> None:  # OpenVINO's INFERENCE_PRECISION_HINT: bf16 or f32
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVES))  # before the first kernel
         import openvino as ov
 

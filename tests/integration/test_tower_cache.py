@@ -42,7 +42,7 @@ def test_processes_that_ask_at_once_share_one_export(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     children = [subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), backend, TEXT], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for backend in ("openvino-bf16", "onnx-int8", "onnx")]
+                for backend in ("openvino-bf16", "onnx-int8", "openvino-fp32", "onnx")]
     answers = []
     for child in children:
         out, err = child.communicate(timeout=300)
@@ -53,10 +53,11 @@ def test_processes_that_ask_at_once_share_one_export(tmp_path: Path) -> None:
     assert not [e for e in entries if ".staging-" in e or ".old-" in e]
     assert len({a["fingerprint"] for a in answers}) == 1  # every faithful path keeps the model's fingerprint
     vectors = np.array([a["vector"] for a in answers])
-    assert (vectors @ vectors[2]).min() > 0.99  # bf16 and int8 against fp32, one passage
+    assert (vectors @ vectors[3]).min() > 0.99  # bf16 and int8 against fp32, one passage
+    assert vectors[2] @ vectors[3] > 0.99999  # OpenVINO fp32 (the path without AMX) is ONNX Runtime fp32's
     manifest = json.loads(next(p for p in (tmp_path / "cache").iterdir() if not p.name.startswith("."))
                           .joinpath("manifest.json").read_text())
-    assert set(manifest["variants"]) >= {"onnx", "onnx-int8", "openvino-bf16"}
+    assert set(manifest["variants"]) >= {"onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"}
     assert all(v.get("runtime") for v in manifest["variants"].values())  # each measured with its runtime
 
 

@@ -1,6 +1,6 @@
 """The runtime and precision of each tower, chosen from the CPU's features (``encoders.runtimes``): OpenVINO bf16
-where the CPU has AMX, ONNX Runtime int8 passages and fp32 questions elsewhere, an explicit setting always first,
-and ``ONEDNN_MAX_CPU_ISA`` masking the newer paths the way oneDNN does."""
+where the CPU has AMX, OpenVINO fp32 passages and ONNX Runtime fp32 questions elsewhere, an explicit setting
+always first, and ``ONEDNN_MAX_CPU_ISA`` masking the newer paths the way oneDNN does."""
 
 from __future__ import annotations
 
@@ -24,18 +24,21 @@ def test_amx_gets_openvino_bf16_for_both_towers(monkeypatch: pytest.MonkeyPatch)
     assert "AMX" in choose("document", flags=SAPPHIRE).reason
 
 
-def test_without_amx_int8_passages_and_fp32_questions() -> None:
-    assert choose("document", flags=EPYC).backend == "onnx-int8"
+def test_without_amx_faithful_fp32_openvino_passages_and_onnx_questions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: "2026.4.1")
+    assert choose("document", flags=EPYC).backend == "openvino-fp32"
     assert choose("query", flags=EPYC).backend == "onnx"
-    no_amx = SAPPHIRE - {"amx_tile", "amx_bf16", "amx_int8"}  # AVX512_BF16 alone: bf16 measured slower than int8
-    assert choose("document", flags=no_amx).backend == "onnx-int8"
+    no_amx = SAPPHIRE - {"amx_tile", "amx_bf16", "amx_int8"}  # AVX512_BF16 alone: bf16 measured slower than fp32
+    assert choose("document", flags=no_amx).backend == "openvino-fp32"
+    assert "faithful" in choose("document", flags=no_amx).reason
 
 
-def test_amx_without_openvino_installed_falls_back_with_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: None)
-    assert choose("document", flags=SAPPHIRE).backend == "onnx-int8"
+def test_without_openvino_installed_onnx_fp32_with_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: None if "openvino" in backend else "1")
+    assert choose("document", flags=SAPPHIRE).backend == "onnx"  # never int8 unless asked: not faithful
     assert any("openvino is not installed" in r.getMessage() for r in caplog.records)
+    assert choose("document", flags=EPYC).backend == "onnx"
 
 
 @pytest.mark.parametrize(("configured", "question", "passages_backend", "questions_backend"), [
@@ -44,6 +47,7 @@ def test_amx_without_openvino_installed_falls_back_with_one_line(monkeypatch: py
     ("openvino-bf16", None, "openvino-bf16", "openvino-bf16"),
     ("auto", "onnx", "openvino-bf16", "onnx"),  # an explicit question backend wins over the CPU's choice
     ("onnx", "torch", "onnx", "torch"),
+    ("openvino-fp32", None, "openvino-fp32", "openvino-fp32"),
 ])
 def test_an_explicit_setting_wins_and_says_so(monkeypatch: pytest.MonkeyPatch, configured: str,
                                               question: str | None, passages_backend: str,
