@@ -15,10 +15,6 @@ if TYPE_CHECKING:
     from services.lab.adaptation.recipe import AdaptResult
 
 
-def register(app: typer.Typer) -> None:
-    app.command("adapt")(adapt)
-
-
 def adapt(
     ctx: typer.Context,
     corpus: Annotated[Path, typer.Argument(help="A BEIR folder (only its corpus.jsonl is read) or a corpus JSONL.")],

@@ -17,13 +17,6 @@ from services.query import QueryOptions
 from services.runtime import Runtime
 from services.store.common import serving_mode
 
-COMMANDS = ("query", "status", "delete")
-
-
-def register(app: typer.Typer) -> None:
-    for name in COMMANDS:
-        app.command(name)(globals()[name])
-
 
 def _parse_filters(filters: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}

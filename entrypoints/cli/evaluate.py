@@ -15,10 +15,6 @@ from services.ingest.language import check_choice
 from services.readers import DatasetFormat, dataset_format, load_dataset, load_dev_split
 
 
-def register(app: typer.Typer) -> None:
-    app.command("eval")(evaluate)
-
-
 def evaluate(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON.")],

@@ -18,10 +18,6 @@ feedback_app = typer.Typer(name="feedback", no_args_is_help=True,
                            help="Judgements of search hits (relevant / not relevant): list, export as training pairs.")
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(feedback_app, name="feedback")
-
-
 @feedback_app.command("list")
 def feedback_list(ctx: typer.Context, collection: Collection = None, as_json: AsJson = False) -> None:
     """Every judgement of the collection: question, document#chunk, relevant or not, when and by whom."""

@@ -12,10 +12,6 @@ from rich.table import Table
 from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, settings_for
 
 
-def register(app: typer.Typer) -> None:
-    app.command("tune-hybrid")(tune_hybrid_command)
-
-
 def tune_hybrid_command(
     ctx: typer.Context,
     data: Annotated[Path, typer.Argument(help="BEIR folder or SQuAD JSON with training questions.")],

@@ -24,12 +24,6 @@ from services.ingest.language import LANGUAGE_HELP
 from services.jobs import TERMINAL
 from services.runtime import Runtime
 
-COMMANDS = ("ingest",)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("ingest")(ingest)
-
 
 def ingest(
     ctx: typer.Context,

@@ -18,11 +18,6 @@ keys_app = typer.Typer(name="keys", help="API keys with a role (read < write < a
                        no_args_is_help=True)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(keys_app, name="keys")
-    app.command("audit")(audit)
-
-
 def _user() -> str:
     try:
         return getpass.getuser()

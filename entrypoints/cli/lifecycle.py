@@ -25,15 +25,6 @@ from services import lifecycle
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 
-
-def register(app: typer.Typer) -> None:
-    app.command("reembed")(reembed)
-    app.command("rollback")(rollback)
-    app.command("gc")(gc)
-    app.command("beat")(beat)
-    app.command("optimize")(optimize)
-
-
 STORE_POLL = 30.0  # seconds between the store reads of a `dpr reembed --wait` that follows workers
 
 

@@ -14,30 +14,34 @@ import typer
 from entrypoints.cli.common import load_settings
 
 HELP = "Dense passage retrieval: ingest documents with a DPR passage tower into Qdrant, query with the question tower."
-CORE = {  # the core commands and the module of each: one of them builds only its own module
-    "ingest": "entrypoints.cli.ingest",
-    "query": "entrypoints.cli.core",
-    "status": "entrypoints.cli.core",
-    "delete": "entrypoints.cli.core",
-    "mcp": "entrypoints.cli.mcp",  # an agent starts it for each session: no other module
+COMMANDS = {  # every command and command group ("module:object"), in the order `dpr --help` lists them
+    "ingest": "entrypoints.cli.ingest:ingest",
+    "sources": "entrypoints.cli.sources:sources_app",
+    "query": "entrypoints.cli.core:query",
+    "status": "entrypoints.cli.core:status",
+    "delete": "entrypoints.cli.core:delete",
+    "train": "entrypoints.cli.train:train",
+    "train-reranker": "entrypoints.cli.train:train_reranker",
+    "adapt": "entrypoints.cli.adapt:adapt",
+    "eval": "entrypoints.cli.evaluate:evaluate",
+    "models": "entrypoints.cli.models:models_app",
+    "worker": "entrypoints.cli.workers:worker",
+    "jobs": "entrypoints.cli.workers:jobs",
+    "reembed": "entrypoints.cli.lifecycle:reembed",
+    "rollback": "entrypoints.cli.lifecycle:rollback",
+    "gc": "entrypoints.cli.lifecycle:gc",
+    "beat": "entrypoints.cli.lifecycle:beat",
+    "optimize": "entrypoints.cli.lifecycle:optimize",
+    "serve": "entrypoints.cli.serve:serve",
+    "keys": "entrypoints.cli.keys:keys_app",
+    "audit": "entrypoints.cli.keys:audit",
+    "tune-hybrid": "entrypoints.cli.hybrid:tune_hybrid_command",
+    "snapshot": "entrypoints.cli.snapshot:snapshot_app",
+    "migrate": "entrypoints.cli.snapshot:migrate",
+    "feedback": "entrypoints.cli.feedback:feedback_app",
+    "mcp": "entrypoints.cli.mcp:mcp",  # an agent starts it for each session: no other module
 }
-GROUPS = (  # every module with commands, each with register(app), in the order `dpr --help` lists them
-    "entrypoints.cli.ingest",
-    "entrypoints.cli.sources",
-    "entrypoints.cli.core",
-    "entrypoints.cli.train",
-    "entrypoints.cli.adapt",
-    "entrypoints.cli.evaluate",
-    "entrypoints.cli.models",
-    "entrypoints.cli.workers",
-    "entrypoints.cli.lifecycle",
-    "entrypoints.cli.serve",
-    "entrypoints.cli.keys",
-    "entrypoints.cli.hybrid",
-    "entrypoints.cli.snapshot",
-    "entrypoints.cli.feedback",
-    "entrypoints.cli.mcp",
-)
+CORE = ("ingest", "query", "status", "delete", "mcp")  # one of them builds only itself
 
 
 def _root(
@@ -50,21 +54,25 @@ def _root(
     ctx.obj = load_settings(data_dir=data_dir)
 
 
-def build_app(groups: Sequence[str] = GROUPS) -> typer.Typer:
-    """The ``dpr`` command with the commands of the modules ``groups``."""
+def build_app(names: Sequence[str] = tuple(COMMANDS)) -> typer.Typer:
+    """The ``dpr`` command with the commands and groups ``names`` (of ``COMMANDS``)."""
     import importlib
 
     app = typer.Typer(name="dpr", help=HELP, no_args_is_help=True, pretty_exceptions_enable=False,
                       add_completion=False)
     app.callback()(_root)
-    for module in groups:
+    for name in names:
+        module, _, attr = COMMANDS[name].partition(":")
         try:
-            mod = importlib.import_module(module)
+            command = getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as e:
             if e.name == module:
                 continue
             raise
-        mod.register(app)
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=name)
+        else:
+            app.command(name)(command)
     return app
 
 
@@ -90,11 +98,11 @@ def __getattr__(name: str) -> typer.Typer:
 def main() -> None:
     # The model loaders' own progress bars ("Loading weights ...") must not leak into dpr's output.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # A core command (`dpr query` above all: the thin client) builds only the module it lives in: the others are
-    # not imported (for `dpr query`: no reader, chunker, job executor or progress bar) and typer turns 3 functions
-    # into commands, not 20.
+    # A core command (`dpr query` above all: the thin client) builds only itself: the other modules are not
+    # imported (for `dpr query`: no reader, chunker, job executor or progress bar) and typer turns 1 function into a
+    # command, not 20.
     command = _command(sys.argv[1:])
-    build_app((CORE[command],) if command in CORE else GROUPS)()
+    build_app((command,) if command in CORE else tuple(COMMANDS))()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ import typer
 
 from entrypoints.cli.common import EXIT_USAGE, fail
 
-COMMANDS = ("mcp",)
-
 
 def mcp(
     ctx: typer.Context,
@@ -48,8 +46,3 @@ def mcp(
         fail(refused, code=EXIT_USAGE)
     mode: Literal["streamable-http"] = "streamable-http"
     server.run(mode, host=host, port=port)
-
-
-def register(app: typer.Typer) -> None:
-    for name in COMMANDS:
-        app.command(name)(globals()[name])

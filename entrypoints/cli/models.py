@@ -22,10 +22,6 @@ models_app = typer.Typer(name="models", help="Trained towers: list, show, activa
 Name = Annotated[str, typer.Argument(help="Model name, 'base' or 'multilingual'.")]
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(models_app, name="models")
-
-
 @models_app.command("list")
 def models_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     """The built-in models (base, multilingual), then the trained models under DATA_DIR/models, newest first."""

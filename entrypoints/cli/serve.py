@@ -20,10 +20,6 @@ from entrypoints.cli.common import cli_errors, console, fail, get_settings
 from services.core.settings import Settings
 
 
-def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
-
-
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Bind address (default DPR_API__HOST, 127.0.0.1).")] = None,

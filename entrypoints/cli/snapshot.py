@@ -15,11 +15,6 @@ snapshot_app = typer.Typer(name="snapshot", help="Snapshots of a collection: cre
                            no_args_is_help=True)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(snapshot_app, name="snapshot")
-    app.command("migrate")(migrate)
-
-
 @snapshot_app.command("create")
 def create(
     ctx: typer.Context,

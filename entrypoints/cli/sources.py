@@ -18,10 +18,6 @@ sources_app = typer.Typer(name="sources", no_args_is_help=True,
 WAIT_S = 3600.0  # --wait: how long a sync waits for another sync of the same source to end
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(sources_app, name="sources")
-
-
 @sources_app.command("add")
 def add(
     ctx: typer.Context,

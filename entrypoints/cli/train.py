@@ -24,11 +24,6 @@ from services.core.threads import threads_per_process
 if TYPE_CHECKING:
     from services.lab.shared.training_run import TrainResult
 
-def register(app: typer.Typer) -> None:
-    app.command("train")(train)
-    app.command("train-reranker")(train_reranker)
-
-
 DATA, RECIPE, OUTPUT = "Data", "Recipe", "Output"
 
 
@@ -207,4 +202,3 @@ def _print_result(result: TrainResult, activated: bool, as_json: bool, ran: dict
         console.print(f"activated {result.name}")
     else:
         console.print(f"activate it with: dpr models activate {result.name}")
-

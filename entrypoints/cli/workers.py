@@ -22,11 +22,6 @@ from services.ingest.follow import Source, follow_job
 BROKER_HINT = "set DPR_BROKER_URL=redis://host:6379/0 (the Redis that carries the ingest queue)"
 
 
-def register(app: typer.Typer) -> None:
-    app.command("worker")(worker)
-    app.command("jobs")(jobs)
-
-
 def worker(
     ctx: typer.Context,
     concurrency: Annotated[
