@@ -12,11 +12,12 @@ Sections (``--sections``, default all), each printing its figures and ratios mea
   data dir, against the plain sentence-transformers script a user writes (``peer_plain.py``: load the model,
   encode the same passages, save them) as one process, alternated ``--rounds`` times; once "warm" (the machine's
   tower cache filled, as after any earlier `dpr` run), once "first ever" (an empty ``XDG_CACHE_HOME``: the
-  export is paid in the run), and emulating a CPU without AMX or AVX-512 (``ONEDNN_MAX_CPU_ISA=AVX2`` for both
+  export is paid in the run), emulating a CPU without AMX or AVX-512 (``ONEDNN_MAX_CPU_ISA=AVX2`` for both
   processes, which caps oneDNN in torch and OpenVINO and makes the product choose as on such a CPU, plus
-  ``ATEN_CPU_CAPABILITY=avx2`` for torch; ONNX Runtime's own kernels cannot be capped: its int8 keeps VNNI, so this
-  row flatters the product by that much). The product's job report gives the share of its wall time spent in the
-  tower.
+  ``ATEN_CPU_CAPABILITY=avx2`` for torch), and one with AVX-512 and VNNI but no AMX nor bf16 (``avx512``: Cascade /
+  Ice Lake; ``AVX512_CORE_VNNI``, ``avx512``). The product picks OpenVINO fp32 passages on both, which oneDNN caps:
+  the emulation is faithful (ONNX Runtime's own kernels cannot be capped; the product runs none of them in an
+  ingest there). The product's job report gives the share of its wall time spent in the tower.
 - ``query``: ``Runtime.search`` p50 in-process (what `dpr query` runs), dense, over the ingested collection, by this
   commit's code on its defaults and by ``--baseline``'s (837c87e, the issue's "today": ONNX fp32 questions), each
   in its own process from a git worktree of that commit, alternated.
@@ -45,10 +46,10 @@ REPO = script()
 
 import numpy as np  # noqa: E402
 
-BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32")
 PEAK_FLOP_PER_CYCLE = {  # per core, the unit each path's matrix multiplies run on here
     "torch": ("AVX-512 fp32", 64), "onnx": ("AVX-512 fp32", 64), "onnx-int8": ("AMX int8", 2048),
-    "openvino-bf16": ("AMX bf16", 1024),
+    "openvino-bf16": ("AMX bf16", 1024), "openvino-fp32": ("AVX-512 fp32", 64),
 }
 CLOCK_C = r"""
 #include <stdio.h>
@@ -208,7 +209,7 @@ STEPS = (("the tower", "encode"), ("store writes", "upsert"), ("chunking", "chun
 
 
 def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rounds: int,
-                   cases: tuple[str, ...] = ("warm", "first", "avx2")) -> list[str]:
+                   cases: tuple[str, ...] = ("warm", "first", "avx2", "avx512")) -> list[str]:
     jsonl = work / "docs.jsonl"
     jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
     passages = work / "passages.json"
@@ -219,12 +220,14 @@ def ingest_section(docs: list[dict[str, str]], texts: list[str], work: Path, rou
     # PYTHONDONTWRITEBYTECODE compiles torch's imports again in every process, seconds for either side)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("DPR_") and k != "PYTHONDONTWRITEBYTECODE"}
     avx2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    avx512 = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "ATEN_CPU_CAPABILITY": "avx512"}
     rows = [f"{len(docs)} documents, {len(texts)} passages.", "",
             "| case | `dpr ingest` s (each round) | plain script s (each round) | ratio (median) | product's "
             "tower | tower share of `dpr ingest` wall |", "|---|---|---|---|---|---|"]
     every = {"warm": ("warm: the machine ran `dpr` before", {}, False),
              "first": ("first ever: empty cache, export paid", {}, True),
-             "avx2": ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False)}
+             "avx2": ("AVX2 emulated (ONEDNN_MAX_CPU_ISA=AVX2), warm", avx2, False),
+             "avx512": ("AVX-512 VNNI, no AMX (ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI), warm", avx512, False)}
     notes: list[str] = []
     for case, extra, fresh_cache in (every[c] for c in cases):
         ours, theirs, shares = [], [], []
@@ -343,7 +346,8 @@ def main() -> int:
     parser.add_argument("--corpora", nargs="+", default=["scifact"], choices=sorted(CORPORA),
                         help="documents read in this order up to --docs (0: all): scifact cranfield cisi python-docs "
                         "with --docs 0 make about 20k passages")
-    parser.add_argument("--cases", nargs="+", default=["warm", "first", "avx2"], choices=["warm", "first", "avx2"])
+    parser.add_argument("--cases", nargs="+", default=["warm", "first", "avx2", "avx512"],
+                        choices=["warm", "first", "avx2", "avx512"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ingest-speed" / "runtimes.md")
     args = parser.parse_args()
     if scifact() is None:
