@@ -26,6 +26,19 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class _Status:
+    """Passes an app's messages on to ``send`` and keeps the status of its response (None: not started)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.code: int | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.code = int(message["status"])
+        await self._send(message)
+
+
 async def send_error(send: Send, status: int, type_: str, message: str,
                       headers: dict[str, str] | None = None) -> None:
     body = json.dumps({"error": {"type": type_, "message": message}}).encode()
@@ -69,7 +82,7 @@ class BodyLimit:
                     await send_error(send, 413, "too_large", self._message())
                     return
         received = 0
-        started = False
+        status = _Status(send)
 
         async def limited_receive() -> Message:
             nonlocal received
@@ -80,16 +93,10 @@ class BodyLimit:
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, status.send)
         except _BodyTooLarge:
-            if not started:
+            if status.code is None:
                 await send_error(send, 413, "too_large", self._message())
 
 
@@ -104,19 +111,13 @@ class HttpMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        status = _Status(send)
         t0 = time.perf_counter()
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
         try:
-            await self.app(scope, receive, capture)
+            await self.app(scope, receive, status.send)
         finally:
-            self.metrics.observe_http(_route_of(scope), scope.get("method", ""), status, time.perf_counter() - t0)
+            self.metrics.observe_http(_route_of(scope), scope.get("method", ""), status.code or 500,
+                                      time.perf_counter() - t0)
 
 
 def _route_of(scope: Scope) -> str:
@@ -187,20 +188,13 @@ class AccessControl:
             await send_error(send, status, decision.type, decision.message, headers)
         else:
             scope.setdefault("state", {})["principal"] = principal
-
-            async def capture(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = int(message["status"])
-                await send(message)
-
-            status = 500
+            sent = _Status(send)
             try:
-                await self.app(scope, receive, capture)
+                await self.app(scope, receive, sent.send)
             finally:
                 if access.audited:
                     await self._audit(access, principal, action, collection or self.collection, path_params,
-                                      status, client)
+                                      sent.code or 500, client)
             return
         if access.audited:
             await self._audit(access, principal, action, collection or self.collection, path_params, status, client)
