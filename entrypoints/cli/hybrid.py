@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, settings_for
+from entrypoints.cli.progress import counted_bar
 
 
 def tune_hybrid_command(
@@ -53,15 +53,7 @@ def tune_hybrid_command(
             check_target(store)
             towers = _tuning_towers(runtime, model)
             metric, _ = tuning_metrics(dev)
-            with Progress(
-                TextColumn("[bold]ingesting the dev corpus"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-                disable=as_json,
-                transient=True,
-            ) as bar:
+            with counted_bar("[bold]ingesting the dev corpus", disable=as_json, transient=True) as bar:
                 task = bar.add_task("ingest", total=len(dev.corpus))
 
                 def on_ingest(done: int, total: int) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from entrypoints.cli.common import (
     EXIT_ERROR,
@@ -21,18 +20,12 @@ from entrypoints.cli.common import (
     get_settings,
     settings_for,
 )
+from entrypoints.cli.progress import counted_bar
 from services import lifecycle
 from services.core.errors import ConfigError
 from services.core.settings import Settings
 
 STORE_POLL = 30.0  # seconds between the store reads of a `dpr reembed --wait` that follows workers
-
-
-def _progress_bar(unit: str = "passages") -> Progress:
-    return Progress(
-        TextColumn("[bold]re-embed[/]"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-        TimeElapsedColumn(), console=err_console,
-    )
 
 
 def reembed(
@@ -88,7 +81,7 @@ def reembed(
 def _reembed_in_process(settings: Settings, model: str | None, gate: Path | None, quiet: bool) -> dict[str, Any]:
     if quiet:
         return lifecycle.reembed_in_process(settings, model=model, gate=gate)
-    with _progress_bar() as bar:
+    with counted_bar("[bold]re-embed[/]", unit="passages") as bar:
         task = bar.add_task("re-embed", total=None)
         return lifecycle.reembed_in_process(
             settings, model=model, gate=gate, progress=lambda done, total: bar.update(task, completed=done, total=total)
@@ -126,7 +119,7 @@ def _reembed_on_workers(
             time.sleep(1)
             status = poll()
     else:
-        with _progress_bar("batches") as bar:
+        with counted_bar("[bold]re-embed[/]", unit="batches") as bar:
             task = bar.add_task("re-embed", total=None)
             while not finished(status):
                 bar.update(task, completed=status.get("batches_done", 0), total=status.get("batches_sent") or None)

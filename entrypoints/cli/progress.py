@@ -1,12 +1,13 @@
-"""Progress bars the long commands share (`dpr adapt`, `dpr train`): one rich bar per stage on stderr.
+"""Progress bars the long commands share on stderr: one rich bar per stage (`dpr adapt`, `dpr train`), or one bar
+of done / total (`counted_bar`: `dpr ingest --wait`, `dpr reembed`, `dpr tune-hybrid`).
 
-Imported only by the commands that train (never on `dpr query`'s path: rich.progress stays out of it)."""
+Never on `dpr query`'s path: rich.progress stays out of it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import (
     BarColumn,
@@ -22,6 +23,12 @@ from entrypoints.cli.common import err_console
 
 if TYPE_CHECKING:
     from services.lab.shared.stages import StageProgress
+
+
+def counted_bar(label: str, *, unit: str | None = None, **options: Any) -> Progress:
+    """One bar on stderr: ``label``, done of total, ``unit`` (a text column, if any), the time elapsed."""
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), *([TextColumn(unit)] if unit else []),
+                    TimeElapsedColumn(), console=err_console, **options)
 
 
 @contextmanager

@@ -10,10 +10,10 @@ import os
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from entrypoints.cli.common import EXIT_USAGE, AsJson, cli_errors, console, emit_json, err_console, fail, get_settings
+from entrypoints.cli.progress import counted_bar
 from services.core.threads import available_cores
 from services.ingest.batches import Submitted
 from services.ingest.executor import Executor
@@ -99,14 +99,8 @@ def follow(
     kwargs: dict[str, Any] = {"timeout": timeout, "submitted": submitted, "source": source}
     if not show_progress:
         return follow_job(executor, job_id, **kwargs)
-    columns = (
-        TextColumn("[bold]job {task.fields[job]}[/] {task.fields[state]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("batches  {task.fields[chunks]} passages  {task.fields[failed]} failed"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=False) as progress:
+    with counted_bar("[bold]job {task.fields[job]}[/] {task.fields[state]}",
+                     unit="batches  {task.fields[chunks]} passages  {task.fields[failed]} failed") as progress:
         task = progress.add_task("job", total=None, job=job_id, state="", chunks=0, failed=0)
 
         def show(status: dict[str, Any]) -> None:
