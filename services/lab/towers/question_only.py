@@ -108,23 +108,14 @@ def check_passage_unchanged(model: Any, before: dict[str, Any]) -> None:
 
 def passage_table(pairs: Sequence[TrainPair], corpus: dict[str, CorpusDoc] | None) -> tuple[list[str], list[str]]:
     """(texts, doc ids): the corpus's passages in doc-id order, then every positive or negative text the corpus
-    lacks (doc id ""). Each text appears once."""
-    texts: list[str] = []
-    ids: list[str] = []
-    seen: set[str] = set()
-    for doc_id in sorted(corpus or {}):
-        text = (corpus or {})[doc_id].passage
-        if text not in seen:
-            seen.add(text)
-            texts.append(text)
-            ids.append(doc_id)
+    lacks (doc id ""). Each text appears once, where it first came."""
+    table: dict[str, str] = {}  # text -> doc id, in order
+    for doc_id, doc in sorted((corpus or {}).items()):
+        table.setdefault(doc.passage, doc_id)
     for p in pairs:
         for text in (p.positive, *p.negatives):
-            if text not in seen:
-                seen.add(text)
-                texts.append(text)
-                ids.append("")
-    return texts, ids
+            table.setdefault(text, "")
+    return list(table), list(table.values())
 
 
 def targets(pairs: Sequence[TrainPair], texts: Sequence[str]) -> tuple[list[int], list[list[int]]]:
