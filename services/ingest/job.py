@@ -1,12 +1,12 @@
-"""One ingest run, from its input to its report: ``IngestJob``; `dpr ingest`, ``POST /v1/documents`` are adapters
-over it (they parse their arguments, pick the executor and print).
+"""One ingest run, from its input to its report: ``IngestJob``; `dpr ingest`, ``POST /v1/documents`` and a source's
+sync (``services.sources.sync``: it diffs a listing) are adapters over it (arguments in, the report out).
 
 The job reads its input once: one pass settles an explicit ``--language`` on the first document
 (``language.prepare_collection``), counts what was read for the progress (against ``count_documents``, a quick
 count that reads no document), records what it held for the stale check (``sync.SeenDocuments``) and feeds the
-executor, which cuts and runs the batches (``batches``: the one batch loop). Then the folders or the id prefix the
-job mirrors are checked for stale documents, pruned with ``prune`` (``sync.sync``). The input is read again only
-to re-send a batch the broker lost (``source``).
+executor, which cuts and runs the batches (``batches``: the one batch loop). Then the folders, the id prefix or the
+source the job mirrors are checked for stale documents, pruned with ``prune`` (``sync.sync``). The input is read
+again only to re-send a batch the broker lost (``source``).
 """
 
 from __future__ import annotations

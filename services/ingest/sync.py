@@ -1,11 +1,11 @@
-"""Keeping a collection in step with a folder (``dpr ingest FOLDER --prune``) or with a client's id prefix (the
-API's ``sync_prefix``): the documents stored from there that the latest complete read did not see are *stale*;
-they are reported, and removed with ``prune``.
+"""Keeping a collection in step with a folder (``dpr ingest FOLDER --prune``), a client's id prefix (the API's
+``sync_prefix``) or a source (`dpr sources`): the documents stored from there that the latest complete read did not
+see are *stale*; they are reported, and removed with ``prune``.
 
 Which stored documents "came from" a scope: ids under one of its prefixes (a folder's text files are stored as
-``<folder name>/<path inside>``), or a source under one of its folders (rows of a records file in the folder keep
-their own ids; their source is the file). A document the read saw, or whose source failed or was skipped this
-time (still there, only unreadable now), is never stale. Nothing is judged from a read that did not finish.
+``<folder name>/<path inside>``), a source under one of its folders (a records file's rows keep their own ids; their
+source is the file) or the source named. A document the read saw, or whose source failed or was skipped this time
+(still there, only unreadable now), is never stale. Nothing is judged from a read that did not finish.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 class SyncScope:
     prefixes: tuple[str, ...] = ()  # "docs/" : ids that start with it
     folders: tuple[str, ...] = ()  # "docs/" or "/abs/docs/": sources that start with it
+    source: str = ""  # a source's name: documents whose source is exactly it
 
     @classmethod
     def of_paths(cls, paths: Iterable[Path], fmt: str = "auto") -> SyncScope:
@@ -55,7 +56,7 @@ class SyncScope:
         return cls(prefixes=(prefix,))
 
     def covers(self, doc_id: str, source: str) -> bool:
-        return doc_id.startswith(self.prefixes) or (bool(source) and source.startswith(self.folders))
+        return doc_id.startswith(self.prefixes) or source.startswith(self.folders) or source == self.source != ""
 
 
 @dataclass
@@ -65,6 +66,7 @@ class SeenDocuments:
     ids: set[str] = field(default_factory=set)
     sources: set[str] = field(default_factory=set)  # failed or skipped this time: still there
     complete: bool = False
+    aborted: Exception | None = None  # the input stopped part-way (a source stopped answering): never complete
 
     def watch(self, items: Iterable[Item]) -> Iterator[Item]:
         for item in items:
@@ -75,7 +77,7 @@ class SeenDocuments:
                 if getattr(item, "doc_id", ""):
                     self.ids.add(item.doc_id)  # type: ignore[union-attr]
             yield item
-        self.complete = True
+        self.complete = self.aborted is None
 
 
 def stale_documents(store: VectorStore, scope: SyncScope, seen: SeenDocuments) -> list[str]:

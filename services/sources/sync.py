@@ -8,14 +8,15 @@ The steps, under the source's sync lock (``state.sync_lock``: a second sync of t
 2. Diff: an item is read again when its version differs from the one recorded (``state.json``), when it has none,
    or when a document it gave is no longer in the store; every other item costs nothing.
 3. The changed items are fetched one at a time and read by the product's own readers (a PDF or Office file is
-   handed over unparsed, as ``dpr ingest`` does) into ONE ingest job, through the executor the entry point chose
-   (this process, or the workers). Their documents carry ``source = NAME`` in their payload (``--filter
-   source=NAME``) and the id ``NAME/key``. One item that cannot be fetched or read is a failure in the job's
-   report and blocks nothing. If the source stops answering mid-way, the items fetched so far still complete,
-   the sync ends failed and nothing is deleted.
-4. Prune, only after a whole listing and no abort: the store's documents with ``source = NAME`` that no item
-   gave (this time, or before for an unchanged item) are removed: the collection then holds exactly what a fresh
-   ingest of the source would.
+   handed over unparsed, as ``dpr ingest`` does) as the input of ONE ingest job (``services.ingest.job.IngestJob``:
+   it submits them to the executor the entry point chose, this process or the workers, follows the job and
+   prunes). Their documents carry ``source = NAME`` in their payload (``--filter source=NAME``) and the id
+   ``NAME/key``. One item that cannot be fetched or read is a failure in the job's report and blocks nothing. If
+   the source stops answering mid-way, the items fetched so far still complete, the sync ends failed and nothing
+   is deleted.
+4. Prune (the job's, scope ``source = NAME``), only after a whole listing and no abort: the store's documents of
+   the source that no item gave (this time, or before for an item unchanged or unreadable now) are removed: the
+   collection then holds exactly what a fresh ingest of the source would.
 5. Record the versions of the items whose documents all arrived (the rest are read again next time; an unchanged
    document costs no encoder work), and the sync's outcome (``last.json``).
 """
@@ -34,7 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from services.core.errors import CollectionNotFound
 from services.core.fsutil import now_iso
+from services.ingest.batches import Submitted
 from services.ingest.follow import follow_job
+from services.ingest.job import IngestJob
+from services.ingest.sync import SeenDocuments, SyncScope, sync
 from services.jobs.store import KEEP_RECORDS
 from services.readers import Document, DocumentFailure, IdLedger, Item, Skipped
 from services.readers.folders import iter_files
@@ -88,12 +92,12 @@ class SyncReport:
 
 
 @dataclass
-class _Fetching:
-    """What the item stream handed to the job saw: ids per key, keys that failed, and an abort."""
+class _Fetching(SeenDocuments):
+    """The job's record of what the source gives (``ids``, ``aborted``) and the stream's: ids per key, keys failed."""
 
-    ids: dict[str, list[str]] = field(default_factory=dict)
+    state: SourceState = field(default_factory=SourceState)
+    by_key: dict[str, list[str]] = field(default_factory=dict)
     failed: dict[str, dict[str, str]] = field(default_factory=dict)
-    aborted: SourceUnreachable | None = None
 
 
 def open_kind(spec: SourceSpec, settings: Settings, workdir: Path) -> SourceKind:
@@ -121,8 +125,8 @@ def stored_from(runtime: Runtime, name: str) -> set[str]:
         return set()
 
 
-def sync_source(runtime: Runtime, registry: Registry, name: str, executor: Executor, *, wait_s: float = 0.0,
-                follow_timeout: float | None = None) -> SyncReport:
+def sync_source(runtime: Runtime, registry: Registry, name: str, executor: Executor, *,
+                wait_s: float = 0.0) -> SyncReport:
     """Sync source ``name`` into its collection (see the module). Returns the report; raises, after recording the
     failed outcome, ``SourceUnreachable`` (exit 3), ``SourceError`` / ``ConfigError`` for the source's own trouble,
     or ``state.SyncRunning`` when another sync of it still runs after ``wait_s`` seconds."""
@@ -133,7 +137,7 @@ def sync_source(runtime: Runtime, registry: Registry, name: str, executor: Execu
     t0 = time.monotonic()
     with sync_lock(folder, name, wait_s):
         try:
-            _sync(runtime, spec, folder, executor, report, follow_timeout)
+            _sync(runtime, spec, folder, executor, report)
         except Exception as e:
             report.outcome, report.error = "failed", str(e) or type(e).__name__
             raise
@@ -161,8 +165,7 @@ def release_free_memory() -> None:
         trim(0)
 
 
-def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, report: SyncReport,
-          follow_timeout: float | None) -> None:
+def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, report: SyncReport) -> None:
     shutil.rmtree(folder / "fetch", ignore_errors=True)  # what a killed sync left (a web listing writes here)
     kind = open_kind(spec, runtime.settings, folder)
     try:
@@ -171,6 +174,7 @@ def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, 
         state = SourceState.load(folder)
         stored = stored_from(runtime, spec.name)
         todo: list[Entry] = []
+        kept: set[str] = set()  # the documents of the items not read: the source still gives them
         for entry in entries:
             recorded = state.items.get(entry.key)
             if recorded is None:
@@ -178,32 +182,34 @@ def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, 
             elif recorded.version != entry.version or not stored.issuperset(recorded.ids):
                 report.changed += 1
             else:
+                kept.update(recorded.ids)
                 continue
             todo.append(entry)
         report.listed, report.unchanged = len(entries), len(entries) - len(todo)
         report.read = [e.key for e in todo[:KEEP_RECORDS]]
-        seen = _Fetching()
-        status: dict[str, Any] = {}
-        if todo:
-            items = _items(kind, spec, runtime, todo, folder / "fetch", seen)
-            submitted = executor.submit(items, collection=runtime.settings.collection)
-            report.job = submitted.job
-            status = follow_job(executor, submitted.job, submitted=submitted,  # type: ignore[arg-type]
-                                timeout=follow_timeout)
+        seen, scope = _Fetching(ids=kept, complete=not todo, state=state), SyncScope(source=spec.name)
+        job = IngestJob(runtime, lambda: _items(kind, spec, runtime, todo, folder / "fetch", seen), scope=scope,
+                        prune=True, seen=seen)
+
+        def followed(submitted: Submitted) -> dict[str, Any]:
+            report.job = submitted.job  # in the report whatever happens next
+            return follow_job(executor, submitted.job, submitted=submitted)
+
+        status = job.run(executor, followed) if todo else sync(runtime, scope, seen, prune=True)  # no job: prune
     finally:
         kind.close()
     arrived = _arrived(todo, seen, status)
-    _record_failures(report, spec, seen, status)
+    _record_failures(report, spec, status)
     report.documents, report.passages = int(status.get("documents") or 0), int(status.get("chunks") or 0)
-    if seen.aborted is None:
-        _prune(runtime, spec, state, entries, seen, {e.key for e in arrived}, stored, report)
+    report.removed, report.points_removed = int(status.get("pruned") or 0), int(status.get("points_pruned") or 0)
+    report.gone = list(status.get("stale") or [])
     new = SourceState(mark=report.mark or state.mark)
     listed = {e.key for e in entries}
     for key, recorded in state.items.items():
         if key in listed or seen.aborted is not None:
             new.items[key] = recorded  # kept: unchanged, or read again without success (its old ids stay known)
     for entry in arrived:
-        new.items[entry.key] = Recorded(entry.version, seen.ids.get(entry.key, []))
+        new.items[entry.key] = Recorded(entry.version, seen.by_key.get(entry.key, []))
     new.save(folder)
     if seen.aborted is not None:
         raise seen.aborted
@@ -214,7 +220,8 @@ def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, 
 
 def _items(kind: SourceKind, spec: SourceSpec, runtime: Runtime, todo: list[Entry], dest: Path,
            seen: _Fetching) -> Iterator[Item]:
-    """The changed items, fetched and read one at a time; stops (``seen.aborted``) if the source stops answering."""
+    """The changed items, fetched and read one at a time; stops (``seen.aborted``) if the source stops answering.
+    The items that failed keep what they gave before (``seen.ids``): still there, only unreadable now."""
     settings = runtime.settings
     for entry, path in fetch_ahead(kind, todo, dest):
         doc_id = spec.doc_id(entry.key)
@@ -225,7 +232,7 @@ def _items(kind: SourceKind, spec: SourceSpec, runtime: Runtime, todo: list[Entr
         if isinstance(path, (ItemFailed, SourceError)):  # this item only (it vanished, too large, access denied)
             failure = DocumentFailure(doc_id, getattr(path, "reason", "refused"), str(path), doc_id=doc_id)
             seen.failed[entry.key] = failure.to_json()
-            seen.ids[entry.key] = []
+            seen.by_key[entry.key] = []
             yield failure
             continue
         rows = path.name.lower().endswith(RECORD_SUFFIXES)  # a records file: its rows keep their own ids
@@ -237,7 +244,8 @@ def _items(kind: SourceKind, spec: SourceSpec, runtime: Runtime, todo: list[Entr
             elif isinstance(item, DocumentFailure) and item.doc_id:
                 seen.failed[entry.key] = item.to_json()
             yield item
-        seen.ids[entry.key] = ids
+        seen.by_key[entry.key] = ids
+    seen.ids.update(*(seen.state.items[k].ids for k in seen.failed if k in seen.state.items))  # still there
 
 
 def _adapted(item: Item, spec: SourceSpec, doc_id: str, local: str, rows: bool) -> Item:
@@ -260,37 +268,19 @@ def _arrived(todo: list[Entry], seen: _Fetching, status: dict[str, Any]) -> list
     if int(status.get("failed_total") or len(failed)) > len(failed):
         return []
     bad = {str(f.get("doc_id") or f.get("source") or "") for f in failed}
-    return [e for e in todo if e.key in seen.ids and e.key not in seen.failed and not bad.intersection(seen.ids[e.key])]
+    return [e for e in todo
+            if e.key in seen.by_key and e.key not in seen.failed and not bad.intersection(seen.by_key[e.key])]
 
 
-def _record_failures(report: SyncReport, spec: SourceSpec, seen: _Fetching, status: dict[str, Any]) -> None:
+def _record_failures(report: SyncReport, spec: SourceSpec, status: dict[str, Any]) -> None:
     records = [{k: str(v) for k, v in f.items()} for f in status.get("failed") or [] if isinstance(f, dict)]
     for f in records:  # a binary file's parse failure names the source: name the item instead
         if f.get("source") == spec.name and f.get("doc_id"):
             f["source"] = f["doc_id"]
             f["error"] = f.get("error", "").replace(f"{spec.name}:", f"{f['doc_id']}:", 1)
     report.failures = records[:KEEP_RECORDS]
-    report.failed = int(status.get("failed_total") or len(records)) if status else len(seen.failed)
-    report.skipped = int(status.get("skipped_total") or len(status.get("skipped") or [])) if status else 0
-
-
-def _prune(runtime: Runtime, spec: SourceSpec, state: SourceState, entries: list[Entry], seen: _Fetching,
-           arrived: set[str], stored: set[str], report: SyncReport) -> None:
-    """Remove the source's stored documents that no listed item gives (only after a whole listing, no abort): an
-    item read again gives its new documents; one unchanged, or read again without success, its recorded ones."""
-    expected: set[str] = set()
-    for entry in entries:
-        recorded = state.items.get(entry.key)
-        if recorded is not None and entry.key not in arrived:
-            expected.update(recorded.ids)
-        expected.update(seen.ids.get(entry.key, ()))
-    gone = sorted(stored - expected)
-    if not gone:
-        return
-    report.points_removed = runtime.delete(gone)
-    report.removed = len(gone)
-    report.gone = gone[:KEEP_RECORDS]
-    log.info("source documents removed", extra={"source": spec.name, "documents": len(gone)})
+    report.failed = int(status.get("failed_total") or len(records))
+    report.skipped = int(status.get("skipped_total") or len(status.get("skipped") or []))
 
 
 def purge_source(runtime: Runtime, registry: Registry, name: str, wait_s: float = 0.0) -> tuple[int, int]:

@@ -73,6 +73,9 @@ def test_nothing_is_judged_from_an_unfinished_read_or_an_empty_collection(tmp_pa
             stale_documents(runtime.store, SyncScope.of_paths([docs]), seen)
         list(seen.watch(iter_documents([docs])))
         assert stale_documents(runtime.store, SyncScope.of_paths([docs]), seen) == []  # no collection yet
+    stopped = SeenDocuments(aborted=OSError("the source stopped answering"))  # said by the input, part-way
+    list(stopped.watch(iter_documents([docs])))
+    assert not stopped.complete
 
 
 def test_prune_refuses_what_is_not_a_folder_and_an_empty_prefix(tmp_path: Path) -> None:
@@ -84,6 +87,8 @@ def test_prune_refuses_what_is_not_a_folder_and_an_empty_prefix(tmp_path: Path) 
     with pytest.raises(ConfigError, match="sync_prefix is empty"):
         SyncScope.of_prefix("  ")
     assert SyncScope.of_prefix("docs/").covers("docs/x", "") and not SyncScope.of_prefix("docs/").covers("doc", "")
+    house = SyncScope(source="house")  # a source's documents: its name exactly
+    assert house.covers("house/a", "house") and not house.covers("house/a", "house2") and not house.covers("x", "")
 
 
 def test_count_documents_is_an_estimate_that_reads_no_document(tmp_path: Path) -> None:
