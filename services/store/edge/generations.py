@@ -13,15 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from qdrant_edge import EdgeShard
 
 from services.store.edge.config import (
     SHARD,
-    EdgeLevers,
     budget_levers,
     edge_config,
     indexed_points,
@@ -30,33 +28,15 @@ from services.store.edge.config import (
 )
 
 if TYPE_CHECKING:
-    from services.store.edge.lease import ShardLease
+    from services.store.edge.engine import EdgeEngine
     from services.store.points import CollectionSpec
 
 log = logging.getLogger(__name__)
 
 
-class Made(Protocol):
-    """What making and dropping generations need of their engine (``EdgeEngine``)."""
-
-    lease: ShardLease
-    levers: EdgeLevers
-    memory_budget_mb: int | None
-    fixed_levers: list[str]
-
-    @property
-    def generations_dir(self) -> Path: ...
-
-    def session(self, create: bool = False) -> AbstractContextManager[object]: ...
-
-    def writing(self, what: str) -> AbstractContextManager[None]: ...
-
-    def read_pointer(self) -> str | None: ...
-
-    def write_spec(self, generation: str, spec: CollectionSpec) -> None: ...
 
 
-def create(engine: Made, generation: str, spec: CollectionSpec) -> bool:
+def create(engine: EdgeEngine, generation: str, spec: CollectionSpec) -> bool:
     """Make ``generation``; False if its folder exists (a generation, or a half-made one a crash left behind)."""
     with engine.session(create=True):  # the directory's lock: one process makes generations at a time
         sweep_half_made(engine.generations_dir, keep=generation)
@@ -96,7 +76,7 @@ def sweep_half_made(generations_dir: Path, keep: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def drop(engine: Made, generation: str) -> bool:
+def drop(engine: EdgeEngine, generation: str) -> bool:
     """Remove ``generation``'s folder and lock files; False if it does not exist."""
     with engine.session(create=True):  # the directory's lock, then the generation's (nobody has it open)
         if not (engine.generations_dir / generation).is_dir():

@@ -42,9 +42,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from qdrant_edge import CountRequest
 
@@ -61,8 +60,7 @@ from services.store.edge.config import (  # what every query reads of a generati
 )
 
 if TYPE_CHECKING:
-    from services.store.edge.lease import ShardLease
-    from services.store.points import CollectionSpec
+    from services.store.edge.engine import EdgeEngine
 
 log = logging.getLogger(__name__)
 
@@ -235,23 +233,9 @@ def swap_in(generation_dir: Path) -> None:
     os.replace(generation_dir / NEXT, generation_dir / SHARD)
 
 
-class Indexed(Protocol):
-    """What a build needs of its engine (``EdgeEngine``)."""
-
-    lease: ShardLease
-    index_threshold: int
-    recall_target: float
-    memory_budget_mb: int | None
-
-    @property
-    def generations_dir(self) -> Path: ...
-
-    def session(self) -> AbstractContextManager[object]: ...
-
-    def read_spec(self, generation: str) -> CollectionSpec: ...
 
 
-def optimize(engine: Indexed, generation: str) -> bool:
+def optimize(engine: EdgeEngine, generation: str) -> bool:
     """Steps 1-4 above for ``engine``'s ``generation`` (``EdgeEngine.optimize``): True if the built copy was swapped
     in; False if nothing changed, another process is building, or the journal could not bring the copy up to date
     (the copy is then dropped and nothing is lost)."""
@@ -323,7 +307,7 @@ def _catch_up(child: BuildChild) -> int:
     return total
 
 
-def _up_to_date(engine: Indexed, generation: str, child: BuildChild) -> int:
+def _up_to_date(engine: EdgeEngine, generation: str, child: BuildChild) -> int:
     """Under the lease: replay the last writes onto the copy and, where this process has the shard open, check the
     copy holds as many points: a count that differs (a write the journal missed) raises ``JournalBroken`` and the
     copy is dropped. A shard open elsewhere is not loaded just to count (7-8 s at 1M points, under the lease): the

@@ -12,9 +12,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from qdrant_edge import EdgeShard, ScrollRequest
 
@@ -23,7 +22,7 @@ from services.store.edge.config import SHARD, recover_swap
 from services.store.edge.generation_lock import lock_file
 
 if TYPE_CHECKING:
-    from services.store.edge.lease import ShardLease
+    from services.store.edge.engine import EdgeEngine
     from services.store.protocol import Record
 
 CLOCK_STEP_NS = 20_000_000  # more than the step of the kernel's file clock (a jiffy)
@@ -50,21 +49,9 @@ def settled(shard_dir: Path, lock: Path) -> dict[str, tuple[int, int, int]] | No
     return first if stamps(shard_dir, lock) == first else None
 
 
-class Copied(Protocol):
-    """What a read copy needs of its engine (``EdgeEngine``)."""
-
-    root: Path
-    lease: ShardLease
-
-    @property
-    def generations_dir(self) -> Path: ...
-
-    def session(self) -> AbstractContextManager[object]: ...
-
-    def writing(self, what: str) -> AbstractContextManager[None]: ...
 
 
-def copy_pages(engine: Copied, generation: str, limit: int) -> Iterator[list[Record]]:
+def copy_pages(engine: EdgeEngine, generation: str, limit: int) -> Iterator[list[Record]]:
     """Every point's payload of ``engine``'s ``generation``, ``limit`` a page, read from a copy of its shard (removed
     after)."""
     for stale in engine.generations_dir.glob(".*.read.*"):  # a reader killed mid-read left it
