@@ -14,18 +14,18 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from encoders.towers import DualEncoder
 from services.core.fsutil import sha256_of
-from services.core.settings import ChunkSettings, DocumentSettings
+from services.core.settings import DocumentSettings
 from services.jobs.store import JobStore
 from services.readers import Document, DocumentFailure, Item
 from services.readers.filesig import FileRef, ParseLog, chunk_key, local_file, parse_path_map, signature
 from services.store.points import DocState
-from services.store.protocol import VectorStore
+
+if TYPE_CHECKING:
+    from services.ingest.pipeline import IngestPipeline
 
 PARSE_DEATHS = 2
 
@@ -63,22 +63,10 @@ class ParsedFiles:
     by: str = ""
 
 
-class Parsing(Protocol):
-    """What parsing a batch's files needs of the pipeline that runs it (``IngestPipeline``): the store and towers
-    that decide "unchanged" (``towers_for`` set: the towers follow the collection's model), the chunking the
-    signature covers, and the parse limits."""
-
-    store: VectorStore
-    towers: DualEncoder
-    chunking: ChunkSettings
-    documents: DocumentSettings | None
-    max_document_bytes: int
-    path_map: str
-    towers_for: Callable[[str], DualEncoder] | None
 
 
 def parse_files(
-    pipeline: Parsing, refs: list[FileRef], *, job: str = "", generation: str | None = None,
+    pipeline: IngestPipeline, refs: list[FileRef], *, job: str = "", generation: str | None = None,
     known: tuple[dict[str, DocState], str] | None = None, guard: ParseGuard | None = None,
 ) -> ParsedFiles:
     """Parse the binary files of a batch in this process's parser sandbox, except those whose signature
@@ -148,7 +136,7 @@ def parse_files(
     return out
 
 
-def file_states(pipeline: Parsing, refs: list[FileRef], generation: str | None = None
+def file_states(pipeline: IngestPipeline, refs: list[FileRef], generation: str | None = None
                 ) -> tuple[dict[str, DocState], str]:
     """What the store holds for these files' doc ids, and the model their passages must have been written with
     to count as unchanged."""

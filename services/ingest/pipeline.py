@@ -106,7 +106,7 @@ class IngestPipeline:
     ``services.runtime.Runtime.pipeline``); the CLI, the API, the Celery task and evaluation all run
     their batches through ``ingest_batch``. ``towers_for`` lets the towers follow the collection's active
     generation (a re-embed or rollback may have moved it to another model). The batch's binary files are parsed
-    by ``services.ingest.files`` with this pipeline's settings (``files.Parsing``)."""
+    by ``services.ingest.files`` with this pipeline's settings."""
 
     store: VectorStore
     towers: DualEncoder
