@@ -27,7 +27,10 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from services.store.edge.lease import ShardLease
 
 log = logging.getLogger(__name__)
 
@@ -110,30 +113,13 @@ class IdleTimer:
                     self._arm(self._again)
 
 
-class Releasable(Protocol):
-    """What the process's hooks need of a lease (``ShardLease``)."""
-
-    root: Path
-    lock_path: Path
-
-    def release(self) -> None: ...
-
-    def release_before_fork(self) -> None: ...
-
-    def reset_after_fork(self) -> list[Any]:
-        """Forget what the parent held; returns the parent's shard objects (kept, never used or dropped)."""
-        ...
-
-
-L = TypeVar("L", bound=Releasable)
-
-_LEASES: dict[Path, Any] = {}
+_LEASES: dict[Path, ShardLease] = {}
 _LEASES_GUARD = threading.Lock()
-_LIVE: weakref.WeakSet[Releasable] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ShardLease] = weakref.WeakSet()
 _ORPHANED: list[Any] = []
 
 
-def one_per_directory(root: Path, make: Callable[[Path], L]) -> L:
+def one_per_directory(root: Path, make: Callable[[Path], ShardLease]) -> ShardLease:
     """The lease of the directory ``root`` in this process (``make(root)`` the first time), released at exit."""
     key = root.resolve()
     with _LEASES_GUARD:
@@ -141,7 +127,7 @@ def one_per_directory(root: Path, make: Callable[[Path], L]) -> L:
         if lease is None:
             lease = _LEASES[key] = make(root)
             _LIVE.add(lease)
-        return lease  # type: ignore[no-any-return]
+        return lease
 
 
 def _release_all() -> None:
