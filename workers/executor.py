@@ -14,6 +14,7 @@ import redis
 import redis.exceptions
 
 from services.core.errors import ConfigError, TransientError
+from services.core.locks import redis_client
 from services.core.settings import Settings
 from services.ingest.batches import Submitted, job_batches
 from services.ingest.pipeline import new_job_id
@@ -73,27 +74,22 @@ class CeleryExecutor:
         """``BrokerWriteRefused`` naming the broker's disk (or memory) and the fix; ``error`` itself otherwise."""
         if isinstance(error, BrokerWriteRefused):
             return error
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
-        try:
+        with redis_client(self.url) as client:
             return write_refused(self.url, error, client, what) or error
-        finally:
-            client.close()
 
     def writable(self) -> None:
         """Raise ``BrokerWriteRefused`` when the broker refuses writes now (one tiny expiring key): a follower
         asks this while a job makes no progress, since workers can neither take nor record batches then."""
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
-        try:
-            client.set(WRITE_PROBE_KEY, "1", ex=60)
-        except redis.exceptions.ResponseError as e:
-            refused = write_refused(self.url, e, client, "workers can neither take nor record batches meanwhile")
-            if refused is None:
-                raise
-            raise refused from e
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            return  # an outage, not a refusal: the follower rides it out through the job store
-        finally:
-            client.close()
+        with redis_client(self.url) as client:
+            try:
+                client.set(WRITE_PROBE_KEY, "1", ex=60)
+            except redis.exceptions.ResponseError as e:
+                refused = write_refused(self.url, e, client, "workers can neither take nor record batches meanwhile")
+                if refused is None:
+                    raise
+                raise refused from e
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                return  # an outage, not a refusal: the follower rides it out through the job store
 
     def pending(self) -> int:
         return queue_depth(self.settings)
@@ -115,20 +111,18 @@ class CeleryExecutor:
     def in_flight(self, job_id: str) -> set[int] | None:
         """Batches of ``job_id`` with a message in the queue (any priority) or reserved by a worker (kombu's
         ``unacked`` hash: prefetched, running, or waiting for a retry). None when the broker cannot be read."""
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
-        try:
-            raw = list(client.lrange(INGEST_QUEUE, 0, -1))
-            for step in PRIORITY_STEPS:
-                raw.extend(client.lrange(f"{INGEST_QUEUE}{QUEUE_SEP}{step}", 0, -1))
-            for value in client.hvals(UNACKED_KEY):
-                try:
-                    raw.append(json.dumps(json.loads(value)[0]))
-                except (ValueError, TypeError, IndexError, KeyError):
-                    continue
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            return None
-        finally:
-            client.close()
+        with redis_client(self.url) as client:
+            try:
+                raw = list(client.lrange(INGEST_QUEUE, 0, -1))
+                for step in PRIORITY_STEPS:
+                    raw.extend(client.lrange(f"{INGEST_QUEUE}{QUEUE_SEP}{step}", 0, -1))
+                for value in client.hvals(UNACKED_KEY):
+                    try:
+                        raw.append(json.dumps(json.loads(value)[0]))
+                    except (ValueError, TypeError, IndexError, KeyError):
+                        continue
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                return None
         held: set[int] = set()
         for message in raw:
             try:
@@ -170,26 +164,22 @@ def broker_refusal(settings: Settings) -> str | None:
     """The one line saying why the broker refuses writes now (a full disk makes Redis refuse even PING), or None.
     Reads only: `dpr status` asks it."""
     url = broker_url(settings)
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-    try:
-        client.ping()
-    except redis.exceptions.ResponseError as e:
-        refused = write_refused(url, e, client, "ingest is refused meanwhile")
-        return str(refused) if refused is not None else None
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-        return None  # unreachable: queue_depth says so
-    finally:
-        client.close()
+    with redis_client(url) as client:
+        try:
+            client.ping()
+        except redis.exceptions.ResponseError as e:
+            refused = write_refused(url, e, client, "ingest is refused meanwhile")
+            return str(refused) if refused is not None else None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return None  # unreachable: queue_depth says so
     return None
 
 
 def queue_depth(settings: Settings, queue: str = INGEST_QUEUE) -> int:
     """Messages waiting in ``queue`` (not counting the ones workers hold)."""
     url = broker_url(settings)
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-    try:
-        return int(client.llen(queue))
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-        raise unavailable(url, e) from e
-    finally:
-        client.close()
+    with redis_client(url) as client:
+        try:
+            return int(client.llen(queue))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise unavailable(url, e) from e

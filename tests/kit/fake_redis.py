@@ -53,6 +53,12 @@ class FakeRedis:
     def close(self) -> None:
         return None
 
+    def __enter__(self) -> FakeRedis:  # redis.Redis closes itself at the end of a with block
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @staticmethod
     def _b(value: Any) -> bytes:
         return value if isinstance(value, bytes) else str(value).encode()
