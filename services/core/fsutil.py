@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 _POLL = 0.05  # seconds between flock_until's tries (the default)
 
@@ -34,6 +36,14 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
+
+
+def json_or_empty(path: Path) -> dict[str, Any]:
+    """The JSON object a record file holds; ``{}`` when it is missing, unreadable or not JSON."""
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
 
 
 def fsync_path(path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core.errors import TransientError
-from services.core.fsutil import flock_until, holder_tag, write_atomic
+from services.core.fsutil import flock_until, holder_tag, json_or_empty, write_atomic
 
 
 class SyncRunning(TransientError):
@@ -57,11 +57,7 @@ class SourceState:
 
 
 def load_last(folder: Path) -> dict[str, Any]:
-    path = folder / "last.json"
-    try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
+    return json_or_empty(folder / "last.json")
 
 
 def save_last(folder: Path, record: dict[str, Any]) -> None:

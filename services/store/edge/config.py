@@ -53,7 +53,7 @@ from qdrant_edge import (
 )
 from qdrant_edge import SparseVector as EdgeSparseVector
 
-from services.core.fsutil import write_atomic
+from services.core.fsutil import json_or_empty, write_atomic
 from services.store.common import AtLeast, Match, Where, build_filter
 from services.store.points import DENSE, INDEXED_INTEGERS, INDEXED_KEYWORDS, SPARSE, CollectionSpec, SparseVector
 from services.store.protocol import Branch, PointRecord, Vector
@@ -273,10 +273,7 @@ def dense_params(params: SearchParams | None, quantized: bool) -> SearchParams |
 def levers_of(generation_dir: Path) -> dict[str, Any]:
     """The levers a generation was created or last built with, and the ``memory`` record of the budget's choice
     (``{}``: one made before levers existed, engine defaults)."""
-    try:
-        return dict(json.loads((generation_dir / LEVERS_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
+    return json_or_empty(generation_dir / LEVERS_FILE)
 
 
 def record_levers(generation_dir: Path, levers: EdgeLevers, memory: dict[str, Any] | None = None) -> None:

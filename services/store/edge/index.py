@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from qdrant_edge import CountRequest
 
 from services.core.errors import StoreUnavailable
-from services.core.fsutil import Noted, copy_tree_changed, tracks_mapped_writes, write_atomic
+from services.core.fsutil import Noted, copy_tree_changed, json_or_empty, tracks_mapped_writes, write_atomic
 from services.store.edge.config import (  # what every query reads of a generation's folder
     BUILD,
     INDEX_RECORD,
@@ -82,16 +82,9 @@ def segment_kinds(shard_dir: Path) -> list[str]:
     """The dense index type of each segment: ``hnsw`` or ``plain``."""
     kinds: list[str] = []
     for path in sorted((shard_dir / "segments").glob("*/segment.json")):
-        vectors = (_segment_config(path).get("config") or {}).get("vector_data") or {}
+        vectors = (json_or_empty(path).get("config") or {}).get("vector_data") or {}
         kinds.extend(str((v.get("index") or {}).get("type", "plain")) for v in vectors.values())
     return kinds
-
-
-def _segment_config(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
 
 
 def record_build(generation_dir: Path, points: int, calibration: dict[str, Any] | None = None) -> None:

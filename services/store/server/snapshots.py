@@ -29,13 +29,13 @@ import json
 import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
 
 from services.core.errors import SnapshotError, StoreUnavailable
-from services.core.fsutil import sha256_of
+from services.core.fsutil import json_or_empty, sha256_of
 from services.store.common import missing_generation
 from services.store.points import CollectionSpec
 
@@ -140,7 +140,7 @@ def restore_generation(engine: ServerEngine, source: Path, generation: str) -> N
             f"collection {engine.alias!r} (or {generation!r}) already exists on {engine.location}; restore into a "
             "server without it, or delete it first"
         )
-    record = _record(source)
+    record = json_or_empty(source / RECORD_FILE)  # {}: a snapshot made before the record (sha256 computed here)
     path = source / SNAPSHOT_FILE
     sha = record.get("sha256") or sha256_of(path)
     route = f"/collections/{quote(generation)}/snapshots/upload"
@@ -175,12 +175,5 @@ def _refused(engine: ServerEngine, response: httpx.Response, what: str) -> None:
     if response.status_code >= 500 or response.status_code in (408, 429):
         raise StoreUnavailable(message + "; retry later")
     raise SnapshotError(message)
-
-
-def _record(source: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((source / RECORD_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}  # a snapshot made before the record existed: the server checks the sha256 computed here
 
 
