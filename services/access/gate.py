@@ -90,14 +90,14 @@ class AccessGate:
         """May ``token`` call ``action`` (which needs ``need``) on ``collection`` (None: not collection-scoped)?"""
         principal = self.authenticate(token)
         if principal is None:
-            wait = self._throttle(f"client:{client}", None)  # key guessing is throttled per client address
+            wait = self.limiter.take(f"client:{client}", None)  # key guessing is throttled per client address
             if wait:
                 return Decision(429, None, "rate_limited", f"too many requests without a valid key from {client}; "
                                 f"retry after {wait:.1f} s", wait)
             text = "missing API key" if token is None else "wrong or revoked API key"
             return Decision(401, None, "unauthorized", f"{text}; {AUTH_HINT}")
         if principal is not ANONYMOUS:
-            wait = self._throttle(f"key:{principal.id}", principal.rate)
+            wait = self.limiter.take(f"key:{principal.id}", principal.rate)
             if wait:
                 rate = principal.rate or self.limiter.rate or 0
                 return Decision(429, principal, "rate_limited", f"key {principal.id} is over its rate limit of "
@@ -111,6 +111,3 @@ class AccessGate:
                             f"this key ({principal.id}) may use collection(s) {', '.join(principal.collections)} "
                             f"only, not {collection!r}")
         return Decision(0, principal)
-
-    def _throttle(self, bucket: str, rate: float | None) -> float:
-        return self.limiter.take(bucket, rate)

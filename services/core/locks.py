@@ -286,9 +286,6 @@ class RedisFence:
         self.ttl = ttl
         self.xkey = f"{key}:x"
 
-    def _heartbeat(self, lease: RedisLease) -> KeepAlive:
-        return KeepAlive(lease, self.ttl / 4)
-
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         lease = RedisLease(self.client, f"{self.key}:w:{uuid.uuid4().hex}", self.ttl, name=f"{self.key}:w")
@@ -307,7 +304,7 @@ class RedisFence:
                 )
             time.sleep(_POLL)
         try:
-            with self._heartbeat(lease):
+            with KeepAlive(lease, self.ttl / 4):
                 yield
             if not self._kept(lease):
                 raise StoreUnavailable(
@@ -324,7 +321,7 @@ class RedisFence:
         if not lease.acquire(wait=self.timeout):
             raise StoreUnavailable(f"another swap holds {self.xkey} ({lease.holder()}); retry later")
         try:
-            with self._heartbeat(lease):
+            with KeepAlive(lease, self.ttl / 4):
                 while writers := list(self.client.scan_iter(match=f"{self.key}:w:*", count=100)):
                     if time.monotonic() >= deadline:
                         holders = "; ".join(redis_holder(self.client, k) for k in writers[:3])
