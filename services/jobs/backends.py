@@ -11,7 +11,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -177,41 +177,29 @@ class RedisHashes:
     def ping(self) -> None:
         self._run(self.client.ping)
 
-    def hset(self, key: str, fields: Mapping[str, str], ttl: int) -> None:
-        def write() -> None:
+    def _pipeline(self, commands: Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+        """The answers of ``(command, args, kwargs)`` sent as one pipeline (through ``_run``)."""
+
+        def send() -> list[Any]:
             pipe = self.client.pipeline()
-            pipe.hset(key, mapping=dict(fields))
-            pipe.expire(key, ttl)
-            pipe.execute()
-
-        self._run(write)
-
-    def hincrby(self, key: str, field: str, ttl: int) -> int:
-        def write() -> int:
-            pipe = self.client.pipeline()
-            pipe.hincrby(key, field, 1)
-            pipe.expire(key, ttl)
-            return int(pipe.execute()[0])
-
-        return self._run(write)
-
-    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
-        def read() -> list[Any]:
-            pipe = self.client.pipeline()
-            for key in keys:
-                pipe.hgetall(key)
+            for name, args, kwargs in commands:
+                getattr(pipe, name)(*args, **kwargs)
             return list(pipe.execute())
 
-        return [{_decode(k): _decode(v) for k, v in (raw or {}).items()} for raw in self._run(read)]
+        return self._run(send)
+
+    def hset(self, key: str, fields: Mapping[str, str], ttl: int) -> None:
+        self._pipeline([("hset", (key,), {"mapping": dict(fields)}), ("expire", (key, ttl), {})])
+
+    def hincrby(self, key: str, field: str, ttl: int) -> int:
+        return int(self._pipeline([("hincrby", (key, field, 1), {}), ("expire", (key, ttl), {})])[0])
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        raws = self._pipeline(("hgetall", (key,), {}) for key in keys)
+        return [{_decode(k): _decode(v) for k, v in (raw or {}).items()} for raw in raws]
 
     def touch(self, keys: Sequence[str], ttl: int) -> None:
-        def write() -> None:
-            pipe = self.client.pipeline()
-            for key in keys:
-                pipe.expire(key, ttl)
-            pipe.execute()
-
-        self._run(write)
+        self._pipeline(("expire", (key, ttl), {}) for key in keys)
 
     def delete(self, keys: Sequence[str]) -> None:
         self._run(lambda: self.client.delete(*keys))
