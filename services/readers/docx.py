@@ -22,8 +22,7 @@ _HEADING = re.compile(r"^(?:heading|überschrift|titre|titolo|encabezado)\s*(\d)
 
 
 def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
-    z = SafeZip(path, limits, "DOCX document")
-    try:
+    with SafeZip(path, limits, "DOCX document") as z:
         levels = _heading_levels(z)
         body = z.xml("word/document.xml").find(f"{W}body")
         title = z.dc_title("docProps/core.xml")
@@ -46,8 +45,6 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
                     sections.add(paragraph_text(p))
         yield from sections.flush()
         yield Info(title=title)
-    finally:
-        z.close()
 
 
 def paragraph_text(p: etree._Element) -> str:

@@ -23,8 +23,7 @@ _DROP = {"script", "style", "nav", "head", "noscript", "template", "svg", "math"
 
 
 def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
-    z = SafeZip(path, limits, "EPUB book")
-    try:
+    with SafeZip(path, limits, "EPUB book") as z:
         container = z.xml("META-INF/container.xml")
         rootfile = next((el.get("full-path", "") for el in container.iter() if local(el.tag) == "rootfile"), "")
         if not rootfile:
@@ -47,8 +46,6 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
             yield from _walk(body, sections)
             yield from sections.flush()
         yield info
-    finally:
-        z.close()
 
 
 def _walk(el: etree._Element, sections: HeadingSections) -> Iterator[Part]:

@@ -22,8 +22,7 @@ _SKIP = {"tracked-changes", "sequence-decls", "variable-decls", "user-field-decl
 
 
 def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
-    z = SafeZip(path, limits, "ODT document")
-    try:
+    with SafeZip(path, limits, "ODT document") as z:
         root = z.xml("content.xml")
         body = root.find(f"{OFFICE}body/{OFFICE}text")
         sections = HeadingSections()
@@ -37,8 +36,6 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
                     sections.add(text)
         yield from sections.flush()
         yield Info(title=z.dc_title("meta.xml") or title)
-    finally:
-        z.close()
 
 
 def _blocks(el: etree._Element) -> Iterator[tuple[str, int, str]]:

@@ -84,7 +84,10 @@ class SafeZip:
             return " ".join((el.text or "").split())
         return ""
 
-    def close(self) -> None:
+    def __enter__(self) -> SafeZip:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.zip.close()
 
 

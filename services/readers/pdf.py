@@ -47,7 +47,7 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
 
 
 def _pages(pdf: Any, limits: DocumentSettings, salvaged: bool) -> Iterator[Part]:
-    try:
+    with pdf:
         total = len(pdf)
         info = Info(title=_title(pdf), pages_total=total, pages_skipped=max(0, total - limits.max_pages))
         if salvaged:
@@ -80,8 +80,6 @@ def _pages(pdf: Any, limits: DocumentSettings, salvaged: bool) -> Iterator[Part]
                 "ingest the result",
             )
         yield info
-    finally:
-        pdf.close()
 
 
 _OBJ = re.compile(rb"(\d{1,10})\s+(\d{1,5})\s+obj\b")

@@ -23,8 +23,7 @@ _TITLES = {"title", "ctrTitle"}
 
 
 def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
-    z = SafeZip(path, limits, "PPTX presentation")
-    try:
+    with SafeZip(path, limits, "PPTX presentation") as z:
         slides = _slide_parts(z)
         info = Info(pages_total=len(slides), pages_skipped=max(0, len(slides) - limits.max_pages))
         for number, part in enumerate(slides[: limits.max_pages], start=1):
@@ -41,8 +40,6 @@ def read(path: Path, limits: DocumentSettings) -> Iterator[Part]:
             if number == 1:
                 info.title = title
         yield info
-    finally:
-        z.close()
 
 
 def _rels(z: SafeZip, part: str) -> dict[str, str]:
