@@ -6,7 +6,7 @@ in-process executor uses. Chosen by the entry points when ``DPR_BROKER_URL`` is 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kombu.exceptions
@@ -18,7 +18,7 @@ from services.core.locks import redis_client
 from services.core.settings import Settings
 from services.ingest.batches import Submitted, job_batches
 from services.ingest.pipeline import new_job_id
-from services.jobs import BrokerWriteRefused, JobStore, redact_url, unavailable, write_refused
+from services.jobs import JobStore, redact_url, unavailable, write_refused
 from services.readers import Document, Item
 from services.readers.filesig import FileRef
 from workers.app import INGEST_QUEUE, create_app
@@ -51,31 +51,30 @@ class CeleryExecutor:
         self.jobs.ping()
         submitted = Submitted(job=new_job_id(), collection=collection, executor=self.name)
         self.jobs.create(submitted.job, collection=collection, executor=self.name)
-        app = create_app(self.settings)
         c = self.settings.celery
+        batches = job_batches(self.jobs, submitted, items, batch_documents=c.batch_documents, batch_bytes=c.batch_bytes)
+        self._send_all(submitted, batches, lambda: f"job {submitted.job} stopped after {submitted.batches} batches",
+                       fix="fix the broker and ingest again (unchanged documents cost nothing)")
+        return submitted
+
+    def _send_all(self, submitted: Submitted, batches: Iterable[tuple[int, list[Document]]],
+                  stopped: Callable[[], str], fix: str = "") -> None:
+        """Send ``batches`` through one producer: ``BrokerUnavailable`` when the broker is unreachable (saying what
+        ``stopped()`` and the ``fix``, when given), ``BrokerWriteRefused`` when it refuses writes (full disk, OOM)."""
+        app = create_app(self.settings)
         try:
             with app.producer_or_acquire() as producer:
-                for number, docs in job_batches(self.jobs, submitted, items, batch_documents=c.batch_documents,
-                                                batch_bytes=c.batch_bytes):
-                    _send(app, producer, submitted, number, docs, c.inline_file_bytes)
-            return submitted
+                for number, docs in batches:
+                    _send(app, producer, submitted, number, docs, self.settings.celery.inline_file_bytes)
         except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
-            raise BrokerUnavailable(
-                f"cannot send tasks to the broker at {redact_url(self.url)} ({e}); job {submitted.job} stopped "
-                f"after {submitted.batches} batches: fix the broker and ingest again (unchanged documents cost "
-                "nothing)"
-            ) from e
-        except redis.exceptions.ResponseError as e:  # the broker answers but refuses the write (full disk, OOM)
-            raise self._refused(e, f"job {submitted.job} stopped after {submitted.batches} batches") from e
+            advice = f"; {stopped()}: {fix}" if fix else ""
+            raise BrokerUnavailable(f"cannot send tasks to the broker at {redact_url(self.url)} ({e}){advice}") from e
+        except redis.exceptions.ResponseError as e:  # the broker answers but refuses the write: name its disk
+            with redis_client(self.url) as client:
+                refused = write_refused(self.url, e, client, stopped())
+            raise (refused or e) from e
         finally:
             app.close()
-
-    def _refused(self, error: Exception, what: str) -> Exception:
-        """``BrokerWriteRefused`` naming the broker's disk (or memory) and the fix; ``error`` itself otherwise."""
-        if isinstance(error, BrokerWriteRefused):
-            return error
-        with redis_client(self.url) as client:
-            return write_refused(self.url, error, client, what) or error
 
     def writable(self) -> None:
         """Raise ``BrokerWriteRefused`` when the broker refuses writes now (one tiny expiring key): a follower
@@ -96,17 +95,7 @@ class CeleryExecutor:
 
     def resend(self, submitted: Submitted, batches: dict[int, list[Document]]) -> None:
         """Send these batches again under their numbers (a worker records each outcome over the old one)."""
-        app = create_app(self.settings)
-        try:
-            with app.producer_or_acquire() as producer:
-                for number, docs in sorted(batches.items()):
-                    _send(app, producer, submitted, number, docs, self.settings.celery.inline_file_bytes)
-        except (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError) as e:
-            raise BrokerUnavailable(f"cannot send tasks to the broker at {redact_url(self.url)} ({e})") from e
-        except redis.exceptions.ResponseError as e:
-            raise self._refused(e, f"re-sending batches of job {submitted.job} stopped") from e
-        finally:
-            app.close()
+        self._send_all(submitted, sorted(batches.items()), lambda: f"re-sending batches of job {submitted.job} stopped")
 
     def in_flight(self, job_id: str) -> set[int] | None:
         """Batches of ``job_id`` with a message in the queue (any priority) or reserved by a worker (kombu's

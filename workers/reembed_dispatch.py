@@ -41,12 +41,8 @@ class CelerySender:
 def celery_sender(settings: Settings) -> Iterator[CelerySender]:
     from workers.app import create_app
 
-    app = create_app(settings)
-    try:
-        with app.producer_or_acquire() as producer:
-            yield CelerySender(app, producer, settings.collection)
-    finally:
-        app.close()
+    with create_app(settings) as app, app.producer_or_acquire() as producer:
+        yield CelerySender(app, producer, settings.collection)
 
 
 def submit_reembed(
