@@ -218,9 +218,8 @@ def delete(
 ) -> None:
     """Delete documents (every passage of each)."""
     settings = settings_for(ctx, collection)
-    with cli_errors():
-        with Runtime(settings) as runtime:
-            removed = runtime.delete(doc_ids)
+    with cli_errors(), Runtime(settings) as runtime:
+        removed = runtime.delete(doc_ids)
     if as_json:
         emit_json({"documents": doc_ids, "points_deleted": removed})
     else:

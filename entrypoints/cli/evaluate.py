@@ -168,11 +168,8 @@ def _hybrid_options(
         from services.query import active_spec
         from services.store import open_store
 
-        store = open_store(settings.for_collection(tuned_from))
-        try:
+        with open_store(settings.for_collection(tuned_from)) as store:
             tuned = dict(active_spec(store).settings.get("hybrid") or {})
-        finally:
-            store.close()
         if not tuned:
             fail(f"collection {tuned_from!r} has no tuned hybrid settings; run `dpr tune-hybrid DATA --collection "
                  f"{tuned_from}` first, or pass --fusion/--weight/--rrf-k")  # fmt: skip

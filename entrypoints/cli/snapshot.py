@@ -31,12 +31,8 @@ def create(
     from services.store import open_store
 
     settings = settings_for(ctx, collection)
-    with cli_errors():
-        store = open_store(settings)
-        try:
-            result = create_snapshot(settings, store.engine, out, include_model=include_model)  # type: ignore[attr-defined]
-        finally:
-            store.close()
+    with cli_errors(), open_store(settings) as store:
+        result = create_snapshot(settings, store.engine, out, include_model=include_model)  # type: ignore[attr-defined]
     if as_json:
         emit_json(result)
         return

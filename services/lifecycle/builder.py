@@ -36,14 +36,12 @@ def lease_holds(settings: Settings, alias: str, token: str) -> bool | None:
         return None
     import redis.exceptions
 
-    client = locks.redis_client(settings.broker_url)
-    try:
-        value = client.get(reembed_lock_key(alias))
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-        log.warning("cannot read the re-embed lease; its builder's state is unknown (%s)", e)
-        return None
-    finally:
-        client.close()
+    with locks.redis_client(settings.broker_url) as client:
+        try:
+            value = client.get(reembed_lock_key(alias))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            log.warning("cannot read the re-embed lease; its builder's state is unknown (%s)", e)
+            return None
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     return text == token
 

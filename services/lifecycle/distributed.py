@@ -256,8 +256,7 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
     """The newest re-embed record plus its progress with a broker (batches done / sent, finalize result)."""
     from services.store import open_store
 
-    store = open_store(settings)
-    try:
+    with open_store(settings) as store:
         # a follower names the target: it counts that generation alone, while it builds (on the embedded engine
         # the active one is `dpr serve`'s, and counting it takes it from the server, which then reloads it); the
         # counts at the end are the verification's
@@ -269,8 +268,6 @@ def reembed_status(settings: Settings, target: str | None = None) -> dict[str, A
             data["target_points"] = store.count(generation=state.target)
         if target is None:
             data["source_points"] = store.count(generation=state.source)
-    finally:
-        store.close()
     if settings.broker_url:
         data.update(reembed_progress(settings, state.target))
     verified = (data.get("result") or {}).get("verification") or {}

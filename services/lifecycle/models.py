@@ -34,11 +34,8 @@ def passage_compatibility(settings: Settings, model: str) -> dict[str, Any]:
 
     path, name = resolve_model_path(model, settings.models_dir)
     wanted = passage_fingerprint(path)
-    store = open_store(settings)
-    try:
+    with open_store(settings) as store:
         active = store.active()
-    finally:
-        store.close()
     stored = active.spec.model if active is not None else None
     same = None if stored is None else split_fingerprint(stored)[0] == wanted
     return {"model": name, "passage_fingerprint": wanted, "collection": settings.collection,
@@ -61,11 +58,8 @@ def check_needed(settings: Settings) -> dict[str, Any]:
 
     path, name = resolve_model_path(settings.encoder.model, settings.models_dir)
     wanted = passage_fingerprint(path)  # a question-only model's is its partner's: it serves the partner's points
-    store = open_store(settings)
-    try:
+    with open_store(settings) as store:
         info = store.info(counts=False)  # the records alone: the active generation stays with `dpr serve`
-    finally:
-        store.close()
     if info.active is None:
         return {"needed": False, "reason": "no collection yet", "model": wanted}
     if info.active.spec.model == wanted:

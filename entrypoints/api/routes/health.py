@@ -78,14 +78,13 @@ def _broker_check(settings: Settings, timeout: float) -> dict[str, Any]:
 
     from services.jobs import write_refused
 
-    client = redis.Redis.from_url(str(settings.broker_url), socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
-        client.ping()
-    except redis.exceptions.ResponseError as e:  # reachable but refusing writes (its disk is full): queries go on
-        refused = write_refused(str(settings.broker_url), e, client, "ingest is refused meanwhile")
-        if refused is None:
-            raise
-        return {"ok": True, "writes_refused": True, "warning": str(refused)}
-    finally:
-        client.close()
+    url = str(settings.broker_url)
+    with redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout) as client:
+        try:
+            client.ping()
+        except redis.exceptions.ResponseError as e:  # reachable but refusing writes (its disk is full): queries go on
+            refused = write_refused(url, e, client, "ingest is refused meanwhile")
+            if refused is None:
+                raise
+            return {"ok": True, "writes_refused": True, "warning": str(refused)}
     return {"ok": True}
