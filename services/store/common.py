@@ -1,7 +1,6 @@
 """Engine-free logic of the store front end: generation names, the validation rules (one function per rule,
-also called by ``services/query.py`` and ``services/lab/hybrid/tuning.py``), the engine-neutral filter, linear fusion
-and
-per-document state.
+also called by ``services/query.py`` and ``services/lab/hybrid/tuning.py``), the engine-neutral filter, linear
+fusion and per-document state.
 
 Kept apart from ``points.py`` (records and converters) and ``frontend.py`` (the ``Store`` that sequences these
 decisions) so that every rule has one home; the engines only translate the neutral records into their calls.

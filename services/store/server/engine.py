@@ -89,7 +89,7 @@ class ServerEngine:
         self._location = location or "the Qdrant server"
         self.api_key: str | None = None  # for the snapshot download/upload (plain HTTP beside the client)
         self.http: httpx.Client | None = None  # that HTTP client (server_snapshots.http_for builds it; tests hand one)
-        self.calibrations = Calibrations(client, self.options, self._engine)
+        self.calibrations = Calibrations(client, self.options, self.guard)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerEngine:
@@ -111,7 +111,8 @@ class ServerEngine:
 
     # -- error translation ----------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _engine(self, what: str, collection: str | None = None) -> Iterator[None]:
+    def guard(self, what: str, collection: str | None = None) -> Iterator[None]:
+        """Errors of a request inside, as the store's (``StoreUnavailable``, ``ConfigError``, missing generation)."""
         try:
             yield
         except DprError:
@@ -142,19 +143,12 @@ class ServerEngine:
     def location(self) -> str:
         return self._location
 
-    def guard(self, what: str, collection: str | None = None) -> contextlib.AbstractContextManager[None]:
-        """Errors of a request inside, as the store's (``StoreUnavailable``, ``ConfigError``, missing generation)."""
-        return self._engine(what, collection)
-
-    def exists(self, name: str) -> bool:
-        return self._exists(name)
-
     # -- pointer and generations ---------------------------------------------------------------------------
     def version(self) -> Hashable:
         return self.read_pointer()
 
     def read_pointer(self) -> str | None:
-        with self._engine("list aliases"):
+        with self.guard("list aliases"):
             aliases = self.client.get_aliases().aliases
         return next((a.collection_name for a in aliases if a.alias_name == self.alias), None)
 
@@ -167,16 +161,16 @@ class ServerEngine:
                 create_alias=models.CreateAlias(collection_name=generation, alias_name=self.alias)
             )
         )
-        with self._engine("move the alias", generation):
+        with self.guard("move the alias", generation):
             self.client.update_collection_aliases(change_aliases_operations=ops)
 
     def generations(self) -> list[str]:
-        with self._engine("list collections"):
+        with self.guard("list collections"):
             names = [c.name for c in self.client.get_collections().collections]
         return [name for name in names if generation_number(self.alias, name) is not None]
 
     def read_spec(self, generation: str) -> CollectionSpec:
-        with self._engine("read the collection", generation):
+        with self.guard("read the collection", generation):
             info = self.client.get_collection(generation)
         data = (info.config.metadata or {}).get(SPEC_METADATA_KEY)
         if not isinstance(data, dict):
@@ -187,24 +181,24 @@ class ServerEngine:
         return CollectionSpec.from_json(data)
 
     def write_spec(self, generation: str, spec: CollectionSpec) -> None:
-        with self._engine("update collection metadata", generation):
+        with self.guard("update collection metadata", generation):
             self.client.update_collection(generation, metadata={SPEC_METADATA_KEY: spec.to_json()})
 
     def create(self, generation: str, spec: CollectionSpec) -> bool:
         try:
-            with self._engine("create a collection"):
+            with self.guard("create a collection"):
                 self.client.create_collection(generation, **self._collection_params(spec))
         except ConfigError:
-            if self._exists(generation):  # lost a race for this number: the caller takes the next one
+            if self.exists(generation):  # lost a race for this number: the caller takes the next one
                 return False
             raise
         self._create_payload_indexes(generation)
         return True
 
     def drop(self, generation: str) -> bool:
-        if not self._exists(generation):
+        if not self.exists(generation):
             return False
-        with self._engine("delete a collection", generation):
+        with self.guard("delete a collection", generation):
             self.client.delete_collection(generation)
         return True
 
@@ -230,7 +224,7 @@ class ServerEngine:
         return None  # a server's levers are DPR_QDRANT__ settings, applied when a generation is created
 
     def index_info(self, generation: str) -> dict[str, Any]:
-        with self._engine("read the collection", generation):
+        with self.guard("read the collection", generation):
             info = self.client.get_collection(generation)
         return {
             "points": info.points_count or 0,
@@ -238,8 +232,8 @@ class ServerEngine:
             "indexed_vectors": info.indexed_vectors_count or 0,
         }
 
-    def _exists(self, name: str) -> bool:
-        with self._engine("check a collection"):
+    def exists(self, name: str) -> bool:
+        with self.guard("check a collection"):
             return bool(self.client.collection_exists(name))
 
     def _collection_params(self, spec: CollectionSpec) -> dict[str, Any]:
@@ -290,7 +284,7 @@ class ServerEngine:
     def _create_payload_indexes(self, name: str) -> None:
         fields = [(key, models.PayloadSchemaType.KEYWORD) for key in INDEXED_KEYWORDS]
         fields += [(key, models.PayloadSchemaType.INTEGER) for key in INDEXED_INTEGERS]  # chunk_index, page, page_end
-        with warnings.catch_warnings(), self._engine("create payload indexes", name):
+        with warnings.catch_warnings(), self.guard("create payload indexes", name):
             # the in-process engine warns that it ignores payload indexes; a server builds them
             warnings.filterwarnings("ignore", message="Payload indexes have no effect")
             for key, schema in fields:
@@ -302,15 +296,15 @@ class ServerEngine:
             models.PointStruct(id=pid, vector={n: to_vector(v) for n, v in vectors.items()}, payload=payload)
             for pid, vectors, payload in points
         ]
-        with self._engine("upsert points", generation):
+        with self.guard("upsert points", generation):
             self.client.upsert(generation, points=structs, wait=True)
 
     def delete(self, generation: str, where: Where) -> None:
-        with self._engine("delete points", generation):
+        with self.guard("delete points", generation):
             self.client.delete(generation, points_selector=models.FilterSelector(filter=to_where(where)), wait=True)
 
     def count(self, generation: str, where: Where | None = None) -> int:
-        with self._engine("count points", generation):
+        with self.guard("count points", generation):
             return int(self.client.count(generation, count_filter=to_filter(where), exact=True).count)
 
     def count_if_free(self, generation: str) -> int | None:
@@ -319,7 +313,7 @@ class ServerEngine:
     def scroll(
         self, generation: str, limit: int, offset: Any, where: Where | None = None, fields: Sequence[str] | bool = True
     ) -> tuple[list[Record], Any]:
-        with self._engine("scroll points", generation):
+        with self.guard("scroll points", generation):
             records, offset = self.client.scroll(
                 generation,
                 scroll_filter=to_filter(where),
@@ -332,7 +326,7 @@ class ServerEngine:
 
     def query(self, generation: str, branch: Branch, limit: int, where: Where | None) -> list[Scored]:
         using, vector = branch
-        with self._engine("search", generation):
+        with self.guard("search", generation):
             response = self.client.query_points(
                 generation,
                 query=to_vector(vector),
@@ -353,18 +347,18 @@ class ServerEngine:
                                 params=self._search_params(v, fused=True, generation=generation))
             for u, v in branches
         ]
-        with self._engine("search", generation):
+        with self.guard("search", generation):
             responses = self.client.query_batch_points(generation, requests=requests)
         return [scored(r.points) for r in responses]
 
     def payloads(self, generation: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        with self._engine("retrieve points", generation):
+        with self.guard("retrieve points", generation):
             records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def points(self, generation: str, ids: Sequence[str]) -> list[PointRecord]:
         """Whole points (named vectors and payload) for the ``ids`` that exist (BM25 re-weighting reads them)."""
-        with self._engine("retrieve points", generation):
+        with self.guard("retrieve points", generation):
             records = self.client.retrieve(generation, ids=list(ids), with_payload=True, with_vectors=True)
         return point_records(records)
 
@@ -372,7 +366,7 @@ class ServerEngine:
         self, generation: str, branches: Sequence[Branch], limit: int, depth: int, rrf_k: int, where: Where | None
     ) -> list[Scored]:
         flt = to_filter(where)
-        with self._engine("search", generation):
+        with self.guard("search", generation):
             response = self.client.query_points(
                 generation,
                 prefetch=[models.Prefetch(query=to_vector(v), using=u, filter=flt, limit=depth,
