@@ -226,14 +226,10 @@ class FileFence:
         deadline = time.monotonic() + self.timeout
         try:
             while True:
-                if not self._pending():
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                        if not self._pending():
-                            break
-                        fcntl.flock(fd, fcntl.LOCK_UN)  # a swap announced itself meanwhile: let it go first
-                    except BlockingIOError:
-                        pass
+                if not self._pending() and flock_until(fd, fcntl.LOCK_SH, time.monotonic()):  # one try
+                    if not self._pending():
+                        break
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # a swap announced itself meanwhile: let it go first
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
                         f"writes to this collection are paused for a re-embed swap ({self.path}) for more than "

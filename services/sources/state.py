@@ -94,10 +94,6 @@ def is_running(folder: Path) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
+        return not flock_until(fd, fcntl.LOCK_SH, time.monotonic())  # one try; the close lets go of it
     finally:
         os.close(fd)
