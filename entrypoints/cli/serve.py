@@ -86,11 +86,9 @@ def source_scheduler(app: Any, settings: Settings) -> Iterator[None]:
     from services.sources.schedule import SourceScheduler
 
     state = app.state.api
-    scheduler = SourceScheduler(state.runtime, lambda: state.executor, settings.sources.tick_seconds).start()
-    try:
+    scheduler = SourceScheduler(state.runtime, lambda: state.executor, settings.sources.tick_seconds)
+    with contextlib.closing(scheduler.start()):
         yield
-    finally:
-        scheduler.close()
 
 
 def is_loopback(host: str) -> bool:

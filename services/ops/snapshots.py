@@ -249,11 +249,8 @@ def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> 
         )
     make_engine = engine_for or _engine_for
     if backend == "edge":  # the collection lives in the data dir: refused before anything is built beside it
-        engine = make_engine(target)
-        try:
+        with contextlib.closing(make_engine(target)) as engine:
             exists = engine.read_pointer() is not None or bool(engine.generations())
-        finally:
-            engine.close()
         if exists:
             raise SnapshotError(f"collection {collection!r} already exists in {target.data_dir}; restore into a new "
                                 "data dir (--data-dir) or delete that collection first")
@@ -265,11 +262,8 @@ def restore_snapshot(path: Path, settings: Settings, engine_for: Any = None) -> 
         with diskspace.translate(build, "restoring a snapshot"):
             _unpack(path, manifest, staging)
         datadir.stamp(new)
-        engine = make_engine(target.model_copy(update={"data_dir": new}))
-        try:
+        with contextlib.closing(make_engine(target.model_copy(update={"data_dir": new}))) as engine:
             _snapshots(engine).restore_generation(engine, staging / "data", generation)
-        finally:
-            engine.close()
         _install_model(new, staging, model)
         move_into(new, target.data_dir)
     return {

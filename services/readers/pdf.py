@@ -8,6 +8,7 @@ a scan: ``no_text_layer`` (OCR is not enabled). A password-protected document is
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import re
@@ -129,11 +130,8 @@ def ocr_page(pdf: Any, index: int, limits: DocumentSettings) -> str:
     if command is None:
         raise ParseFailure("ocr_unavailable", "has pages without text and DPR_DOCUMENTS__OCR is on, but tesseract "
                            "is not installed; apt-get install tesseract-ocr tesseract-ocr-eng, or turn OCR off")
-    page = pdf[index]
-    try:
+    with contextlib.closing(pdf[index]) as page:
         image = page.render(scale=limits.ocr_dpi / 72).to_pil()
-    finally:
-        page.close()
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     try:
@@ -149,15 +147,9 @@ def ocr_page(pdf: Any, index: int, limits: DocumentSettings) -> str:
 
 
 def page_text(pdf: object, index: int) -> str:
-    page = pdf[index]  # type: ignore[index]
-    try:
-        textpage = page.get_textpage()
-        try:
-            raw: str = textpage.get_text_bounded()
-        finally:
-            textpage.close()
-    finally:
-        page.close()
+    with (contextlib.closing(pdf[index]) as page,  # type: ignore[index]
+          contextlib.closing(page.get_textpage()) as textpage):
+        raw: str = textpage.get_text_bounded()
     lines = (_SPACES.sub(" ", line).strip() for line in raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
     return "\n".join(line for line in lines if line)
 

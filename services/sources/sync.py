@@ -23,6 +23,7 @@ The steps, under the source's sync lock (``state.sync_lock``: a second sync of t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -167,8 +168,7 @@ def release_free_memory() -> None:
 
 def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, report: SyncReport) -> None:
     shutil.rmtree(folder / "fetch", ignore_errors=True)  # what a killed sync left (a web listing writes here)
-    kind = open_kind(spec, runtime.settings, folder)
-    try:
+    with contextlib.closing(open_kind(spec, runtime.settings, folder)) as kind:
         entries = [e for e in kind.listing() if spec.selects(e.key)]  # whole, or it raised: nothing judged
         report.mark = getattr(kind, "commit", "")
         state = SourceState.load(folder)
@@ -196,8 +196,6 @@ def _sync(runtime: Runtime, spec: SourceSpec, folder: Path, executor: Executor, 
             return follow_job(executor, submitted.job, submitted=submitted)
 
         status = job.run(executor, followed) if todo else sync(runtime, scope, seen, prune=True)  # no job: prune
-    finally:
-        kind.close()
     arrived = _arrived(todo, seen, status)
     _record_failures(report, spec, status)
     report.documents, report.passages = int(status.get("documents") or 0), int(status.get("chunks") or 0)

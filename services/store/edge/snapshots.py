@@ -10,6 +10,7 @@ answers throughout (writers wait only for the second, short copy). The point cou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -44,11 +45,8 @@ def snapshot_generation(engine: EdgeEngine, dest: Path) -> tuple[str, Collection
             if (gen_dir / name).is_file():
                 shutil.copy2(gen_dir / name, dest / name)
         spec = engine.read_spec(generation)
-    copy = EdgeShard.load(str(dest / "shard"))  # the copy's own count: the served shard is not touched
-    try:
+    with contextlib.closing(EdgeShard.load(str(dest / "shard"))) as copy:  # its own count: the served one untouched
         points = copy.count(CountRequest(exact=True))
-    finally:
-        copy.close()
     return generation, spec, points
 
 
