@@ -14,8 +14,7 @@ from services.readers.records import Section
 class HeadingSections:
     """Collects paragraphs; a heading of level N closes the current section and sets the path's N-th entry."""
 
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.prefix = prefix
+    def __init__(self) -> None:
         self.path: list[tuple[int, str]] = []
         self.parts: list[str] = []
 
@@ -33,8 +32,7 @@ class HeadingSections:
 
     def flush(self) -> Iterator[Section]:
         if self.parts:
-            heading = self.prefix + tuple(t for _, t in self.path)
-            yield Section("\n".join(self.parts), heading=heading)
+            yield Section("\n".join(self.parts), heading=tuple(t for _, t in self.path))
         self.parts = []
 
 
