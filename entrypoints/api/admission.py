@@ -14,6 +14,7 @@ max_in_flight``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
@@ -83,10 +84,8 @@ class Admission:
             self._release()
             return
         ticket.cancel()
-        try:
+        with contextlib.suppress(ValueError):
             self.waiting.remove(ticket)
-        except ValueError:
-            pass
 
     def _release(self) -> None:
         while self.waiting:

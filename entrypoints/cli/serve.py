@@ -126,12 +126,10 @@ def _run(app: Any, settings: Settings, log_level: str, factory: bool = False) ->
 
     config = uvicorn_config(app, settings, log_level, factory)
     server = uvicorn.Server(config=config)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         if config.workers > 1:
             Multiprocess(config, sockets=[config.bind_socket()]).run()
         else:
             server.run()
-    except KeyboardInterrupt:
-        pass
     if config.workers == 1 and not server.started:
         raise typer.Exit(3)  # as uvicorn.run: the server did not start (its log says why)

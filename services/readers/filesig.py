@@ -15,6 +15,7 @@ match the store's is counted unchanged without being parsed. The mtime never dec
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
@@ -109,10 +110,8 @@ def release_spooled(items: Iterable[object], path_map: str = "") -> int:
             pass
         except OSError:
             continue
-        try:
+        with contextlib.suppress(OSError):
             path.parent.rmdir()
-        except OSError:
-            pass
     return removed
 
 
@@ -161,10 +160,8 @@ class LocalFile:
     def close(self) -> None:
         if self.temporary:
             for remove, target in ((os.unlink, self.path), (os.rmdir, self.path.parent)):
-                try:
+                with contextlib.suppress(OSError):
                     remove(target)
-                except OSError:
-                    pass
 
 
 def local_file(ref: FileRef, pairs: list[tuple[str, str]], host: str) -> LocalFile | DocumentFailure:

@@ -9,6 +9,7 @@ deleting the record (the refusal names it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -67,12 +68,10 @@ class Quarantine:
                   "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
         path = self.record_path(digest)
         if path is not None:
-            try:
+            with contextlib.suppress(OSError):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, json.dumps(record))
                 return
-            except OSError:
-                pass
         with _LOCK:
             _MEMORY[digest] = record
 
@@ -82,10 +81,7 @@ class Quarantine:
             _MEMORY.pop(digest, None)
         path = self.record_path(digest)
         if path is not None:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            path.unlink(missing_ok=True)
 
     def refusal(self, digest: str, record: dict[str, str]) -> str:
         """The failure's message for a document refused by its record."""

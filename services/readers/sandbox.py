@@ -16,6 +16,7 @@ The child holds no state between documents but the imported parser modules.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import signal
@@ -93,10 +94,8 @@ class ParserSandbox:
         proc, self._proc = self._proc, None
         for conn in (self._send, self._recv):
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.close()
-                except OSError:
-                    pass
         self._send = self._recv = None
         if proc is None:
             return None
@@ -110,10 +109,8 @@ class ParserSandbox:
 
     def close(self) -> None:
         if self._proc is not None and self._send is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._send.send(None)  # the child's loop ends
-            except OSError:
-                pass
         self._stop()
 
     def __enter__(self) -> ParserSandbox:
@@ -225,13 +222,11 @@ def _child() -> None:
     send = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # anything a parser prints goes to stderr, never into the pipe
     limits = DocumentSettings(**recv.recv())
-    try:
+    with contextlib.suppress(ImportError, ValueError, OSError):  # not on this platform: the time limit still holds
         import resource
 
         cap = limits.max_parser_memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (ImportError, ValueError, OSError):  # not on this platform: the time limit still holds
-        pass
     while True:
         try:
             request = recv.recv()
