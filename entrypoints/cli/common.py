@@ -53,10 +53,7 @@ _HINTS = {EXIT_UNAVAILABLE: " (temporary: try again once the service is reachabl
 
 def exit_code_for(error: BaseException) -> int | None:
     """The exit code of an error a user can cause; None for anything else (a bug: let it raise)."""
-    for cls, code in ERROR_EXIT_CODES:
-        if isinstance(error, cls):
-            return code
-    return None
+    return next((code for cls, code in ERROR_EXIT_CODES if isinstance(error, cls)), None)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -109,10 +109,7 @@ class KeyStore:
         keys = self._current()
         match = _TOKEN.fullmatch(text)
         candidates = [keys[match.group(1)]] if match and match.group(1) in keys else []
-        for key in candidates:
-            if hmac.compare_digest(key.hash, given) and key.active:
-                return key
-        return None
+        return next((key for key in candidates if hmac.compare_digest(key.hash, given) and key.active), None)
 
     def _current(self) -> dict[str, ApiKey]:
         """The parsed file, re-read only when its (inode, mtime, size) changed: one stat per request."""

@@ -20,10 +20,7 @@ QRELS_FIX = "each row must be 'query-id<TAB>corpus-id<TAB>integer score' after a
 
 def beir_corpus_path(folder: Path) -> Path | None:
     """The folder's ``corpus.jsonl`` or ``corpus.jsonl.gz``, if it has one."""
-    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return next((folder / name for name in ("corpus.jsonl", "corpus.jsonl.gz") if (folder / name).is_file()), None)
 
 
 def load_corpus(path: Path | str) -> Corpus:
