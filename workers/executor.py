@@ -5,6 +5,7 @@ in-process executor uses. Chosen by the entry points when ``DPR_BROKER_URL`` is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -106,10 +107,8 @@ class CeleryExecutor:
                 for step in PRIORITY_STEPS:
                     raw.extend(client.lrange(f"{INGEST_QUEUE}{QUEUE_SEP}{step}", 0, -1))
                 for value in client.hvals(UNACKED_KEY):
-                    try:
+                    with contextlib.suppress(ValueError, TypeError, IndexError, KeyError):
                         raw.append(json.dumps(json.loads(value)[0]))
-                    except (ValueError, TypeError, IndexError, KeyError):
-                        continue
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 return None
         held: set[int] = set()
