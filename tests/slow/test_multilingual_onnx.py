@@ -1,4 +1,4 @@
-"""The multilingual model on the default backends (onnx-int8 passages, onnx questions) end to end through the CLI:
+"""The multilingual model on the backends chosen from the CPU (encoders/runtimes.py) end to end through the CLI:
 its ONNX export is made on the first ingest (minutes on 2 cores, hence slow) and a Korean question finds the
 Korean document. tests/slow/test_multilingual_towers.py runs the same questions on torch in seconds."""
 
