@@ -1,10 +1,11 @@
 """Evaluation through the real store: the product's ingest path and query path, not an in-memory matrix.
 
 ``store_retriever(towers, ...)`` returns an ``services.lab.evaluation.retrieval.Retriever`` that ingests the evaluation
-corpus into a temporary embedded collection (``IngestPipeline`` through the one batch loop: chunking by the
-passage tower's tokenizer, passage tower, ``store.upsert``), asks every question with ``search_many`` (question
-tower, tower check, ``store.search``), and aggregates chunk hits to documents (max score per document) for
-document-level metrics. The temporary store is deleted afterwards.
+corpus into a temporary embedded collection (one ``IngestJob``, its batches run in this process by the corpus's
+own ``IngestPipeline`` through the one batch loop: chunking by the passage tower's tokenizer, passage tower,
+``store.upsert``), asks every question with ``search_many`` (question tower, tower check, ``store.search``), and
+aggregates chunk hits to documents (max score per document) for document-level metrics. The temporary store is
+deleted afterwards.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ from encoders.registry import Backend, SplitTowers, load_towers
 from encoders.towers import DualEncoder, resolve_model_path
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
-from services.ingest.executor import ingest_here
+from services.ingest.executor import LocalExecutor
+from services.ingest.job import IngestJob
 from services.ingest.language import corpus_language
 from services.ingest.pipeline import IngestPipeline, IngestReport
 from services.lab.evaluation.retrieval import (
@@ -37,7 +40,7 @@ from services.lab.evaluation.retrieval import (
 from services.lab.shared.mining import BM25Config
 from services.query import QueryOptions, search_many
 from services.readers import Document
-from services.runtime import local_jobs
+from services.runtime import Runtime, local_jobs
 from services.store import open_store
 from services.store.points import Hit
 from services.store.protocol import VectorStore
@@ -196,9 +199,18 @@ class StoreCorpus:
         pipeline = IngestPipeline.from_settings(
             cfg, store=self._store, towers=self.towers, sparse=embedder_for(self.language) if self.sparse else None
         )
-        progress = self.progress
-        self.ingest_report = ingest_here(pipeline, docs, local_jobs(self._tmp), None if progress is None else
-                                         lambda done: progress(done.items, len(docs)))
+        progress, report, t0 = self.progress, IngestReport(job=""), time.perf_counter()
+        # one ingest job over the throw-away collection, its batches run here by this corpus's own pipeline
+        job = IngestJob(Runtime(cfg, towers=self.towers, store=self._store), lambda: iter(docs),
+                        on_progress=None if progress is None else lambda tally: progress(tally.done, len(docs)))
+
+        def batch_done(part: IngestReport) -> None:
+            report.add(part)
+            job.on_batch(part)
+
+        executor = LocalExecutor(local_jobs(self._tmp), lambda _: pipeline, on_batch=batch_done, scratch=True)
+        report.job, report.seconds = job.run(executor)["job"], time.perf_counter() - t0
+        self.ingest_report = report
         if self.ingest_report.failed:
             log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
         self._corpus_key = key
