@@ -1,5 +1,6 @@
-"""One ingest run, from its input to its report: ``IngestJob``; `dpr ingest`, ``POST /v1/documents`` and a source's
-sync (``services.sources.sync``: it diffs a listing) are adapters over it (arguments in, the report out).
+"""One ingest run, from its input to its report: ``IngestJob``; `dpr ingest`, ``POST /v1/documents``, a source's
+sync (``services.sources.sync``: it diffs a listing) and evaluation's throw-away corpus
+(``services.lab.evaluation.store_retriever``) are adapters over it (arguments in, the report out).
 
 The job reads its input once: one pass settles an explicit ``--language`` on the first document
 (``language.prepare_collection``), counts what was read for the progress (against ``count_documents``, a quick
