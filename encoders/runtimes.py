@@ -177,8 +177,13 @@ class OpenVinoSession:
     """An OpenVINO model compiled for the CPU in bf16, behind the slice of onnxruntime's ``InferenceSession`` that
     ``encoders.onnx_towers.OnnxTower`` uses (``get_inputs``, ``run``). It reads the export's fp32 ``model.onnx``:
     no second conversion. The compiled blob is cached in ``cache_dir`` (OpenVINO keys it by its own version, the
-    graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s. One infer request per
-    calling thread (a request is not re-entrant; `dpr serve` encodes on two threads).
+    graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s.
+
+    One infer request, one call at a time (``dpr serve`` encodes on two threads): with two threads each running its
+    own request of one compiled model, OpenVINO 2026.4 hung in 14 of 100 stress runs (two processes at once, two
+    threads each, 20 new input shapes a thread; 0 of 60 with the calls taken in turn). Taking them in turn costs no
+    speed: the model's one stream ran the two threads' requests one after the other anyway (CPU / wall 0.97, one
+    thread a request, ad-hoc).
 
     The CPU plugin keeps what it builds for each input shape (batch x width) it has run, up to
     ``RUNTIME_CACHE_SHAPES`` of them (OpenVINO's default, 5,000, let a long-lived `dpr serve` grow: 2-3 MB of RSS
@@ -203,21 +208,19 @@ class OpenVinoSession:
             raise RuntimeError(f"OpenVINO runs this CPU in {got}, not bf16")
         self._names = [i.get_any_name() for i in self._model.inputs]
         self._output = self._model.outputs[0]
-        self._local = threading.local()
+        self._request = self._model.create_infer_request()
+        self._turn = threading.Lock()
 
     def get_inputs(self) -> list[Any]:
         return [_Input(n) for n in self._names]
 
     def run(self, _outputs: Any, feeds: dict[str, Any]) -> list[Any]:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self._model.create_infer_request()
         rows, width = feeds[self._names[0]].shape
         padded = padded_width(rows, width) if "attention_mask" in self._names else width
-        if padded > width:  # zeros: attention mask 0 past the tokens
-            out = request.infer({n: _pad(feeds[n], padded) for n in self._names})[self._output]
-            return [(out[:, :width] if out.ndim == 3 else out).copy()]  # tokens (rows, seq, hidden), or a score
-        return [request.infer({n: feeds[n] for n in self._names})[self._output].copy()]
+        inputs = {n: _pad(feeds[n], padded) if padded > width else feeds[n] for n in self._names}  # mask 0 past
+        with self._turn:
+            out = self._request.infer(inputs)[self._output].copy()
+        return [out[:, :width] if padded > width and out.ndim == 3 else out]  # tokens (rows, seq, hidden), or a score
 
 
 def padded_width(rows: int, width: int) -> int:

@@ -41,3 +41,47 @@ def test_a_padded_question_gets_its_own_vector(onnx_cache: Path) -> None:
     a, b = ov.encode_queries(QUESTIONS, batch_size=1)
     assert float(a @ b) < 0.99  # different questions stay different vectors
     assert np.isfinite(a).all() and np.isfinite(b).all()
+
+
+def test_openvino_takes_concurrent_calls_in_turn(onnx_cache: Path) -> None:
+    """Two threads encoding at once (`dpr serve`'s two encoder threads) never run OpenVINO at the same time: two
+    requests of one compiled model run at once hung OpenVINO in stress runs (encoders/runtimes.py). Each thread
+    still gets its own questions' vectors."""
+    import threading
+    import time
+
+    towers = build_towers(base_model_path(), "base", backend="openvino-fp32", models_dir=onnx_cache / "models",
+                          cache_dir=onnx_cache)
+    questions = [" ".join(["oxygen"] * n) + "?" for n in range(1, 25)]  # new widths and batch shapes
+    alone = {q: towers.encode_queries([q], batch_size=1)[0] for q in questions}
+    session = towers._tower("query").session  # type: ignore[attr-defined]
+    real, inside, most, count = session._request, [0], [0], threading.Lock()
+
+    class Watched:  # the real request, counting the calls inside it at once
+        def infer(self, inputs: dict[str, np.ndarray]) -> object:
+            with count:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                time.sleep(0.002)  # widen the window two unserialised calls would share
+                return real.infer(inputs)
+            finally:
+                with count:
+                    inside[0] -= 1
+
+    session._request = Watched()
+    got: dict[str, np.ndarray] = {}
+
+    def ask(chunk: list[str]) -> None:
+        for i in range(0, len(chunk), 3):
+            batch = chunk[i:i + 3]
+            got.update(zip(batch, towers.encode_queries(batch, batch_size=3), strict=True))
+
+    threads = [threading.Thread(target=ask, args=(questions[k::2],)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert most[0] == 1
+    assert all(float(got[q] @ alone[q]) > 0.9999 for q in questions)
