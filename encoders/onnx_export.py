@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from encoders.dirswap import rebuilt_dir
 from encoders.onnx_graphs import make_int8, simplify_attention, weights_beside
 from encoders.onnx_towers import (
     AGREEMENT,
@@ -90,7 +88,7 @@ def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
     files, fingerprint = model_files_key(model_path), model_fingerprint(model_path)
     reference = SentenceTransformerTowers(model_path)
     model = reference.model
-    with staging_dir(export_dir) as staging:
+    with rebuilt_dir(export_dir) as staging:
         towers = {role: _tower_spec(model, role) for role in ("query", "document")}
         for spec in towers.values():
             _export_transformer(spec.pop("_transformer"), staging / spec.pop("_directory"), int8=False,
@@ -109,22 +107,8 @@ def export(model_path: Path, export_dir: Path) -> dict[str, Any]:
         manifest["files"] = {str(f.relative_to(staging)): f.stat().st_size for f in sorted(staging.rglob("*"))
                              if f.is_file() and f.name != "manifest.json" and f.parent.name != "openvino"}
         write_manifest(staging, manifest)
-        _replace_dir(staging, export_dir)
     log.info("exported towers to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest
-
-
-@contextmanager
-def staging_dir(export_dir: Path) -> Iterator[Path]:
-    """An empty sibling of ``export_dir`` to build an export in (``_replace_dir`` moves it into place); removed on
-    the way out whatever happened."""
-    staging = export_dir.parent / f".{export_dir.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def prompt_tokens(tokenizer: Any, prompt: str) -> int:
@@ -225,11 +209,3 @@ def _measure(reference: SentenceTransformerTowers, staging: Path, model_path: Pa
     np.savez(staging / PROBE_VECTORS, texts=expected["texts"], query=query, document=document)
     return {"onnx": variant_agreement(staging, model_path, "onnx", expected, fingerprint)}
 
-
-def _replace_dir(staging: Path, target: Path) -> None:
-    """Put ``staging`` in place of ``target`` (the old export removed after the rename)."""
-    old = target.parent / f".{target.name}.old-{os.getpid()}"
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    shutil.rmtree(old, ignore_errors=True)

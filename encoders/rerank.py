@@ -257,7 +257,8 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     ``PROBE_PAIRS``; an fp32 export that does not reproduce torch is refused (the torch backend still serves)."""
     import time
 
-    from encoders.onnx_export import _export_transformer, _replace_dir, staging_dir
+    from encoders.dirswap import rebuilt_dir
+    from encoders.onnx_export import _export_transformer
     from encoders.towers import model_files_key
 
     started = time.perf_counter()
@@ -265,7 +266,7 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
     max_length = int(card.get("max_length") or DEFAULT_MAX_LENGTH)
     reference = TorchReranker(model_path, max_length=max_length)
     transformer = reference.model[0]
-    with staging_dir(export_dir) as staging:
+    with rebuilt_dir(export_dir) as staging:
         keep = _export_transformer(transformer, staging / "reranker", sample_inputs=list(PROBE_PAIRS[:2]),
                                    output="logits")
         manifest: dict[str, Any] = {
@@ -280,7 +281,6 @@ def export_reranker(model_path: Path, export_dir: Path) -> dict[str, Any]:
                              f"({manifest['variants']['onnx']}); use DPR_RERANK__BACKEND=torch")
         manifest["seconds"] = round(time.perf_counter() - started, 1)
         write_manifest(staging, manifest)
-        _replace_dir(staging, export_dir)
     log.info("exported reranker to ONNX", extra={"model_path": str(model_path), "variants": manifest["variants"]})
     return manifest
 
