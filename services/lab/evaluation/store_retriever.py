@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,9 @@ from encoders.towers import DualEncoder, resolve_model_path
 from services.core.settings import Settings
 from services.core.threads import threads_per_process
 from services.ingest.executor import LocalExecutor
-from services.ingest.job import IngestJob
+from services.ingest.job import IngestJob, Tally
 from services.ingest.language import corpus_language
-from services.ingest.pipeline import IngestPipeline, IngestReport
+from services.ingest.pipeline import IngestPipeline
 from services.lab.evaluation.retrieval import (
     EvalReport,
     Retrieval,
@@ -167,7 +166,7 @@ class StoreCorpus:
         self.workdir = workdir
         self.sparse = sparse
         self.progress = progress
-        self.ingest_report: IngestReport | None = None
+        self.ingest_report: Tally | None = None  # documents done, passages, failed
         self._store = store
         self._owned = store is None
         self._tmp: Path | None = None
@@ -199,20 +198,14 @@ class StoreCorpus:
         pipeline = IngestPipeline.from_settings(
             cfg, store=self._store, towers=self.towers, sparse=embedder_for(self.language) if self.sparse else None
         )
-        progress, report, t0 = self.progress, IngestReport(job=""), time.perf_counter()
+        progress = self.progress
         # one ingest job over the throw-away collection, its batches run here by this corpus's own pipeline
         job = IngestJob(Runtime(cfg, towers=self.towers, store=self._store), lambda: iter(docs),
                         on_progress=None if progress is None else lambda tally: progress(tally.done, len(docs)))
-
-        def batch_done(part: IngestReport) -> None:
-            report.add(part)
-            job.on_batch(part)
-
-        executor = LocalExecutor(local_jobs(self._tmp), lambda _: pipeline, on_batch=batch_done, scratch=True)
-        report.job, report.seconds = job.run(executor)["job"], time.perf_counter() - t0
-        self.ingest_report = report
-        if self.ingest_report.failed:
-            log.warning("documents failed to ingest", extra={"failed": len(self.ingest_report.failed)})
+        job.run(LocalExecutor(local_jobs(self._tmp), lambda _: pipeline, on_batch=job.on_batch, scratch=True))
+        self.ingest_report = job.tally
+        if job.tally.failed:
+            log.warning("documents failed to ingest", extra={"failed": job.tally.failed})
         self._corpus_key = key
         return self._store
 
