@@ -228,11 +228,10 @@ def build_towers(path: Path, name: str, *, device: str = "cpu", backend: Backend
     for attempt in range(2):
         try:
             return OnnxTowers(export_dir, path, backend, threads=threads, name=name).load(_first_role(backend))
-        except RuntimeUnavailable as e:  # openvino installed but unusable on this CPU: one line, then onnxruntime
-            fallback: Backend = "onnx-int8" if backend == "openvino-bf16" else "onnx"  # as fast / as faithful
-            log.warning(f"the chosen runtime cannot run here; falling back to {fallback}",
+        except RuntimeUnavailable as e:  # openvino installed but unusable on this CPU: one line, then faithful fp32
+            log.warning("the chosen runtime cannot run here; falling back to onnx (fp32)",
                         extra={"backend": backend, "error": str(e)})
-            return build_towers(path, name, device=device, backend=fallback, threads=threads,
+            return build_towers(path, name, device=device, backend="onnx", threads=threads,
                                 models_dir=models_dir, cache_dir=cache_dir)
         except ExportMissing as e:
             if attempt:

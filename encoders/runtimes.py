@@ -14,7 +14,7 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
   cannot be capped). int8 (the fourth wave's path, ``DPR_ENCODER__BACKEND=onnx-int8``) is faster but not faithful
   by the 0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0031); OpenVINO bf16 without AMX is slower than fp32 (FACTS.md:
   0.97x ONNX fp32 with AVX512_BF16; 25x OpenVINO fp32's CPU capped at AVX-512 VNNI). A single question costs
-  OpenVINO fp32 1.4-2.2x ONNX Runtime fp32's CPU (padded to 32 tokens; 9-11 against 5-7 ms, ad-hoc, one thread):
+  OpenVINO fp32 1.3-2.2x ONNX Runtime fp32's CPU (padded to 32 tokens; 9-11 against 5-7 ms, ad-hoc, one thread):
   questions stay on ONNX Runtime.
 
 An explicit ``DPR_ENCODER__BACKEND`` wins and is reported as the reason. The CPU's features can be masked the way
@@ -125,7 +125,7 @@ def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None
         log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime fp32 "
                     "(pip install openvino for ~3x)")
     if role == "query":
-        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions, about half OpenVINO fp32's CPU at "
+        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions, 0.45-0.75x OpenVINO fp32's CPU at "
                       "a question's width (docs/capacity.md)")
     if runtime_version("openvino-fp32") is not None:
         return Choice("openvino-fp32", "no AMX on this CPU: OpenVINO fp32 passages, faithful to fp32 and 1.26x ONNX "
@@ -174,7 +174,7 @@ SHORT_WIDTH = 64
 
 
 class OpenVinoSession:
-    """An OpenVINO model compiled for the CPU in bf16, behind the slice of onnxruntime's ``InferenceSession`` that
+    """An OpenVINO model compiled for the CPU in bf16 or fp32 (``precision``), behind the slice of onnxruntime's ``InferenceSession`` that
     ``encoders.onnx_towers.OnnxTower`` uses (``get_inputs``, ``run``). It reads the export's fp32 ``model.onnx``:
     no second conversion. The compiled blob is cached in ``cache_dir`` (OpenVINO keys it by its own version, the
     graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s.
@@ -191,7 +191,7 @@ class OpenVinoSession:
     30-minute soak syncing a source every minute grew `dpr serve` 19-20% with both defaults)."""
 
     def __init__(self, model_file: Path, threads: int | None, cache_dir: Path | None,
-                 precision: str = "bf16") -> None:  # OpenVINO's INFERENCE_PRECISION_HINT: bf16 or f32
+                 precision: str = "bf16") -> None:  # OpenVINO's INFERENCE_PRECISION_HINT (OPENVINO_PRECISION)
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVES))  # before the first kernel
         import openvino as ov
 

@@ -98,3 +98,28 @@ def test_the_trainer_arguments_carry_the_choice(monkeypatch: pytest.MonkeyPatch)
     fp32 = TrainConfig(precision="fp32")
     monkeypatch.setattr(runtimes, "cpu_flags", lambda: SAPPHIRE)
     assert training_run.training_arguments(SentenceTransformerTrainingArguments, fp32, Path("/x")).bf16 is False
+
+
+@pytest.mark.parametrize("chosen", ["openvino-bf16", "openvino-fp32"])
+def test_an_openvino_that_cannot_run_falls_back_to_faithful_fp32_with_one_line(
+        chosen: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from encoders import registry
+    from encoders.onnx_towers import RuntimeUnavailable
+
+    built: list[str] = []
+
+    class Towers:  # stands in for OnnxTowers: OpenVINO refuses this CPU, onnxruntime loads
+        def __init__(self, export_dir: Path, path: Path, backend: str, **_: object) -> None:
+            built.append(backend)
+            if backend.startswith("openvino"):
+                raise RuntimeUnavailable("not on this CPU")
+            self.backend = backend
+
+        def load(self, role: str) -> Towers:
+            return self
+
+    monkeypatch.setattr(registry, "OnnxTowers", Towers)
+    towers = registry.build_towers(tmp_path / "m", "m", backend=chosen, models_dir=tmp_path)  # type: ignore[arg-type]
+    assert built == [chosen, "onnx"] and towers.backend == "onnx"  # type: ignore[attr-defined]
+    assert [r.getMessage() for r in caplog.records if "falling back" in r.getMessage()] == [
+        "the chosen runtime cannot run here; falling back to onnx (fp32)"]
