@@ -176,8 +176,8 @@ SHORT_WIDTH = 64
 class OpenVinoSession:
     """An OpenVINO model compiled for the CPU in bf16 or fp32 (``precision``), behind the slice of onnxruntime's
     ``InferenceSession`` that ``encoders.onnx_towers.OnnxTower`` uses (``get_inputs``, ``run``). It reads the
-    export's fp32 ``model.onnx``: no second conversion. The compiled blob is cached in ``cache_dir`` (OpenVINO keys it by its own version, the
-    graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s.
+    export's fp32 ``model.onnx``: no second conversion. The compiled blob is cached in ``cache_dir`` (OpenVINO keys
+    it by its own version, the graph and the configuration): a second process compiles in ~0.1 s instead of ~0.3 s.
 
     One infer request, one call at a time (``dpr serve`` encodes on two threads): with two threads each running its
     own request of one compiled model, OpenVINO 2026.4 hung in 14 of 100 stress runs (two processes at once, two
