@@ -125,36 +125,6 @@ def test_bf16_training_attends_eagerly_and_gives_the_model_back_as_it_was() -> N
     assert torch.allclose(before, during, atol=1e-5)
 
 
-def test_the_losses_score_in_fp32_under_bf16_autocast() -> None:
-    """bf16 autocast would multiply the loss's scores in bf16 (8-bit mantissa, x scale 20); the towers' losses
-    take ``similarity_fp32``, which gives fp32 scores equal to an fp32 run's and its gradients."""
-    import torch
-    from sentence_transformers.util import cos_sim
-
-    from services.lab.shared.training_run import similarity_fp32
-    from services.lab.towers.trainer import TrainConfig, _loss
-
-    torch.manual_seed(0)
-    a, b = torch.randn(8, 384), torch.randn(24, 384)
-    exact = cos_sim(a, b)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        rounded = cos_sim(a, b)
-        scores = similarity_fp32(a, b)
-        dot = similarity_fp32(a, b, cosine=False)
-    assert rounded.dtype == torch.bfloat16  # what the losses got before
-    assert scores.dtype == torch.float32 and torch.allclose(scores, exact, atol=1e-6)
-    assert torch.allclose(dot, a @ b.T, atol=1e-4)
-    assert (rounded.float() - exact).abs().max() > 1e-4  # bf16 rounding is visible at this size
-
-    from sentence_transformers import SentenceTransformer
-
-    from encoders.towers import base_model_path
-
-    model = SentenceTransformer(str(base_model_path()), device="cpu", local_files_only=True)
-    for config in (TrainConfig(), TrainConfig(batch_size=32, mini_batch_size=16)):
-        assert _loss(model, config).similarity_fct is similarity_fp32
-
-
 @pytest.mark.parametrize("chosen", ["openvino-bf16", "openvino-fp32"])
 def test_an_openvino_that_cannot_run_falls_back_to_faithful_fp32_with_one_line(
         chosen: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -148,22 +148,6 @@ def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | N
     return int(trainer.state.global_step), losses
 
 
-def similarity_fp32(a: Any, b: Any, cosine: bool = True) -> Any:
-    """The loss's (questions x passages) scores, cosine or dot, in fp32 also under bf16 autocast, which would run
-    the multiply in bf16 and round each score to bf16's 8-bit mantissa: x ``scale`` 20, logits off by up to ~0.02
-    on two questions (checked ad hoc), gradients through them too. The embeddings are fp32 already (the last
-    LayerNorm and the pooling run in fp32); this product is (batch x candidates) small. A no-op in fp32."""
-    import torch
-
-    with torch.autocast(a.device.type, enabled=False):
-        a, b = a.float(), b.float()
-        if cosine:
-            from sentence_transformers.util import cos_sim
-
-            return cos_sim(a, b)
-        return a @ b.T
-
-
 @contextlib.contextmanager
 def _eager_attention(model: Any, bf16: bool) -> Iterator[None]:
     """Under bf16 autocast the model's transformers attend with the eager implementation while they train, then

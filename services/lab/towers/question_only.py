@@ -39,7 +39,6 @@ from services.lab.shared.training_run import (
     fit_towers,
     precision_of,
     save_model,
-    similarity_fp32,
     start_run,
     versioned_name,
 )
@@ -205,7 +204,7 @@ def fixed_passages_loss(model: Any, passages: Any, positives: list[int], others:
         def forward(self, sentence_features: Any, labels: Any) -> Any:
             features = list(sentence_features)
             questions = self.model(features[0])["sentence_embedding"]  # (batch, dim)
-            raw = self.scale * similarity_fp32(questions, self.passages, cosine=False)  # (batch, n)
+            raw = self.scale * questions @ self.passages.T  # (batch, n)
             index = labels.long().cpu()
             scores = raw.masked_fill(self.mask[index].to(raw.device), float("-inf"))
             hard = nn.functional.cross_entropy(scores, target[index].to(scores.device), reduction="none")  # (batch,)

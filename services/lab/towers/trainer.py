@@ -36,7 +36,6 @@ from services.lab.shared.training_run import (
     learn_device,
     precision_of,
     save_model,
-    similarity_fp32,
     start_run,
     versioned_name,
 )
@@ -279,9 +278,8 @@ def _loss(model: Any, config: TrainConfig) -> Any:
     )
 
     if config.cached:
-        return CachedMultipleNegativesRankingLoss(model, scale=config.scale, mini_batch_size=config.mini_batch_size,
-                                                  similarity_fct=similarity_fp32)
-    return MultipleNegativesRankingLoss(model, scale=config.scale, similarity_fct=similarity_fp32)
+        return CachedMultipleNegativesRankingLoss(model, scale=config.scale, mini_batch_size=config.mini_batch_size)
+    return MultipleNegativesRankingLoss(model, scale=config.scale)
 
 
 def _dev_metrics(model: Any, dev: RetrievalDataset | None, when: str) -> dict[str, float] | None:
