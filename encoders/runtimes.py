@@ -139,9 +139,10 @@ Precision = Literal["auto", "fp32", "bf16"]
 def training_precision(configured: str = "auto", *, flags: frozenset[str] | None = None) -> tuple[str, str]:
     """(precision, why) of a training run on the CPU: bf16 autocast (weights and optimizer state stay fp32; the
     matrix multiplies run in bf16 on AMX) where the CPU has AMX, fp32 elsewhere; ``configured`` other than auto
-    wins. Measured with MNRL on MiniLM (batch 32, 128-token passages, 2 busy cores): bf16 autocast took 0.69-0.77x
-    the CPU seconds of an fp32 step (``benchmarks/bench_train_precision.py``). Without AMX, bf16 runs converted
-    fp32 kernels: not chosen."""
+    wins. Measured with the default recipe on SciFact (MNRL on MiniLM, batch 32, 128-token passages, 2 quiet cores,
+    ``benchmarks/bench_train_precision.py``): bf16 autocast took 0.52x fp32's trainer seconds over 30 steps with
+    eager attention (``services.lab.shared.training_run``), the whole recipe 0.58x stage for stage. Without AMX,
+    bf16 runs converted fp32 kernels: not chosen."""
     if configured in ("fp32", "bf16"):
         return configured, "set by the recipe (precision)"
     flags = cpu_flags() if flags is None else flags
