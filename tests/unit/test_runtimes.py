@@ -101,8 +101,8 @@ def test_the_trainer_arguments_carry_the_choice(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_bf16_training_attends_eagerly_and_gives_the_model_back_as_it_was() -> None:
-    """Under bf16 autocast the transformers train with eager attention (SDPA's CPU path with dropout is its math
-    fallback, slower in bf16), then get back what they had; fp32 training keeps SDPA. The same attention: the
+    """Under bf16 autocast (``fit`` with ``args.bf16``) the transformers train with eager attention (SDPA's CPU
+    path with dropout is its math fallback, slower in bf16), then get back what they had. The same attention: the
     model's vectors are the same either way."""
     import torch
     from sentence_transformers import SentenceTransformer
@@ -114,9 +114,8 @@ def test_bf16_training_attends_eagerly_and_gives_the_model_back_as_it_was() -> N
     transformer = model[0].auto_model
     texts = ["how do the towers train", "a passage about dense retrieval and its negatives"]
     before = model.encode(texts, convert_to_tensor=True)
-    with _eager_attention(model, bf16=False):
-        assert transformer.config._attn_implementation == "sdpa"
-    with _eager_attention(model, bf16=True):
+    assert transformer.config._attn_implementation == "sdpa"
+    with _eager_attention(model):
         assert transformer.config._attn_implementation == "eager"
         assert all(layer.attention.self.config._attn_implementation == "eager"
                    for layer in transformer.encoder.layer)
