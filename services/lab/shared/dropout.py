@@ -13,6 +13,7 @@ is kept, as ``F.dropout``. On a CUDA or MPS tensor torch's own dropout runs unch
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ ATTENTION_MODELS = frozenset({"bert", "roberta", "xlm-roberta"})  # whose eager 
 _LEVELS = 65536  # a mask element is 16 random bits
 
 
-def dropout(x: Any, p: float, training: bool) -> Any:
+def drop(x: Any, p: float, training: bool) -> Any:
     """``F.dropout(x, p, training)`` with its mask drawn as the module says (CPU tensors)."""
     import torch
 
@@ -37,15 +38,13 @@ def _dropped(shape: Any, p: float) -> Any:
     import numpy as np
     import torch
 
-    count = 1
-    for n in shape:
-        count *= int(n)
+    count = math.prod(shape)
     seed = int(torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64))
     bits = np.random.PCG64(seed).random_raw(-(-count // 4)).view(np.int16)[:count]
     return torch.from_numpy(bits).reshape(shape) < round(p * _LEVELS) - _LEVELS // 2  # int16 spans -32768..32767
 
 
-class _Dropped:  # a torch.autograd.Function, made on first use so that importing this module imports no torch
+class _Dropped:  # a torch.autograd.Function, made on first use: no torch at import (the project's rule)
     _function: Any = None
 
     @classmethod
@@ -70,24 +69,23 @@ class _Dropped:  # a torch.autograd.Function, made on first use so that importin
 
 
 def _attend(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
-            dropout_p: float = 0.0, **kwargs: Any) -> tuple[Any, Any]:
-    """transformers' ``eager_attention_forward`` (BERT, RoBERTa, XLM-R: the same function) with ``dropout``."""
+            dropout: float = 0.0, **_: Any) -> tuple[Any, Any]:
+    """transformers' ``eager_attention_forward`` (BERT, RoBERTa, XLM-R: the same function) with ``drop``."""
     import torch
 
-    p = float(kwargs.pop("dropout", dropout_p))
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         weights = weights + attention_mask
-    weights = dropout(torch.nn.functional.softmax(weights, dim=-1), p, module.training)
+    weights = drop(torch.nn.functional.softmax(weights, dim=-1), dropout, module.training)
     out = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return out, weights
 
 
 @contextlib.contextmanager
 def fast_dropout(model: Any) -> Iterator[None]:
-    """Inside the block ``model`` drops out with ``dropout``: its ``nn.Dropout`` modules, and the attention of its
+    """Inside the block ``model`` drops out with ``drop``: its ``nn.Dropout`` modules, and the attention of its
     transformers of ``ATTENTION_MODELS`` (eager attention, as transformers computes it, registered as
     ``ATTENTION``: with dropout, SDPA on the CPU runs its math fallback anyway). Afterwards the model is as it was."""
     import torch
@@ -102,7 +100,7 @@ def fast_dropout(model: Any) -> Iterator[None]:
     for m, _ in attention:
         m.set_attn_implementation(ATTENTION)
     for m in modules:
-        m.forward = lambda x, m=m: dropout(x, m.p, m.training)  # type: ignore[method-assign]
+        m.forward = lambda x, m=m: drop(x, m.p, m.training)  # type: ignore[method-assign]
     try:
         yield
     finally:

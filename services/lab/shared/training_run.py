@@ -33,7 +33,6 @@ from typing import Any
 from encoders.data import TrainPair
 from encoders.towers import model_fingerprint, offline
 from services.core.fsutil import write_atomic
-from services.lab.shared.dropout import fast_dropout
 from services.lab.shared.rows import pairs_fingerprint
 
 log = logging.getLogger(__name__)
@@ -144,7 +143,10 @@ def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | N
     trainer = (trainer_class or SentenceTransformerTrainer)(model=model, args=args, train_dataset=dataset, loss=loss,
                                                             callbacks=[_Progress()])
     trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
+    from services.lab.shared.dropout import fast_dropout  # imports torch
+
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    # fast_dropout first: its eager attention takes the BERT-like transformers; bf16 turns any other SDPA eager
     with fast_dropout(model) if on_cpu else contextlib.nullcontext(), \
             _eager_attention(model) if args.bf16 else contextlib.nullcontext():
         trainer.train()
