@@ -8,6 +8,10 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
   0.99998, top 10 kept 0.998). On a 2-core Xeon with AMX, 1,518 SciFact passages: 1.5-2.5x ONNX Runtime int8's
   passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.58x what it was on
   ONNX Runtime fp32 (the same file, quiet).
+- AVX512_BF16 on an AMD CPU (Zen 4 and later), no AMX: OpenVINO bf16 for both towers too. On a 2-core AMD EPYC
+  (Zen 5, family 26), the same 1,518 passages: 1.6x OpenVINO fp32's passages/s (122 against 75) and 1.3x ONNX
+  Runtime int8's, cosine 0.99998; a question 0.65x ONNX Runtime fp32's CPU (3.0 against 4.6 ms, one thread).
+  On an Intel CPU that has AVX512_BF16 without AMX (Cooper Lake, a VM hiding AMX) bf16 was measured slower: fp32.
 - anything else: OpenVINO fp32 passages and ONNX Runtime fp32 questions, both faithful (the fp32 graph; cosine
   1.0). Measured with oneDNN capped at AVX-512 VNNI on the same Xeon (CPU seconds a batch of 16 x 200 tokens, one
   thread): OpenVINO fp32 0.61, ONNX Runtime fp32 0.77, ONNX Runtime int8 0.48; capped at AVX2: 0.79 (ONNX Runtime
@@ -76,19 +80,29 @@ def cpu_flags(cpuinfo: Path = CPUINFO, env: Mapping[str, str] | None = None) -> 
 @functools.lru_cache(maxsize=8)
 def _masked_flags(cpuinfo: Path, cap: str) -> frozenset[str]:  # once a process: each question asks (choose)
     masked = _MASKS.get(cap, ())
-    return frozenset(f for f in _read_flags(cpuinfo) if not any(f.startswith(m) for m in masked))
+    flags = _cpuinfo(cpuinfo).get("flags", "").split()
+    return frozenset(f for f in flags if not any(f.startswith(m) for m in masked))
+
+
+def cpu_vendor(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's ``vendor_id`` (GenuineIntel, AuthenticAMD; empty where there is no cpuinfo)."""
+    return _cpuinfo(cpuinfo).get("vendor_id", "")
 
 
 @functools.lru_cache(maxsize=4)
-def _read_flags(cpuinfo: Path) -> frozenset[str]:
+def _cpuinfo(cpuinfo: Path) -> dict[str, str]:
+    """The first processor's fields in ``cpuinfo``."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 def runtime_version(backend: Backend) -> str | None:
@@ -106,49 +120,70 @@ def _package_version(package: str) -> str | None:
 
 
 def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None = None,
-           flags: frozenset[str] | None = None) -> Choice:
+           flags: frozenset[str] | None = None, vendor: str = "") -> Choice:
     """The backend of the ``role`` tower. ``configured``: the setting for that tower (``DPR_ENCODER__BACKEND``, or
     ``DPR_ENCODER__QUESTION_BACKEND`` for questions); ``passages``: for a question tower left unset, the passage
     setting, which it follows (beside explicit onnx-int8 passages, fp32 questions: int8's rounding off one side of
-    every score for a few milliseconds a question)."""
+    every score for a few milliseconds a question). ``flags`` and ``vendor`` describe a CPU (default: this one)."""
     if configured != "auto":
         return Choice(configured, "set by DPR_ENCODER__QUESTION_BACKEND" if role == "query"
                       else "set by DPR_ENCODER__BACKEND")
     if role == "query" and passages not in (None, "auto"):
         backend: Backend = "onnx" if passages == "onnx-int8" else passages  # type: ignore[assignment]
         return Choice(backend, f"follows DPR_ENCODER__BACKEND={passages}")
-    flags = cpu_flags() if flags is None else flags
-    if "amx_bf16" in flags:
+    if flags is None:
+        flags, vendor = cpu_flags(), cpu_vendor()
+    bf16 = _bf16_measured_faster(flags, vendor)
+    if bf16 is not None:
         if runtime_version("openvino-bf16") is not None:
-            return Choice("openvino-bf16", "AMX bf16 on this CPU: OpenVINO bf16, measured 1.5-2.5x ONNX Runtime int8 "
-                          "at cosine 0.99998 to fp32 (docs/capacity.md)")
-        log.warning("this CPU has AMX but openvino is not installed; the towers run on ONNX Runtime fp32 "
-                    "(pip install openvino for ~3x)")
+            return Choice("openvino-bf16", f"{bf16[0]} on this CPU: OpenVINO bf16, {bf16[1]}")
+        log.warning("this CPU has %s but openvino is not installed; the towers run on ONNX Runtime fp32 "
+                    "(pip install openvino for ~2-3x)", bf16[0])
     if role == "query":
-        return Choice("onnx", "no AMX on this CPU: ONNX Runtime fp32 questions, 0.45-0.75x OpenVINO fp32's CPU at "
-                      "a question's width (docs/capacity.md)")
+        return Choice("onnx", "no bf16 unit measured faster on this CPU: ONNX Runtime fp32 questions, 0.45-0.75x "
+                      "OpenVINO fp32's CPU at a question's width (docs/capacity.md)")
     if runtime_version("openvino-fp32") is not None:
-        return Choice("openvino-fp32", "no AMX on this CPU: OpenVINO fp32 passages, faithful to fp32 and 1.26x ONNX "
-                      "Runtime fp32's CPU a passage; int8 is faster but not faithful (docs/capacity.md)")
-    return Choice("onnx", "no AMX on this CPU and no openvino: ONNX Runtime fp32 (docs/capacity.md)")
+        return Choice("openvino-fp32", "no bf16 unit measured faster on this CPU: OpenVINO fp32 passages, faithful "
+                      "to fp32 and 1.26x ONNX Runtime fp32's CPU a passage; int8 is faster but not faithful "
+                      "(docs/capacity.md)")
+    return Choice("onnx", "no bf16 unit measured faster on this CPU and no openvino: ONNX Runtime fp32 "
+                  "(docs/capacity.md)")
+
+
+def _bf16_measured_faster(flags: frozenset[str], vendor: str) -> tuple[str, str] | None:
+    """(the unit, what it measured) where bf16 was measured the fastest faithful path on this class of CPU; None
+    elsewhere. AMX (Intel Sapphire Rapids and later) and AVX512_BF16 on AMD (Zen 4 and later, whose AVX-512 bf16
+    dot products double its fp32 FMA rate) were measured; on an Intel CPU without AMX (a VM that hides it, Cooper
+    Lake) AVX512_BF16 alone was measured slower than fp32 (FACTS.md; oneDNN capped at AVX512_CORE_BF16)."""
+    if "amx_bf16" in flags:
+        return "AMX bf16", ("measured 1.5-2.5x ONNX Runtime int8's passages/s at cosine 0.99998 to fp32 "
+                            "(docs/capacity.md)")
+    if "avx512_bf16" in flags and vendor == "AuthenticAMD":
+        return "AVX512_BF16 (AMD)", ("measured 1.6x OpenVINO fp32's passages/s and 0.65x ONNX Runtime fp32's CPU a "
+                                     "question at cosine 0.99998 to fp32 (AMD EPYC Zen 5; docs/capacity.md)")
+    return None
 
 
 Precision = Literal["auto", "fp32", "bf16"]
 
 
-def training_precision(configured: str = "auto", *, flags: frozenset[str] | None = None) -> tuple[str, str]:
+def training_precision(configured: str = "auto", *, flags: frozenset[str] | None = None,
+                       vendor: str = "") -> tuple[str, str]:
     """(precision, why) of a training run on the CPU: bf16 autocast (weights and optimizer state stay fp32; the
-    matrix multiplies run in bf16 on AMX) where the CPU has AMX, fp32 elsewhere; ``configured`` other than auto
-    wins. Measured with the default recipe on SciFact (MNRL on MiniLM, batch 32, 128-token passages, 2 quiet cores,
-    ``benchmarks/bench_train_precision.py``): bf16 autocast took 0.52x fp32's trainer seconds over 30 steps with
-    eager attention (``services.lab.shared.training_run``), the whole recipe 0.58x stage for stage. Without AMX,
-    bf16 runs converted fp32 kernels: not chosen."""
+    matrix multiplies run in bf16) where bf16 was measured faster on this class of CPU (``_bf16_measured_faster``),
+    fp32 elsewhere; ``configured`` other than auto wins. Measured with the default recipe on SciFact (MNRL on MiniLM,
+    batch 32, 128-token passages, 2 quiet cores, ``benchmarks/bench_train_precision.py``): with AMX, bf16 autocast
+    took 0.52x fp32's trainer seconds over 30 steps with eager attention (``services.lab.shared.training_run``), the
+    whole recipe 0.58x stage for stage; on an AMD EPYC (Zen 5) with AVX512_BF16, 0.39-0.41x over 30 steps. Intel
+    without AMX runs bf16 on converted fp32 kernels: not chosen."""
     if configured in ("fp32", "bf16"):
         return configured, "set by the recipe (precision)"
-    flags = cpu_flags() if flags is None else flags
-    if "amx_bf16" in flags:
-        return "bf16", "AMX bf16 on this CPU: bf16 autocast"
-    return "fp32", "no AMX on this CPU: fp32"
+    if flags is None:
+        flags, vendor = cpu_flags(), cpu_vendor()
+    bf16 = _bf16_measured_faster(flags, vendor)
+    if bf16 is not None:
+        return "bf16", f"{bf16[0]} on this CPU: bf16 autocast"
+    return "fp32", "no bf16 unit measured faster on this CPU: fp32"
 
 
 # Input shapes whose kernels OpenVINO keeps: 0 made every question rebuild them (16 ms -> 76 ms a question, 1,000 of

@@ -1,6 +1,7 @@
 """The runtime and precision of each tower, chosen from the CPU's features (``encoders.runtimes``): OpenVINO bf16
-where the CPU has AMX, OpenVINO fp32 passages and ONNX Runtime fp32 questions elsewhere, an explicit setting
-always first, and ``ONEDNN_MAX_CPU_ISA`` masking the newer paths the way oneDNN does."""
+where the CPU has AMX or is an AMD one with AVX512_BF16, OpenVINO fp32 passages and ONNX Runtime fp32 questions
+elsewhere, an explicit setting always first, and ``ONEDNN_MAX_CPU_ISA`` masking the newer paths the way oneDNN
+does."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.unit
 
 SAPPHIRE = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
 EPYC = frozenset({"avx2", "fma"})
+ZEN5 = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16"})  # AMD EPYC, family 26
 
 
 def test_amx_gets_openvino_bf16_for_both_towers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,9 +30,19 @@ def test_without_amx_faithful_fp32_openvino_passages_and_onnx_questions(monkeypa
     monkeypatch.setattr(runtimes, "runtime_version", lambda backend: "2026.4.1")
     assert choose("document", flags=EPYC).backend == "openvino-fp32"
     assert choose("query", flags=EPYC).backend == "onnx"
-    no_amx = SAPPHIRE - {"amx_tile", "amx_bf16", "amx_int8"}  # AVX512_BF16 alone: bf16 measured slower than fp32
-    assert choose("document", flags=no_amx).backend == "openvino-fp32"
-    assert "faithful" in choose("document", flags=no_amx).reason
+    no_amx = SAPPHIRE - {"amx_tile", "amx_bf16", "amx_int8"}  # Intel's AVX512_BF16 alone: measured slower than fp32
+    assert choose("document", flags=no_amx, vendor="GenuineIntel").backend == "openvino-fp32"
+    assert choose("query", flags=no_amx, vendor="GenuineIntel").backend == "onnx"
+    assert "faithful" in choose("document", flags=no_amx, vendor="GenuineIntel").reason
+    assert choose("document", flags=ZEN5 - {"avx512_bf16"}, vendor="AuthenticAMD").backend == "openvino-fp32"
+
+
+def test_amd_with_avx512_bf16_gets_openvino_bf16_for_both_towers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtimes, "runtime_version", lambda backend: "2026.4.1")
+    for role in ("document", "query"):
+        chosen = choose(role, flags=ZEN5, vendor="AuthenticAMD")  # type: ignore[arg-type]
+        assert chosen.backend == "openvino-bf16" and "AVX512_BF16 (AMD)" in chosen.reason
+    assert choose("document", flags=ZEN5, vendor="GenuineIntel").backend == "openvino-fp32"
 
 
 def test_without_openvino_installed_onnx_fp32_with_one_line(monkeypatch: pytest.MonkeyPatch,
@@ -73,11 +85,24 @@ def test_cpu_flags_masked_like_onednn(tmp_path: Path) -> None:
     assert cpu_flags(tmp_path / "none", env={}) == frozenset()
 
 
-def test_training_runs_in_bf16_autocast_only_where_the_cpu_has_amx() -> None:
+def test_cpu_vendor_read_from_cpuinfo(tmp_path: Path) -> None:
+    from encoders.runtimes import cpu_vendor
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: avx2 avx512_bf16\n\n"
+                    "processor\t: 1\nvendor_id\t: GenuineIntel\n")
+    assert cpu_vendor(info) == "AuthenticAMD"
+    assert cpu_vendor(tmp_path / "none") == ""
+
+
+def test_training_runs_in_bf16_autocast_where_bf16_was_measured_faster() -> None:
     from encoders.runtimes import training_precision
 
     assert training_precision(flags=SAPPHIRE)[0] == "bf16"
-    assert training_precision(flags=SAPPHIRE - {"amx_bf16", "amx_tile", "amx_int8"})[0] == "fp32"
+    assert training_precision(flags=SAPPHIRE - {"amx_bf16", "amx_tile", "amx_int8"}, vendor="GenuineIntel")[0] == "fp32"
+    assert training_precision(flags=ZEN5, vendor="AuthenticAMD") == (
+        "bf16", "AVX512_BF16 (AMD) on this CPU: bf16 autocast")
+    assert training_precision(flags=ZEN5 - {"avx512_bf16"}, vendor="AuthenticAMD")[0] == "fp32"
     assert training_precision(flags=EPYC)[0] == "fp32"
     assert training_precision("fp32", flags=SAPPHIRE) == ("fp32", "set by the recipe (precision)")
     assert training_precision("bf16", flags=EPYC)[0] == "bf16"
