@@ -47,10 +47,23 @@ REPO = script()
 import numpy as np  # noqa: E402
 
 BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32")
-PEAK_FLOP_PER_CYCLE = {  # per core, the unit each path's matrix multiplies run on here
+PEAK_FLOP_PER_CYCLE = {  # per core, the unit each path's matrix multiplies run on with AMX
     "torch": ("AVX-512 fp32", 64), "onnx": ("AVX-512 fp32", 64), "onnx-int8": ("AMX int8", 2048),
     "openvino-bf16": ("AMX bf16", 1024), "openvino-fp32": ("AVX-512 fp32", 64),
 }
+PEAK_WITHOUT_AMX = {  # with AVX-512 and no AMX: two 512-bit FMA pipes (Intel since Skylake-SP, AMD Zen 5), so
+    # 2 x 16 fp32 FMAs, 2 x 32 bf16 pairs (VDPBF16PS), 2 x 64 int8 pairs (VPDPBUSD) a cycle
+    "onnx-int8": ("AVX-512 VNNI int8", 256), "openvino-bf16": ("AVX-512 bf16", 128),
+}
+
+
+def peak_unit(backend: str) -> tuple[str, int]:
+    """The unit ``backend``'s matrix multiplies run on here and its peak FLOP a cycle per core."""
+    from encoders.runtimes import cpu_flags
+
+    if "amx_bf16" not in cpu_flags():
+        return PEAK_WITHOUT_AMX.get(backend, PEAK_FLOP_PER_CYCLE[backend])
+    return PEAK_FLOP_PER_CYCLE[backend]
 CLOCK_C = r"""
 #include <stdio.h>
 #include <time.h>
@@ -186,7 +199,7 @@ def towers_section(texts: list[str], tokens: list[int], work: Path, rounds: int)
         cos = float((v * ref).sum(axis=1).mean())
         got = np.argsort(-(questions @ v.T), axis=1)[:, :10]
         kept = float(np.mean([len(set(a) & set(g)) / 10 for a, g in zip(exact, got, strict=True)]))
-        unit, per_cycle = PEAK_FLOP_PER_CYCLE[b]
+        unit, per_cycle = peak_unit(b)
         rate = statistics.median(rates[b])
         share = rate * flops / (per_cycle * (ghz or float("nan")) * 1e9 * cores)
         rows.append(f"| {b} | {' / '.join(f'{r:.1f}' for r in rates[b])} | {rate / base:.2f} | {cos:.5f} | "

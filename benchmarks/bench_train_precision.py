@@ -20,13 +20,14 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from machine import machine_line, script  # benchmarks/ is sys.path[0]
 
 REPO = script()
 
 
-def train(data: Path, work: Path, precision: str, steps: int | None, rounds: int | None) -> dict[str, float]:
+def train(data: Path, work: Path, precision: str, steps: int | None, rounds: int | None) -> dict[str, Any]:
     recipe = work / f"recipe-{precision}.toml"
     lines = ["[train]", f'precision = "{precision}"'] + ([f"max_steps = {steps}"] if steps else [])
     lines += ["[rounds]", f"count = {rounds}"] if rounds is not None else []
@@ -44,7 +45,22 @@ def train(data: Path, work: Path, precision: str, steps: int | None, rounds: int
     card = json.loads(card_path.read_text())
     after = ((card.get("dev_metrics") or {}).get("after") or {}).get("ndcg@10")
     return {"wall": wall, "train_seconds": float(card.get("train_seconds") or 0), "ndcg": float(after or "nan"),
-            "precision": card["hyperparameters"].get("precision")}
+            "precision": card["hyperparameters"].get("precision"), "stages": stages(data_dir)}
+
+
+def stages(data_dir: Path) -> list[dict[str, Any]]:
+    """Each stage the run went through (its train dir's timings.json, then STAGE.json): seconds, the trainer's
+    seconds, dev nDCG@10, whether it was kept."""
+    run = next((data_dir / "train").glob("*/timings.json"), None)
+    if run is None:
+        return []
+    out = []
+    for stage, seconds in json.loads(run.read_text()).items():
+        record = run.parent / f"{stage.replace(' ', '-')}.json"
+        got = json.loads(record.read_text()) if record.is_file() else {}
+        out.append({"stage": stage, "seconds": float(seconds), "trainer": float(got.get("train_seconds") or 0),
+                    "ndcg": got.get("dev_ndcg@10"), "kept": got.get("kept", True)})
+    return out
 
 
 def main() -> int:
@@ -59,7 +75,7 @@ def main() -> int:
     if not data.is_dir():
         print("skipped: needs ../shared/data/beir-scifact beside the repository")
         return 0
-    runs: dict[str, list[dict[str, float]]] = {"fp32": [], "bf16": []}
+    runs: dict[str, list[dict[str, Any]]] = {"fp32": [], "bf16": []}
     with tempfile.TemporaryDirectory(prefix="bench-train-precision-") as tmp:
         for _ in range(args.repeats):
             for precision in runs:  # alternated
@@ -75,6 +91,20 @@ def main() -> int:
         trainer = " / ".join(f"{r['train_seconds']:.0f}" for r in got)
         ndcg = " / ".join(f"{r['ndcg']:.4f}" for r in got)
         rows.append(f"| {precision} | {walls} | {trainer} | {ndcg} |")
+    if any(r["stages"] for got in runs.values() for r in got):
+        rows += ["", "| precision | run | stage | stage s | trainer s | dev nDCG@10 | kept |",
+                 "|---|---|---|---|---|---|---|"]
+    for precision, got in runs.items():
+        for i, r in enumerate(got, 1):
+            rows += [f"| {precision} | {i} | {st['stage']} | {st['seconds']:.0f} | {st['trainer']:.0f} | "
+                     f"{st['ndcg']} | {'yes' if st['kept'] else 'no'} |" for st in r["stages"]]
+    both = [name for name in (st["stage"] for st in runs["fp32"][0]["stages"])
+            if name in {st["stage"] for st in runs["bf16"][0]["stages"]}]
+    if both:  # the stages both first runs went through, side by side (the rounds end where one loses on dev)
+        def total(r: dict[str, Any]) -> float:
+            return sum(st["seconds"] for st in r["stages"] if st["stage"] in both)
+        ratio = total(runs["bf16"][0]) / total(runs["fp32"][0])
+        rows += ["", f"Stage for stage ({', '.join(both)}): bf16 / fp32 **{ratio:.2f}x**"]
     wall = statistics.median(r["wall"] for r in runs["bf16"]) / statistics.median(r["wall"] for r in runs["fp32"])
     gap = statistics.median(r["ndcg"] for r in runs["bf16"]) - statistics.median(r["ndcg"] for r in runs["fp32"])
     rows += ["", f"bf16 / fp32 wall: **{wall:.2f}x**; dev nDCG@10 bf16 - fp32: **{gap:+.4f}** "

@@ -67,7 +67,8 @@ class EncoderSettings(BaseModel):
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"] = Field(
         default="auto",
         description="What runs the towers: auto (the default: chosen from the CPU by encoders/runtimes.py, OpenVINO "
-        "bf16 where it has AMX, 1.5-2.5x int8's passages/s at cosine 0.99998 to fp32, else OpenVINO fp32 passages "
+        "bf16 where it has AMX (1.5-2.5x int8's passages/s at cosine 0.99998 to fp32) or is AMD with AVX512_BF16, "
+        "else OpenVINO fp32 passages "
         "and onnx questions), torch, onnx (ONNX Runtime fp32), onnx-int8 (dynamic int8: faster, not faithful), "
         "openvino-bf16 or openvino-fp32. The export is made once per model and "
         "machine (ONNX_CACHE) and tied to its fingerprint; a model the export cannot reproduce is served by torch.",
@@ -75,7 +76,7 @@ class EncoderSettings(BaseModel):
     question_backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16", "openvino-fp32"] | None = Field(
         default=None,
         description="Backend of the question tower (queries); default: with backend auto, chosen from the CPU the "
-        "same way (onnx fp32 without AMX); beside explicit onnx-int8 passages, onnx; else the same "
+        "same way (onnx fp32 where bf16 is not chosen); beside explicit onnx-int8 passages, onnx; else the same "
         "as backend. Any backend but torch keeps torch out of `dpr query`, which then starts in under a second.",
     )
 

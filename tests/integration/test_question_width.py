@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from encoders.registry import build_towers
-from encoders.runtimes import SINGLE_WIDTH, cpu_flags, padded_width
+from encoders.runtimes import SINGLE_WIDTH, choose, padded_width
 from encoders.towers import DualEncoder, base_model_path
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,8 @@ def test_the_widths_padded_to() -> None:
     assert [padded_width(5, w) for w in (3, 8, 9, 17, 63, 64, 201)] == [8, 8, 16, 24, 64, 64, 201]
 
 
-@pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="OpenVINO bf16 is chosen only with AMX")
+@pytest.mark.skipif(choose("query").backend != "openvino-bf16",
+                    reason="OpenVINO bf16 questions are chosen only where bf16 runs fast (AMX, AMD AVX512_BF16)")
 def test_a_padded_question_gets_its_own_vector(onnx_cache: Path) -> None:
     def towers(backend: str) -> DualEncoder:
         return build_towers(base_model_path(), "base", backend=backend,  # type: ignore[arg-type]
