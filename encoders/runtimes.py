@@ -9,17 +9,18 @@ class of CPU (figures in docs/capacity.md, ``benchmarks/bench_runtimes.py`` repr
   passages/s by the load (1.96x in results/ingest-speed/runtimes.md); `dpr query`'s dense p50 0.58x what it was on
   ONNX Runtime fp32 (the same file, quiet).
 - AVX512_BF16 on an AMD CPU (Zen 4 and later), no AMX: OpenVINO bf16 for both towers too. On a 2-core AMD EPYC
-  (Zen 5, family 26), the same 1,518 passages: 1.6x OpenVINO fp32's passages/s (122 against 75) and 1.3x ONNX
-  Runtime int8's, cosine 0.99998; a question 0.65x ONNX Runtime fp32's CPU (3.0 against 4.6 ms, one thread).
-  On an Intel CPU that has AVX512_BF16 without AMX (Cooper Lake, a VM hiding AMX) bf16 was measured slower: fp32.
+  (Zen 5, family 26; Zen 4 not measured), the same 1,518 passages: 1.6x OpenVINO fp32's passages/s (122 against
+  75) and 1.3x ONNX Runtime int8's, cosine 0.99998; a question 0.65x ONNX Runtime fp32's CPU (3.0 against 4.6 ms,
+  one thread). On an Intel CPU that has AVX512_BF16 without AMX (Cooper Lake, a VM hiding AMX) bf16 was measured
+  slower: fp32 there.
 - anything else: OpenVINO fp32 passages and ONNX Runtime fp32 questions, both faithful (the fp32 graph; cosine
   1.0). Measured with oneDNN capped at AVX-512 VNNI on the same Xeon (CPU seconds a batch of 16 x 200 tokens, one
   thread): OpenVINO fp32 0.61, ONNX Runtime fp32 0.77, ONNX Runtime int8 0.48; capped at AVX2: 0.79 (ONNX Runtime
   cannot be capped). int8 (the fourth wave's path, ``DPR_ENCODER__BACKEND=onnx-int8``) is faster but not faithful
-  by the 0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0031); OpenVINO bf16 without AMX is slower than fp32 (FACTS.md:
-  0.97x ONNX fp32 with AVX512_BF16; 25x OpenVINO fp32's CPU capped at AVX-512 VNNI). A single question costs
-  OpenVINO fp32 1.3-2.2x ONNX Runtime fp32's CPU (padded to 32 tokens; 9-11 against 5-7 ms, ad-hoc, one thread):
-  questions stay on ONNX Runtime.
+  by the 0.999 rule (cosine 0.9972; SciFact nDCG@10 -0.0031); OpenVINO bf16 on Intel without AMX is slower than
+  fp32 (FACTS.md: 0.97x ONNX fp32 with AVX512_BF16; 25x OpenVINO fp32's CPU capped at AVX-512 VNNI). A single
+  question costs OpenVINO fp32 1.3-2.2x ONNX Runtime fp32's CPU (padded to 32 tokens; 9-11 against 5-7 ms, ad-hoc,
+  one thread): questions stay on ONNX Runtime.
 
 An explicit ``DPR_ENCODER__BACKEND`` wins and is reported as the reason. The CPU's features can be masked the way
 oneDNN is (``ONEDNN_MAX_CPU_ISA=AVX2`` or ``AVX512_CORE_VNNI``): the choice then follows the masked CPU, which is how
@@ -152,9 +153,10 @@ def choose(role: Role, configured: Setting = "auto", *, passages: Setting | None
 
 def _bf16_measured_faster(flags: frozenset[str], vendor: str) -> tuple[str, str] | None:
     """(the unit, what it measured) where bf16 was measured the fastest faithful path on this class of CPU; None
-    elsewhere. AMX (Intel Sapphire Rapids and later) and AVX512_BF16 on AMD (Zen 4 and later, whose AVX-512 bf16
-    dot products double its fp32 FMA rate) were measured; on an Intel CPU without AMX (a VM that hides it, Cooper
-    Lake) AVX512_BF16 alone was measured slower than fp32 (FACTS.md; oneDNN capped at AVX512_CORE_BF16)."""
+    elsewhere. Measured: AMX (Intel Sapphire Rapids and later) and AVX512_BF16 on AMD (a Zen 5 EPYC; Zen 4 has the
+    same instructions, whose bf16 dot products double the fp32 FMA rate there too). On an Intel CPU without AMX (a
+    VM that hides it, Cooper Lake) AVX512_BF16 alone was measured slower than fp32 (FACTS.md; oneDNN capped at
+    AVX512_CORE_BF16 on a Xeon)."""
     if "amx_bf16" in flags:
         return "AMX bf16", ("measured 1.5-2.5x ONNX Runtime int8's passages/s at cosine 0.99998 to fp32 "
                             "(docs/capacity.md)")
@@ -174,8 +176,9 @@ def training_precision(configured: str = "auto", *, flags: frozenset[str] | None
     fp32 elsewhere; ``configured`` other than auto wins. Measured with the default recipe on SciFact (MNRL on MiniLM,
     batch 32, 128-token passages, 2 quiet cores, ``benchmarks/bench_train_precision.py``): with AMX, bf16 autocast
     took 0.52x fp32's trainer seconds over 30 steps with eager attention (``services.lab.shared.training_run``), the
-    whole recipe 0.58x stage for stage; on an AMD EPYC (Zen 5) with AVX512_BF16, 0.39-0.41x over 30 steps. Intel
-    without AMX runs bf16 on converted fp32 kernels: not chosen."""
+    whole recipe 0.58x stage for stage; on an AMD EPYC (Zen 5) with AVX512_BF16, 0.39-0.41x over 30 steps and
+    the whole recipe 0.44x the wall at dev nDCG@10 -0.0002. Intel without AMX runs bf16 on converted fp32
+    kernels: not chosen."""
     if configured in ("fp32", "bf16"):
         return configured, "set by the recipe (precision)"
     if flags is None:
