@@ -51,7 +51,7 @@ PEAK_FLOP_PER_CYCLE = {  # per core, the unit each path's matrix multiplies run 
     "torch": ("AVX-512 fp32", 64), "onnx": ("AVX-512 fp32", 64), "onnx-int8": ("AMX int8", 2048),
     "openvino-bf16": ("AMX bf16", 1024), "openvino-fp32": ("AVX-512 fp32", 64),
 }
-PEAK_WITHOUT_AMX = {  # with AVX-512 and no AMX: two 512-bit FMA pipes (Intel since Skylake-SP, AMD Zen 5), so
+PEAK_WITHOUT_AMX = {  # with AVX-512 and no AMX: two 512-bit FMA pipes (Xeons with two FMA units, Zen 5; nominal):
     # 2 x 16 fp32 FMAs, 2 x 32 bf16 pairs (VDPBF16PS), 2 x 64 int8 pairs (VPDPBUSD) a cycle
     "onnx-int8": ("AVX-512 VNNI int8", 256), "openvino-bf16": ("AVX-512 bf16", 128),
 }
@@ -64,6 +64,8 @@ def peak_unit(backend: str) -> tuple[str, int]:
     if "amx_bf16" not in cpu_flags():
         return PEAK_WITHOUT_AMX.get(backend, PEAK_FLOP_PER_CYCLE[backend])
     return PEAK_FLOP_PER_CYCLE[backend]
+
+
 CLOCK_C = r"""
 #include <stdio.h>
 #include <time.h>
