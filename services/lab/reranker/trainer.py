@@ -86,7 +86,7 @@ class RerankConfig:
     seed: int = 42
     max_steps: int = -1
     threads: int | None = None
-    precision: str = "auto"  # auto: bf16 autocast where the CPU has AMX or is AMD with AVX512_BF16, else fp32 (encoders.runtimes); fp32 | bf16
+    precision: str = "auto"  # auto: from the CPU (encoders.runtimes.training_precision); fp32 | bf16
 
     def validate(self) -> None:
         if self.batch_size < 1:

@@ -69,7 +69,7 @@ class TrainConfig:
     seed: int = 42
     max_steps: int = -1  # > 0 overrides epochs (tests)
     threads: int | None = None
-    precision: str = "auto"  # auto: bf16 autocast where the CPU has AMX or is AMD with AVX512_BF16, else fp32 (encoders.runtimes); fp32 | bf16
+    precision: str = "auto"  # auto: from the CPU (encoders.runtimes.training_precision); fp32 | bf16
     # word embeddings left as they are: None (auto) freezes them for a large vocabulary (multilingual's 250k pieces
     # are 96M of its 118M parameters: their gradients and AdamW state dominate a CPU step, and a few thousand
     # pairs cannot move most rows anyway)
