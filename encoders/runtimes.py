@@ -175,7 +175,7 @@ def training_precision(configured: str = "auto", *, flags: frozenset[str] | None
     matrix multiplies run in bf16) where bf16 was measured faster on this class of CPU (``_bf16_measured_faster``),
     fp32 elsewhere; ``configured`` other than auto wins. Measured with the default recipe on SciFact (MNRL on MiniLM,
     batch 32, 128-token passages, 2 quiet cores, ``benchmarks/bench_train_precision.py``): with AMX, bf16 autocast
-    took 0.52x fp32's trainer seconds over 30 steps with eager attention (``services.lab.shared.training_run``), the
+    took 0.52x fp32's trainer seconds over 30 steps with eager attention (``services.lab.shared.dropout``), the
     whole recipe 0.58x stage for stage; on an AMD EPYC (Zen 5) with AVX512_BF16, 0.39-0.41x over 30 steps and
     the whole recipe 0.44x the wall at dev nDCG@10 -0.0002. Intel without AMX runs bf16 on converted fp32
     kernels: not chosen."""

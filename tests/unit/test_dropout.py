@@ -105,3 +105,23 @@ def test_a_model_inside_drops_out_with_it_computes_eager_attention_and_is_given_
     want = eager_attention_forward(layer, q, k, v, mask, scaling=0.125, dropout=0.1)
     got = module._attend(layer, q, k, v, mask, scaling=0.125, dropout=0.1)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_another_transformer_on_sdpa_attends_eagerly_inside_and_gets_sdpa_back() -> None:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from services.lab.shared.dropout import fast_dropout
+
+    torch.manual_seed(0)
+    config = DistilBertConfig(vocab_size=50, dim=32, hidden_dim=64, n_layers=1, n_heads=2, max_position_embeddings=16)
+    model = torch.nn.Sequential(DistilBertModel(config).eval())  # not a BERT-like one: transformers' own eager
+    transformer = model[0]
+    transformer.set_attn_implementation("sdpa")
+    ids = torch.tensor([[1, 5, 7, 9, 2, 0], [1, 4, 2, 0, 0, 0]])
+    mask = (ids != 0).long()
+    before = transformer(input_ids=ids, attention_mask=mask).last_hidden_state
+    with fast_dropout(model):
+        assert transformer.config._attn_implementation == "eager"
+        during = transformer(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert transformer.config._attn_implementation == "sdpa"
+    assert torch.allclose(before, during, atol=1e-5)

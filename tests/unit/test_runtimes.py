@@ -125,30 +125,6 @@ def test_the_trainer_arguments_carry_the_choice(monkeypatch: pytest.MonkeyPatch)
     assert training_run.training_arguments(SentenceTransformerTrainingArguments, fp32, Path("/x")).bf16 is False
 
 
-def test_bf16_training_attends_eagerly_and_gives_the_model_back_as_it_was() -> None:
-    """Under bf16 autocast (``fit`` with ``args.bf16``) the transformers train with eager attention (SDPA's CPU
-    path with dropout is its math fallback, slower in bf16), then get back what they had. The same attention: the
-    model's vectors are the same either way."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from encoders.towers import base_model_path
-    from services.lab.shared.training_run import _eager_attention
-
-    model = SentenceTransformer(str(base_model_path()), device="cpu", local_files_only=True)
-    transformer = model[0].auto_model
-    texts = ["how do the towers train", "a passage about dense retrieval and its negatives"]
-    before = model.encode(texts, convert_to_tensor=True)
-    assert transformer.config._attn_implementation == "sdpa"
-    with _eager_attention(model):
-        assert transformer.config._attn_implementation == "eager"
-        assert all(layer.attention.self.config._attn_implementation == "eager"
-                   for layer in transformer.encoder.layer)
-        during = model.encode(texts, convert_to_tensor=True)
-    assert transformer.config._attn_implementation == "sdpa"
-    assert torch.allclose(before, during, atol=1e-5)
-
-
 @pytest.mark.parametrize("chosen", ["openvino-bf16", "openvino-fp32"])
 def test_an_openvino_that_cannot_run_falls_back_to_faithful_fp32_with_one_line(
         chosen: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

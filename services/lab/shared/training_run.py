@@ -24,7 +24,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,31 +145,10 @@ def fit(model: Any, args: Any, dataset: Any, loss: Any, progress: ProgressFn | N
     trainer.remove_callback(PrinterCallback)  # it prints every log dict on stdout; progress goes through ours
     from services.lab.shared.dropout import fast_dropout  # imports torch
 
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    # fast_dropout first: its eager attention takes the BERT-like transformers; bf16 turns any other SDPA eager
-    with fast_dropout(model) if on_cpu else contextlib.nullcontext(), \
-            _eager_attention(model) if args.bf16 else contextlib.nullcontext():
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())  # bf16 autocast runs only there
+    with fast_dropout(model) if on_cpu else contextlib.nullcontext():
         trainer.train()
     return int(trainer.state.global_step), losses
-
-
-@contextlib.contextmanager
-def _eager_attention(model: Any) -> Iterator[None]:
-    """The model's transformers attend with the eager implementation inside the block (bf16 training), then with
-    what they had. The same attention, dropout included: with dropout, SDPA on the CPU runs its math fallback,
-    whose masking checks and casts made a bf16 step of MiniLM (MNRL, 32 questions + 64 passages of 128 tokens, 2
-    cores with AMX) 2.54-2.68 s against eager's 2.22 s; fp32 the same either way (4.17-4.3 against 4.23 s)."""
-    from transformers import PreTrainedModel
-
-    had = [(m, m.config._attn_implementation) for m in model.modules()
-           if isinstance(m, PreTrainedModel) and m.config._attn_implementation == "sdpa"]
-    for m, _ in had:
-        m.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        for m, implementation in had:
-            m.set_attn_implementation(implementation)
 
 
 def fit_in_scratch(model: Any, arguments: Callable[[Path], Any], dataset: Any, loss: Any,
